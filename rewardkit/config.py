@@ -1,0 +1,193 @@
+"""Dataclass configs from YAML (``yaml.safe_load``) with ``key=value`` overrides.
+
+- Nested dataclasses are addressed with dots: ``optim.lr=1e-4``.
+- Override values are parsed as YAML scalars / flow collections (``true``, ``3``, ``1e-4``, ``[1, 2]``).
+- Unknown keys are errors, and every unknown key is listed at once (with close matches).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Mapping, Sequence, TypeVar
+
+import yaml
+
+from .errors import ConfigError
+
+__all__ = ["load_config", "build_config", "parse_overrides", "config_to_dict", "save_config"]
+
+T = TypeVar("T")
+
+
+def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
+    """``["a=1", "b.c=x"]`` -> ``{"a": 1, "b": {"c": "x"}}``."""
+    out: dict[str, Any] = {}
+    bad = []
+    for item in overrides:
+        if "=" not in item or not item.split("=", 1)[0].strip():
+            bad.append(item)
+            continue
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        node = out
+        parts = key.strip().split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r} conflicts with an earlier override of {p!r}")
+        node[parts[-1]] = value
+    if bad:
+        raise ConfigError("overrides must look like key=value; bad: " + ", ".join(repr(b) for b in bad))
+    return out
+
+
+def _merge(base: dict[str, Any], upd: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in upd.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = _merge(dict(out[k]), v)
+        else:
+            out[k] = v
+    return out
+
+
+def _unknown_keys(cls: type, data: Mapping[str, Any], prefix: str = "") -> list[str]:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = []
+    for k, v in data.items():
+        if k not in fields:
+            close = difflib.get_close_matches(k, list(fields), n=1)
+            unknown.append(f"{prefix}{k}" + (f" (did you mean {prefix}{close[0]}?)" if close else ""))
+            continue
+        sub = _dataclass_type(hints.get(k))
+        if sub is not None and isinstance(v, Mapping):
+            unknown += _unknown_keys(sub, v, prefix=f"{prefix}{k}.")
+    return unknown
+
+
+def _dataclass_type(tp: Any) -> type | None:
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return tp
+    for arg in typing.get_args(tp) or ():
+        if dataclasses.is_dataclass(arg) and isinstance(arg, type):
+            return arg
+    return None
+
+
+def _coerce(tp: Any, value: Any, key: str) -> Any:
+    """Light type checking: ints become floats for float fields, tuples from lists; mismatches raise."""
+    if tp is Any or value is None:
+        return value
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(arg, value, key)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{key}: {value!r} does not match {tp}")
+    if origin is typing.Literal:
+        if value not in typing.get_args(tp):
+            raise ConfigError(f"{key}: {value!r} is not one of {typing.get_args(tp)}")
+        return value
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return origin(value)
+    if origin in (dict,) or tp is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is float and isinstance(value, str):
+        try:
+            return float(value)  # YAML reads "1e-4" (no dot) as a string
+        except ValueError:
+            raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+    if tp in (int, float, str, bool):
+        if tp is int and isinstance(value, bool) or not isinstance(value, tp):
+            if tp is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+                return str(value)
+            raise ConfigError(f"{key}: expected {tp.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _instantiate(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        value = data[f.name]
+        sub = _dataclass_type(hints.get(f.name))
+        if sub is not None and isinstance(value, Mapping):
+            value = _instantiate(sub, value, prefix=f"{prefix}{f.name}.")
+        elif sub is None:
+            value = _coerce(hints.get(f.name, Any), value, f"{prefix}{f.name}")
+        kwargs[f.name] = value
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"{cls.__name__}: {exc}") from None
+
+
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    if dataclasses.is_dataclass(cfg):
+        return dataclasses.asdict(cfg)
+    return dict(cfg)
+
+
+def build_config(cls: type[T], config: Any = None, overrides: Mapping[str, Any] | None = None) -> T:
+    """Instance of ``cls`` from another instance, a mapping, a YAML path or None, plus keyword overrides."""
+    if config is None:
+        data: dict[str, Any] = {}
+    elif isinstance(config, cls):
+        data = config_to_dict(config)
+    elif dataclasses.is_dataclass(config):
+        raise ConfigError(f"expected a {cls.__name__}, got {type(config).__name__}")
+    elif isinstance(config, Mapping):
+        data = dict(config)
+    elif isinstance(config, (str, Path)):
+        data = _read_yaml(config)
+    else:
+        raise ConfigError(f"cannot build {cls.__name__} from {type(config).__name__}")
+    data = _merge(data, overrides or {})
+    unknown = _unknown_keys(cls, data)
+    if unknown:
+        raise ConfigError(f"unknown {cls.__name__} key(s): " + ", ".join(unknown))
+    return _instantiate(cls, data)
+
+
+def _read_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    with p.open(encoding="utf-8") as fh:
+        data = yaml.safe_load(fh)
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{p}: top level must be a mapping, got {type(data).__name__}")
+    return dict(data)
+
+
+def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
+    """Load ``cls`` from a YAML file (optional) and ``key=value`` overrides (CLI style)."""
+    data = _read_yaml(path) if path is not None else {}
+    return build_config(cls, data, parse_overrides(overrides))
+
+
+def save_config(cfg: Any, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), encoding="utf-8")

@@ -1,0 +1,315 @@
+"""Input normalisation: the only place in rewardkit that decodes or converts images.
+
+Every reward receives images in one canonical form: an RGB, 8-bit ``PIL.Image.Image`` with its pixels
+loaded. Accepted inputs, per image:
+
+- ``PIL.Image.Image`` in any mode (see conversions below);
+- a file path (``str`` or ``os.PathLike``) or raw encoded ``bytes`` / ``bytearray`` / ``memoryview``;
+- a numpy array ``HxW`` (grayscale) or ``HxWxC`` with C in {1, 3, 4}: ``uint8`` as is, ``uint16`` scaled by
+  1/257, floating point in [0, 1];
+- a torch tensor ``CxH×W`` (C in {1, 3, 4}) or ``HxW``: ``uint8`` as is, floating point in [0, 1].
+
+Batches: a list / tuple of the above, a ``BxCxHxW`` tensor, or a ``BxHxWxC`` numpy array. A single image
+(not in a list) is a batch of one.
+
+Documented conversions (all lossless for RGB 8-bit input):
+- EXIF orientation is applied (``ImageOps.exif_transpose``), so a phone photo is scored upright.
+- Animated images (GIF, APNG, WebP) use their **first frame**.
+- Transparency (RGBA, LA, P with a transparent index) is composited onto **white**.
+- CMYK, YCbCr, LAB, palette, 1-bit and grayscale become RGB via PIL; 16-bit / 32-bit integer grayscale is
+  scaled to 8 bits (value / 257); 32-bit float grayscale is read as [0, 1] when its maximum is <= 1, else
+  as [0, 255], then clipped.
+- Float inputs become uint8 by ``round(x * 255)``, so PIL, uint8 and float versions of one image are
+  byte-identical after normalisation.
+
+Refused, with a clear reason: corrupt, truncated or zero-byte files; bytes that are not an image; images
+with a zero-size side; images over the pixel limit (a decompression-bomb guard, checked from the header
+before decoding; set with :func:`set_max_pixels` or ``REWARDKIT_MAX_PIXELS``); arrays with NaN / Inf,
+values outside [0, 1] (floats) or an unrecognised shape / dtype.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from .errors import RewardInputError
+
+__all__ = [
+    "ImageLike",
+    "load_image",
+    "split_batch",
+    "to_pil",
+    "pil_to_uint8",
+    "pil_to_float",
+    "set_max_pixels",
+    "get_max_pixels",
+    "image_hash",
+]
+
+ImageLike = Any  # PIL.Image | str | os.PathLike | bytes | np.ndarray | torch.Tensor
+
+# 178,956,970 pixels is PIL's own hard DecompressionBombError threshold (2x its warning limit).
+_DEFAULT_MAX_PIXELS = int(os.environ.get("REWARDKIT_MAX_PIXELS", 178_956_970))
+_max_pixels = _DEFAULT_MAX_PIXELS
+_FLOAT_TOL = 1e-3  # floats slightly outside [0, 1] from resampling are clipped, not refused
+_lock = threading.Lock()
+
+
+def set_max_pixels(n: int | None) -> None:
+    """Largest image (width x height) accepted; ``None`` restores the default (178,956,970)."""
+    global _max_pixels
+    if n is not None and (not isinstance(n, int) or n <= 0):
+        raise ValueError(f"max pixels must be a positive int, got {n!r}")
+    with _lock:
+        _max_pixels = _DEFAULT_MAX_PIXELS if n is None else n
+
+
+def get_max_pixels() -> int:
+    return _max_pixels
+
+
+class _Bad(Exception):
+    """Internal: a per-image problem, turned into RewardInputError with the sample index by callers."""
+
+
+def _is_tensor(x: Any) -> bool:
+    # torch is a core dependency but importing it is cheap only once; check the type name first.
+    return type(x).__module__.startswith("torch") and type(x).__name__ in ("Tensor", "Parameter")
+
+
+def _check_size(w: int, h: int) -> None:
+    if w <= 0 or h <= 0:
+        raise _Bad(f"image has a zero-size side ({w}x{h})")
+    if w * h > _max_pixels:
+        raise _Bad(
+            f"image is {w}x{h} = {w * h:,} pixels, over the limit of {_max_pixels:,} "
+            "(decompression-bomb guard; raise it with rewardkit.media.set_max_pixels or REWARDKIT_MAX_PIXELS)"
+        )
+
+
+def _open_encoded(data: bytes | None, path: Path | None) -> Image.Image:
+    src = path if path is not None else io.BytesIO(data or b"")
+    if data is not None and len(data) == 0:
+        raise _Bad("empty bytes (zero-length input)")
+    if path is not None:
+        if not path.exists():
+            raise _Bad(f"file not found: {path}")
+        if path.is_dir():
+            raise _Bad(f"is a directory, not an image: {path}")
+        if path.stat().st_size == 0:
+            raise _Bad(f"empty file (0 bytes): {path}")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            im = Image.open(src)
+            # Size comes from the header: refuse bombs before decoding a single pixel.
+            _check_size(*im.size)
+            if getattr(im, "is_animated", False):
+                im.seek(0)  # documented: first frame
+            im.load()
+    except _Bad:
+        raise
+    except Image.DecompressionBombError as exc:
+        raise _Bad(f"image refused by the decompression-bomb guard: {exc}") from None
+    except UnidentifiedImageError:
+        where = f"file {path}" if path is not None else "bytes"
+        raise _Bad(f"{where} is not a recognised image format") from None
+    except (OSError, SyntaxError, ValueError, EOFError) as exc:
+        raise _Bad(f"corrupt or truncated image: {exc}") from None
+    return im
+
+
+def _pil_to_rgb(im: Image.Image) -> Image.Image:
+    _check_size(*im.size)
+    if getattr(im, "is_animated", False) and im.tell() != 0:
+        im.seek(0)
+    try:
+        im = ImageOps.exif_transpose(im) or im
+    except Exception:  # a malformed EXIF block must not make the pixels unusable
+        pass
+    mode = im.mode
+    if mode == "RGB":
+        out = im
+    elif mode in ("RGBA", "LA", "RGBa", "La", "PA") or (mode == "P" and "transparency" in im.info):
+        rgba = im.convert("RGBA")
+        bg = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        out = Image.alpha_composite(bg, rgba).convert("RGB")
+    elif mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
+        arr = np.asarray(im, dtype=np.float64)
+        scale = 257.0 if (mode.startswith("I;16") or arr.max(initial=0) > 255) else 1.0
+        arr = np.clip(np.round(arr / scale), 0, 255).astype(np.uint8)
+        out = Image.fromarray(arr, "L").convert("RGB")
+    elif mode == "F":
+        arr = np.asarray(im, dtype=np.float64)
+        if not np.isfinite(arr).all():
+            raise _Bad("float image contains NaN or Inf")
+        arr = arr * 255.0 if arr.max(initial=0) <= 1.0 else arr
+        out = Image.fromarray(np.clip(np.round(arr), 0, 255).astype(np.uint8), "L").convert("RGB")
+    else:  # 1, L, P, CMYK, YCbCr, LAB, HSV
+        out = im.convert("RGB")
+    if out is im:
+        out = im.copy()  # never hand out the caller's object: rewards may resize it in place
+    out.load()
+    return out
+
+
+def _float_to_uint8(arr: np.ndarray) -> np.ndarray:
+    if not np.isfinite(arr).all():
+        raise _Bad("image array contains NaN or Inf")
+    lo, hi = float(arr.min(initial=0.0)), float(arr.max(initial=0.0))
+    if lo < -_FLOAT_TOL or hi > 1.0 + _FLOAT_TOL:
+        hint = " (looks like [-1, 1]: pass (x + 1) / 2)" if lo >= -1.0 - _FLOAT_TOL and lo < 0 else ""
+        hint = hint or (" (looks like [0, 255]: pass uint8 or x / 255)" if hi <= 255.0 + _FLOAT_TOL else "")
+        raise _Bad(f"float image values must lie in [0, 1], got [{lo:.4g}, {hi:.4g}]{hint}")
+    return np.round(np.clip(arr, 0.0, 1.0) * 255.0).astype(np.uint8)
+
+
+def _array_to_pil(arr: np.ndarray, layout: str) -> Image.Image:
+    """``arr`` is HW, HWC (layout 'hwc') or CHW (layout 'chw')."""
+    if arr.ndim == 3 and layout == "chw":
+        arr = np.transpose(arr, (1, 2, 0))
+    if arr.ndim == 3 and arr.shape[2] == 1:
+        arr = arr[:, :, 0]
+    if arr.ndim not in (2, 3) or (arr.ndim == 3 and arr.shape[2] not in (3, 4)):
+        want = "CxHxW tensor" if layout == "chw" else "HxWxC array"
+        raise _Bad(f"cannot read an image of shape {tuple(arr.shape)}: expected HxW or a {want} with C in 1, 3, 4")
+    h, w = arr.shape[:2]
+    _check_size(w, h)
+    if arr.dtype == np.uint8:
+        u8 = arr
+    elif arr.dtype == np.uint16:
+        u8 = np.round(arr.astype(np.float64) / 257.0).astype(np.uint8)
+    elif arr.dtype == np.bool_:
+        raise _Bad("boolean arrays are not images; convert masks to uint8 first")
+    elif np.issubdtype(arr.dtype, np.floating):
+        u8 = _float_to_uint8(arr.astype(np.float64))
+    elif np.issubdtype(arr.dtype, np.integer):
+        if arr.min(initial=0) < 0 or arr.max(initial=0) > 255:
+            raise _Bad(f"integer image values must lie in [0, 255], got [{arr.min()}, {arr.max()}]")
+        u8 = arr.astype(np.uint8)
+    else:
+        raise _Bad(f"unsupported array dtype {arr.dtype}")
+    u8 = np.ascontiguousarray(u8)
+    if u8.ndim == 2:
+        return Image.fromarray(u8, "L").convert("RGB")
+    if u8.shape[2] == 4:
+        return _pil_to_rgb(Image.fromarray(u8, "RGBA"))
+    return Image.fromarray(u8, "RGB")
+
+
+def _tensor_to_numpy(t: Any) -> np.ndarray:
+    t = t.detach()
+    if t.is_complex():
+        raise _Bad("complex tensors are not images")
+    if t.dtype.is_floating_point and t.dtype not in (__import__("torch").float32, __import__("torch").float64):
+        t = t.float()  # bf16 / fp16 have no numpy dtype
+    return t.cpu().numpy()
+
+
+def to_pil(x: ImageLike) -> Image.Image:
+    """Convert one image of any accepted kind to canonical RGB PIL; raises ``RewardInputError``."""
+    try:
+        return _to_pil(x)
+    except _Bad as exc:
+        raise RewardInputError(str(exc)) from None
+
+
+def _to_pil(x: ImageLike) -> Image.Image:
+    if isinstance(x, Image.Image):
+        return _pil_to_rgb(x)
+    if isinstance(x, (str, os.PathLike)):
+        s = os.fspath(x)
+        if isinstance(s, bytes):
+            s = s.decode()
+        if not s.strip():
+            raise _Bad("empty path")
+        return _pil_to_rgb(_open_encoded(None, Path(s).expanduser()))
+    if isinstance(x, (bytes, bytearray, memoryview)):
+        return _pil_to_rgb(_open_encoded(bytes(x), None))
+    if isinstance(x, np.ndarray):
+        if x.ndim == 3 and x.shape[0] in (1, 3, 4) and x.shape[2] not in (1, 3, 4):
+            raise _Bad(f"numpy images must be HxWxC; got shape {x.shape}, which looks like CxHxW (transpose it)")
+        return _array_to_pil(x, "hwc")
+    if _is_tensor(x):
+        return _array_to_pil(_tensor_to_numpy(x), "chw")
+    if x is None:
+        raise _Bad("image is None")
+    raise _Bad(f"unsupported image type {type(x).__name__}")
+
+
+def split_batch(images: Any) -> list[Any]:
+    """Turn any accepted batch form into a list of per-image items (not yet decoded).
+
+    A BxCxHxW tensor or a BxHxWxC array is split along B; a single image becomes a list of one.
+    Raises ``RewardInputError`` (call-level) for things that are not a batch of images at all.
+    """
+    if images is None:
+        raise RewardInputError("images is None")
+    if isinstance(images, (list, tuple)):
+        return list(images)
+    if _is_tensor(images):
+        if images.ndim == 4:
+            return list(images.unbind(0))
+        if images.ndim in (2, 3):
+            return [images]
+        raise RewardInputError(f"image tensor must be CxHxW or BxCxHxW, got shape {tuple(images.shape)}")
+    if isinstance(images, np.ndarray):
+        if images.ndim == 4:
+            return list(images)
+        if images.ndim in (2, 3):
+            return [images]
+        raise RewardInputError(f"image array must be HxWxC or BxHxWxC, got shape {images.shape}")
+    if isinstance(images, (Image.Image, str, os.PathLike, bytes, bytearray, memoryview)):
+        return [images]
+    if isinstance(images, (dict, set)):
+        raise RewardInputError(f"images must be a list or batch tensor, got {type(images).__name__}")
+    try:
+        return list(images)  # generators, datasets columns
+    except TypeError:
+        raise RewardInputError(f"unsupported images type {type(images).__name__}") from None
+
+
+def load_image(x: ImageLike) -> Image.Image:
+    """Public alias of :func:`to_pil` for users who want rewardkit's decoding rules in their own code."""
+    return to_pil(x)
+
+
+def pil_to_uint8(im: Image.Image):
+    """RGB PIL -> torch uint8 tensor ``(3, H, W)``."""
+    import torch
+
+    return torch.from_numpy(np.asarray(im, dtype=np.uint8).copy()).permute(2, 0, 1).contiguous()
+
+
+def pil_to_float(im: Image.Image):
+    """RGB PIL -> torch float32 tensor ``(3, H, W)`` in [0, 1]."""
+    return pil_to_uint8(im).float().div_(255.0)
+
+
+def image_hash(im: Image.Image) -> str:
+    """Content hash of a canonical image (size + pixels): equal pixels, equal hash, whatever the source."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{im.width}x{im.height}:{im.mode}".encode())
+    h.update(im.tobytes())
+    return h.hexdigest()
+
+
+def as_image_list(items: Sequence[ImageLike]) -> list[Image.Image]:
+    """Decode a list of images, raising ``RewardInputError`` with the index of the first bad one."""
+    out = []
+    for i, x in enumerate(items):
+        try:
+            out.append(_to_pil(x))
+        except _Bad as exc:
+            raise RewardInputError(str(exc), index=i) from None
+    return out

@@ -1,0 +1,114 @@
+"""Loading Hugging Face vision-language models (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, ...) and processors.
+
+The stock ``AutoProcessor`` of the Qwen-VL family builds a video processor that needs torchvision, which
+cannot be installed beside a CPU torch from PyPI. :func:`load_processor` falls back to an image-only
+processor (``AutoTokenizer`` + the PIL image processor), which is all a reward model needs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._imports import require
+
+__all__ = ["load_vlm", "load_processor", "image_only_processor", "resolve_dtype", "resolve_device"]
+
+_DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16", "half": "float16",
+           "bfloat16": "bfloat16", "bf16": "bfloat16", "auto": "auto"}
+
+
+def resolve_dtype(dtype: Any):
+    """``"bf16"`` / ``"bfloat16"`` / ``torch.bfloat16`` / None -> a torch dtype (None -> float32)."""
+    import torch
+
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    key = _DTYPES.get(str(dtype).lower().replace("torch.", ""))
+    if key is None or key == "auto":
+        raise ValueError(f"unknown dtype {dtype!r}; use one of float32, float16, bfloat16")
+    return getattr(torch, key)
+
+
+def resolve_device(device: Any):
+    """None -> cuda if available else cpu; strings and torch.device pass through (never a hard-coded cuda:0)."""
+    import torch
+
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+_IMAGE_ONLY_CACHE: dict[type, type] = {}
+
+
+def image_only_processor(proc_cls: type) -> type:
+    """A subclass of a Qwen-VL processor class that carries no video processor (no torchvision needed)."""
+    if proc_cls in _IMAGE_ONLY_CACHE:
+        return _IMAGE_ONLY_CACHE[proc_cls]
+    from transformers.processing_utils import ProcessorMixin
+
+    class ImageOnly(proc_cls):  # type: ignore[misc, valid-type]
+        attributes = ["image_processor", "tokenizer"]
+
+        def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+            self.image_token = getattr(tokenizer, "image_token", None) or "<|image_pad|>"
+            self.video_token = getattr(tokenizer, "video_token", None) or "<|video_pad|>"
+            self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
+            self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
+            self.vision_start_token, self.vision_end_token = "<|vision_start|>", "<|vision_end|>"
+            self.vision_start_token_id = tokenizer.convert_tokens_to_ids(self.vision_start_token)
+            self.vision_end_token_id = tokenizer.convert_tokens_to_ids(self.vision_end_token)
+            ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
+
+    ImageOnly.__name__ = ImageOnly.__qualname__ = proc_cls.__name__ + "ImageOnly"
+    _IMAGE_ONLY_CACHE[proc_cls] = ImageOnly
+    return ImageOnly
+
+
+def _processor_class_for(config: Any) -> type:
+    import transformers
+
+    mt = getattr(config, "model_type", "")
+    name = {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor", "qwen3_vl": "Qwen3VLProcessor",
+            "qwen3_vl_moe": "Qwen3VLProcessor", "qwen3_5": "Qwen3VLProcessor", "qwen3_5_moe": "Qwen3VLProcessor"}.get(mt)
+    if name is None:
+        raise ValueError(f"no image-only processor fallback for model_type {mt!r}")
+    return getattr(transformers, name)
+
+
+def load_processor(path: str, *, trust_remote_code: bool = False, **kwargs: Any):
+    """``AutoProcessor`` when it works; otherwise tokenizer + PIL image processor in an image-only processor."""
+    transformers = require("transformers", "hf")
+    try:
+        return transformers.AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code, **kwargs)
+    except (ImportError, AttributeError, OSError, ValueError, TypeError) as exc:
+        first_error = exc
+    config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    try:
+        proc_cls = _processor_class_for(config)
+    except ValueError:
+        raise first_error from None
+    tok = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    ip = transformers.AutoImageProcessor.from_pretrained(path, trust_remote_code=trust_remote_code, **kwargs)
+    if type(ip).__name__ == "Qwen2VLImageProcessor":  # torchvision backend slipped through
+        ip = transformers.Qwen2VLImageProcessorPil(**ip.to_dict())
+    return image_only_processor(proc_cls)(image_processor=ip, tokenizer=tok,
+                                          chat_template=getattr(tok, "chat_template", None))
+
+
+def load_vlm(path: str, *, device: Any = None, dtype: Any = None, trust_remote_code: bool = False,
+             attn_implementation: str | None = None):
+    """Load an ``AutoModelForImageTextToText`` checkpoint (hub id or local directory) and its processor.
+
+    Returns ``(model, processor)`` with the model in eval mode on ``device``.
+    """
+    transformers = require("transformers", "hf")
+    kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype), "trust_remote_code": trust_remote_code}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    model = transformers.AutoModelForImageTextToText.from_pretrained(path, **kwargs)
+    model.to(resolve_device(device)).eval()
+    processor = load_processor(path, trust_remote_code=trust_remote_code)
+    return model, processor

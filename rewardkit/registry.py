@@ -1,0 +1,141 @@
+"""The reward registry: one lazy ``name -> "module:Class"`` map, the single source of truth.
+
+Third-party packages add rewards through the entry-point group ``rewardkit.rewards``::
+
+    [project.entry-points."rewardkit.rewards"]
+    my-reward = "my_pkg.rewards:MyReward"
+
+Nothing is imported until a reward is loaded (``rewardkit ls`` imports reward modules, which are cheap
+by rule: heavy libraries are imported inside methods).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import threading
+from importlib import metadata as importlib_metadata
+from typing import Any
+
+from .errors import RegistryError
+
+__all__ = ["load_reward", "list_rewards", "register_reward", "get_reward_class", "resolve_name", "ENTRY_POINT_GROUP"]
+
+ENTRY_POINT_GROUP = "rewardkit.rewards"
+
+# Built-in rewards. Keep sorted by family; one file per family under rewardkit/rewards/.
+BUILTIN: dict[str, str] = {
+    "clipscore": "rewardkit.rewards.clipscore:CLIPScore",
+    "pickscore": "rewardkit.rewards.pickscore:PickScore",
+}
+
+# Alternative names -> canonical name.
+ALIASES: dict[str, str] = {
+    "clip": "clipscore",
+    "clip-score": "clipscore",
+    "pick-score": "pickscore",
+}
+
+_lock = threading.Lock()
+_registry: dict[str, str] | None = None
+_conflicts: dict[str, list[str]] = {}
+_programmatic: dict[str, str] = {}
+
+
+def _build() -> dict[str, str]:
+    global _registry
+    with _lock:
+        if _registry is not None:
+            return _registry
+        reg = dict(BUILTIN)
+        claims: dict[str, list[str]] = {k: [f"rewardkit (builtin {v})"] for k, v in BUILTIN.items()}
+        for name, target in _programmatic.items():
+            reg[name] = target
+        try:
+            eps = importlib_metadata.entry_points(group=ENTRY_POINT_GROUP)
+        except Exception:  # a broken distribution's metadata must not break rewardkit
+            eps = []
+        for ep in eps:
+            dist = getattr(getattr(ep, "dist", None), "name", None) or "unknown distribution"
+            claims.setdefault(ep.name, []).append(f"{dist} ({ep.value})")
+            if ep.name in reg or ep.name in ALIASES:
+                continue
+            reg[ep.name] = ep.value
+        for name, who in claims.items():
+            if len(who) > 1:
+                _conflicts[name] = who
+        _registry = reg
+        return reg
+
+
+def _reset() -> None:
+    """Forget the cached registry (tests; after installing a plugin in a running process)."""
+    global _registry
+    with _lock:
+        _registry = None
+        _conflicts.clear()
+
+
+def register_reward(name: str, target: str | type, *, overwrite: bool = False) -> None:
+    """Register a reward at run time: ``target`` is ``"module:Class"`` or a Reward subclass."""
+    if not isinstance(target, str):
+        target = f"{target.__module__}:{target.__qualname__}"
+    reg = _build()
+    if not overwrite and (name in reg or name in ALIASES) and reg.get(name) != target:
+        raise RegistryError(f"reward name {name!r} is already registered to {reg.get(name) or ALIASES[name]!r}; "
+                            "pass overwrite=True to replace it")
+    with _lock:
+        _programmatic[name] = target
+        reg[name] = target
+
+
+def resolve_name(name: str) -> str:
+    """Canonical registry name for ``name`` (aliases, case and '_' vs '-' forgiven)."""
+    reg = _build()
+    if not isinstance(name, str) or not name:
+        raise RegistryError(f"reward name must be a non-empty string, got {name!r}")
+    for cand in (name, name.lower(), name.lower().replace("_", "-")):
+        if cand in reg:
+            return cand
+        if cand in ALIASES:
+            return ALIASES[cand]
+    known = sorted(set(reg) | set(ALIASES))
+    close = difflib.get_close_matches(name.lower(), known, n=3, cutoff=0.5)
+    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    raise RegistryError(f"unknown reward {name!r}.{hint} Known rewards: {', '.join(sorted(reg))}")
+
+
+def get_reward_class(name: str) -> type:
+    canonical = resolve_name(name)
+    if canonical in _conflicts:
+        raise RegistryError(f"reward name {canonical!r} is claimed by several entries: "
+                            + "; ".join(_conflicts[canonical]) + ". Uninstall one of them.")
+    target = _build()[canonical]
+    module_name, _, attr = target.partition(":")
+    module = importlib.import_module(module_name)
+    obj: Any = module
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def load_reward(name: str, config: Any = None, /, **kwargs: Any):
+    """Build a reward by registry name: ``load_reward("pickscore", device="cuda", dtype="bfloat16")``.
+
+    ``config`` may be the reward's config dataclass, a mapping or a YAML path; ``kwargs`` override it.
+    """
+    cls = get_reward_class(name)
+    return cls(config, **kwargs)
+
+
+def list_rewards(*, include_aliases: bool = False) -> list[str]:
+    """Names of every registered reward (builtin and plugins), sorted."""
+    names = sorted(_build())
+    if include_aliases:
+        names = sorted(set(names) | set(ALIASES))
+    return names
+
+
+def conflicts() -> dict[str, list[str]]:
+    _build()
+    return dict(_conflicts)

@@ -1,0 +1,550 @@
+"""The contract: ``Reward``, ``RewardOutput``, ``PairwiseOutput``, ``RewardBatch``.
+
+A reward implements one method, :meth:`Reward._score`, on an already validated and normalised
+:class:`RewardBatch`. The base class owns everything else: input normalisation (via :mod:`rewardkit.media`),
+per-sample error handling, chunking, ``inference_mode``, output validation, thread safety, ``compare``.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+import threading
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Iterable, Sequence
+
+import torch
+from PIL import Image
+
+from . import media
+from .config import build_config
+from .errors import RewardInputError
+
+__all__ = ["Reward", "RewardOutput", "PairwiseOutput", "RewardBatch", "RewardConfig", "TASKS"]
+
+TASKS = frozenset({"t2i", "edit", "multi_ref"})
+_ON_ERROR = ("raise", "nan")
+
+
+def _json_float(x: float) -> float | None:
+    return None if (x is None or math.isnan(x) or math.isinf(x)) else float(x)
+
+
+@dataclass
+class RewardOutput:
+    """Scores for a batch of B samples.
+
+    Attributes:
+        scores: float32 tensor ``[B]``; NaN where a sample is invalid or the reward does not apply.
+        valid: bool tensor ``[B]``.
+        errors: ``B`` entries, the reason a sample is invalid (None when valid).
+        dimensions: name -> float32 tensor ``[B]`` of per-dimension scores (NaN where not available).
+        rationales: ``B`` optional texts (judges), or None.
+        info: JSON-serialisable call-level extras (model id, template version, ...).
+        details: ``B`` optional JSON-serialisable per-sample extras (e.g. a judge's verdicts), or None.
+    """
+
+    scores: torch.Tensor
+    valid: torch.Tensor | None = None
+    errors: list[str | None] | None = None
+    dimensions: dict[str, torch.Tensor] = field(default_factory=dict)
+    rationales: list[str | None] | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    details: list[dict[str, Any] | None] | None = None
+
+    def __post_init__(self) -> None:
+        self.scores = torch.as_tensor(self.scores, dtype=torch.float32).detach().cpu().reshape(-1) \
+            if not (isinstance(self.scores, torch.Tensor) and self.scores.requires_grad) \
+            else self.scores.float().reshape(-1)
+        n = self.scores.shape[0]
+        finite = torch.isfinite(self.scores.detach())
+        self.valid = finite.clone() if self.valid is None else torch.as_tensor(self.valid, dtype=torch.bool).cpu().reshape(-1) & finite
+        if self.errors is None:
+            self.errors = [None] * n
+        self.errors = list(self.errors)
+        for i in range(n):
+            if not bool(self.valid[i]) and not self.errors[i]:
+                self.errors[i] = "non-finite score" if not bool(finite[i]) else "marked invalid by the reward"
+            elif bool(self.valid[i]):
+                self.errors[i] = None
+        self.dimensions = {k: torch.as_tensor(v, dtype=torch.float32).detach().cpu().reshape(-1)
+                           for k, v in (self.dimensions or {}).items()}
+        for k, v in self.dimensions.items():
+            if v.shape[0] != n:
+                raise ValueError(f"dimension {k!r} has {v.shape[0]} values for {n} scores")
+        for name in ("errors", "rationales", "details"):
+            seq = getattr(self, name)
+            if seq is not None and len(seq) != n:
+                raise ValueError(f"{name} has {len(seq)} entries for {n} scores")
+
+    def __len__(self) -> int:
+        return int(self.scores.shape[0])
+
+    @classmethod
+    def invalid(cls, n: int, reason: str, dimensions: Sequence[str] = ()) -> "RewardOutput":
+        """All-invalid output: NaN scores with one reason."""
+        nan = torch.full((n,), float("nan"))
+        return cls(scores=nan, valid=torch.zeros(n, dtype=torch.bool), errors=[reason] * n,
+                   dimensions={d: nan.clone() for d in dimensions})
+
+    def tolist(self) -> list[float | None]:
+        """Scores as Python floats; invalid samples are None."""
+        return [_json_float(s) if v else None for s, v in zip(self.scores.tolist(), self.valid.tolist())]
+
+    def records(self) -> list[dict[str, Any]]:
+        """One JSON-serialisable dict per sample (what ``rewardkit score`` writes as JSONL)."""
+        out = []
+        for i in range(len(self)):
+            rec: dict[str, Any] = {"score": _json_float(float(self.scores[i])), "valid": bool(self.valid[i]),
+                                   "error": self.errors[i]}
+            if self.dimensions:
+                rec["dimensions"] = {k: _json_float(float(v[i])) for k, v in self.dimensions.items()}
+            if self.rationales is not None:
+                rec["rationale"] = self.rationales[i]
+            if self.details is not None and self.details[i] is not None:
+                rec["details"] = self.details[i]
+            out.append(rec)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """The whole output as JSON-serialisable lists (NaN -> None)."""
+        return {
+            "scores": [_json_float(x) for x in self.scores.tolist()],
+            "valid": self.valid.tolist(),
+            "errors": list(self.errors),
+            "dimensions": {k: [_json_float(x) for x in v.tolist()] for k, v in self.dimensions.items()},
+            "rationales": None if self.rationales is None else list(self.rationales),
+            "info": dict(self.info),
+            "details": None if self.details is None else list(self.details),
+        }
+
+    @classmethod
+    def concat(cls, outputs: Sequence["RewardOutput"]) -> "RewardOutput":
+        """Concatenate chunk outputs along the batch; ``info`` is merged (later chunks win)."""
+        if not outputs:
+            return cls(scores=torch.zeros(0))
+        dims: list[str] = []
+        for o in outputs:
+            dims += [d for d in o.dimensions if d not in dims]
+        info: dict[str, Any] = {}
+        for o in outputs:
+            info.update(o.info)
+        any_rat = any(o.rationales is not None for o in outputs)
+        any_det = any(o.details is not None for o in outputs)
+        return cls(
+            scores=torch.cat([o.scores for o in outputs]),
+            valid=torch.cat([o.valid for o in outputs]),
+            errors=[e for o in outputs for e in o.errors],
+            dimensions={d: torch.cat([o.dimensions.get(d, torch.full((len(o),), float("nan"))) for o in outputs])
+                        for d in dims},
+            rationales=[r for o in outputs for r in (o.rationales or [None] * len(o))] if any_rat else None,
+            info=info,
+            details=[r for o in outputs for r in (o.details or [None] * len(o))] if any_det else None,
+        )
+
+
+@dataclass
+class PairwiseOutput:
+    """Preference between two candidates per sample.
+
+    Attributes:
+        prob_a: float32 tensor ``[B]`` in [0, 1], P(candidate a preferred); NaN where invalid.
+        valid, errors, rationales, info: as in :class:`RewardOutput`.
+        scores_a, scores_b: the underlying scores when the comparison was derived from scores.
+    """
+
+    prob_a: torch.Tensor
+    valid: torch.Tensor | None = None
+    errors: list[str | None] | None = None
+    rationales: list[str | None] | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    scores_a: torch.Tensor | None = None
+    scores_b: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        self.prob_a = torch.as_tensor(self.prob_a, dtype=torch.float32).detach().cpu().reshape(-1)
+        n = self.prob_a.shape[0]
+        finite = torch.isfinite(self.prob_a)
+        self.valid = finite.clone() if self.valid is None else torch.as_tensor(self.valid, dtype=torch.bool).reshape(-1) & finite
+        self.errors = list(self.errors) if self.errors is not None else [None] * n
+        for i in range(n):
+            if not bool(self.valid[i]) and not self.errors[i]:
+                self.errors[i] = "non-finite probability"
+            elif bool(self.valid[i]):
+                self.errors[i] = None
+        if bool(((self.prob_a[finite] < 0) | (self.prob_a[finite] > 1)).any()):
+            raise ValueError("prob_a must lie in [0, 1]")
+
+    def __len__(self) -> int:
+        return int(self.prob_a.shape[0])
+
+    def tolist(self) -> list[float | None]:
+        return [_json_float(p) if v else None for p, v in zip(self.prob_a.tolist(), self.valid.tolist())]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"prob_a": [_json_float(x) for x in self.prob_a.tolist()], "valid": self.valid.tolist(),
+             "errors": list(self.errors), "rationales": self.rationales, "info": dict(self.info)}
+        if self.scores_a is not None:
+            d["scores_a"] = [_json_float(x) for x in self.scores_a.tolist()]
+            d["scores_b"] = [_json_float(x) for x in self.scores_b.tolist()]
+        return d
+
+
+@dataclass
+class RewardBatch:
+    """A validated, normalised batch handed to :meth:`Reward._score`.
+
+    Attributes:
+        images: B canonical RGB PIL images.
+        prompts: B non-empty strings (or None entries when the reward has ``uses_prompt = False``).
+        sources: B lists of canonical RGB PIL source / reference images ([] for text-to-image samples), or
+            None when the call passed no sources.
+        metadata: B dicts (empty when not given).
+        indices: position of each sample in the caller's batch (for diagnostics).
+    """
+
+    images: list[Image.Image]
+    prompts: list[str | None]
+    sources: list[list[Image.Image]] | None = None
+    metadata: list[dict[str, Any]] = field(default_factory=list)
+    indices: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        n = len(self.images)
+        if not self.metadata:
+            self.metadata = [{} for _ in range(n)]
+        if not self.indices:
+            self.indices = list(range(n))
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def select(self, idx: Sequence[int]) -> "RewardBatch":
+        return RewardBatch(
+            images=[self.images[i] for i in idx],
+            prompts=[self.prompts[i] for i in idx],
+            sources=None if self.sources is None else [self.sources[i] for i in idx],
+            metadata=[self.metadata[i] for i in idx],
+            indices=[self.indices[i] for i in idx],
+        )
+
+
+@dataclass
+class RewardConfig:
+    """Base of every reward's configuration dataclass (empty: a reward with no options uses it as is)."""
+
+
+class Reward(abc.ABC):
+    """Abstract base of every reward. Subclasses set the class metadata and implement :meth:`_score`.
+
+    Call it as ``reward(images, prompt, sources=..., metadata=..., batch_size=..., on_error=...)``.
+    """
+
+    name: ClassVar[str] = ""
+    tasks: ClassVar[frozenset[str]] = frozenset({"t2i"})
+    higher_is_better: ClassVar[bool] = True
+    differentiable: ClassVar[bool] = False
+    score_range: ClassVar[tuple[float, float] | None] = None
+    dimensions: tuple[str, ...] = ()
+    #: pip extras the reward needs (shown by ``rewardkit ls``; the error for a missing one names them).
+    extras: ClassVar[tuple[str, ...]] = ()
+    #: False for rewards that ignore the prompt (e.g. aesthetics): ``prompt`` may then be None.
+    uses_prompt: ClassVar[bool] = True
+    #: Chunk size when the caller passes no ``batch_size`` (None = the whole batch at once).
+    default_batch_size: ClassVar[int | None] = None
+    #: ``compare`` default: P(a) = sigmoid((s_a - s_b) / compare_temperature).
+    compare_temperature: ClassVar[float] = 1.0
+    #: True when ``_score`` may run concurrently from several threads; otherwise calls are serialised.
+    thread_safe: ClassVar[bool] = False
+    Config: ClassVar[type] = RewardConfig
+
+    def __init__(self, config: Any = None, /, **overrides: Any) -> None:
+        self.config = build_config(self.Config, config, overrides)
+        self._device = torch.device("cpu")
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------------ to implement
+    @abc.abstractmethod
+    def _score(self, batch: RewardBatch) -> RewardOutput:
+        """Score a validated batch; return an output with ``len(batch)`` entries."""
+
+    @classmethod
+    def tiny(cls, workdir: str) -> "Reward":
+        """A tiny, randomly initialised instance for tests (built with :mod:`rewardkit.testing`).
+
+        Every registered reward implements this so the conformance suite can run it offline.
+        """
+        raise NotImplementedError(f"{cls.__name__} has no tiny test instance")
+
+    # ------------------------------------------------------------------ plumbing
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def to(self, device: str | torch.device) -> "Reward":
+        """Move every ``torch.nn.Module`` attribute to ``device``; returns self."""
+        device = torch.device(device)
+        for value in vars(self).values():
+            if isinstance(value, torch.nn.Module):
+                value.to(device)
+        self._device = device
+        return self
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(vars(self))
+        state.pop("_lock", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, config={self.config!r})"
+
+    @property
+    def accepts_sources(self) -> bool:
+        return bool(self.tasks & {"edit", "multi_ref"})
+
+    @property
+    def requires_sources(self) -> bool:
+        return "t2i" not in self.tasks
+
+    def _grad_context(self):
+        if self.differentiable and torch.is_grad_enabled():
+            return nullcontext()
+        return torch.inference_mode()
+
+    def __call__(
+        self,
+        images: Any,
+        prompt: str | Sequence[str] | None = None,
+        *,
+        sources: Sequence[Any] | None = None,
+        metadata: Sequence[dict[str, Any] | None] | None = None,
+        batch_size: int | None = None,
+        on_error: str = "raise",
+        progress: bool = False,
+    ) -> RewardOutput:
+        """Score ``images`` against ``prompt``.
+
+        Args:
+            images: a batch of B images in any kind :mod:`rewardkit.media` accepts.
+            prompt: one string (broadcast to every image) or B strings.
+            sources: per sample, a list of source / reference images (one for an edit, N >= 2 for
+                multi-reference editing); a bare image counts as a list of one; None or [] for none.
+            metadata: per sample, a dict (e.g. ``{"intent": "strict"}``) or None.
+            batch_size: chunk size for the model; default ``default_batch_size``.
+            on_error: ``"raise"`` raises :class:`RewardInputError` naming the first bad sample;
+                ``"nan"`` scores the rest and marks bad samples invalid with a reason.
+            progress: show a progress bar over chunks.
+
+        Returns:
+            RewardOutput with B entries.
+        """
+        if on_error not in _ON_ERROR:
+            raise ValueError(f"on_error must be one of {_ON_ERROR}, got {on_error!r}")
+        if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1):
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        raw = media.split_batch(images)
+        n = len(raw)
+        prompts = self._prompts(prompt, n)
+        srcs = self._sources(sources, n)
+        metas = self._metadata(metadata, n)
+
+        errors: list[str | None] = [None] * n
+        canon: list[Image.Image | None] = [None] * n
+        canon_src: list[list[Image.Image]] = [[] for _ in range(n)]
+        for i in range(n):
+            try:
+                errors[i] = self._check_prompt(prompts[i])
+                if errors[i] is None:
+                    canon[i] = media._to_pil(raw[i])
+                    canon_src[i], errors[i] = self._decode_sources(srcs[i] if srcs is not None else None)
+            except media._Bad as exc:
+                errors[i] = str(exc)
+            if errors[i] is not None and on_error == "raise":
+                raise RewardInputError(errors[i], index=i)
+
+        ok = [i for i in range(n) if errors[i] is None]
+        batch = RewardBatch(
+            images=[canon[i] for i in ok],
+            prompts=[prompts[i] for i in ok],
+            sources=None if srcs is None else [canon_src[i] for i in ok],
+            metadata=[metas[i] for i in ok],
+            indices=ok,
+        )
+        chunk = batch_size or self.default_batch_size or max(len(ok), 1)
+        starts = range(0, len(ok), chunk)
+        if progress and len(starts) > 1:
+            from tqdm.auto import tqdm
+
+            starts = tqdm(starts, desc=f"{self.name or type(self).__name__}", unit="batch", delay=1.0)
+        parts = []
+        for s in starts:
+            sub = batch.select(range(s, min(s + chunk, len(ok))))
+            parts.append(self._run(sub))
+        scored = RewardOutput.concat(parts) if parts else RewardOutput(scores=torch.zeros(0))
+        return self._scatter(scored, ok, errors, n)
+
+    def _run(self, sub: RewardBatch) -> RewardOutput:
+        lock = nullcontext() if self.thread_safe else self._lock
+        with lock, self._grad_context():
+            out = self._score(sub)
+        if not isinstance(out, RewardOutput):
+            raise TypeError(f"{type(self).__name__}._score must return RewardOutput, got {type(out).__name__}")
+        if len(out) != len(sub):
+            raise RuntimeError(f"{type(self).__name__}._score returned {len(out)} scores for {len(sub)} samples")
+        return out
+
+    def _scatter(self, scored: RewardOutput, ok: list[int], errors: list[str | None], n: int) -> RewardOutput:
+        if len(ok) == n:
+            return scored
+        idx = torch.tensor(ok, dtype=torch.long)
+        scores = torch.full((n,), float("nan"))
+        valid = torch.zeros(n, dtype=torch.bool)
+        if ok:
+            scores = scores.to(scored.scores.dtype)
+            scores[idx] = scored.scores.detach() if not scored.scores.requires_grad else scored.scores
+            valid[idx] = scored.valid
+        dims = {}
+        for k, v in scored.dimensions.items():
+            full = torch.full((n,), float("nan"))
+            if ok:
+                full[idx] = v
+            dims[k] = full
+        for dname in self.dimensions:
+            dims.setdefault(dname, torch.full((n,), float("nan")))
+        errs = list(errors)
+        rats = None if scored.rationales is None else [None] * n
+        dets = None if scored.details is None else [None] * n
+        for j, i in enumerate(ok):
+            errs[i] = scored.errors[j]
+            if rats is not None:
+                rats[i] = scored.rationales[j]
+            if dets is not None:
+                dets[i] = scored.details[j]
+        return RewardOutput(scores=scores, valid=valid, errors=errs, dimensions=dims, rationales=rats,
+                            info=scored.info, details=dets)
+
+    # ------------------------------------------------------------------ input validation
+    def _prompts(self, prompt: Any, n: int) -> list[Any]:
+        if prompt is None or isinstance(prompt, str):
+            if prompt is None and self.uses_prompt:
+                raise RewardInputError(f"reward {self.name!r} needs a prompt (got None)")
+            return [prompt] * n
+        if isinstance(prompt, bytes):
+            raise RewardInputError("prompt must be str, got bytes (decode it first)")
+        try:
+            prompts = list(prompt)
+        except TypeError:
+            raise RewardInputError(f"prompt must be a string or a list of strings, got {type(prompt).__name__}") from None
+        if len(prompts) != n:
+            raise RewardInputError(f"got {n} images but {len(prompts)} prompts (pass one string to broadcast)")
+        return prompts
+
+    def _check_prompt(self, p: Any) -> str | None:
+        if p is None and not self.uses_prompt:
+            return None
+        if not isinstance(p, str):
+            return f"prompt must be a string, got {type(p).__name__}"
+        if self.uses_prompt and not p.strip():
+            return "prompt is empty"
+        return None
+
+    def _sources(self, sources: Any, n: int) -> list[Any] | None:
+        if sources is None:
+            if self.requires_sources and n:
+                raise RewardInputError(f"reward {self.name!r} scores edits and needs sources= (the source image(s))")
+            return None
+        if not self.accepts_sources:
+            raise RewardInputError(
+                f"reward {self.name!r} does not take sources (tasks: {', '.join(sorted(self.tasks))}); "
+                "drop sources= or use an editing reward")
+        if isinstance(sources, (str, bytes)) or not isinstance(sources, (list, tuple)):
+            raise RewardInputError("sources must be a list with one entry (a list of images) per sample")
+        if len(sources) != n:
+            raise RewardInputError(f"got {n} images but {len(sources)} source entries")
+        return list(sources)
+
+    def _decode_sources(self, entry: Any) -> tuple[list[Image.Image], str | None]:
+        if entry is None:
+            items: list[Any] = []
+        elif isinstance(entry, (list, tuple)):
+            items = list(entry)
+        elif media._is_tensor(entry) and entry.ndim == 4:
+            items = list(entry.unbind(0))
+        else:
+            items = [entry]
+        if not items and self.requires_sources:
+            return [], "this reward needs at least one source image"
+        if len(items) > 1 and "multi_ref" not in self.tasks:
+            return [], f"{len(items)} source images given but reward {self.name!r} takes one (no multi_ref task)"
+        out = []
+        for j, x in enumerate(items):
+            try:
+                out.append(media._to_pil(x))
+            except media._Bad as exc:
+                return [], f"source {j}: {exc}"
+        return out, None
+
+    def _metadata(self, metadata: Any, n: int) -> list[dict[str, Any]]:
+        if metadata is None:
+            return [{} for _ in range(n)]
+        if isinstance(metadata, dict):
+            raise RewardInputError("metadata must be a list of per-sample dicts, got one dict")
+        metas = list(metadata)
+        if len(metas) != n:
+            raise RewardInputError(f"got {n} images but {len(metas)} metadata entries")
+        for i, m in enumerate(metas):
+            if m is not None and not isinstance(m, dict):
+                raise RewardInputError(f"metadata entries must be dicts, got {type(m).__name__}", index=i)
+        return [dict(m) if m else {} for m in metas]
+
+    # ------------------------------------------------------------------ pairwise
+    def compare(
+        self,
+        images_a: Any,
+        images_b: Any,
+        prompt: str | Sequence[str] | None = None,
+        *,
+        sources: Sequence[Any] | None = None,
+        metadata: Sequence[dict[str, Any] | None] | None = None,
+        batch_size: int | None = None,
+        on_error: str = "raise",
+    ) -> PairwiseOutput:
+        """P(a preferred over b) per sample. Default: both scored in one call,
+        ``sigmoid((s_a - s_b) / compare_temperature)`` (sign flipped when lower is better).
+        Judges override this with a native pairwise prompt."""
+        a, b = media.split_batch(images_a), media.split_batch(images_b)
+        if len(a) != len(b):
+            raise RewardInputError(f"compare got {len(a)} images_a but {len(b)} images_b")
+        n = len(a)
+        prompts = self._prompts(prompt, n)
+        out = self(a + b, prompts + prompts,
+                   sources=None if sources is None else list(sources) + list(sources),
+                   metadata=None if metadata is None else list(metadata) + list(metadata),
+                   batch_size=batch_size, on_error=on_error)
+        sa, sb = out.scores[:n], out.scores[n:]
+        diff = (sa - sb) if self.higher_is_better else (sb - sa)
+        prob = torch.sigmoid(diff / self.compare_temperature)
+        valid = out.valid[:n] & out.valid[n:]
+        errors = []
+        for i in range(n):
+            ea, eb = out.errors[i], out.errors[n + i]
+            errors.append(None if valid[i] else "; ".join(f"{w}: {e}" for w, e in (("a", ea), ("b", eb)) if e))
+        prob = torch.where(valid, prob, torch.full_like(prob, float("nan")))
+        return PairwiseOutput(prob_a=prob, valid=valid, errors=errors, info=out.info, scores_a=sa, scores_b=sb)
+
+
+def iter_chunks(seq: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
+    for s in range(0, len(seq), size):
+        yield seq[s:s + size]
+
+
+def config_dict(reward: Reward) -> dict[str, Any]:
+    """The reward's configuration as a plain dict (what result records store)."""
+    cfg = reward.config
+    return dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(cfg)

@@ -1,0 +1,236 @@
+"""Tiny, randomly initialised instances of real architectures, built in-process with no network.
+
+For rewardkit's own tests and for users testing their integrations: every model is a real transformers
+class (``Qwen2_5_VLForConditionalGeneration``, ``Qwen3VLForConditionalGeneration``, ``CLIPModel``) with a
+byte-level BPE tokenizer trained in milliseconds. Builders are deterministic (seeded, without touching the
+caller's RNG state) and return models in ``.eval()`` mode.
+
+    >>> from rewardkit.testing import save_tiny_checkpoint
+    >>> save_tiny_checkpoint("clip", "/tmp/tiny-clip")        # loadable with from_pretrained
+    >>> reward = rewardkit.load_reward("clipscore", model="/tmp/tiny-clip")
+
+Scores from tiny models are meaningless; their shapes, dtypes, code paths and file formats are real.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any, Iterator
+
+from ._imports import require
+
+__all__ = [
+    "build_tiny_tokenizer",
+    "tiny_qwen2_5_vl",
+    "tiny_qwen3_vl",
+    "tiny_clip",
+    "save_tiny_checkpoint",
+    "TINY_KINDS",
+    "random_images",
+]
+
+QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                 "<|image_pad|>", "<|video_pad|>"]
+
+# Handles string and list contents and emits one vision block per image (the processor expands the pad).
+QWEN_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for c in message['content'] %}"
+    "{% if c['type'] == 'image' or 'image' in c %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+_CORPUS = [
+    "Yes No 1 2 3 4 5 good bad image prompt score rate the quality of this picture",
+    "user assistant system a cat on a mat. Is the image aligned with the prompt?",
+    "a photo of a dog, a red car, two birds on a branch, add a green bowl, the edited image",
+    "Score: 4 Rationale: the object is consistent with the reference and the scene.",
+]
+
+
+@contextlib.contextmanager
+def _seeded(seed: int) -> Iterator[None]:
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+def build_tiny_tokenizer(vocab_size: int = 300, *, specials: list[str] | None = None,
+                         extra_tokens: tuple[str, ...] = ("Yes", "No"), clip_style: bool = False):
+    """A tiny byte-level BPE ``PreTrainedTokenizerFast`` trained in-process.
+
+    ``clip_style=True`` adds CLIP's ``<|startoftext|>`` / ``<|endoftext|>`` around every encoded text
+    (CLIP pools the text embedding at the end-of-text token).
+    """
+    require("transformers", "hf")
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = list(specials or (["<|startoftext|>", "<|endoftext|>"] if clip_style else QWEN_SPECIALS))
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_CORPUS * 50, trainer=trainer)
+    if clip_style:
+        bos, eos = specials[0], specials[1]
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A {eos}", pair=f"{bos} $A {eos} $B {eos}",
+            special_tokens=[(bos, tok.token_to_id(bos)), (eos, tok.token_to_id(eos))])
+        hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos, pad_token=eos,
+                                     unk_token=eos, model_max_length=32)
+    else:
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+        hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                     additional_special_tokens=specials[1:])
+        hf.chat_template = QWEN_CHAT_TEMPLATE
+    if extra_tokens:
+        hf.add_tokens(list(extra_tokens))  # single-token verdict labels
+    return hf
+
+
+def _qwen_ids(tok) -> dict[str, int]:
+    return {t: tok.convert_tokens_to_ids(t) for t in QWEN_SPECIALS}
+
+
+def tiny_qwen2_5_vl(seed: int = 0, hidden_size: int = 32, num_layers: int = 1):
+    """Tiny ``Qwen2_5_VLForConditionalGeneration`` + image-only processor. Returns ``(model, processor)``.
+
+    Images are resized to 28..56 px per side (4..4 merged tokens per 56x56 image).
+    """
+    transformers = require("transformers", "hf")
+    from .models.vlm import image_only_processor
+
+    tok = build_tiny_tokenizer(300)
+    ids = _qwen_ids(tok)
+    heads = 2
+    head_dim = hidden_size // heads
+    third = head_dim // 2
+    mrope = [third - 2 * (third // 3), third // 3, third // 3]
+    cfg = transformers.Qwen2_5_VLConfig(
+        text_config=dict(vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                         num_hidden_layers=num_layers, num_attention_heads=heads, num_key_value_heads=1,
+                         max_position_embeddings=2048,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": mrope},
+                         bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
+                         pad_token_id=ids["<|endoftext|>"]),
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=14,
+                           spatial_merge_size=2, temporal_patch_size=2, window_size=56,
+                           out_hidden_size=hidden_size, fullatt_block_indexes=[0]),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=False)
+    with _seeded(seed):
+        model = transformers.Qwen2_5_VLForConditionalGeneration(cfg).eval()
+    ip = transformers.Qwen2VLImageProcessorPil(patch_size=14, merge_size=2, temporal_patch_size=2,
+                                               min_pixels=28 * 28, max_pixels=56 * 56)
+    proc = image_only_processor(transformers.Qwen2_5_VLProcessor)(
+        image_processor=ip, tokenizer=tok, chat_template=tok.chat_template)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return model, proc
+
+
+def tiny_qwen3_vl(seed: int = 0, hidden_size: int = 32, num_layers: int = 1):
+    """Tiny ``Qwen3VLForConditionalGeneration`` + image-only processor. Returns ``(model, processor)``."""
+    transformers = require("transformers", "hf")
+    from .models.vlm import image_only_processor
+
+    tok = build_tiny_tokenizer(300)
+    ids = _qwen_ids(tok)
+    heads = 2
+    head_dim = hidden_size // heads
+    third = head_dim // 2
+    mrope = [third - 2 * (third // 3), third // 3, third // 3]
+    cfg = transformers.Qwen3VLConfig(
+        text_config=dict(vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                         num_hidden_layers=num_layers, num_attention_heads=heads, num_key_value_heads=1,
+                         head_dim=head_dim, max_position_embeddings=2048,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                          "mrope_section": mrope, "mrope_interleaved": True},
+                         pad_token_id=ids["<|endoftext|>"], bos_token_id=ids["<|endoftext|>"],
+                         eos_token_id=ids["<|im_end|>"]),
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=16,
+                           spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=hidden_size,
+                           num_position_embeddings=16, deepstack_visual_indexes=[0]),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=False)
+    with _seeded(seed):
+        model = transformers.Qwen3VLForConditionalGeneration(cfg).eval()
+    ip = transformers.Qwen2VLImageProcessorPil(patch_size=16, merge_size=2, temporal_patch_size=2,
+                                               min_pixels=32 * 32, max_pixels=64 * 64)
+    proc = image_only_processor(transformers.Qwen3VLProcessor)(
+        image_processor=ip, tokenizer=tok, chat_template=tok.chat_template)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return model, proc
+
+
+def tiny_clip(seed: int = 0, image_size: int = 32, projection_dim: int = 16):
+    """Tiny ``CLIPModel`` + ``CLIPProcessor`` (PIL image processor). Returns ``(model, processor)``.
+
+    The same class serves PickScore (a CLIP-H checkpoint) and CLIPScore (CLIP ViT-L/14).
+    """
+    transformers = require("transformers", "hf")
+    tok = build_tiny_tokenizer(300, clip_style=True, extra_tokens=())
+    text_cfg = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                    num_attention_heads=2, max_position_embeddings=32, projection_dim=projection_dim,
+                    bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    vision_cfg = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                      image_size=image_size, patch_size=8, projection_dim=projection_dim)
+    cfg = transformers.CLIPConfig(text_config=text_cfg, vision_config=vision_cfg, projection_dim=projection_dim)
+    with _seeded(seed):
+        model = transformers.CLIPModel(cfg).eval()
+    ip = transformers.CLIPImageProcessorPil(size={"shortest_edge": image_size},
+                                            crop_size={"height": image_size, "width": image_size})
+    proc = transformers.CLIPProcessor(image_processor=ip, tokenizer=tok)
+    return model, proc
+
+
+TINY_KINDS = {
+    "qwen2_5_vl": tiny_qwen2_5_vl,
+    "qwen3_vl": tiny_qwen3_vl,
+    "clip": tiny_clip,
+}
+
+
+def save_tiny_checkpoint(kind: str, path: str | Path, **kwargs: Any) -> Path:
+    """Write a tiny checkpoint directory that ``from_pretrained`` (and rewardkit's loaders) can read.
+
+    ``kind`` is one of ``TINY_KINDS`` (``"qwen2_5_vl"``, ``"qwen3_vl"``, ``"clip"``); aliases
+    ``"pickscore"`` and ``"clipscore"`` write a CLIP checkpoint. Returns the directory.
+    """
+    kind = {"pickscore": "clip", "clipscore": "clip", "qwen2.5-vl": "qwen2_5_vl", "qwen3-vl": "qwen3_vl"}.get(kind, kind)
+    if kind not in TINY_KINDS:
+        raise ValueError(f"unknown tiny kind {kind!r}; choose from {sorted(TINY_KINDS)}")
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model, proc = TINY_KINDS[kind](**kwargs)
+    model.save_pretrained(path, safe_serialization=True)
+    if kind == "clip":
+        proc.save_pretrained(path)
+    else:  # image-only processors: save the parts the loader reads back
+        proc.tokenizer.save_pretrained(path)
+        proc.image_processor.save_pretrained(path)
+    return path
+
+
+def random_images(n: int, size: int = 32, seed: int = 0, sizes: list[tuple[int, int]] | None = None):
+    """``n`` deterministic random RGB PIL images (``sizes`` gives per-image (w, h))."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        w, h = sizes[i % len(sizes)] if sizes else (size, size)
+        out.append(Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8), "RGB"))
+    return out
