@@ -1,0 +1,60 @@
+"""The judge backend protocol shared by every MLLM-as-judge reward.
+
+A *conversation* is a chat in the Hugging Face messages format, with images embedded in order::
+
+    [{"role": "system", "content": "You are a strict judge."},
+     {"role": "user", "content": [{"type": "image", "image": <PIL.Image>},
+                                  {"type": "text", "text": "Is there a green bowl? Answer Yes or No."}]}]
+
+Backends receive *batches* of conversations. They are expected to exploit what the batch shares: a
+backend sees the same image (by content) and the same leading messages across many conversations and
+must encode each distinct image once per call and prefill a shared prefix once (transformers: KV-cache
+reuse; vLLM: prefix caching; OpenAI-compatible servers: their own prefix cache).
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, Sequence
+
+Message = dict[str, Any]
+Conversation = list[Message]
+
+__all__ = ["Message", "Conversation", "JudgeBackend", "ChoiceError"]
+
+
+class ChoiceError(ValueError):
+    """A label passed to ``choice_probs`` is not a single token for the backend's tokenizer."""
+
+
+class JudgeBackend(abc.ABC):
+    """Two operations over batches of multimodal conversations."""
+
+    #: backend kind, e.g. "transformers", "vllm", "openai"
+    kind: str = ""
+
+    @abc.abstractmethod
+    def generate(
+        self,
+        conversations: Sequence[Conversation],
+        *,
+        n: int = 1,
+        temperature: float = 0.0,
+        max_new_tokens: int = 256,
+        stop: Sequence[str] | None = None,
+        seed: int | None = None,
+    ) -> list[list[str]]:
+        """``n`` completions per conversation -> ``B`` lists of ``n`` strings (assistant turn continuations)."""
+
+    @abc.abstractmethod
+    def choice_probs(self, conversations: Sequence[Conversation], choices: Sequence[str]):
+        """Probabilities over single-token answers at the start of the assistant turn.
+
+        Returns a float32 tensor ``[B, len(choices)]`` whose rows sum to 1 (next-token log-probabilities of
+        the choice tokens, renormalised over the choices). Raises :class:`ChoiceError` when a choice is not
+        exactly one token.
+        """
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-serialisable identity of the backend (recorded in reward outputs' ``info``)."""
+        return {"kind": self.kind}

@@ -1,0 +1,89 @@
+"""CLIPScore: CLIP image-text cosine similarity.
+
+Scale conventions (``convention=``):
+
+- ``"hessel"`` (default): ``2.5 * max(cos, 0)``, the CLIP-S of Hessel et al. 2021 ("CLIPScore: A
+  Reference-free Evaluation Metric for Image Captioning"), range [0, 2.5]. Hessel et al. used ViT-B/32
+  (our default checkpoint) and prepended ``"A photo depicts "`` to captions; set ``text_prefix`` to match
+  their numbers exactly. torchmetrics' ``CLIPScore`` reports ``100 * max(cos, 0)`` instead.
+- ``"cosine"``: the raw cosine in [-1, 1] (no clipping: an RL signal keeps its sign).
+- ``"logits100"``: ``logit_scale.exp() * cos / 100``, the convention of RL repositories (flow_grpo's
+  CLIP scorer divides CLIP's ``logits_per_image`` by 100). For OpenAI CLIP ``logit_scale.exp() == 100``, so
+  this equals ``cosine``; for checkpoints with another learned scale it differs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from ..reward import Reward, RewardBatch, RewardConfig, RewardOutput
+
+VARIANTS: dict[str, str] = {
+    "clip-vit-base-patch32": "openai/clip-vit-base-patch32",  # Hessel et al. 2021
+    "clip-vit-large-patch14": "openai/clip-vit-large-patch14",  # flow_grpo's CLIP reward
+}
+
+_RANGES = {"hessel": (0.0, 2.5), "cosine": (-1.0, 1.0), "logits100": None}
+
+
+@dataclass
+class CLIPScoreConfig(RewardConfig):
+    model: str = "openai/clip-vit-base-patch32"
+    processor: str | None = None
+    convention: str = "hessel"
+    text_prefix: str = ""
+    device: str | None = None
+    dtype: str = "float32"
+    batch_size: int = 64
+    trust_remote_code: bool = False
+
+
+class CLIPScore(Reward):
+    """CLIP image-text similarity (CLIPScore, Hessel et al. 2021)."""
+
+    name: ClassVar[str] = "clipscore"
+    tasks = frozenset({"t2i"})
+    score_range = (0.0, 2.5)
+    extras = ("hf",)
+    thread_safe = True  # stateless forward passes under inference_mode
+    Config = CLIPScoreConfig
+
+    def __init__(self, config=None, /, **overrides):
+        super().__init__(config, **overrides)
+        cfg = self.config
+        if cfg.convention not in _RANGES:
+            raise ValueError(f"convention must be one of {sorted(_RANGES)}, got {cfg.convention!r}")
+        from ..models.clip import CLIPBackbone
+
+        self.backbone = CLIPBackbone(VARIANTS.get(cfg.model, cfg.model), cfg.processor, device=cfg.device,
+                                     dtype=cfg.dtype, trust_remote_code=cfg.trust_remote_code)
+        self._device = self.backbone.device
+        self.score_range = _RANGES[cfg.convention]
+        self.default_batch_size = cfg.batch_size
+
+    def to(self, device):
+        self.backbone.to(device)
+        self._device = self.backbone.device
+        return self
+
+    def _score(self, batch: RewardBatch) -> RewardOutput:
+        prompts = [self.config.text_prefix + p for p in batch.prompts]
+        cos, truncated = self.backbone.cosine(batch.images, prompts)
+        if self.config.convention == "hessel":
+            scores = 2.5 * cos.clamp(min=0)
+        elif self.config.convention == "logits100":
+            scores = cos * self.backbone.logit_scale / 100.0
+        else:
+            scores = cos
+        return RewardOutput(scores=scores.cpu(), dimensions={"cosine": cos.cpu()},
+                            info={"model": self.config.model, "convention": self.config.convention,
+                                  "prompts_truncated": truncated})
+
+    @classmethod
+    def tiny(cls, workdir: str) -> "CLIPScore":
+        from ..testing import save_tiny_checkpoint
+
+        return cls(model=str(save_tiny_checkpoint("clip", f"{workdir}/tiny-clip")), device="cpu")

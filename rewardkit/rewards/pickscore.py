@@ -1,0 +1,74 @@
+"""PickScore (Kirstain et al. 2023): a CLIP-H/14 fine-tuned on Pick-a-Pic human preferences.
+
+``score = logit_scale.exp() * cos(image, prompt)``, exactly the PickScore repository's formula (its
+``logit_scale.exp()`` is about 100, so scores of real images sit near 18-23). Softmax over the scores of
+several images for one prompt gives PickScore's preference probabilities; ``compare`` does this for two
+images (``sigmoid(s_a - s_b)`` is the two-way softmax). flow_grpo divides the score by 26 to get roughly
+[0, 1]; pass ``scale=0.03846`` (1/26) to reproduce that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from ..reward import Reward, RewardBatch, RewardConfig, RewardOutput
+
+VARIANTS: dict[str, str] = {"pickscore-v1": "yuvalkirstain/PickScore_v1"}
+DEFAULT_PROCESSOR = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K"  # PickScore_v1 ships no processor files
+
+
+@dataclass
+class PickScoreConfig(RewardConfig):
+    model: str = "yuvalkirstain/PickScore_v1"
+    processor: str | None = None  # default: the model directory if it has one, else the CLIP-H processor
+    scale: float = 1.0
+    device: str | None = None
+    dtype: str = "float32"
+    batch_size: int = 32
+    trust_remote_code: bool = False
+
+
+class PickScore(Reward):
+    """PickScore_v1: human-preference CLIP-H score, logit_scale * cosine."""
+
+    name: ClassVar[str] = "pickscore"
+    tasks = frozenset({"t2i"})
+    score_range = None
+    extras = ("hf",)
+    thread_safe = True
+    Config = PickScoreConfig
+
+    def __init__(self, config=None, /, **overrides):
+        super().__init__(config, **overrides)
+        cfg = self.config
+        from ..models.clip import CLIPBackbone
+
+        model = VARIANTS.get(cfg.model, cfg.model)
+        processor = cfg.processor
+        if processor is None:
+            local = Path(model)
+            has_proc = local.is_dir() and any((local / f).exists() for f in
+                                              ("preprocessor_config.json", "processor_config.json"))
+            processor = model if has_proc else DEFAULT_PROCESSOR
+        self.backbone = CLIPBackbone(model, processor, device=cfg.device, dtype=cfg.dtype,
+                                     trust_remote_code=cfg.trust_remote_code)
+        self._device = self.backbone.device
+        self.default_batch_size = cfg.batch_size
+
+    def to(self, device):
+        self.backbone.to(device)
+        self._device = self.backbone.device
+        return self
+
+    def _score(self, batch: RewardBatch) -> RewardOutput:
+        cos, truncated = self.backbone.cosine(batch.images, batch.prompts)
+        scores = self.backbone.logit_scale * cos * self.config.scale
+        return RewardOutput(scores=scores.cpu(), info={"model": self.config.model, "prompts_truncated": truncated})
+
+    @classmethod
+    def tiny(cls, workdir: str) -> "PickScore":
+        from ..testing import save_tiny_checkpoint
+
+        return cls(model=str(save_tiny_checkpoint("clip", f"{workdir}/tiny-pickscore")), device="cpu")
