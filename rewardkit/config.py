@@ -101,10 +101,10 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
         if value not in typing.get_args(tp):
             raise ConfigError(f"{key}: {value!r} is not one of {typing.get_args(tp)}")
         return value
-    if origin in (tuple, list):
+    if origin in (tuple, list) or tp in (tuple, list):
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key}: expected a list, got {value!r}")
-        return origin(value)
+        return (origin or tp)(value)
     if origin in (dict,) or tp is dict:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{key}: expected a mapping, got {value!r}")

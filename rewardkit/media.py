@@ -24,7 +24,8 @@ Documented conversions (all lossless for RGB 8-bit input):
 
 Refused, with a clear reason: corrupt, truncated or zero-byte files; bytes that are not an image; images
 with a zero-size side; images over the pixel limit (a decompression-bomb guard, checked from the header
-before decoding; set with :func:`set_max_pixels` or ``REWARDKIT_MAX_PIXELS``); arrays with NaN / Inf,
+before decoding; set with :func:`set_max_pixels` or ``REWARDKIT_MAX_PIXELS``; PIL's own
+``Image.MAX_IMAGE_PIXELS`` guard also applies to encoded files); arrays with NaN / Inf,
 values outside [0, 1] (floats) or an unrecognised shape / dtype.
 """
 
@@ -118,7 +119,9 @@ def _open_encoded(data: bytes | None, path: Path | None) -> Image.Image:
     except _Bad:
         raise
     except Image.DecompressionBombError as exc:
-        raise _Bad(f"image refused by the decompression-bomb guard: {exc}") from None
+        # PIL's own guard (Image.MAX_IMAGE_PIXELS) fired while reading the header.
+        raise _Bad(f"image is over the limit of {min(_max_pixels, 2 * (Image.MAX_IMAGE_PIXELS or 0)):,} pixels "
+                   f"(decompression-bomb guard; PIL: {exc})") from None
     except UnidentifiedImageError:
         where = f"file {path}" if path is not None else "bytes"
         raise _Bad(f"{where} is not a recognised image format") from None

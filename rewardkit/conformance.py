@@ -1,0 +1,192 @@
+"""The conformance checks every reward must pass (rewardkit's own and third-party plugins).
+
+    >>> from rewardkit.conformance import check_reward
+    >>> check_reward(MyReward.tiny(tmpdir))        # raises AssertionError naming the failed property
+
+Each check is a function taking a reward; :func:`check_reward` runs them all. The checks use small random
+images of different sizes, distinct prompts and, for editing rewards, source images.
+"""
+
+from __future__ import annotations
+
+import pickle
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from .reward import PairwiseOutput, Reward, RewardOutput
+
+__all__ = ["check_reward", "CHECKS", "sample_inputs"]
+
+ATOL = 1e-4
+RTOL = 1e-4
+
+_PROMPTS = ["a red apple on a table", "two birds on a branch", "a green bowl", "a city street at night",
+            "a cat sleeping on a mat", "a blue car"]
+
+
+def sample_inputs(reward: Reward, n: int = 4, seed: int = 0) -> dict[str, Any]:
+    """Deterministic (images, prompts, sources) suited to the reward's tasks."""
+    from .testing import random_images
+
+    sizes = [(32, 32), (48, 40), (40, 56), (64, 64), (36, 30), (56, 48)]
+    images = random_images(n, seed=seed, sizes=sizes)
+    prompts = [_PROMPTS[i % len(_PROMPTS)] for i in range(n)]
+    sources = None
+    if reward.accepts_sources and (reward.requires_sources or "t2i" not in reward.tasks):
+        k = 2 if "multi_ref" in reward.tasks and "edit" not in reward.tasks else 1
+        srcs = random_images(n * k, seed=seed + 1, sizes=sizes)
+        sources = [srcs[i * k:(i + 1) * k] for i in range(n)]
+    return {"images": images, "prompt": prompts, "sources": sources}
+
+
+def _same(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+    assert a.shape == b.shape, f"{what}: shapes differ {tuple(a.shape)} vs {tuple(b.shape)}"
+    assert torch.allclose(a, b, atol=ATOL, rtol=RTOL, equal_nan=True), f"{what}: {a.tolist()} != {b.tolist()}"
+
+
+def _same_output(a: RewardOutput, b: RewardOutput, what: str) -> None:
+    _same(a.scores, b.scores, f"{what} (scores)")
+    assert a.valid.tolist() == b.valid.tolist(), f"{what} (valid): {a.valid.tolist()} != {b.valid.tolist()}"
+    for k in a.dimensions:
+        _same(a.dimensions[k], b.dimensions[k], f"{what} (dimension {k})")
+
+
+def check_output_contract(reward: Reward) -> RewardOutput:
+    x = sample_inputs(reward)
+    out = reward(x["images"], x["prompt"], sources=x["sources"])
+    n = len(x["images"])
+    assert isinstance(out, RewardOutput), f"expected RewardOutput, got {type(out).__name__}"
+    assert out.scores.shape == (n,) and out.scores.dtype == torch.float32, "scores must be float32 [B]"
+    assert out.valid.shape == (n,) and out.valid.dtype == torch.bool, "valid must be bool [B]"
+    assert len(out.errors) == n, "errors must have B entries"
+    for k, v in out.dimensions.items():
+        assert v.shape == (n,) and v.dtype == torch.float32, f"dimension {k} must be float32 [B]"
+    for i in range(n):
+        if out.valid[i]:
+            assert torch.isfinite(out.scores[i]), f"sample {i} valid but score {out.scores[i]}"
+            assert out.errors[i] is None
+        else:
+            assert torch.isnan(out.scores[i]), f"sample {i} invalid but score {out.scores[i]} is not NaN"
+            assert isinstance(out.errors[i], str) and out.errors[i], f"sample {i} invalid without a reason"
+    if reward.score_range is not None:
+        lo, hi = reward.score_range
+        v = out.scores[out.valid]
+        assert bool(((v >= lo - 1e-5) & (v <= hi + 1e-5)).all()), f"scores {v.tolist()} outside {reward.score_range}"
+    for d in out.dimensions:
+        assert isinstance(d, str)
+    import json
+
+    json.dumps(out.to_dict())  # JSON-serialisable, NaN -> None
+    json.dumps(out.records())
+    return out
+
+
+def check_deterministic(reward: Reward) -> None:
+    x = sample_inputs(reward)
+    a = reward(x["images"], x["prompt"], sources=x["sources"])
+    b = reward(x["images"], x["prompt"], sources=x["sources"])
+    _same_output(a, b, "two identical calls")
+
+
+def check_chunking(reward: Reward) -> None:
+    x = sample_inputs(reward, n=5)
+    whole = reward(x["images"], x["prompt"], sources=x["sources"], batch_size=5)
+    ones = reward(x["images"], x["prompt"], sources=x["sources"], batch_size=1)
+    twos = reward(x["images"], x["prompt"], sources=x["sources"], batch_size=2)
+    _same_output(whole, ones, "batch_size=5 vs batch_size=1")
+    _same_output(whole, twos, "batch_size=5 vs batch_size=2")
+
+
+def check_input_kinds(reward: Reward) -> None:
+    x = sample_inputs(reward, n=3)
+    pil = reward(x["images"], x["prompt"], sources=x["sources"])
+    u8 = [np.asarray(im) for im in x["images"]]
+    fl = [torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1).float() / 255.0 for im in x["images"]]
+    t8 = [torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1) for im in x["images"]]
+    _same_output(pil, reward(u8, x["prompt"], sources=x["sources"]), "PIL vs numpy uint8 HWC")
+    _same_output(pil, reward(fl, x["prompt"], sources=x["sources"]), "PIL vs torch float CHW")
+    _same_output(pil, reward(t8, x["prompt"], sources=x["sources"]), "PIL vs torch uint8 CHW")
+
+
+def check_thread_safety(reward: Reward) -> None:
+    x = sample_inputs(reward, n=6)
+    ref = [reward([x["images"][i]], [x["prompt"][i]], sources=None if x["sources"] is None else [x["sources"][i]])
+           for i in range(6)]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futs = [pool.submit(reward, [x["images"][i]], [x["prompt"][i]],
+                            sources=None if x["sources"] is None else [x["sources"][i]]) for i in range(6)]
+        got = [f.result() for f in futs]
+    for i, (a, b) in enumerate(zip(ref, got)):
+        _same_output(a, b, f"threaded call {i}")
+
+
+def check_config_pickle(reward: Reward) -> None:
+    cfg = reward.config
+    again = pickle.loads(pickle.dumps(cfg))
+    assert again == cfg, "config does not survive pickling"
+    assert isinstance(cfg, type(reward).Config)
+
+
+def check_bad_sample_isolated(reward: Reward) -> None:
+    x = sample_inputs(reward, n=3)
+    good = reward(x["images"], x["prompt"], sources=x["sources"])
+    images = list(x["images"])
+    images[1] = b"not an image"
+    mixed = reward(images, x["prompt"], sources=x["sources"], on_error="nan")
+    assert not mixed.valid[1] and "not a recognised image" in mixed.errors[1]
+    keep = torch.tensor([0, 2])
+    _same(good.scores[keep], mixed.scores[keep], "good samples beside a bad one")
+
+
+def check_empty_batch(reward: Reward) -> None:
+    x = sample_inputs(reward, n=1)
+    out = reward([], [], sources=[] if x["sources"] is not None else None)
+    assert len(out) == 0 and out.scores.shape == (0,)
+
+
+def check_compare(reward: Reward) -> None:
+    x = sample_inputs(reward, n=4)
+    a, b = x["images"][:2], x["images"][2:]
+    prompts = x["prompt"][:2]
+    srcs = None if x["sources"] is None else x["sources"][:2]
+    cmp = reward.compare(a, b, prompts, sources=srcs)
+    assert isinstance(cmp, PairwiseOutput) and cmp.prob_a.shape == (2,)
+    p = cmp.prob_a[cmp.valid]
+    assert bool(((p >= 0) & (p <= 1)).all())
+    if type(reward).compare is Reward.compare:  # default derived from scores
+        sa = reward(a, prompts, sources=srcs).scores
+        sb = reward(b, prompts, sources=srcs).scores
+        for i in range(2):
+            if not (torch.isfinite(sa[i]) and torch.isfinite(sb[i])):
+                assert not cmp.valid[i]
+                continue
+            better_a = bool(sa[i] > sb[i]) if reward.higher_is_better else bool(sa[i] < sb[i])
+            if abs(float(sa[i] - sb[i])) > 1e-6:
+                assert (float(cmp.prob_a[i]) > 0.5) == better_a, f"compare disagrees with scores at {i}"
+            else:
+                assert abs(float(cmp.prob_a[i]) - 0.5) < 1e-4
+
+
+CHECKS: dict[str, Callable[[Reward], Any]] = {
+    "output_contract": check_output_contract,
+    "deterministic": check_deterministic,
+    "chunking": check_chunking,
+    "input_kinds": check_input_kinds,
+    "thread_safety": check_thread_safety,
+    "config_pickle": check_config_pickle,
+    "bad_sample_isolated": check_bad_sample_isolated,
+    "empty_batch": check_empty_batch,
+    "compare": check_compare,
+}
+
+
+def check_reward(reward: Reward, checks: list[str] | None = None) -> None:
+    """Run the conformance checks (all by default); raises AssertionError on the first failure."""
+    for name in checks or list(CHECKS):
+        try:
+            CHECKS[name](reward)
+        except AssertionError as exc:
+            raise AssertionError(f"{type(reward).__name__} fails conformance check {name!r}: {exc}") from None
