@@ -15,7 +15,8 @@ reuse; vLLM: prefix caching; OpenAI-compatible servers: their own prefix cache).
 from __future__ import annotations
 
 import abc
-from typing import Any, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
 
 Message = dict[str, Any]
 Conversation = list[Message]
@@ -58,3 +59,13 @@ class JudgeBackend(abc.ABC):
     def describe(self) -> dict[str, Any]:
         """JSON-serialisable identity of the backend (recorded in reward outputs' ``info``)."""
         return {"kind": self.kind}
+
+    @contextmanager
+    def session(self) -> Iterator["JudgeBackend"]:
+        """Scope within which the backend may keep per-image work (encoded features) between calls.
+
+        A reward wraps one ``__call__`` (several ``generate`` / ``choice_probs`` calls about the same images)
+        in ``with judge.session():`` so each distinct image is encoded once per reward call. The default
+        keeps nothing.
+        """
+        yield self

@@ -1,0 +1,425 @@
+"""Judge backend on a local transformers vision-language model (Qwen2-VL / Qwen2.5-VL / Qwen3-VL family).
+
+Why this is not ``model.generate(**processor(...))`` per question: a judge reward asks the same image many
+questions (EVR: 5 dimensions x K hypotheses + one verification per hypothesis). The naive loop re-runs the
+vision tower and re-prefills the image + instruction prefix for every question. This backend
+
+1. deduplicates images by content and runs the vision tower once per distinct image (and once per
+   :meth:`~JudgeBackend.session` when a reward asks several batches of questions about the same images);
+2. groups conversations by their shared leading tokens (everything up to the last image, extended to the
+   longest common token prefix of the group), prefills each distinct prefix once and forks its KV cache
+   (row index-select) for every continuation; rotary positions (3-D M-RoPE) are passed explicitly, never
+   read from the model's mutable ``rope_deltas``;
+3. decodes with its own loop (greedy or per-row seeded sampling) so that a row's sample does not depend
+   on what else is in the batch.
+
+Tensor layout of a continuation row: ``[left pad | prefix | suffix pad | suffix]``; the pads are masked
+and the suffix positions continue from the prefix's last position.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+from .base import ChoiceError, Conversation, JudgeBackend
+
+__all__ = ["TransformersJudge"]
+
+
+def _is_image_item(item: Any) -> bool:
+    return isinstance(item, dict) and (item.get("type") == "image" or "image" in item)
+
+
+def conversation_images(conv: Conversation) -> list[Any]:
+    """The images of a conversation, in order of appearance."""
+    out = []
+    for msg in conv:
+        content = msg.get("content")
+        if isinstance(content, list):
+            out += [c.get("image") for c in content if _is_image_item(c)]
+    return out
+
+
+@dataclass
+class _Img:
+    grid_thw: Any  # LongTensor [3]
+    n_tokens: int
+    embeds: Any  # [n_tokens, hidden]
+    deepstack: list | None  # Qwen3-VL: per deepstack layer [n_tokens, hidden]
+
+
+@dataclass
+class _Conv:
+    ids: list[int]
+    images: list[str]  # content hashes, in placeholder order
+    image_end: int  # index after the last image token (0 when there is no image)
+    digest: int  # stable per-content seed material
+
+
+def _lcp(seqs: Sequence[Sequence[int]]) -> int:
+    first = seqs[0]
+    n = min(len(s) for s in seqs)
+    for i in range(n):
+        t = first[i]
+        if any(s[i] != t for s in seqs[1:]):
+            return i
+    return n
+
+
+class TransformersJudge(JudgeBackend):
+    """A judge on any local ``AutoModelForImageTextToText`` checkpoint of the Qwen-VL family.
+
+    Args:
+        model: a checkpoint path / hub id, or an already loaded model (then pass ``processor``).
+        processor: the processor when ``model`` is a loaded model.
+        device, dtype: where / how to load a checkpoint (default: cuda when available, float32).
+        max_rows: continuation rows processed at once (each row holds a copy of its prefix's KV cache:
+            lower it for big models and long prefixes).
+        max_prefixes: distinct prefixes prefilled at once.
+        trust_remote_code: passed to ``from_pretrained`` (off by default).
+    """
+
+    kind = "transformers"
+
+    def __init__(self, model: Any, processor: Any = None, *, device: Any = None, dtype: Any = None,
+                 max_rows: int = 64, max_prefixes: int = 16, trust_remote_code: bool = False,
+                 attn_implementation: str | None = None) -> None:
+        if isinstance(model, str):
+            from ..models.vlm import load_vlm
+
+            self.model_id = model
+            model, processor = load_vlm(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
+                                        attn_implementation=attn_implementation)
+        else:
+            if processor is None:
+                raise ValueError("pass the processor together with a loaded model")
+            self.model_id = getattr(model.config, "_name_or_path", "") or type(model).__name__
+        if max_rows < 1 or max_prefixes < 1:
+            raise ValueError("max_rows and max_prefixes must be >= 1")
+        self.model = model.eval()
+        self.processor = processor
+        self.tokenizer = processor.tokenizer
+        cfg = model.config
+        self.image_token_id = int(cfg.image_token_id)
+        self.merge = int(cfg.vision_config.spatial_merge_size)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        eos = model.generation_config.eos_token_id
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        if self.tokenizer.eos_token_id is not None:
+            eos.append(self.tokenizer.eos_token_id)
+        self.eos_ids = sorted(set(eos))
+        self.max_rows, self.max_prefixes = int(max_rows), int(max_prefixes)
+        #: counters since construction: images_encoded (through the vision tower), prefill_tokens (prompt
+        #: tokens run through the language model), decode_tokens, prefixes.
+        self.stats: Counter = Counter()
+        self._lock = threading.RLock()
+        self._session_images: dict[str, _Img] | None = None
+
+    # ------------------------------------------------------------------ protocol
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "model": str(self.model_id), "dtype": str(self.model.dtype).replace("torch.", "")}
+
+    @property
+    def device(self):
+        return next(self.model.parameters()).device
+
+    @contextmanager
+    def session(self) -> Iterator["TransformersJudge"]:
+        """Within the block, each distinct image is encoded once across all calls (features are kept)."""
+        with self._lock:
+            outer = self._session_images is not None
+            if not outer:
+                self._session_images = {}
+            try:
+                yield self
+            finally:
+                if not outer:
+                    self._session_images = None
+
+    def generate(self, conversations: Sequence[Conversation], *, n: int = 1, temperature: float = 0.0,
+                 max_new_tokens: int = 256, stop: Sequence[str] | None = None,
+                 seed: int | None = None) -> list[list[str]]:
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if not conversations:
+            return []
+        import torch
+
+        with self._lock, torch.inference_mode():
+            convs, images = self._prepare(conversations)
+            out: list[list[str]] = [[""] * n for _ in convs]
+            rows = [(c, k) for c in range(len(convs)) for k in range(n)]
+            for chunk, run in self._row_chunks(convs, images, rows):
+                texts = self._decode(run, [convs[c] for c, _ in chunk], [k for _, k in chunk],
+                                     temperature=temperature, max_new_tokens=max_new_tokens,
+                                     stop=list(stop or []), seed=seed)
+                for (c, k), t in zip(chunk, texts):
+                    out[c][k] = t
+            return out
+
+    def choice_probs(self, conversations: Sequence[Conversation], choices: Sequence[str]):
+        import torch
+
+        ids = self.choice_token_ids(choices)
+        if not conversations:
+            return torch.zeros(0, len(ids))
+        with self._lock, torch.inference_mode():
+            convs, images = self._prepare(conversations)
+            probs = torch.zeros(len(convs), len(ids))
+            rows = [(c, 0) for c in range(len(convs))]
+            for chunk, run in self._row_chunks(convs, images, rows):
+                logits, _, _ = run()  # [R, V]
+                sel = logits.float()[:, ids]
+                probs[[c for c, _ in chunk]] = torch.softmax(sel, dim=-1).cpu()
+            return probs
+
+    def choice_token_ids(self, choices: Sequence[str]) -> list[int]:
+        """Token id of each choice; :class:`ChoiceError` when one is not exactly one token."""
+        if not choices:
+            raise ChoiceError("choices is empty")
+        out = []
+        for c in choices:
+            ids = self.tokenizer.encode(c, add_special_tokens=False)
+            if len(ids) != 1:
+                raise ChoiceError(f"choice {c!r} is {len(ids)} tokens for this tokenizer ({ids}); "
+                                  "choice_probs needs single-token answers")
+            out.append(ids[0])
+        if len(set(out)) != len(out):
+            raise ChoiceError(f"choices {list(choices)} map to repeated token ids {out}")
+        return out
+
+    # ------------------------------------------------------------------ preparation
+    def _render(self, conv: Conversation) -> str:
+        cont = bool(conv) and conv[-1].get("role") == "assistant"
+        return self.processor.apply_chat_template(list(conv), tokenize=False, add_generation_prompt=not cont,
+                                                  continue_final_message=cont)
+
+    def _prepare(self, conversations: Sequence[Conversation]) -> tuple[list[_Conv], dict[str, _Img]]:
+        """Token ids with image placeholders expanded, plus the encoded features of every distinct image."""
+        from ..media import _to_pil, image_hash
+
+        texts, conv_imgs = [], []
+        pending: dict[str, Any] = {}
+        for conv in conversations:
+            if not isinstance(conv, (list, tuple)) or not conv:
+                raise ValueError("a conversation is a non-empty list of messages")
+            texts.append(self._render(conv))
+            keys = []
+            for im in conversation_images(conv):
+                pil = _to_pil(im)
+                h = image_hash(pil)
+                keys.append(h)
+                pending.setdefault(h, pil)
+            conv_imgs.append(keys)
+        feats = self._encode_images(pending)
+        convs = []
+        for text, keys in zip(texts, conv_imgs):
+            raw = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            n_pad = sum(1 for t in raw if t == self.image_token_id)
+            if n_pad != len(keys):
+                raise ValueError(f"the chat template emitted {n_pad} image placeholders for {len(keys)} images")
+            ids: list[int] = []
+            it = iter(keys)
+            end = 0
+            for t in raw:
+                if t == self.image_token_id:
+                    ids += [t] * feats[next(it)].n_tokens
+                    end = len(ids)
+                else:
+                    ids.append(t)
+            h = hashlib.blake2b(digest_size=8)
+            h.update(repr(ids).encode())
+            h.update("".join(keys).encode())
+            convs.append(_Conv(ids=ids, images=keys, image_end=end, digest=int.from_bytes(h.digest(), "little")))
+        return convs, feats
+
+    def _encode_images(self, pending: dict[str, Any]) -> dict[str, _Img]:
+        """Features of every image in ``pending`` (hash -> PIL), running the vision tower only on new ones."""
+        cache = self._session_images if self._session_images is not None else {}
+        missing = [h for h in pending if h not in cache]
+        for s in range(0, len(missing), 16):  # bounded vision batches
+            part = missing[s:s + 16]
+            enc = self.processor.image_processor(images=[pending[h] for h in part], return_tensors="pt")
+            pv = enc["pixel_values"].to(self.device)
+            thw = enc["image_grid_thw"].to(self.device)
+            out = self.model.model.get_image_features(pv, thw, return_dict=True)
+            deep = getattr(out, "deepstack_features", None)
+            for i, h in enumerate(part):
+                cache[h] = _Img(grid_thw=thw[i], n_tokens=int(thw[i].prod()) // self.merge ** 2,
+                                embeds=out.pooler_output[i],
+                                deepstack=[d[i] for d in deep] if deep else None)
+            self._feature_cls = type(out)
+            self.stats["images_encoded"] += len(part)
+        return {h: cache[h] for h in pending}
+
+    # ------------------------------------------------------------------ prefix KV reuse
+    def _row_chunks(self, convs: list[_Conv], feats: dict[str, _Img], rows: list[tuple[int, int]]):
+        """Yield ``(rows_chunk, run)``; ``run()`` prefills/forks and returns the first next-token logits.
+
+        Conversations are grouped by the ids up to their last image; a group's prefix is its longest common
+        token prefix (kept at least one token short of every member, so each row has a suffix to score).
+        """
+        groups: dict[tuple, list[int]] = {}
+        for i, c in enumerate(convs):
+            groups.setdefault((tuple(c.ids[:c.image_end]), tuple(c.images)), []).append(i)
+        split: dict[int, int] = {}
+        prefixes: list[tuple[list[int], list[str]]] = []
+        prefix_of: dict[int, int] = {}
+        for members in groups.values():
+            seqs = [convs[i].ids for i in members]
+            cut = min(_lcp(seqs), min(len(s) for s in seqs) - 1)
+            first = convs[members[0]]
+            if cut < first.image_end:
+                raise ValueError("a conversation ends inside its image block; nothing to answer")
+            cut = max(cut, 1)
+            pidx = len(prefixes)
+            prefixes.append((first.ids[:cut], first.images))
+            for i in members:
+                split[i] = cut
+                prefix_of[i] = pidx
+        rows_by_prefix: dict[int, list[tuple[int, int]]] = {}
+        for r in rows:
+            rows_by_prefix.setdefault(prefix_of[r[0]], []).append(r)
+        order = sorted(rows_by_prefix)
+        for s in range(0, len(order), self.max_prefixes):
+            pids = order[s:s + self.max_prefixes]
+            state = self._prefill([prefixes[p] for p in pids], feats)
+            local = {p: j for j, p in enumerate(pids)}
+            prow = [r for p in pids for r in rows_by_prefix[p]]
+            for t in range(0, len(prow), self.max_rows):
+                chunk = prow[t:t + self.max_rows]
+                suffixes = [convs[c].ids[split[c]:] for c, _ in chunk]
+                which = [local[prefix_of[c]] for c, _ in chunk]
+                yield chunk, (lambda st=state, w=which, sf=suffixes: self._continue(st, w, sf))
+
+    def _prefill(self, prefixes: list[tuple[list[int], list[str]]], feats: dict[str, _Img]) -> dict[str, Any]:
+        """One batched forward over left-padded prefixes. Returns the cache and per-row position bookkeeping."""
+        import torch
+
+        dev = self.device
+        L = max(len(p) for p, _ in prefixes)
+        P = len(prefixes)
+        ids = torch.full((P, L), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((P, L), dtype=torch.long)
+        for j, (p, _) in enumerate(prefixes):
+            ids[j, L - len(p):] = torch.tensor(p)
+            mask[j, L - len(p):] = 1
+        ids, mask = ids.to(dev), mask.to(dev)
+        order = [h for _, keys in prefixes for h in keys]  # placeholder order, row-major
+        mm_types = (ids == self.image_token_id).int()
+        grid = torch.stack([feats[h].grid_thw for h in order]).to(dev) if order else None
+        pos, deltas = self.model.model.get_rope_index(ids, mm_types, image_grid_thw=grid, attention_mask=mask)
+        kwargs: dict[str, Any] = {}
+        if order:
+            fk: dict[str, Any] = {"pooler_output": tuple(feats[h].embeds for h in order)}
+            if feats[order[0]].deepstack is not None:
+                n_layers = len(feats[order[0]].deepstack)
+                fk["deepstack_features"] = [tuple(feats[h].deepstack[li] for h in order) for li in range(n_layers)]
+            kwargs["mm_encoder_outputs"] = {"image": self._feature_cls(**fk)}
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
+                         **kwargs)
+        valid = mask.sum(-1)
+        self.stats["prefixes"] += P
+        self.stats["prefill_tokens"] += int(valid.sum())
+        # next text position after row j's prefix: its valid length shifted by the M-RoPE delta
+        return {"cache": out.cache, "ids": ids, "mask": mask, "next_pos": valid + deltas.reshape(-1).to(dev)}
+
+    def _fork(self, cache: Any, idx: Any) -> Any:
+        """A new DynamicCache holding rows ``idx`` of ``cache`` (never reuse a cache a forward has extended)."""
+        from transformers import DynamicCache
+
+        data = [(layer.keys.index_select(0, idx), layer.values.index_select(0, idx)) for layer in cache.layers]
+        return DynamicCache(ddp_cache_data=data, config=self.model.config)
+
+    def _continue(self, state: dict[str, Any], which: list[int], suffixes: list[list[int]]):
+        """Forward the suffixes over forked prefix caches -> (last logits [R, V], cache, decode state)."""
+        import torch
+
+        dev = self.device
+        idx = torch.tensor(which, dtype=torch.long, device=dev)
+        R, S = len(suffixes), max(len(s) for s in suffixes)
+        sids = torch.full((R, S), self.pad_id, dtype=torch.long)
+        smask = torch.zeros((R, S), dtype=torch.long)
+        for r, s in enumerate(suffixes):
+            sids[r, S - len(s):] = torch.tensor(s)
+            smask[r, S - len(s):] = 1
+        sids, smask = sids.to(dev), smask.to(dev)
+        full_mask = torch.cat([state["mask"].index_select(0, idx), smask], dim=1)
+        start = state["next_pos"].index_select(0, idx)
+        spos = (start[:, None] + smask.cumsum(-1) - 1).clamp(min=0)
+        if self.image_token_id in sids:
+            raise ValueError("image tokens in a continuation: conversations with shared images must share the text before them")
+        cache = self._fork(state["cache"], idx)
+        out = self.model(input_ids=sids, attention_mask=full_mask, position_ids=spos[None].expand(3, R, S),
+                         cache=cache, use_cache=True, logits_to_keep=1)
+        self.stats["prefill_tokens"] += int(smask.sum())
+        return out.logits[:, -1], out.cache, (full_mask, spos[:, -1])
+
+    # ------------------------------------------------------------------ decoding
+    def _decode(self, run, convs: list[_Conv], sample_idx: list[int], *, temperature: float, max_new_tokens: int,
+                stop: list[str], seed: int | None) -> list[str]:
+        import torch
+
+        logits, cache, (mask, last_pos) = run()
+        R = logits.shape[0]
+        dev = logits.device
+        gens = None
+        if temperature > 0 and seed is not None:
+            # one generator per row, seeded by (seed, conversation content, sample index): a row's sample
+            # does not depend on what else is in the batch (chunked == whole batch)
+            gens = []
+            for c, k in zip(convs, sample_idx):
+                g = torch.Generator(device=dev)
+                g.manual_seed((seed * 1_000_003 + c.digest * 31 + k) % (2 ** 63))
+                gens.append(g)
+        eos = torch.tensor(self.eos_ids or [-1], device=dev)
+        tokens: list[list[int]] = [[] for _ in range(R)]
+        done = torch.zeros(R, dtype=torch.bool, device=dev)
+        for step in range(max_new_tokens):
+            if temperature > 0:
+                probs = torch.softmax(logits.float() / temperature, dim=-1)
+                if gens is None:
+                    nxt = torch.multinomial(probs, 1).squeeze(1)
+                else:
+                    nxt = torch.cat([torch.multinomial(probs[r], 1, generator=gens[r]) for r in range(R)])
+            else:
+                nxt = logits.argmax(-1)
+            nxt = torch.where(done, torch.full_like(nxt, self.pad_id), nxt)
+            is_eos = torch.isin(nxt, eos) & ~done
+            for r, t in enumerate(nxt.tolist()):
+                if not bool(done[r]) and not bool(is_eos[r]):
+                    tokens[r].append(t)
+            done = done | is_eos
+            if stop:
+                for r in range(R):
+                    if not bool(done[r]) and any(s in self.tokenizer.decode(tokens[r][-32:]) for s in stop):
+                        done[r] = True
+            self.stats["decode_tokens"] += int((~done).sum())
+            if bool(done.all()) or step == max_new_tokens - 1:
+                break
+            mask = torch.cat([mask, torch.ones((R, 1), dtype=mask.dtype, device=dev)], dim=1)
+            last_pos = last_pos + 1
+            out = self.model(input_ids=nxt[:, None], attention_mask=mask,
+                             position_ids=last_pos.view(1, R, 1).expand(3, R, 1), cache=cache, use_cache=True,
+                             logits_to_keep=1)
+            logits, cache = out.logits[:, -1], out.cache
+        texts = [self.tokenizer.decode(t, skip_special_tokens=True) for t in tokens]
+        if stop:
+            texts = [_cut_at_stop(t, stop) for t in texts]
+        return texts
+
+
+def _cut_at_stop(text: str, stop: list[str]) -> str:
+    cut = len(text)
+    for s in stop:
+        i = text.find(s)
+        if i >= 0:
+            cut = min(cut, i)
+    return text[:cut]
