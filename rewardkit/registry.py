@@ -26,6 +26,7 @@ ENTRY_POINT_GROUP = "rewardkit.rewards"
 # Built-in rewards. Keep sorted by family; one file per family under rewardkit/rewards/.
 BUILTIN: dict[str, str] = {
     "clipscore": "rewardkit.rewards.clipscore:CLIPScore",
+    "ocr": "rewardkit.rewards.ocr:OCRReward",
     "pickscore": "rewardkit.rewards.pickscore:PickScore",
 }
 
