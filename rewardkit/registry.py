@@ -28,6 +28,7 @@ BUILTIN: dict[str, str] = {
     "clipscore": "rewardkit.rewards.clipscore:CLIPScore",
     "ocr": "rewardkit.rewards.ocr:OCRReward",
     "pickscore": "rewardkit.rewards.pickscore:PickScore",
+    "evr": "rewardkit.rewards.evr:EVR",
 }
 
 # Alternative names -> canonical name.

@@ -155,13 +155,15 @@ class TransformersJudge(JudgeBackend):
         with self._lock, torch.inference_mode():
             convs, images = self._prepare(conversations)
             out: list[list[str]] = [[""] * n for _ in convs]
-            rows = [(c, k) for c in range(len(convs)) for k in range(n)]
-            for chunk, run in self._row_chunks(convs, images, rows):
-                texts = self._decode(run, [convs[c] for c, _ in chunk], [k for _, k in chunk],
+            rows = [(c, 0) for c in range(len(convs))]
+            # each conversation's suffix is prefilled once, then its cache row is repeated for the n samples
+            per_chunk = max(1, self.max_rows // n)
+            for chunk, run in self._row_chunks(convs, images, rows, max_rows=per_chunk):
+                texts = self._decode(run, [convs[c] for c, _ in chunk], n,
                                      temperature=temperature, max_new_tokens=max_new_tokens,
                                      stop=list(stop or []), seed=seed)
-                for (c, k), t in zip(chunk, texts):
-                    out[c][k] = t
+                for j, (c, _) in enumerate(chunk):
+                    out[c] = texts[j * n:(j + 1) * n]
             return out
 
     def choice_probs(self, conversations: Sequence[Conversation], choices: Sequence[str]):
@@ -260,7 +262,8 @@ class TransformersJudge(JudgeBackend):
         return {h: cache[h] for h in pending}
 
     # ------------------------------------------------------------------ prefix KV reuse
-    def _row_chunks(self, convs: list[_Conv], feats: dict[str, _Img], rows: list[tuple[int, int]]):
+    def _row_chunks(self, convs: list[_Conv], feats: dict[str, _Img], rows: list[tuple[int, int]],
+                    max_rows: int | None = None):
         """Yield ``(rows_chunk, run)``; ``run()`` prefills/forks and returns the first next-token logits.
 
         Conversations are grouped by the ids up to their last image; a group's prefix is its longest common
@@ -293,8 +296,9 @@ class TransformersJudge(JudgeBackend):
             state = self._prefill([prefixes[p] for p in pids], feats)
             local = {p: j for j, p in enumerate(pids)}
             prow = [r for p in pids for r in rows_by_prefix[p]]
-            for t in range(0, len(prow), self.max_rows):
-                chunk = prow[t:t + self.max_rows]
+            step = max_rows or self.max_rows
+            for t in range(0, len(prow), step):
+                chunk = prow[t:t + step]
                 suffixes = [convs[c].ids[split[c]:] for c, _ in chunk]
                 which = [local[prefix_of[c]] for c, _ in chunk]
                 yield chunk, (lambda st=state, w=which, sf=suffixes: self._continue(st, w, sf))
@@ -363,13 +367,20 @@ class TransformersJudge(JudgeBackend):
         return out.logits[:, -1], out.cache, (full_mask, spos[:, -1])
 
     # ------------------------------------------------------------------ decoding
-    def _decode(self, run, convs: list[_Conv], sample_idx: list[int], *, temperature: float, max_new_tokens: int,
+    def _decode(self, run, convs: list[_Conv], n: int, *, temperature: float, max_new_tokens: int,
                 stop: list[str], seed: int | None) -> list[str]:
+        """Decode ``n`` continuations per conversation -> ``len(convs) * n`` texts (conversation-major)."""
         import torch
 
         logits, cache, (mask, last_pos) = run()
-        R = logits.shape[0]
         dev = logits.device
+        if n > 1:  # fork every row n times (sample k of conversation c is row c * n + k)
+            rep = torch.arange(len(convs), device=dev).repeat_interleave(n)
+            logits, mask, last_pos = logits[rep], mask[rep], last_pos[rep]
+            cache = self._fork(cache, rep)
+        R = logits.shape[0]
+        sample_idx = [k for _ in convs for k in range(n)]
+        convs = [c for c in convs for _ in range(n)]
         gens = None
         if temperature > 0 and seed is not None:
             # one generator per row, seeded by (seed, conversation content, sample index): a row's sample

@@ -1,0 +1,435 @@
+"""EVR: Evaluate-Verify Reward for (multi-)reference image editing.
+
+An MLLM *evaluator* writes, for each of five dimensions d (reference consistency RC, scene consistency SC,
+harmony H, instruction consistency IC, visual quality Q), K independent hypotheses: a short rationale
+T_{d,i} and a score S_{d,i} in [1, 5]. A *verifier* (the same judge by default) rules whether each
+hypothesis is supported by the pixels of the candidate: v_{d,i} in {0, 1} (binary, the paper) or P(Yes)
+(soft). Then
+
+    r_d = sum_i v_{d,i} S_{d,i} / (sum_i v_{d,i} + eps)        R = (prod_d r_d)^(1/D)
+
+and the reported score is R normalised to [0, 1] as (R - 1) / 4 (``output="raw"`` reports R itself; the
+raw value is always in ``dimensions["raw"]``).
+
+When the verifier rejects every hypothesis of a dimension, ``all_rejected`` decides (never eps by accident):
+``"invalid"`` (default: the sample is NaN + invalid with the reason), ``"unverified_mean"`` (r_d = mean of
+the K scores, as without a verifier) or ``"zero"`` (the paper's formula taken literally: r_d = 0, so a
+geometric R is 0).
+
+Ablations of the paper: ``verifier="none"`` (mean of S), ``use_dimensions=False`` (one joint score),
+``cot=False`` (score only), ``aggregate="arithmetic"``; and ``k``, ``eps``, ``temperature``,
+``dimensions`` (a subset).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Sequence
+
+import torch
+
+from ..reward import PairwiseOutput, Reward, RewardBatch, RewardConfig, RewardOutput
+
+__all__ = ["EVR", "EVRConfig", "dimension_scores", "aggregate_dimensions", "normalise", "parse_hypothesis",
+           "DIMENSIONS"]
+
+DIMENSIONS = ("reference_consistency", "scene_consistency", "harmony", "instruction_consistency", "visual_quality")
+_SHORT = {"rc": "reference_consistency", "sc": "scene_consistency", "h": "harmony",
+          "ic": "instruction_consistency", "q": "visual_quality"}
+_PAIRWISE_KEY = "__evr_pairwise__"
+
+
+# ---------------------------------------------------------------------------------------------- pure math
+def dimension_scores(scores: torch.Tensor, verdicts: torch.Tensor | None, *, eps: float = 1e-6,
+                     all_rejected: str = "invalid", threshold: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-dimension rewards r_d from hypotheses.
+
+    Args:
+        scores: ``[..., K]`` hypothesis scores S in [1, 5]; NaN for a hypothesis that did not parse (ignored).
+        verdicts: ``[..., K]`` v in [0, 1] (binary 0/1 or soft P(Yes)); None = no verifier (r_d = mean S).
+        eps: the formula's epsilon.
+        all_rejected: policy when every parsed hypothesis has v < ``threshold``: ``"invalid"`` (NaN),
+            ``"unverified_mean"`` (mean S) or ``"zero"`` (the literal formula, 0).
+
+    Returns:
+        ``(r [...], rejected [...] bool)``: r is NaN where no hypothesis parsed or the policy says invalid.
+    """
+    if all_rejected not in ("invalid", "unverified_mean", "zero"):
+        raise ValueError(f"all_rejected must be 'invalid', 'unverified_mean' or 'zero', got {all_rejected!r}")
+    scores = scores.double()
+    ok = torch.isfinite(scores)
+    s = torch.where(ok, scores, torch.zeros_like(scores))
+    n_ok = ok.sum(-1)
+    mean = torch.where(n_ok > 0, s.sum(-1) / n_ok.clamp(min=1), torch.full_like(s[..., 0], math.nan))
+    if verdicts is None:
+        return mean.float(), torch.zeros_like(n_ok, dtype=torch.bool)
+    v = torch.where(ok, verdicts.double(), torch.zeros_like(s))
+    r = (v * s).sum(-1) / (v.sum(-1) + eps)
+    rejected = (n_ok > 0) & ~((v >= threshold) & ok).any(-1)
+    if all_rejected == "invalid":
+        r = torch.where(rejected, torch.full_like(r, math.nan), r)
+    elif all_rejected == "unverified_mean":
+        r = torch.where(rejected, mean, r)
+    else:
+        r = torch.where(rejected, torch.zeros_like(r), r)
+    r = torch.where(n_ok > 0, r, torch.full_like(r, math.nan))
+    return r.float(), rejected
+
+
+def aggregate_dimensions(r: torch.Tensor, how: str = "geometric") -> torch.Tensor:
+    """``[..., D]`` per-dimension rewards -> ``[...]``: geometric ``(prod r_d)^(1/D)`` or arithmetic mean.
+
+    NaN in any dimension gives NaN; a zero dimension gives a geometric mean of exactly 0.
+    """
+    r = r.double()
+    if how == "geometric":
+        if bool((r < 0).any()):
+            raise ValueError("geometric aggregation needs non-negative dimension scores")
+        out = r.clamp(min=0).prod(-1) ** (1.0 / r.shape[-1])
+    elif how == "arithmetic":
+        out = r.mean(-1)
+    else:
+        raise ValueError(f"aggregate must be 'geometric' or 'arithmetic', got {how!r}")
+    out = torch.where(torch.isnan(r).any(-1), torch.full_like(out, math.nan), out)
+    return out.float()
+
+
+def normalise(raw: torch.Tensor) -> torch.Tensor:
+    """Map R in [1, 5] to [0, 1]: ``(R - 1) / 4``, clipped (R = 0 under the "zero" policy -> 0)."""
+    return ((raw - 1.0) / 4.0).clamp(0.0, 1.0)
+
+
+_SCORE_RE = re.compile(r"score\s*\**\s*[:=]?\s*\**\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
+_LEAD_NUM_RE = re.compile(r"^\s*\**\s*(-?\d+(?:\.\d+)?)\s*\**\s*(?:/\s*5)?\s*\.?\s*$")
+_REASON_RE = re.compile(r"^\s*\**\s*(?:reason|rationale)\s*\**\s*[:=]\s*", re.IGNORECASE)
+
+
+def parse_hypothesis(text: str, *, cot: bool = True) -> tuple[float, str] | None:
+    """``"Reason: ...\\nScore: 4"`` -> ``(4.0, "...")``; None when there is no score in [1, 5].
+
+    With ``cot=False`` a bare number (``"4"``, ``"4/5"``) is accepted too. The last ``Score:`` wins (a
+    rationale may quote a number).
+    """
+    if not isinstance(text, str):
+        return None
+    matches = list(_SCORE_RE.finditer(text))
+    if matches:
+        m = matches[-1]
+        value = float(m.group(1))
+        reason = text[:m.start()].strip()
+    else:
+        m2 = _LEAD_NUM_RE.match(text)
+        if cot or not m2:
+            return None
+        value, reason = float(m2.group(1)), ""
+    if not (1.0 <= value <= 5.0):
+        return None
+    reason = _REASON_RE.sub("", reason).strip().strip("*").strip()
+    if cot and not reason:
+        return None
+    return value, reason
+
+
+# ---------------------------------------------------------------------------------------------- reward
+@dataclass
+class EVRConfig(RewardConfig):
+    #: judge spec for :func:`rewardkit.judges.load_judge` ("transformers:<path>", "vllm:<path>",
+    #: "openai:<url>"); a ready backend object can be passed as ``judge=`` to the constructor instead.
+    judge: str = ""
+    #: keyword arguments for load_judge (device, dtype, model=..., ...)
+    judge_kwargs: dict[str, Any] = field(default_factory=dict)
+    #: a separate verifier judge spec ("" = the evaluator's judge, as in the paper)
+    verifier_judge: str = ""
+    template: str = "default"
+    k: int = 4
+    dimensions: tuple[str, ...] = DIMENSIONS
+    use_dimensions: bool = True  # False: the paper's "w/o Dim" ablation (one joint score)
+    cot: bool = True  # False: score only ("w/o CoT")
+    verifier: str = "binary"  # "binary" | "soft" | "none"
+    all_rejected: str = "invalid"  # "invalid" | "unverified_mean" | "zero"
+    eps: float = 1e-6
+    aggregate: str = "geometric"  # "geometric" | "arithmetic"
+    output: str = "normalized"  # "normalized" ((R-1)/4 in [0, 1]) | "raw" (R)
+    temperature: float = 0.7
+    max_new_tokens: int = 128
+    max_retries: int = 2  # extra generation rounds for hypotheses that did not parse
+    unparsed: str = "invalid"  # "invalid": any hypothesis still unparsed -> sample invalid; "drop": ignore it
+    seed: int = 0
+    batch_size: int = 8
+    compare_mode: str = "pairwise"  # "pairwise" (native prompt, both orders) | "scores" (sigmoid of score gap)
+
+
+class EVR(Reward):
+    """Evaluate-Verify Reward (EVR) for (multi-)reference image editing on any MLLM judge backend."""
+
+    name: ClassVar[str] = "evr"
+    tasks = frozenset({"edit", "multi_ref"})
+    score_range = (0.0, 1.0)
+    extras = ("hf",)
+    compare_temperature = 0.25  # used by compare_mode="scores" on the [0, 1] scale
+    Config = EVRConfig
+
+    def __init__(self, config=None, /, *, judge: Any = None, verifier_judge: Any = None, **overrides: Any) -> None:
+        from ..judges import JudgeBackend, load_judge, load_template
+
+        if isinstance(judge, str):
+            overrides["judge"] = judge
+        if isinstance(verifier_judge, str):
+            overrides["verifier_judge"] = verifier_judge
+        if "dimensions" in overrides and isinstance(overrides["dimensions"], (list, str)):
+            d = overrides["dimensions"]
+            overrides["dimensions"] = tuple(d.split(",") if isinstance(d, str) else d)
+        super().__init__(config, **overrides)
+        cfg = self.config
+        self._check_config()
+        if judge is not None and not isinstance(judge, str):
+            if not isinstance(judge, (JudgeBackend, tuple)):
+                raise TypeError(f"judge must be a JudgeBackend, a (model, processor) tuple or a spec string, got {type(judge).__name__}")
+            self.judge = load_judge(judge)
+        elif cfg.judge:
+            self.judge = load_judge(cfg.judge, **dict(cfg.judge_kwargs))
+        else:
+            raise ValueError("EVR needs a judge: load_reward('evr', judge='transformers:<checkpoint>') "
+                             "(or 'vllm:<checkpoint>', 'openai:<url>' with judge_kwargs={'model': ...}, or a backend)")
+        if verifier_judge is not None and not isinstance(verifier_judge, str):
+            self.verifier_backend = load_judge(verifier_judge)
+        elif cfg.verifier_judge:
+            self.verifier_backend = load_judge(cfg.verifier_judge, **dict(cfg.judge_kwargs))
+        else:
+            self.verifier_backend = self.judge
+        self.template = load_template("evr", cfg.template)
+        self.dims = tuple(_SHORT.get(d.lower(), d) for d in cfg.dimensions) if cfg.use_dimensions else ("overall",)
+        self.dimensions = self.dims + ("raw",)
+        if cfg.output == "raw":
+            self.score_range = (0.0, 5.0)
+        self.default_batch_size = cfg.batch_size
+
+    def _check_config(self) -> None:
+        cfg = self.config
+        choices = {"verifier": ("binary", "soft", "none"), "all_rejected": ("invalid", "unverified_mean", "zero"),
+                   "aggregate": ("geometric", "arithmetic"), "output": ("normalized", "raw"),
+                   "unparsed": ("invalid", "drop"), "compare_mode": ("pairwise", "scores")}
+        for key, allowed in choices.items():
+            if getattr(cfg, key) not in allowed:
+                raise ValueError(f"EVR {key} must be one of {allowed}, got {getattr(cfg, key)!r}")
+        if cfg.k < 1 or cfg.max_retries < 0 or cfg.eps < 0 or cfg.temperature < 0 or cfg.max_new_tokens < 1:
+            raise ValueError("EVR needs k >= 1, max_retries >= 0, eps >= 0, temperature >= 0, max_new_tokens >= 1")
+        if cfg.use_dimensions:
+            unknown = [d for d in cfg.dimensions if _SHORT.get(d.lower(), d) not in DIMENSIONS]
+            if unknown or not cfg.dimensions:
+                raise ValueError(f"unknown EVR dimensions {unknown}; choose from {DIMENSIONS} (or RC, SC, H, IC, Q)")
+
+    # ------------------------------------------------------------------ prompts
+    def _ref_roles(self, meta: dict[str, Any], n: int) -> str:
+        roles = meta.get("reference_roles")
+        if roles and len(roles) == n:
+            return " (" + "; ".join(f"image {i + 1}: {r}" for i, r in enumerate(roles)) + ")"
+        return ""
+
+    def _images(self, refs: list, candidate) -> list[dict[str, Any]]:
+        return [{"type": "image", "image": im} for im in [*refs, candidate]]
+
+    def _dim_fields(self, dim: str) -> dict[str, str]:
+        t = self.template
+        return t["joint"] if dim == "overall" else t["dimensions"][dim]
+
+    def _context(self, instruction: str, refs: list, meta: dict[str, Any]) -> str:
+        return self.template.render("context", n_refs=len(refs), ref_roles=self._ref_roles(meta, len(refs)),
+                                    instruction=instruction)
+
+    def _eval_conv(self, instruction, refs, candidate, meta, dim):
+        t, f = self.template, self._dim_fields(dim)
+        fmt = t["evaluate_format_cot"] if self.config.cot else t["evaluate_format_score_only"]
+        text = "\n".join([self._context(instruction, refs, meta),
+                          t.render("evaluate", title=f["title"], rubric=f["rubric"]), fmt])
+        return [{"role": "system", "content": t["evaluator_system"]},
+                {"role": "user", "content": self._images(refs, candidate) + [{"type": "text", "text": text}]}]
+
+    def _verify_conv(self, instruction, refs, candidate, meta, dim, score, reason):
+        t, f = self.template, self._dim_fields(dim)
+        claim = f"{reason} (score {score:g}/5)" if reason else t.render("score_claim", title=f["title"], score=f"{score:g}")
+        text = "\n".join([self._context(instruction, refs, meta), t.render("verify", title=f["title"], claim=claim)])
+        return [{"role": "system", "content": t["verifier_system"]},
+                {"role": "user", "content": self._images(refs, candidate) + [{"type": "text", "text": text}]}]
+
+    # ------------------------------------------------------------------ scoring
+    def _score(self, batch: RewardBatch) -> RewardOutput:
+        if batch.metadata and batch.metadata[0].get(_PAIRWISE_KEY):
+            return self._pairwise(batch)
+        cfg = self.config
+        B, D, K = len(batch), len(self.dims), cfg.k
+        srcs = batch.sources or [[] for _ in range(B)]
+        with self.judge.session(), (self.verifier_backend.session() if self.verifier_backend is not self.judge
+                                    else _null()):
+            # 1. evaluator: K hypotheses per (sample, dimension), bounded retries for unparsed ones
+            convs = [self._eval_conv(batch.prompts[b], srcs[b], batch.images[b], batch.metadata[b], d)
+                     for b in range(B) for d in self.dims]
+            raw: list[list[list[str]]] = [[[] for _ in range(K)] for _ in convs]  # every attempt's text
+            parsed: list[list[tuple[float, str] | None]] = [[None] * K for _ in convs]
+            todo = [(c, i) for c in range(len(convs)) for i in range(K)]
+            for attempt in range(cfg.max_retries + 1):
+                if not todo:
+                    break
+                need: dict[int, list[int]] = {}
+                for c, i in todo:
+                    need.setdefault(c, []).append(i)
+                by_n: dict[int, list[int]] = {}
+                for c, idx in need.items():
+                    by_n.setdefault(len(idx), []).append(c)
+                for n, cs in by_n.items():
+                    outs = self.judge.generate([convs[c] for c in cs], n=n, temperature=cfg.temperature,
+                                               max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + 7919 * attempt)
+                    for c, texts in zip(cs, outs):
+                        for i, text in zip(need[c], texts):
+                            raw[c][i].append(text)
+                            parsed[c][i] = parse_hypothesis(text, cot=cfg.cot)
+                todo = [(c, i) for c, i in todo if parsed[c][i] is None]
+            S = torch.full((B, D, K), math.nan)
+            for c in range(len(convs)):
+                for i in range(K):
+                    if parsed[c][i] is not None:
+                        S[c // D, c % D, i] = parsed[c][i][0]
+            # 2. verifier: one Yes/No question per parsed hypothesis
+            V = None
+            if cfg.verifier != "none":
+                V = torch.zeros((B, D, K))
+                vq, where = [], []
+                for c in range(len(convs)):
+                    b, d = divmod(c, D)
+                    for i in range(K):
+                        if parsed[c][i] is not None:
+                            s, reason = parsed[c][i]
+                            vq.append(self._verify_conv(batch.prompts[b], srcs[b], batch.images[b],
+                                                        batch.metadata[b], self.dims[d], s, reason))
+                            where.append((b, d, i))
+                if vq:
+                    p = self.verifier_backend.choice_probs(vq, list(self.template["verify_choices"]))[:, 0]
+                    for (b, d, i), py in zip(where, p.tolist()):
+                        V[b, d, i] = py if cfg.verifier == "soft" else float(py >= 0.5)
+        # 3. arithmetic
+        r, rejected = dimension_scores(S, V, eps=cfg.eps, all_rejected=cfg.all_rejected)
+        R = aggregate_dimensions(r, cfg.aggregate)
+        scores = R if cfg.output == "raw" else normalise(R)
+        errors: list[str | None] = [None] * B
+        details, rationales = [], []
+        for b in range(B):
+            reasons = []
+            for d, dim in enumerate(self.dims):
+                c = b * D + d
+                bad = [i for i in range(K) if parsed[c][i] is None]
+                if bad and (cfg.unparsed == "invalid" or len(bad) == K):
+                    sample = raw[c][bad[0]][-1] if raw[c][bad[0]] else ""
+                    reasons.append(f"{dim}: {len(bad)}/{K} hypotheses unparseable after {cfg.max_retries} "
+                                   f"retries; last answer: {sample[:200]!r}")
+                elif bool(rejected[b, d]) and cfg.all_rejected == "invalid":
+                    reasons.append(f"{dim}: the verifier rejected all {K - len(bad)} hypotheses")
+            if reasons:
+                errors[b] = "; ".join(reasons)
+                scores[b] = math.nan
+            details.append({"dimensions": {
+                dim: {"r": _f(r[b, d]), "hypotheses": [
+                    {"score": parsed[b * D + d][i][0] if parsed[b * D + d][i] else None,
+                     "rationale": parsed[b * D + d][i][1] if parsed[b * D + d][i] else None,
+                     "verdict": None if V is None or parsed[b * D + d][i] is None else float(V[b, d, i]),
+                     "raw": raw[b * D + d][i][-1] if raw[b * D + d][i] else None,
+                     "attempts": len(raw[b * D + d][i])} for i in range(K)]}
+                for d, dim in enumerate(self.dims)}, "raw": _f(R[b])})
+            rationales.append(self._rationale(details[-1]))
+        valid = torch.tensor([e is None for e in errors]) & torch.isfinite(scores)
+        dims = {dim: r[:, d] for d, dim in enumerate(self.dims)}
+        dims["raw"] = R
+        return RewardOutput(scores=scores, valid=valid, errors=errors, dimensions=dims, rationales=rationales,
+                            details=details, info=self._info())
+
+    @staticmethod
+    def _rationale(det: dict[str, Any]) -> str:
+        parts = []
+        for dim, dd in det["dimensions"].items():
+            hyps = dd["hypotheses"]
+            kept = [h for h in hyps if h["score"] is not None and (h["verdict"] is None or h["verdict"] >= 0.5)]
+            best = next((h["rationale"] for h in kept if h["rationale"]), "")
+            r = "n/a" if dd["r"] is None else f"{dd['r']:.2f}"
+            parts.append(f"{dim} {r} ({len(kept)}/{len(hyps)} kept){': ' + best if best else ''}")
+        return " | ".join(parts)
+
+    def _info(self) -> dict[str, Any]:
+        cfg = self.config
+        return {"template": self.template.id, "judge": self.judge.describe(),
+                "verifier_judge": self.verifier_backend.describe() if self.verifier_backend is not self.judge else None,
+                "k": cfg.k, "verifier": cfg.verifier, "cot": cfg.cot, "dimensions": list(self.dims),
+                "aggregate": cfg.aggregate, "all_rejected": cfg.all_rejected, "eps": cfg.eps,
+                "temperature": cfg.temperature, "output": cfg.output}
+
+    # ------------------------------------------------------------------ pairwise
+    def compare(self, images_a: Any, images_b: Any, prompt: str | Sequence[str] | None = None, *,
+                sources: Sequence[Any] | None = None, metadata: Sequence[dict[str, Any] | None] | None = None,
+                batch_size: int | None = None, on_error: str = "raise") -> PairwiseOutput:
+        """P(a preferred over b). ``compare_mode="pairwise"`` (default): one native A-or-B question asked in
+        both orders (position swap), ``P(a) = (P(A | a,b) + P(B | b,a)) / 2``; ``"scores"``: the EVR scores
+        of both, ``sigmoid((s_a - s_b) / compare_temperature)``."""
+        if self.config.compare_mode == "scores":
+            return super().compare(images_a, images_b, prompt, sources=sources, metadata=metadata,
+                                   batch_size=batch_size, on_error=on_error)
+        from .. import media
+        from ..errors import RewardInputError
+
+        a, b = media.split_batch(images_a), media.split_batch(images_b)
+        if len(a) != len(b):
+            raise RewardInputError(f"compare got {len(a)} images_a but {len(b)} images_b")
+        n = len(a)
+        if sources is None:
+            raise RewardInputError("EVR.compare needs sources= (the reference image(s))")
+        srcs = self._sources(sources, n)
+        # candidate b travels as the last "source" so that the base class decodes and validates it
+        packed = [(list(s) if isinstance(s, (list, tuple)) else [s]) + [b[i]] for i, s in enumerate(srcs)]
+        metas = self._metadata(metadata, n)
+        for m in metas:
+            m[_PAIRWISE_KEY] = True
+        out = self(a, prompt, sources=packed, metadata=metas, batch_size=batch_size, on_error=on_error)
+        return PairwiseOutput(prob_a=out.scores, valid=out.valid, errors=out.errors, rationales=out.rationales,
+                              info=out.info)
+
+    def _pairwise(self, batch: RewardBatch) -> RewardOutput:
+        t = self.template
+        convs = []
+        for i in range(len(batch)):
+            refs, cand_b = batch.sources[i][:-1], batch.sources[i][-1]
+            meta = {k: v for k, v in batch.metadata[i].items() if k != _PAIRWISE_KEY}
+            text = t.render("pairwise", n_refs=len(refs), ref_roles=self._ref_roles(meta, len(refs)),
+                            instruction=batch.prompts[i])
+            for first, second in ((batch.images[i], cand_b), (cand_b, batch.images[i])):
+                convs.append([{"role": "system", "content": t["pairwise_system"]},
+                              {"role": "user", "content": [{"type": "image", "image": im} for im in [*refs, first, second]]
+                               + [{"type": "text", "text": text}]}])
+        with self.judge.session():
+            p = self.judge.choice_probs(convs, list(t["pairwise_choices"])).reshape(len(batch), 2, 2)
+        ab, ba = p[:, 0, 0], p[:, 1, 1]  # P(a) when a is shown first / second
+        prob = 0.5 * (ab + ba)
+        rats = [f"P(a) with a first: {x:.4f}; with a second: {y:.4f}" for x, y in zip(ab.tolist(), ba.tolist())]
+        info = {"template": t.id, "judge": self.judge.describe(), "compare": "pairwise, both orders"}
+        return RewardOutput(scores=prob, rationales=rats, info=info,
+                            details=[{"p_a_first": x, "p_a_second": y} for x, y in zip(ab.tolist(), ba.tolist())])
+
+    @classmethod
+    def tiny(cls, workdir: str) -> "EVR":
+        """EVR on a tiny random Qwen2.5-VL judge (its answers do not parse: every sample is NaN + reason)."""
+        from ..testing import save_tiny_checkpoint
+
+        path = save_tiny_checkpoint("qwen2_5_vl", f"{workdir}/tiny-evr-judge")
+        return cls(judge=f"transformers:{path}", judge_kwargs={"device": "cpu"}, k=2, max_new_tokens=12,
+                   max_retries=1)
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _f(x: torch.Tensor) -> float | None:
+    v = float(x)
+    return None if math.isnan(v) else v
