@@ -1,0 +1,234 @@
+"""Preference-pair data through Hugging Face ``datasets``.
+
+Schema (one row per comparison)::
+
+    prompt    str                        the prompt / edit instruction
+    image_a   image                      candidate A  (a PIL image, a path, bytes, or {"bytes", "path"})
+    image_b   image                      candidate B
+    label     str                        "A", "B" or "tie"  (also accepted: a/b, model_a/model_b,
+                                         leftvote/rightvote/tievote/bothbad_vote, left/right, 0/1 meaning A/B)
+    sources   list[image], optional      source image(s) of an edit, shown before the candidate
+    margin    float, optional            required reward gap for the winner (Bradley–Terry margin)
+    weight    float, optional            per-pair loss weight
+
+Relative image paths are resolved against the data file's folder. Sources of data:
+
+- a hub dataset id (``load_dataset(id, split=...)``);
+- a local ``.parquet`` / ``.jsonl`` / ``.json`` / ``.csv`` file;
+- a local folder with ``metadata.jsonl`` / ``metadata.parquet`` (or ``*.parquet`` / ``*.jsonl`` files) beside
+  the images it names (an "image folder" of pairs);
+- ``synthetic:brightness`` - a learnable toy task (the brighter of two same-texture images wins), for smoke
+  tests and CI.
+
+Common public layouts are converted on load (``layout="auto"``): ``chosen`` / ``rejected`` (TRL / RLHF style,
+chosen -> A) and Pick-a-Pic (``jpg_0``, ``jpg_1``, ``label_0``, ``caption``).
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from .._imports import require
+from .losses import LABEL_A, LABEL_B, LABEL_TIE
+
+__all__ = ["normalize_label", "load_pairs", "convert_chosen_rejected", "convert_pickapic",
+           "synthetic_brightness_pairs", "PairCollator", "LAYOUTS"]
+
+_LABELS = {
+    "a": LABEL_A, "model_a": LABEL_A, "leftvote": LABEL_A, "left": LABEL_A, "0": LABEL_A, "image_a": LABEL_A,
+    "b": LABEL_B, "model_b": LABEL_B, "rightvote": LABEL_B, "right": LABEL_B, "1": LABEL_B, "image_b": LABEL_B,
+    "tie": LABEL_TIE, "tievote": LABEL_TIE, "bothbad_vote": LABEL_TIE, "tie (bothbad)": LABEL_TIE, "draw": LABEL_TIE,
+}
+LAYOUTS = ("auto", "ab", "chosen_rejected", "pickapic")
+_FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
+
+
+def normalize_label(x: Any) -> int:
+    """``"A"`` / ``"B"`` / ``"tie"`` (and the aliases in the module docstring) -> LABEL_A / LABEL_B / LABEL_TIE."""
+    if isinstance(x, bool) or x is None:
+        raise ValueError(f"bad preference label {x!r}; use 'A', 'B' or 'tie'")
+    key = str(x).strip().lower()
+    if key not in _LABELS:
+        raise ValueError(f"bad preference label {x!r}; use 'A', 'B' or 'tie'")
+    return _LABELS[key]
+
+
+def convert_chosen_rejected(ds: Any, prompt_column: str | None = None) -> Any:
+    """``{prompt|caption, chosen, rejected}`` -> the rewardkit schema with ``image_a = chosen``, label ``"A"``.
+
+    The two candidates are scored independently, so always putting the winner in slot A adds no bias.
+    """
+    pc = prompt_column or ("prompt" if "prompt" in ds.column_names else "caption")
+    ds = ds.rename_columns({"chosen": "image_a", "rejected": "image_b", **({pc: "prompt"} if pc != "prompt" else {})})
+    return ds.add_column("label", ["A"] * len(ds))
+
+
+def convert_pickapic(ds: Any) -> Any:
+    """Pick-a-Pic v2 (``caption``, ``jpg_0``, ``jpg_1``, ``label_0`` in {1, 0.5, 0}) -> rewardkit schema."""
+    def lab(v: float) -> str:
+        return "A" if v == 1 else "B" if v == 0 else "tie"
+
+    labels = [lab(float(v)) for v in ds["label_0"]]
+    ds = ds.rename_columns({"caption": "prompt", "jpg_0": "image_a", "jpg_1": "image_b"})
+    keep = {"prompt", "image_a", "image_b"}
+    ds = ds.remove_columns([c for c in ds.column_names if c not in keep])
+    return ds.add_column("label", labels)
+
+
+def _apply_layout(ds: Any, layout: str) -> Any:
+    cols = set(ds.column_names)
+    if layout == "auto":
+        if {"image_a", "image_b"} <= cols:
+            layout = "ab"
+        elif {"chosen", "rejected"} <= cols:
+            layout = "chosen_rejected"
+        elif {"jpg_0", "jpg_1", "label_0"} <= cols:
+            layout = "pickapic"
+        else:
+            raise ValueError(f"cannot tell the data layout from columns {sorted(cols)}; expected image_a/image_b/"
+                             "label, chosen/rejected or jpg_0/jpg_1/label_0")
+    if layout == "chosen_rejected":
+        ds = convert_chosen_rejected(ds)
+    elif layout == "pickapic":
+        ds = convert_pickapic(ds)
+    elif layout != "ab":
+        raise ValueError(f"unknown layout {layout!r}; choose from {LAYOUTS}")
+    missing = {"prompt", "image_a", "image_b", "label"} - set(ds.column_names)
+    if missing:
+        raise ValueError(f"preference data lacks column(s) {sorted(missing)}")
+    return ds
+
+
+def synthetic_brightness_pairs(n: int, *, seed: int = 0, size: int = 32, tie_fraction: float = 0.0) -> Any:
+    """``n`` pairs of one random texture at two brightness levels; the brighter image wins.
+
+    A learnable preference for tests and smoke runs. ``tie_fraction`` of the pairs are exact copies
+    labelled "tie". Images are stored as PNG bytes (the ``datasets`` Image feature).
+    """
+    datasets = require("datasets", "bench")
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    prompts = ["a photo of a cat", "a red car", "two birds on a branch", "a bowl of fruit", "a city at night"]
+    rows: dict[str, list[Any]] = {"prompt": [], "image_a": [], "image_b": [], "label": []}
+
+    def png(arr: "np.ndarray") -> dict[str, Any]:
+        buf = io.BytesIO()
+        Image.fromarray(arr, "RGB").save(buf, format="PNG")
+        return {"bytes": buf.getvalue(), "path": None}
+
+    for _ in range(n):
+        tex = rng.uniform(0.3, 1.0, (size, size, 3))
+        lo, hi = sorted(rng.uniform(0.15, 1.0, 2))
+        if hi - lo < 0.15:  # keep the task learnable: a visible brightness gap
+            lo = max(hi - 0.15, 0.0)
+        tie = rng.uniform() < tie_fraction
+        bright, dark = (tex * hi * 255).astype(np.uint8), (tex * lo * 255).astype(np.uint8)
+        if tie:
+            a, b, lab = bright, bright.copy(), "tie"
+        elif rng.uniform() < 0.5:
+            a, b, lab = bright, dark, "A"
+        else:
+            a, b, lab = dark, bright, "B"
+        rows["prompt"].append(str(rng.choice(prompts)))
+        rows["image_a"].append(png(a))
+        rows["image_b"].append(png(b))
+        rows["label"].append(lab)
+    features = datasets.Features({"prompt": datasets.Value("string"), "image_a": datasets.Image(),
+                                  "image_b": datasets.Image(), "label": datasets.Value("string")})
+    return datasets.Dataset.from_dict(rows, features=features)
+
+
+def load_pairs(source: str, *, split: str = "train", layout: str = "auto", max_samples: int | None = None,
+               synthetic_size: int = 512, seed: int = 0, revision: str | None = None) -> tuple[Any, Path | None]:
+    """Load preference pairs; returns ``(dataset, base_dir)`` where ``base_dir`` resolves relative paths.
+
+    The dataset has the schema of the module docstring (after layout conversion). Labels are validated.
+    """
+    datasets = require("datasets", "bench")
+    base_dir: Path | None = None
+    if source.startswith("synthetic:"):
+        kind, _, arg = source.partition(":")[2].partition("?")
+        if kind != "brightness":
+            raise ValueError(f"unknown synthetic data {source!r}; use synthetic:brightness")
+        ds = synthetic_brightness_pairs(synthetic_size, seed=seed + (0 if split == "train" else 10_000))
+    else:
+        p = Path(source).expanduser()
+        if p.is_file():
+            builder = _FILE_BUILDERS.get(p.suffix.lower())
+            if builder is None:
+                raise ValueError(f"unsupported data file {p} (use .parquet, .jsonl, .json or .csv)")
+            ds = datasets.load_dataset(builder, data_files=str(p), split="train")
+            base_dir = p.parent
+        elif p.is_dir():
+            files = [f for name in ("metadata.parquet", "metadata.jsonl") if (f := p / name).is_file()]
+            files = files[:1] or sorted(p.glob("*.parquet")) or sorted(p.glob("*.jsonl"))
+            if not files:
+                raise FileNotFoundError(f"{p}: no metadata.jsonl / metadata.parquet / *.parquet / *.jsonl inside")
+            builder = _FILE_BUILDERS[files[0].suffix.lower()]
+            ds = datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train")
+            base_dir = p
+        elif source.startswith((".", "/", "~")):
+            raise FileNotFoundError(f"data not found: {source}")
+        else:
+            ds = datasets.load_dataset(source, split=split, revision=revision)
+    ds = _apply_layout(ds, layout)
+    bad = []
+    for i, lab in enumerate(ds["label"]):
+        try:
+            normalize_label(lab)
+        except ValueError as exc:
+            bad.append(f"row {i}: {exc}")
+            if len(bad) >= 5:
+                break
+    if bad:
+        raise ValueError("bad labels in preference data: " + "; ".join(bad))
+    if max_samples is not None and len(ds) > max_samples:
+        ds = ds.select(range(max_samples))
+    return ds, base_dir
+
+
+def _to_image(x: Any, base_dir: Path | None):
+    from .. import media
+
+    if isinstance(x, dict):  # datasets Image feature with decode=False, or a raw {"bytes", "path"}
+        if x.get("bytes") is not None:
+            x = x["bytes"]
+        elif x.get("path"):
+            x = x["path"]
+        else:
+            raise ValueError("image entry has neither bytes nor path")
+    if isinstance(x, str) and base_dir is not None and not Path(x).is_absolute():
+        x = str(base_dir / x)
+    return media.to_pil(x)
+
+
+@dataclass
+class PairCollator:
+    """Rows -> one model batch holding both candidates: ``[a_1..a_B, b_1..b_B]`` in a single forward pass.
+
+    Returns ``{"inputs": processor tensors for 2B sequences, "labels": [B] long, "margin": [B] float or
+    None, "weight": [B] float or None}``.
+    """
+
+    model: Any  # PreferenceModel (its encode() applies the template and the processor)
+    base_dir: Path | None = None
+
+    def __call__(self, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        a = [_to_image(r["image_a"], self.base_dir) for r in rows]
+        b = [_to_image(r["image_b"], self.base_dir) for r in rows]
+        prompts = [str(r["prompt"]) for r in rows]
+        has_src = any(r.get("sources") for r in rows)
+        srcs = [[_to_image(s, self.base_dir) for s in (r.get("sources") or [])] for r in rows] if has_src else None
+        inputs = self.model.encode(a + b, prompts + prompts, None if srcs is None else srcs + srcs)
+        labels = torch.tensor([normalize_label(r["label"]) for r in rows], dtype=torch.long)
+        margin = torch.tensor([float(r.get("margin") or 0.0) for r in rows]) if any("margin" in r for r in rows) else None
+        weight = torch.tensor([float(1.0 if r.get("weight") is None else r["weight"]) for r in rows]) \
+            if any("weight" in r for r in rows) else None
+        return {"inputs": inputs, "labels": labels, "margin": margin, "weight": weight}

@@ -1,0 +1,590 @@
+"""Bradley–Terry preference-reward training (``rewardkit train preference --config recipe.yaml``).
+
+One readable loop on accelerate: the chosen and rejected images of every pair go through the backbone in one
+forward pass (``[a_1..a_B, b_1..b_B]``), gradient accumulation reaches the global batch, DDP (torchrun or
+``accelerate launch``; gloo on CPU) averages gradients, and the LR follows :func:`losses.lr_at`.
+
+Determinism and resume: the data order is a pure function of ``(seed, epoch, step)``, so a resumed run needs
+only the trainable weights, the optimizer state, the RNG states and the step, all written atomically in
+safetensors + JSON (``checkpoints/step-XXXXXXXX``, pointer file ``checkpoints/latest``). Killing the process
+and resuming gives bitwise the same final weights on CPU (tested).
+
+Outputs in ``output_dir``: ``metrics.jsonl`` (one JSON object per logged step and eval), ``checkpoints/``,
+``model/`` (the final :class:`PreferenceModel`, loadable with ``load_reward("preference", model=...)``),
+``config.yaml`` (the resolved training config).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._imports import require
+from . import losses as L
+
+__all__ = ["PreferenceTrainConfig", "ModelArgs", "LoraArgs", "DataArgs", "OptimArgs", "LossArgs",
+           "train_preference", "add_arguments", "run_cli", "latest_checkpoint"]
+
+KILL_ENV = "REWARDKIT_TEST_KILL_AFTER_STEP"  # test hook: SIGKILL the process after this optimizer step
+
+
+@dataclass
+class ModelArgs:
+    backbone: str = "Qwen/Qwen3-VL-8B-Instruct"  # hub id, local dir, or tiny:qwen2_5_vl / tiny:qwen3_vl
+    head: str = "linear"                          # linear | mlp | uncertainty
+    head_hidden: int = 1024                       # MLP head width
+    dtype: str = "float32"                        # backbone weight dtype: float32 | bfloat16 | float16
+    trust_remote_code: bool = False
+    min_pixels: int | None = None                 # image resolution budget of the processor
+    max_pixels: int | None = None
+    gradient_checkpointing: bool = False
+    train_vision: bool = False                    # vision tower trainable (full FT) or LoRA-wrapped (LoRA)
+
+
+@dataclass
+class LoraArgs:
+    enabled: bool = False
+    r: int = 16
+    alpha: float = 32.0
+    dropout: float = 0.0
+    # a regex (used as is) or projection names (scoped to the language model; + vision tower if train_vision)
+    target_modules: list[str] | str | None = None
+
+
+@dataclass
+class DataArgs:
+    train: str = "synthetic:brightness"          # hub id, .parquet/.jsonl/.json/.csv, folder, synthetic:brightness
+    train_split: str = "train"
+    eval: str | None = None
+    eval_split: str = "test"
+    eval_fraction: float = 0.0                   # held out from train when `eval` is None
+    layout: str = "auto"                         # auto | ab | chosen_rejected | pickapic
+    max_train_samples: int | None = None
+    max_eval_samples: int | None = None
+    synthetic_size: int = 512                    # pairs per synthetic split
+    revision: str | None = None
+
+
+@dataclass
+class OptimArgs:
+    lr: float = 1e-5
+    head_lr: float | None = None                 # default: lr
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    schedule: str = "cosine"                     # cosine | constant
+    warmup_ratio: float = 0.0
+    min_lr_ratio: float = 0.0
+    max_grad_norm: float | None = 1.0
+
+
+@dataclass
+class LossArgs:
+    kind: str = "bt"                             # bt | rao_kupper | davidson | uncertainty
+    center_coef: float = 0.0                     # reward-centering coefficient (bt)
+    theta: float = 2.0                           # Rao-Kupper tie parameter (> 1)
+    nu: float = 1.0                              # Davidson tie parameter (> 0)
+
+
+@dataclass
+class PreferenceTrainConfig:
+    output_dir: str = "runs/preference"
+    seed: int = 0
+    model: ModelArgs = field(default_factory=ModelArgs)
+    lora: LoraArgs = field(default_factory=LoraArgs)
+    data: DataArgs = field(default_factory=DataArgs)
+    optim: OptimArgs = field(default_factory=OptimArgs)
+    loss: LossArgs = field(default_factory=LossArgs)
+    micro_batch_size: int = 4                    # pairs per process per forward (2x images)
+    global_batch_size: int = 32                  # pairs per optimizer step, over all processes
+    num_epochs: int = 1
+    max_steps: int | None = None                 # cap on optimizer steps
+    mixed_precision: str = "no"                  # no | bf16 | fp16
+    cpu: bool = False                            # force CPU even when CUDA is available
+    log_every: int = 10
+    eval_every: int = 0                          # 0: evaluate at the end only
+    eval_batch_size: int = 16
+    save_every: int = 0                          # 0: checkpoint at the end only
+    save_total_limit: int = 2
+    resume: str = "auto"                         # auto | never | a checkpoint directory
+    trackers: list[str] = field(default_factory=list)  # accelerate trackers, e.g. [wandb] or [tensorboard]
+    project_name: str = "rewardkit-preference"
+    merge_lora_on_save: bool = False             # save the final model with merged (full) weights
+    progress: bool = True
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def _validate(cfg: PreferenceTrainConfig) -> None:
+    if cfg.loss.kind not in ("bt", "rao_kupper", "davidson", "uncertainty"):
+        raise ValueError(f"loss.kind must be bt, rao_kupper, davidson or uncertainty, got {cfg.loss.kind!r}")
+    if (cfg.loss.kind == "uncertainty") != (cfg.model.head == "uncertainty"):
+        raise ValueError("loss.kind=uncertainty and model.head=uncertainty go together")
+    if cfg.mixed_precision not in ("no", "bf16", "fp16"):
+        raise ValueError(f"mixed_precision must be no, bf16 or fp16, got {cfg.mixed_precision!r}")
+    if cfg.micro_batch_size < 1 or cfg.global_batch_size < 1:
+        raise ValueError("micro_batch_size and global_batch_size must be >= 1")
+
+
+def _permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(n, generator=g)
+
+
+def latest_checkpoint(output_dir: str | Path) -> Path | None:
+    ptr = Path(output_dir) / "checkpoints" / "latest"
+    if not ptr.is_file():
+        return None
+    d = ptr.parent / ptr.read_text(encoding="utf-8").strip()
+    return d if (d / "state.json").is_file() else None
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _flatten_optimizer(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Optimizer state -> (tensors for safetensors, JSON-able rest). No pickling."""
+    sd = opt.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for pid, st in sd["state"].items():
+        for k, v in st.items():
+            if isinstance(v, torch.Tensor):
+                tensors[f"{pid}.{k}"] = v.detach().contiguous().cpu()
+            else:
+                scalars.setdefault(str(pid), {})[k] = v
+    groups = [{k: v for k, v in g.items()} for g in sd["param_groups"]]
+    return tensors, {"param_groups": groups, "scalars": scalars}
+
+
+def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
+    state: dict[int, dict[str, Any]] = {}
+    for key, v in tensors.items():
+        pid, k = key.split(".", 1)
+        state.setdefault(int(pid), {})[k] = v
+    for pid, st in meta["scalars"].items():
+        state.setdefault(int(pid), {}).update(st)
+    groups = []
+    for g in meta["param_groups"]:
+        g = dict(g)
+        if isinstance(g.get("betas"), list):
+            g["betas"] = tuple(g["betas"])
+        groups.append(g)
+    return {"state": state, "param_groups": groups}
+
+
+def _replica_fingerprint(params: list[torch.Tensor]) -> torch.Tensor:
+    """``[3]`` float64 summary of the parameters: sum, sum of squares, a fixed random projection."""
+    out = torch.zeros(3, dtype=torch.float64)
+    g = torch.Generator().manual_seed(1234)
+    for p in params:
+        x = p.detach().double().reshape(-1).cpu()
+        w = torch.rand(x.numel(), generator=g, dtype=torch.float64)
+        out += torch.stack([x.sum(), (x * x).sum(), (x * w).sum()])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- trainer
+class PreferenceTrainer:
+    """Builds the model, data and optimizer from a :class:`PreferenceTrainConfig` and runs the loop."""
+
+    def __init__(self, cfg: PreferenceTrainConfig) -> None:
+        _validate(cfg)
+        self.cfg = cfg
+        accelerate = require("accelerate", "hf")
+        from ..models.preference import PreferenceModel
+        from .data import PairCollator, load_pairs, normalize_label
+
+        cpu = cfg.cpu or not torch.cuda.is_available()
+        self.acc = accelerate.Accelerator(mixed_precision=cfg.mixed_precision, cpu=cpu,
+                                          log_with=list(cfg.trackers) or None, project_dir=cfg.output_dir)
+        self.out = Path(cfg.output_dir)
+        self.world, self.rank = self.acc.num_processes, self.acc.process_index
+        per_step = cfg.micro_batch_size * self.world
+        if cfg.global_batch_size % per_step:
+            raise ValueError(f"global_batch_size {cfg.global_batch_size} is not a multiple of micro_batch_size "
+                             f"x processes = {cfg.micro_batch_size} x {self.world}")
+        self.accum = cfg.global_batch_size // per_step
+
+        torch.manual_seed(cfg.seed)  # identical init on every rank (DDP also broadcasts at wrap time)
+        m = cfg.model
+        model = PreferenceModel.from_backbone(m.backbone, head=m.head, head_hidden=m.head_hidden, dtype=m.dtype,
+                                              trust_remote_code=m.trust_remote_code, min_pixels=m.min_pixels,
+                                              max_pixels=m.max_pixels)
+        lora = None
+        if cfg.lora.enabled:
+            lora = {"r": cfg.lora.r, "alpha": cfg.lora.alpha, "dropout": cfg.lora.dropout,
+                    "target_modules": cfg.lora.target_modules}
+        model.configure_trainable(lora=lora, train_vision=m.train_vision)
+        if m.gradient_checkpointing:
+            model.vlm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
+        self.model_raw = model
+        self.collate = None  # set after data load (needs base_dir)
+
+        d = cfg.data
+        train, base = load_pairs(d.train, split=d.train_split, layout=d.layout, max_samples=d.max_train_samples,
+                                 synthetic_size=d.synthetic_size, seed=cfg.seed, revision=d.revision)
+        eval_ds, eval_base = None, base
+        if d.eval:
+            eval_ds, eval_base = load_pairs(d.eval, split=d.eval_split, layout=d.layout,
+                                            max_samples=d.max_eval_samples, synthetic_size=d.synthetic_size,
+                                            seed=cfg.seed, revision=d.revision)
+        elif d.eval_fraction > 0:
+            perm = _permutation(len(train), cfg.seed, -1).tolist()
+            n_eval = max(1, int(round(len(train) * d.eval_fraction)))
+            eval_ds, train = train.select(sorted(perm[:n_eval])), train.select(sorted(perm[n_eval:]))
+        labels = [normalize_label(x) for x in train["label"]]
+        self.n_ties_skipped = 0
+        if cfg.loss.kind in ("bt", "uncertainty"):  # these losses have no tie outcome: skip ties
+            keep = [i for i, lab in enumerate(labels) if lab != L.LABEL_TIE]
+            self.n_ties_skipped = len(labels) - len(keep)
+            if self.n_ties_skipped:
+                train = train.select(keep)
+        self.train_ds, self.eval_ds = train, eval_ds
+        self.train_collate = PairCollator(model, base)
+        self.eval_collate = PairCollator(model, eval_base)
+
+        self.steps_per_epoch = len(train) // cfg.global_batch_size
+        if self.steps_per_epoch == 0:
+            raise ValueError(f"the training set has {len(train)} usable pairs, fewer than one global batch "
+                             f"({cfg.global_batch_size})")
+        self.total_steps = self.steps_per_epoch * cfg.num_epochs
+        if cfg.max_steps is not None:
+            self.total_steps = min(self.total_steps, cfg.max_steps)
+        self.warmup = int(round(cfg.optim.warmup_ratio * self.total_steps))
+
+        o = cfg.optim
+        head_params = [p for p in model.head.parameters() if p.requires_grad]
+        head_ids = {id(p) for p in head_params}
+        body = [p for p in model.parameters() if p.requires_grad and id(p) not in head_ids]
+        groups = [{"params": body, "lr": o.lr, "lr_scale": 1.0},
+                  {"params": head_params, "lr": o.head_lr or o.lr, "lr_scale": (o.head_lr or o.lr) / o.lr}]
+        groups = [g for g in groups if g["params"]]
+        opt = torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay,
+                                foreach=False)
+        self.model, self.opt = self.acc.prepare(model, opt)
+        self.trainable = [p for p in model.parameters() if p.requires_grad]
+        self.step = 0
+
+    # ------------------------------------------------------------------ checkpoints
+    def _ckpt_root(self) -> Path:
+        return self.out / "checkpoints"
+
+    def save_checkpoint(self) -> Path:
+        """Atomic: everything goes to ``step-N.tmp``, then one rename publishes it, then ``latest`` moves."""
+        st = require("safetensors.torch", "hf")
+        root = self._ckpt_root()
+        name = f"step-{self.step:08d}"
+        final, tmp = root / name, root / f"{name}.tmp"
+        if self.acc.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        self.acc.wait_for_everyone()
+        rng = {"cpu": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng.update({f"cuda{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
+        st.save_file(rng, str(tmp / f"rng-rank{self.rank}.safetensors"))
+        if self.acc.is_main_process:
+            st.save_file({k: v.contiguous().cpu() for k, v in self.model_raw.trainable_state_dict().items()},
+                         str(tmp / "trainable.safetensors"))
+            tensors, meta = _flatten_optimizer(self.opt.optimizer if hasattr(self.opt, "optimizer") else self.opt)
+            st.save_file(tensors, str(tmp / "optimizer.safetensors"))
+            scaler = self.acc.scaler.state_dict() if getattr(self.acc, "scaler", None) is not None else None
+            state = {"step": self.step, "total_steps": self.total_steps, "world_size": self.world,
+                     "optimizer": meta, "scaler": scaler, "config": dataclasses.asdict(self.cfg)}
+            (tmp / "state.json").write_text(json.dumps(state, indent=1), encoding="utf-8")
+        self.acc.wait_for_everyone()
+        if self.acc.is_main_process:
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            _write_text_atomic(root / "latest", name)
+            kept = sorted(p for p in root.glob("step-*") if p.is_dir() and not p.name.endswith(".tmp"))
+            for old in kept[:-max(self.cfg.save_total_limit, 1)]:
+                shutil.rmtree(old, ignore_errors=True)
+        self.acc.wait_for_everyone()
+        return final
+
+    def load_checkpoint(self, path: Path) -> None:
+        st = require("safetensors.torch", "hf")
+        state = json.loads((path / "state.json").read_text(encoding="utf-8"))
+        if state["world_size"] != self.world:
+            raise ValueError(f"checkpoint {path} was written by {state['world_size']} processes, this run has "
+                             f"{self.world}; the data order would differ")
+        weights = st.load_file(str(path / "trainable.safetensors"))
+        own = dict(self.model_raw.named_parameters())
+        missing = [k for k, p in own.items() if p.requires_grad and k not in weights]
+        if missing:
+            raise ValueError(f"checkpoint {path} lacks trainable parameters {missing[:3]}... (config changed?)")
+        with torch.no_grad():
+            for k, v in weights.items():
+                own[k].copy_(v)
+        inner = self.opt.optimizer if hasattr(self.opt, "optimizer") else self.opt
+        inner.load_state_dict(_unflatten_optimizer(st.load_file(str(path / "optimizer.safetensors")),
+                                                   state["optimizer"]))
+        if state.get("scaler") and getattr(self.acc, "scaler", None) is not None:
+            self.acc.scaler.load_state_dict(state["scaler"])
+        rng_file = path / f"rng-rank{self.rank}.safetensors"
+        if rng_file.is_file():
+            rng = st.load_file(str(rng_file))
+            torch.set_rng_state(rng["cpu"])
+            cuda = [rng[k] for k in sorted(k for k in rng if k.startswith("cuda"))]
+            if cuda and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(cuda)
+        self.step = int(state["step"])
+
+    # ------------------------------------------------------------------ metrics
+    def _log(self, rec: dict[str, Any]) -> None:
+        if not self.acc.is_main_process:
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        with (self.out / "metrics.jsonl").open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(rec) + "\n")
+        if self.cfg.trackers:
+            self.acc.log({k: v for k, v in rec.items() if isinstance(v, (int, float))}, step=rec.get("step"))
+
+    def _truncate_metrics(self, step: int) -> None:
+        """After a resume, drop lines logged past the checkpoint (they will be logged again)."""
+        path = self.out / "metrics.jsonl"
+        if not self.acc.is_main_process or not path.is_file():
+            return
+        keep = [ln for ln in path.read_text(encoding="utf-8").splitlines()
+                if ln.strip() and json.loads(ln).get("step", 0) <= step]
+        _write_text_atomic(path, "".join(ln + "\n" for ln in keep))
+
+    # ------------------------------------------------------------------ loss
+    def _loss(self, r: torch.Tensor, ls: torch.Tensor | None, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """r: ``[2B]`` rewards for ``[a..., b...]``; returns (loss, r_a [B], r_b [B])."""
+        c = self.cfg.loss
+        b = r.shape[0] // 2
+        r_a, r_b = r[:b], r[b:]
+        labels = batch["labels"].to(r.device)
+        margin = None if batch["margin"] is None else batch["margin"].to(r.device)
+        weight = None if batch["weight"] is None else batch["weight"].to(r.device)
+        if c.kind == "bt":
+            r_w, r_l = L.winner_loser(r_a, r_b, labels)
+            loss = L.bradley_terry_loss(r_w, r_l, margin=margin, weight=weight, center_coef=c.center_coef)
+        elif c.kind == "uncertainty":
+            r_w, r_l = L.winner_loser(r_a, r_b, labels)
+            s_w, s_l = L.winner_loser(ls[:b], ls[b:], labels)
+            loss = L.uncertainty_loss(r_w, s_w, r_l, s_l, margin=margin, weight=weight)
+        elif c.kind == "rao_kupper":
+            loss = L.rao_kupper_loss(r_a, r_b, labels, theta=c.theta, weight=weight)
+        else:
+            loss = L.davidson_loss(r_a, r_b, labels, nu=c.nu, weight=weight)
+        return loss, r_a, r_b
+
+    @staticmethod
+    def _pair_metrics(r_a: torch.Tensor, r_b: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+        acc, n = L.pairwise_accuracy(r_a, r_b, labels)
+        keep = labels != L.LABEL_TIE
+        d = (r_a - r_b)[keep]
+        margin = torch.where(labels[keep] == L.LABEL_A, d, -d)
+        out = {"accuracy": acc, "margin": float(margin.mean()) if n else float("nan"), "pairs": int(labels.numel())}
+        out.update(L.reward_stats(torch.cat([r_a, r_b])))
+        return out
+
+    # ------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float] | None:
+        """Held-out metrics on the main process with the unwrapped model (other ranks wait)."""
+        if self.eval_ds is None:
+            return None
+        rec = None
+        if self.acc.is_main_process:
+            model = self.model_raw
+            was = model.training
+            model.eval()
+            ra, rb, labs, losses = [], [], [], []
+            bs = self.cfg.eval_batch_size
+            for s in range(0, len(self.eval_ds), bs):
+                rows = [self.eval_ds[i] for i in range(s, min(s + bs, len(self.eval_ds)))]
+                batch = self.eval_collate(rows)
+                with self.acc.autocast():
+                    r, ls = model(**{k: v.to(self.acc.device) for k, v in batch["inputs"].items()})
+                r = r.float()
+                labels = batch["labels"]
+                non_tie = labels != L.LABEL_TIE
+                if self.cfg.loss.kind in ("bt", "uncertainty") and not bool(non_tie.all()):
+                    keep = torch.cat([non_tie, non_tie]).to(r.device)
+                    r = r[keep]
+                    ls = None if ls is None else ls[keep]
+                    batch = {**batch, "labels": labels[non_tie],
+                             "margin": None if batch["margin"] is None else batch["margin"][non_tie],
+                             "weight": None if batch["weight"] is None else batch["weight"][non_tie]}
+                if r.numel() == 0:
+                    continue
+                loss, a, b = self._loss(r, ls, batch)
+                ra.append(a.cpu()); rb.append(b.cpu()); labs.append(batch["labels"]); losses.append(float(loss) * a.numel())
+            model.train(was)
+            if ra:
+                r_a, r_b, lab = torch.cat(ra), torch.cat(rb), torch.cat(labs)
+                rec = {"split": "eval", "step": self.step, "loss": sum(losses) / lab.numel()}
+                rec.update(self._pair_metrics(r_a, r_b, lab))
+                self._log(rec)
+        self.acc.wait_for_everyone()
+        return rec
+
+    # ------------------------------------------------------------------ loop
+    def train(self) -> dict[str, Any]:
+        cfg = self.cfg
+        if cfg.trackers:
+            self.acc.init_trackers(cfg.project_name, config=json.loads(json.dumps(dataclasses.asdict(cfg), default=str)))
+        ckpt = None
+        if cfg.resume == "auto":
+            ckpt = latest_checkpoint(self.out)
+        elif cfg.resume not in ("never", "", "none"):
+            ckpt = Path(cfg.resume)
+            if not (ckpt / "state.json").is_file():
+                raise FileNotFoundError(f"resume checkpoint not found: {ckpt}")
+        if ckpt is not None:
+            self.load_checkpoint(ckpt)
+            self._truncate_metrics(self.step)
+        if self.acc.is_main_process:
+            self.out.mkdir(parents=True, exist_ok=True)
+            from ..config import save_config
+
+            save_config(cfg, self.out / "config.yaml")
+            if ckpt is None:
+                (self.out / "metrics.jsonl").unlink(missing_ok=True)
+            self._log({"split": "info", "step": self.step, "resumed_from": str(ckpt) if ckpt else None,
+                       "world_size": self.world, "grad_accum": self.accum, "total_steps": self.total_steps,
+                       "train_pairs": len(self.train_ds), "ties_skipped": self.n_ties_skipped,
+                       "eval_pairs": len(self.eval_ds) if self.eval_ds is not None else 0,
+                       "trainable_params": sum(p.numel() for p in self.trainable)})
+        kill_after = int(os.environ.get(KILL_ENV, "0") or 0)
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=self.total_steps, initial=self.step, desc="train preference", unit="step",
+                   disable=not (cfg.progress and self.acc.is_main_process))
+        perm_epoch, perm = -1, None
+        G, M = cfg.global_batch_size, cfg.micro_batch_size
+        local_pairs = 0
+        while self.step < self.total_steps:
+            t0 = time.perf_counter()
+            epoch, pos = divmod(self.step, self.steps_per_epoch)
+            if epoch != perm_epoch:
+                perm, perm_epoch = _permutation(len(self.train_ds), cfg.seed, epoch), epoch
+            gb = perm[pos * G:(pos + 1) * G]
+            mine = gb[self.rank::self.world].tolist()  # this process's share of the global batch
+            ra, rb, labs, losses = [], [], [], []
+            for k in range(self.accum):
+                chunk = mine[k * M:(k + 1) * M]
+                batch = self.train_collate([self.train_ds[i] for i in chunk])
+                inputs = {key: v.to(self.acc.device) for key, v in batch["inputs"].items()}
+                last = k == self.accum - 1
+                ctx = self.acc.no_sync(self.model) if not last else _null()
+                with ctx:
+                    with self.acc.autocast():
+                        r, ls = self.model(**inputs)
+                    loss, r_a, r_b = self._loss(r.float(), None if ls is None else ls.float(), batch)
+                    self.acc.backward(loss / self.accum)
+                ra.append(r_a.detach()); rb.append(r_b.detach()); labs.append(batch["labels"].to(r_a.device))
+                losses.append(loss.detach())
+                local_pairs += len(chunk)
+            grad_norm = None
+            if cfg.optim.max_grad_norm:
+                grad_norm = self.acc.clip_grad_norm_(self.trainable, cfg.optim.max_grad_norm)
+            lr = L.lr_at(self.step, base_lr=cfg.optim.lr, total_steps=self.total_steps, warmup_steps=self.warmup,
+                         schedule=cfg.optim.schedule, min_lr_ratio=cfg.optim.min_lr_ratio)
+            for g in self.opt.param_groups:
+                g["lr"] = lr * g["lr_scale"]
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+            self.step += 1
+            bar.update(1)
+            dt = time.perf_counter() - t0
+
+            is_last = self.step == self.total_steps
+            if self.step % max(cfg.log_every, 1) == 0 or is_last or self.step == 1:
+                r_a = self.acc.gather(torch.cat(ra)).float().cpu()
+                r_b = self.acc.gather(torch.cat(rb)).float().cpu()
+                lab = self.acc.gather(torch.cat(labs)).cpu()
+                loss_all = self.acc.gather(torch.stack(losses).mean().reshape(1)).float().mean()
+                rec = {"split": "train", "step": self.step, "epoch": epoch, "loss": float(loss_all), "lr": lr,
+                       "grad_norm": None if grad_norm is None else float(grad_norm),
+                       "pairs_per_s": G / dt if dt > 0 else None}
+                rec.update(self._pair_metrics(r_a, r_b, lab))
+                self._log(rec)
+                bar.set_postfix(loss=f"{rec['loss']:.4f}", acc=f"{rec['accuracy']:.3f}")
+            if cfg.eval_every and self.step % cfg.eval_every == 0 and not is_last:
+                self.evaluate()
+            if (cfg.save_every and self.step % cfg.save_every == 0) or is_last:
+                self.save_checkpoint()
+            if kill_after and self.step == kill_after:
+                os.kill(os.getpid(), signal.SIGKILL)  # test hook: die like a preempted job, no cleanup
+        bar.close()
+
+        final = self.evaluate() or {}
+        summary: dict[str, Any] = {"split": "final", "step": self.step, "world_size": self.world}
+        if self.world > 1:
+            fp = self.acc.gather(_replica_fingerprint(self.trainable).to(self.acc.device).unsqueeze(0)).cpu()
+            summary["replicas_in_sync"] = bool((fp == fp[0]).all())
+            summary["replica_max_abs_diff"] = float((fp - fp[0]).abs().max())
+            counts = self.acc.gather(torch.tensor([local_pairs], device=self.acc.device)).cpu().tolist()
+            summary["pairs_per_rank"] = counts
+        if final:
+            summary.update({f"eval_{k}": v for k, v in final.items() if k not in ("split", "step")})
+        if self.acc.is_main_process:
+            self.model_raw.eval()
+            self.model_raw.save_pretrained(self.out / "model", merge_lora=cfg.merge_lora_on_save)
+            summary["model_dir"] = str(self.out / "model")
+        self._log(summary)
+        self.acc.wait_for_everyone()
+        if cfg.trackers:
+            self.acc.end_training()
+        return summary
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *a):
+        return False
+
+
+def train_preference(cfg: PreferenceTrainConfig | dict | str | None = None, **overrides: Any) -> dict[str, Any]:
+    """Train a preference reward model; returns the final summary (also the last line of metrics.jsonl)."""
+    from ..config import build_config
+
+    cfg = build_config(PreferenceTrainConfig, cfg, overrides)
+    return PreferenceTrainer(cfg).train()
+
+
+# ---------------------------------------------------------------------------------------------- CLI glue
+def add_arguments(p) -> None:
+    p.add_argument("--config", "-c", type=Path, help="recipe YAML (see recipes/arena_rm/)")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="config overrides, e.g. optim.lr=1e-5 output_dir=runs/x lora.enabled=true")
+    p.add_argument("--output-dir", help="shortcut for output_dir=...")
+    p.add_argument("--resume", help="auto (default), never, or a checkpoint directory")
+
+
+def run_cli(args) -> int:
+    from ..config import load_config
+
+    overrides = list(args.overrides)
+    if args.output_dir:
+        overrides.append(f"output_dir={args.output_dir}")
+    if args.resume:
+        overrides.append(f"resume={args.resume}")
+    cfg = load_config(PreferenceTrainConfig, args.config, overrides)
+    summary = train_preference(cfg)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, float) or math.isfinite(v)}))
+    return 0
