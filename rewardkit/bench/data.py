@@ -1,0 +1,281 @@
+"""Loading benchmark rows into canonical :class:`Comparison` records.
+
+Data comes from the hub through ``datasets`` or from a local copy (``data_dir``): a directory holding the
+dataset's parquet files (as ``huggingface-cli download --repo-type dataset`` lays them out), a single
+parquet file, or a ``Dataset.save_to_disk`` directory. Images stay encoded (bytes) until a reward decodes
+them through :mod:`rewardkit.media`; their hashes key the score cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from .._imports import require
+from ..errors import RewardkitError
+from .spec import BenchmarkSpec
+
+__all__ = ["Comparison", "BenchDataError", "load_comparisons", "parse_label", "comparisons_from_rows",
+           "bytes_hash"]
+
+_IMAGE_TAG = re.compile(r"<image_\d+>")
+
+
+class BenchDataError(RewardkitError, ValueError):
+    """The benchmark data cannot be found, read or parsed; the message says what to do."""
+
+
+@dataclass
+class Comparison:
+    """One pairwise comparison in canonical form (``reference/benchmarks.md`` section 5.6).
+
+    ``label`` is +1 (A / left / candidate_1 better), -1 (B better) or 0 (human tie); ``tie_kind`` is
+    "good" / "bad" for GenAI-Bench ties. ``sources`` holds the encoded source images ([] for t2i).
+    """
+
+    index: int
+    item_id: str
+    group_id: str
+    prompt: str
+    image_a: bytes
+    image_b: bytes
+    label: int
+    raw_label: str
+    sources: list[bytes] = field(default_factory=list)
+    tie_kind: str | None = None
+    model_a: str | None = None
+    model_b: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    n_images_a: int = 1
+    n_images_b: int = 1
+
+
+def bytes_hash(data: bytes) -> str:
+    """Content hash of encoded image bytes (the cache key component)."""
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+# ------------------------------------------------------------------------------------------ labels
+def parse_label(kind: str, raw: Any, letters: Any = None) -> tuple[int, str | None]:
+    """``(h, tie_kind)`` from a raw label; raises ``ValueError`` for anything unrecognised.
+
+    - ``chosen_ab`` (MMRB2): "A" -> +1, "B" -> -1, case-insensitive. No ties.
+    - ``vote_type`` (GenAI-Bench): leftvote +1, rightvote -1, tievote 0 ("good"), bothbad_vote 0 ("bad").
+    - ``ranking`` (EditReward-Bench): ``letters`` is ``comparison_type`` like "AvsC" (first letter =
+      candidate_1); any "=" is a tie; otherwise the letter before ">" wins.
+    """
+    if raw is None:
+        raise ValueError("label is missing")
+    s = str(raw).strip()
+    if kind == "chosen_ab":
+        u = s.upper()
+        if u == "A":
+            return 1, None
+        if u == "B":
+            return -1, None
+        raise ValueError(f"chosen must be 'A' or 'B', got {raw!r}")
+    if kind == "vote_type":
+        table = {"leftvote": (1, None), "rightvote": (-1, None), "tievote": (0, "good"), "bothbad_vote": (0, "bad")}
+        if s.lower() not in table:
+            raise ValueError(f"vote_type must be one of {sorted(table)}, got {raw!r}")
+        return table[s.lower()]
+    if kind == "ranking":
+        if letters is None:
+            raise ValueError("ranking labels need comparison_type")
+        parts = str(letters).strip().upper().split("VS")
+        if len(parts) != 2 or not all(parts):
+            raise ValueError(f"comparison_type must look like 'AvsB', got {letters!r}")
+        c1, c2 = parts
+        if "=" in s:
+            low = s.lower()
+            return 0, ("good" if "good" in low else "bad" if "bad" in low else None)
+        if ">" not in s:
+            raise ValueError(f"ranking must look like 'A>B' or 'A=B', got {raw!r}")
+        winner = s.split(">")[0].strip().upper()
+        if winner == c1:
+            return 1, None
+        if winner == c2:
+            return -1, None
+        raise ValueError(f"ranking {raw!r} names neither side of comparison_type {letters!r}")
+    raise ValueError(f"unknown label kind {kind!r}")
+
+
+# ------------------------------------------------------------------------------------------ images
+def _image_bytes(x: Any, base: Path | None) -> bytes:
+    if isinstance(x, dict):
+        if x.get("bytes"):
+            return bytes(x["bytes"])
+        if x.get("path"):
+            p = Path(x["path"])
+            if not p.is_absolute() and base is not None:
+                p = base / p
+            if p.is_file():
+                return p.read_bytes()
+            raise ValueError(f"image has no bytes and its path {x['path']!r} does not exist")
+        raise ValueError("image struct has neither bytes nor path")
+    if isinstance(x, (bytes, bytearray, memoryview)):
+        return bytes(x)
+    if isinstance(x, (str, Path)):
+        p = Path(x) if Path(x).is_absolute() or base is None else base / x
+        return p.read_bytes()
+    if hasattr(x, "save") and hasattr(x, "mode"):  # a decoded PIL image: re-encode losslessly
+        buf = io.BytesIO()
+        x.save(buf, format="PNG")
+        return buf.getvalue()
+    raise ValueError(f"cannot read an image from {type(x).__name__}")
+
+
+def _image_list(x: Any, base: Path | None) -> list[bytes]:
+    if x is None:
+        return []
+    if isinstance(x, (list, tuple)):
+        return [_image_bytes(e, base) for e in x if e is not None]
+    return [_image_bytes(x, base)]
+
+
+# ------------------------------------------------------------------------------------------ rows -> records
+def comparisons_from_rows(spec: BenchmarkSpec, rows: Iterable[dict[str, Any]], *, base: Path | None = None,
+                          start: int = 0) -> Iterator[Comparison]:
+    """Turn raw dataset rows (dicts; images as ``{"bytes", "path"}`` structs, bytes or PIL) into records."""
+    f = spec.fields
+    extra_cols = list(f.get("extra") or ()) + [c for c in spec.categories if c not in (f.get("extra") or ())]
+    for i, row in enumerate(rows, start):
+        try:
+            h, tie_kind = parse_label(spec.label, row.get(f["label"]),
+                                      row.get(f["letters"]) if f.get("letters") else None)
+            prompt = row.get(f["prompt"])
+            if not isinstance(prompt, str):
+                raise ValueError(f"prompt column {f['prompt']!r} is {type(prompt).__name__}, not a string")
+            if spec.strip_image_tags:
+                prompt = re.sub(r"\s+", " ", _IMAGE_TAG.sub(" ", prompt)).strip()
+            ims_a = _image_list(row.get(f["image_a"]), base)
+            ims_b = _image_list(row.get(f["image_b"]), base)
+            if not ims_a or not ims_b:
+                raise ValueError("a candidate image is missing")
+            sources = _image_list(row.get(f["sources"]), base) if f.get("sources") else []
+        except (ValueError, OSError) as exc:
+            raise BenchDataError(f"{spec.name}: row {i}: {exc}") from None
+        item_id = str(row[f["id"]]) if f.get("id") and row.get(f["id"]) is not None else str(i)
+        group_id = item_id
+        if spec.group_id:
+            g = row.get(spec.group_id["field"])
+            sep = spec.group_id.get("split")
+            group_id = str(g).split(sep)[0] if sep else str(g)
+        yield Comparison(
+            index=i, item_id=item_id, group_id=group_id, prompt=prompt, image_a=ims_a[0], image_b=ims_b[0],
+            label=h, raw_label=str(row.get(f["label"])), sources=sources, tie_kind=tie_kind,
+            model_a=row.get(f["model_a"]) if f.get("model_a") else None,
+            model_b=row.get(f["model_b"]) if f.get("model_b") else None,
+            extra={c: _jsonable(row.get(c)) for c in extra_cols if c in row},
+            n_images_a=len(ims_a), n_images_b=len(ims_b))
+
+
+def _jsonable(v: Any) -> Any:
+    if v is None or isinstance(v, (str, int, float, bool)):
+        return v
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    return str(v)
+
+
+def _table_rows(table: Any, spec: BenchmarkSpec, batch_rows: int = 256) -> Iterator[dict[str, Any]]:
+    """Rows of a pyarrow table (raw image structs), after the spec's column filter."""
+    for key, want in (spec.filter or {}).items():
+        if key in table.column_names:
+            import pyarrow.compute as pc
+
+            table = table.filter(pc.equal(table[key], want))
+    for batch in table.to_batches(max_chunksize=batch_rows):
+        yield from batch.to_pylist()
+
+
+def _local_files(spec: BenchmarkSpec, root: Path) -> list[Path]:
+    if root.is_file():
+        return [root]
+    for pattern in spec.local_files:
+        found = sorted(p for p in root.glob(pattern) if p.is_file())
+        if found:
+            return found
+    raise BenchDataError(
+        f"{spec.name}: no data under {root}: looked for {', '.join(spec.local_files)}. Download the dataset "
+        f"({spec.dataset}) with `huggingface-cli download --repo-type dataset {spec.dataset} --local-dir DIR`"
+        " and pass --data-dir DIR.")
+
+
+def _read_local(spec: BenchmarkSpec, root: Path) -> tuple[Any, dict[str, Any]]:
+    pa = require("pyarrow", "bench", "reading benchmark parquet files")
+    if root.is_dir() and (root / "state.json").is_file() and (root / "dataset_info.json").is_file():
+        datasets = require("datasets", "bench", "reading a saved dataset")
+        ds = datasets.load_from_disk(str(root))
+        return ds.with_format("arrow")[:], {"source": "save_to_disk", "path": str(root)}
+    import pyarrow.parquet as pq
+
+    files = _local_files(spec, root)
+    try:
+        tables = [pq.read_table(f) for f in files]
+        table = pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
+    except (pa.ArrowException, OSError) as exc:
+        raise BenchDataError(f"{spec.name}: cannot read parquet under {root}: {exc}") from None
+    return table, {"source": "local", "path": str(root), "files": [str(p.relative_to(root)) if root.is_dir()
+                                                                     else p.name for p in files]}
+
+
+def _read_hub(spec: BenchmarkSpec, revision: str | None) -> tuple[Any, dict[str, Any]]:
+    datasets = require("datasets", "bench", "downloading benchmark data")
+    kwargs: dict[str, Any] = {"split": spec.split, "revision": revision}
+    if spec.data_files:
+        kwargs["data_files"] = {spec.split: spec.data_files}
+    args = [spec.dataset] + ([spec.config] if spec.config else [])
+    howto = (f"Or download it elsewhere (`huggingface-cli download --repo-type dataset {spec.dataset} "
+             f"--local-dir DIR`) and pass --data-dir DIR.")
+    try:
+        ds = datasets.load_dataset(*args, **kwargs)
+    except Exception as exc:  # translate the hub's many failure types into one actionable message
+        text = f"{type(exc).__name__}: {exc}"
+        if spec.gated or "gated" in text.lower() or "401" in text or "403" in text:
+            raise BenchDataError(
+                f"{spec.name}: {spec.dataset} is a gated dataset. Accept its terms at "
+                f"https://huggingface.co/datasets/{spec.dataset}, then log in (`hf auth login` or set HF_TOKEN). "
+                f"{howto} ({text})") from None
+        raise BenchDataError(f"{spec.name}: cannot load {spec.dataset} from the hub ({text}). {howto}") from None
+    info = {"source": "hub", "dataset": spec.dataset, "config": spec.config, "split": spec.split,
+            "revision": revision, "fingerprint": getattr(ds, "_fingerprint", None)}
+    return ds.with_format("arrow")[:], info
+
+
+def load_comparisons(spec: BenchmarkSpec, data_dir: str | Path | None = None, *, revision: str | None = None,
+                     limit: int | None = None) -> tuple[list[Comparison], dict[str, Any]]:
+    """All comparisons of ``spec`` plus a dict describing where they came from.
+
+    ``data_dir`` None loads from the hub; ``limit`` keeps the first N rows (after the spec's filter).
+    """
+    if data_dir is not None:
+        root = Path(data_dir).expanduser()
+        if not root.exists():
+            raise BenchDataError(f"{spec.name}: data path {root} does not exist")
+        table, info = _read_local(spec, root)
+        base = root if root.is_dir() else root.parent
+    else:
+        table, info = _read_hub(spec, revision)
+        base = None
+    missing = [spec.fields[k] for k in ("image_a", "image_b", "label", "prompt", "sources", "letters", "id")
+               if spec.fields.get(k) and spec.fields[k] not in table.column_names]
+    if missing:
+        raise BenchDataError(f"{spec.name}: columns {missing} are missing; the data has {table.column_names}. "
+                             "Is this the right dataset / config?")
+    rows = _table_rows(table, spec)
+    out = []
+    for c in comparisons_from_rows(spec, rows, base=base):
+        if limit is not None and len(out) >= limit:
+            break
+        out.append(c)
+    if not out:
+        raise BenchDataError(f"{spec.name}: no rows after filtering ({spec.filter or 'no filter'})")
+    info["n_rows"] = len(out)
+    return out, info

@@ -1,0 +1,588 @@
+"""The accuracy harness: ``evaluate(reward, benchmarks) -> BenchResult``.
+
+Two ways to query a reward:
+
+- ``scalar`` (default for rewards that do not override ``compare``): every distinct (image, prompt,
+  sources) is scored once, even when it appears in several comparisons; margins are ``s_A - s_B``.
+- ``pairwise`` (default for rewards that override ``compare``, i.e. judges): every comparison goes through
+  ``compare`` twice, in the original and in the swapped order (MMRB2's protocol); the margin is
+  ``(P_fwd(A) + 1 - P_rev(B first)) / 2 - 0.5``.
+
+Judges that can answer "tie" / "both bad" may implement ``judge_4way(images_a, images_b, prompts, *,
+sources=None) -> list[str | None]`` (answers such as "A>B", "B>A", "A=B=Good", "A=B=Bad", None when
+unparsed); the harness then reports GenAI-Bench's official 4-way accuracy.
+
+Scores are cached on disk (:mod:`rewardkit.bench.cache`), committed after every chunk.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from .._version import __version__
+from ..reward import Reward, config_dict
+from . import metrics as M
+from .cache import ScoreCache, default_cache_dir, pair_key, reward_fingerprint, sample_key
+from .data import BenchDataError, Comparison, bytes_hash, load_comparisons
+from .spec import BenchmarkSpec, get_spec
+
+__all__ = ["evaluate", "BenchResult", "BenchmarkResult", "compute_metrics", "Predictions"]
+
+RECORD_SCHEMA = "rewardkit.bench.result/1"
+
+
+# ------------------------------------------------------------------------------------------ records
+@dataclass
+class BenchmarkResult:
+    """Result of one benchmark: counts, metrics (with 95% CIs), breakdowns and optional per-sample rows."""
+
+    name: str
+    spec: dict[str, Any]
+    primary: str | None = None
+    skipped: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+    counts: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, M.MetricValue] = field(default_factory=dict)
+    unavailable: dict[str, str] = field(default_factory=dict)
+    categories: dict[str, dict[str, dict[str, M.MetricValue]]] = field(default_factory=dict)
+    subsets: dict[str, dict[str, M.MetricValue]] = field(default_factory=dict)
+    timing: dict[str, float] = field(default_factory=dict)
+    samples: list[dict[str, Any]] | None = None
+
+    @property
+    def value(self) -> float | None:
+        """The primary metric's value (None when skipped)."""
+        if self.primary is None or self.primary not in self.metrics:
+            return None
+        return self.metrics[self.primary].value
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "spec": self.spec, "primary": self.primary, "skipped": self.skipped, "data": self.data,
+            "counts": self.counts, "metrics": {k: v.to_dict() for k, v in self.metrics.items()},
+            "unavailable": self.unavailable,
+            "categories": {f: {c: {k: v.to_dict() for k, v in ms.items()} for c, ms in cats.items()}
+                           for f, cats in self.categories.items()},
+            "subsets": {s: {k: v.to_dict() for k, v in ms.items()} for s, ms in self.subsets.items()},
+            "timing": {k: round(v, 4) for k, v in self.timing.items()},
+        }
+        if self.samples is not None:
+            d["samples"] = self.samples
+        return d
+
+
+@dataclass
+class BenchResult:
+    """A whole run: the reward, versions, settings and one :class:`BenchmarkResult` per benchmark."""
+
+    reward: dict[str, Any]
+    benchmarks: dict[str, BenchmarkResult]
+    settings: dict[str, Any] = field(default_factory=dict)
+    rewardkit_version: str = __version__
+    git_hash: str | None = None
+    created: str = ""
+    timing: dict[str, float] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> BenchmarkResult:
+        return self.benchmarks[get_spec(name).name if name not in self.benchmarks else name]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": RECORD_SCHEMA, "rewardkit_version": self.rewardkit_version, "git_hash": self.git_hash,
+                "created": self.created, "reward": self.reward, "settings": self.settings,
+                "timing": {k: round(v, 4) for k, v in self.timing.items()},
+                "benchmarks": {k: v.to_dict() for k, v in self.benchmarks.items()}}
+
+    def save(self, path: str | Path) -> Path:
+        """Write the JSON record."""
+        import json
+
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n", encoding="utf-8")
+        return p
+
+    def markdown(self) -> str:
+        from .report import markdown_report
+
+        return markdown_report([self.to_dict()])
+
+
+# ------------------------------------------------------------------------------------------ predictions
+@dataclass
+class Predictions:
+    """What the reward said about each comparison of one benchmark (all arrays ``[N]``).
+
+    ``margin`` is NaN where there is no answer; ``forward`` / ``reverse`` are MMRB2-style verdicts
+    ("A" / "B" / "tie" / None), ``reverse`` as answered on the swapped presentation; ``verdict4`` holds 4-way
+    answers or None; ``single`` is the forward-only margin of a pairwise judge (None for scalar rewards).
+    """
+
+    margin: np.ndarray
+    forward: list[str | None]
+    reverse: list[str | None]
+    score_a: np.ndarray | None = None
+    score_b: np.ndarray | None = None
+    verdict4: list[str | None] | None = None
+    single: np.ndarray | None = None
+
+
+def _metric_stat(name: str, spec: BenchmarkSpec, rows: Sequence[Comparison], pred: Predictions
+                 ) -> tuple[Callable[[np.ndarray], M.MetricValue], list[np.ndarray]]:
+    """``(fn, units)``: ``fn(row indices)`` computes the metric; ``units`` are the bootstrap units
+    (one row each, or all rows of a group for group accuracy)."""
+    h = np.array([c.label for c in rows], dtype=np.int64)
+    m = pred.margin
+    if name == "group_accuracy":
+        by: dict[str, list[int]] = {}
+        for i, c in enumerate(rows):
+            by.setdefault(c.group_id, []).append(i)
+        units = [np.array(v) for v in by.values()]
+        gids = [c.group_id for c in rows]
+
+        def fn(idx: np.ndarray, _draw: list[int] | None = None) -> M.MetricValue:
+            return M.group_accuracy([gids[i] for i in idx] if _draw is None else _draw, h[idx], m[idx])
+
+        return fn, units
+    units = [np.array([i]) for i in range(len(rows))]
+    if name == "accuracy_without_ties":
+        return (lambda idx: M.accuracy_without_ties(h[idx], m[idx])), units
+    if name == "accuracy_with_ties":
+        return (lambda idx: M.accuracy_with_ties(h[idx], m[idx])), units
+    if name == "mmrb2_official":
+        chosen = ["A" if c.label > 0 else "B" if c.label < 0 else "tie" for c in rows]
+        return (lambda idx: M.mmrb2_official([chosen[i] for i in idx], [pred.forward[i] for i in idx],
+                                             [pred.reverse[i] for i in idx])), units
+    if name == "genaibench_4way":
+        votes = [c.raw_label for c in rows]
+        return (lambda idx: M.genaibench_4way([votes[i] for i in idx], [pred.verdict4[i] for i in idx])), units
+    if name == "order_agreement":
+        return (lambda idx: M.order_agreement([pred.forward[i] for i in idx], [pred.reverse[i] for i in idx])), units
+    if name == "single_order_accuracy":
+        return (lambda idx: M.accuracy_without_ties(h[idx], pred.single[idx])), units
+    raise ValueError(f"unknown metric {name!r}")
+
+
+def compute_metrics(spec: BenchmarkSpec, rows: Sequence[Comparison], pred: Predictions, *,
+                    names: Sequence[str], n_boot: int = 1000, seed: int = 0) -> dict[str, M.MetricValue]:
+    """Every metric in ``names`` on ``rows`` with a percentile-bootstrap 95% CI (``n_boot`` resamples of
+    rows, or of groups for group accuracy)."""
+    out: dict[str, M.MetricValue] = {}
+    for name in names:
+        fn, units = _metric_stat(name, spec, rows, pred)
+        all_idx = np.arange(len(rows))
+        value = fn(all_idx)
+        if n_boot > 0 and units:
+            if name == "group_accuracy":
+                def stat(draw: np.ndarray, fn=fn, units=units) -> float:
+                    idx = np.concatenate([units[u] for u in draw])
+                    # a group drawn twice counts twice: label rows by draw position
+                    gid = [k for k, u in enumerate(draw) for _ in range(len(units[u]))]
+                    return fn(idx, gid).value
+            else:
+                def stat(draw: np.ndarray, fn=fn) -> float:
+                    return fn(draw).value
+            value.ci = M.bootstrap_ci(stat, len(units), n_boot=n_boot, seed=seed)
+        out[name] = value
+    return out
+
+
+# ------------------------------------------------------------------------------------------ scoring
+class _Scorer:
+    """Queries the reward (through the cache) and times it."""
+
+    def __init__(self, reward: Reward, cache: ScoreCache, *, batch_size: int, progress: bool,
+                 retry_invalid: bool):
+        self.reward = reward
+        self.cache = cache
+        self.batch_size = batch_size
+        self.progress = progress
+        self.retry_invalid = retry_invalid
+        self.model_seconds = 0.0
+        self.n_computed = 0
+        self.n_cached = 0
+
+    def _bar(self, total: int, desc: str):
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, desc=desc, unit="item", disable=not self.progress or total == 0,
+                    file=sys.stderr, dynamic_ncols=True, smoothing=0.1)
+
+    def _todo(self, keys: list[str], found: Mapping[str, tuple]) -> list[str]:
+        self.n_cached += sum(1 for k in keys if k in found and (found[k][1] or not self.retry_invalid))
+        return [k for k in keys if k not in found or (self.retry_invalid and not found[k][1])]
+
+    def scores(self, samples: dict[str, tuple[bytes, str | None, list[bytes]]], use_sources: bool, desc: str
+               ) -> dict[str, tuple[float, bool, str | None]]:
+        keys = list(samples)
+        found = self.cache.get_scores(keys)
+        todo = self._todo(keys, found)
+        bar = self._bar(len(todo), desc)
+        try:
+            for s in range(0, len(todo), self.batch_size):
+                chunk = todo[s:s + self.batch_size]
+                t0 = time.perf_counter()
+                out = self.reward([samples[k][0] for k in chunk], [samples[k][1] for k in chunk],
+                                  sources=[samples[k][2] for k in chunk] if use_sources else None,
+                                  batch_size=self.batch_size, on_error="nan")
+                self.model_seconds += time.perf_counter() - t0
+                rows = [(k, float(out.scores[i]), bool(out.valid[i]), out.errors[i]) for i, k in enumerate(chunk)]
+                self.cache.put_scores(rows)
+                found.update({k: (s_, v, e) for k, s_, v, e in rows})
+                self.n_computed += len(chunk)
+                bar.update(len(chunk))
+        finally:
+            bar.close()
+        return found
+
+    def pairs(self, pairs: dict[str, tuple[bytes, bytes, str | None, list[bytes]]], use_sources: bool, desc: str
+              ) -> dict[str, tuple[float, bool, str | None]]:
+        keys = list(pairs)
+        found = self.cache.get_pairs(keys)
+        todo = self._todo(keys, found)
+        bar = self._bar(len(todo), desc)
+        try:
+            for s in range(0, len(todo), self.batch_size):
+                chunk = todo[s:s + self.batch_size]
+                t0 = time.perf_counter()
+                out = self.reward.compare([pairs[k][0] for k in chunk], [pairs[k][1] for k in chunk],
+                                          [pairs[k][2] for k in chunk],
+                                          sources=[pairs[k][3] for k in chunk] if use_sources else None,
+                                          batch_size=self.batch_size, on_error="nan")
+                self.model_seconds += time.perf_counter() - t0
+                rows = [(k, float(out.prob_a[i]), bool(out.valid[i]), out.errors[i]) for i, k in enumerate(chunk)]
+                self.cache.put_pairs(rows)
+                found.update({k: (p, v, e) for k, p, v, e in rows})
+                self.n_computed += len(chunk)
+                bar.update(len(chunk))
+        finally:
+            bar.close()
+        return found
+
+    def verdicts4(self, pairs: dict[str, tuple[bytes, bytes, str | None, list[bytes]]], use_sources: bool,
+                  desc: str) -> dict[str, tuple[str | None, str | None]]:
+        keys = list(pairs)
+        found = self.cache.get_verdicts(keys)
+        todo = [k for k in keys if k not in found or (self.retry_invalid and found[k][0] is None)]
+        bar = self._bar(len(todo), desc)
+        try:
+            for s in range(0, len(todo), self.batch_size):
+                chunk = todo[s:s + self.batch_size]
+                t0 = time.perf_counter()
+                answers = self.reward.judge_4way([pairs[k][0] for k in chunk], [pairs[k][1] for k in chunk],
+                                                 [pairs[k][2] for k in chunk],
+                                                 sources=[pairs[k][3] for k in chunk] if use_sources else None)
+                self.model_seconds += time.perf_counter() - t0
+                if len(answers) != len(chunk):
+                    raise RuntimeError(f"judge_4way returned {len(answers)} answers for {len(chunk)} pairs")
+                rows = [(k, a, None if a else "no verdict") for k, a in zip(chunk, answers)]
+                self.cache.put_verdicts(rows)
+                found.update({k: (a, e) for k, a, e in rows})
+                bar.update(len(chunk))
+        finally:
+            bar.close()
+        return found
+
+
+def _predict_scalar(scorer: _Scorer, rows: list[Comparison], use_sources: bool, higher_is_better: bool,
+                    desc: str) -> tuple[Predictions, dict[str, Any]]:
+    uses_prompt = scorer.reward.uses_prompt
+    samples: dict[str, tuple[bytes, str | None, list[bytes]]] = {}
+    side_keys: list[tuple[str, str]] = []
+    for c in rows:
+        src = c.sources if use_sources else []
+        src_h = [bytes_hash(s) for s in src]
+        prompt = c.prompt if uses_prompt else None
+        ks = []
+        for img in (c.image_a, c.image_b):
+            k = sample_key(bytes_hash(img), prompt, src_h)
+            samples.setdefault(k, (img, c.prompt, src))
+            ks.append(k)
+        side_keys.append((ks[0], ks[1]))
+    before = scorer.n_computed
+    found = scorer.scores(samples, use_sources, desc)
+    sa = np.array([found[a][0] if found[a][1] else np.nan for a, _ in side_keys], dtype=np.float64)
+    sb = np.array([found[b][0] if found[b][1] else np.nan for _, b in side_keys], dtype=np.float64)
+    m = (sa - sb) if higher_is_better else (sb - sa)
+    fwd = [M.verdict_from_margin(x) for x in m]
+    rev = [M.flip_verdict(v) for v in fwd]  # a scalar reward answers the swapped pair consistently
+    errors = Counter(found[k][2] for k in samples if not found[k][1])
+    info = {"n_unique_samples": len(samples), "n_scored_now": scorer.n_computed - before,
+            "n_invalid_samples": sum(errors.values()),
+            "invalid_reasons": dict(errors.most_common(5))}
+    return Predictions(margin=m, forward=fwd, reverse=rev, score_a=sa, score_b=sb), info
+
+
+def _pair_items(rows: list[Comparison], use_sources: bool, uses_prompt: bool
+                ) -> tuple[dict[str, tuple], list[tuple[str, str]]]:
+    items: dict[str, tuple] = {}
+    keys = []
+    for c in rows:
+        src = c.sources if use_sources else []
+        src_h = [bytes_hash(s) for s in src]
+        ha, hb = bytes_hash(c.image_a), bytes_hash(c.image_b)
+        prompt = c.prompt if uses_prompt else None
+        kf, kr = pair_key(ha, hb, prompt, src_h), pair_key(hb, ha, prompt, src_h)
+        items.setdefault(kf, (c.image_a, c.image_b, c.prompt, src))
+        items.setdefault(kr, (c.image_b, c.image_a, c.prompt, src))
+        keys.append((kf, kr))
+    return items, keys
+
+
+def _predict_pairwise(scorer: _Scorer, rows: list[Comparison], use_sources: bool, desc: str
+                      ) -> tuple[Predictions, dict[str, Any]]:
+    items, keys = _pair_items(rows, use_sources, scorer.reward.uses_prompt)
+    before = scorer.n_computed
+    found = scorer.pairs(items, use_sources, desc)
+    pf = np.array([found[f][0] if found[f][1] else np.nan for f, _ in keys], dtype=np.float64)
+    pr = np.array([found[r][0] if found[r][1] else np.nan for _, r in keys], dtype=np.float64)
+    # P(A better) from each order; average what is available
+    both = np.stack([pf, 1.0 - pr])
+    cnt = np.isfinite(both).sum(0)
+    m = np.where(cnt > 0, np.nansum(both, 0) / np.maximum(cnt, 1) - 0.5, np.nan)
+    fwd = [M.verdict_from_margin(x - 0.5) for x in pf]
+    rev = [M.verdict_from_margin(x - 0.5) for x in pr]  # as answered on the swapped presentation
+    errors = Counter(found[k][2] for k in items if not found[k][1])
+    info = {"n_unique_pairs": len(items), "n_scored_now": scorer.n_computed - before,
+            "n_invalid_judgements": sum(errors.values()), "invalid_reasons": dict(errors.most_common(5))}
+    return Predictions(margin=m, forward=fwd, reverse=rev, single=pf - 0.5), info
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def _git_hash() -> str | None:
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        return None
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=5)
+        return out.stdout.strip() or None if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _data_path(data_dir: Any, spec: BenchmarkSpec) -> Path | None:
+    if data_dir is None:
+        return None
+    if isinstance(data_dir, Mapping):
+        for key in (spec.name, spec.family):
+            if key in data_dir and data_dir[key] is not None:
+                return Path(data_dir[key])
+        return None
+    root = Path(data_dir)
+    return root / spec.family if (root / spec.family).is_dir() else root
+
+
+def _category_value(c: Comparison, fieldname: str) -> str:
+    if fieldname in c.extra:
+        v = c.extra[fieldname]
+    else:
+        v = getattr(c, fieldname, None)
+    return "<none>" if v is None else str(v)
+
+
+def _resolve_mode(reward: Reward, mode: str) -> str:
+    if mode not in ("auto", "scalar", "pairwise"):
+        raise ValueError(f"mode must be auto, scalar or pairwise, got {mode!r}")
+    if mode != "auto":
+        return mode
+    return "pairwise" if type(reward).compare is not Reward.compare else "scalar"
+
+
+def _label_counts(rows: Sequence[Comparison]) -> dict[str, int]:
+    c = Counter("a" if r.label > 0 else "b" if r.label < 0 else (f"tie_{r.tie_kind}" if r.tie_kind else "tie")
+                for r in rows)
+    return dict(sorted(c.items()))
+
+
+# ------------------------------------------------------------------------------------------ evaluate
+def evaluate(
+    reward: Reward | str,
+    benchmarks: str | Sequence[str | BenchmarkSpec],
+    *,
+    data_dir: str | Path | Mapping[str, str | Path] | None = None,
+    cache_dir: str | Path | None = "default",
+    batch_size: int | None = None,
+    limit: int | None = None,
+    mode: str = "auto",
+    n_boot: int = 1000,
+    seed: int = 0,
+    per_sample: bool = False,
+    ignore_sources: bool = False,
+    retry_invalid: bool = False,
+    by: Sequence[str] = (),
+    revision: str | None = None,
+    progress: bool = True,
+    reward_kwargs: Mapping[str, Any] | None = None,
+) -> BenchResult:
+    """Measure ``reward``'s agreement with human preferences on ``benchmarks``.
+
+    Args:
+        reward: a :class:`Reward` or a registry name (built with ``reward_kwargs``).
+        benchmarks: names (``"mmrb2/t2i,genaibench/edit"`` or a list; see ``rewardkit bench --list``),
+            spec objects or paths to spec YAML files.
+        data_dir: where local data lives: one directory (holding the dataset's files, or one sub-folder per
+            benchmark family: ``mmrb2/``, ``genaibench/``, ``editreward/``), or a mapping from benchmark or
+            family name to a directory; None (or a benchmark missing from the mapping) loads from the hub.
+        cache_dir: score cache root; ``"default"`` = :func:`~rewardkit.bench.cache.default_cache_dir`,
+            None = in memory only (nothing survives the call).
+        batch_size: items per reward call (default: the reward's ``default_batch_size`` or 32); the cache
+            is committed after each.
+        limit: keep the first ``limit`` comparisons of each benchmark (smoke runs).
+        mode: ``"scalar"``, ``"pairwise"`` or ``"auto"`` (pairwise iff the reward overrides ``compare``).
+        n_boot: bootstrap resamples for the 95% CIs (0 disables them).
+        per_sample: keep each comparison's scores and verdicts in the record.
+        ignore_sources: score editing benchmarks with a reward that takes no source images (text-image
+            rewards such as CLIPScore), using the instruction as the prompt; otherwise they are skipped.
+        retry_invalid: re-query cached samples whose score was invalid (e.g. after a transient failure).
+        by: extra per-category breakdowns by a column (e.g. ``model_a``) besides the spec's categories.
+        revision: hub dataset revision (commit / tag) to pin.
+        progress: progress bars with ETA on stderr.
+    """
+    t_start = time.perf_counter()
+    if isinstance(reward, str):
+        from ..registry import load_reward
+
+        reward_name = reward
+        reward = load_reward(reward, **dict(reward_kwargs or {}))
+    else:
+        reward_name = reward.name or type(reward).__name__
+    if isinstance(benchmarks, str):
+        benchmarks = [b for b in benchmarks.split(",") if b.strip()]
+    specs = [get_spec(b) for b in benchmarks]
+    if not specs:
+        raise ValueError("no benchmarks given")
+    if limit is not None and limit < 1:
+        raise ValueError("limit must be >= 1")
+    mode = _resolve_mode(reward, mode)
+    cfg = config_dict(reward)
+    cls = f"{type(reward).__module__}:{type(reward).__qualname__}"
+    fp = reward_fingerprint(reward_name, cls, cfg)
+    root = default_cache_dir() if cache_dir == "default" else cache_dir
+    bs = batch_size or reward.default_batch_size or 32
+    reward_info = {"name": reward_name, "class": cls, "config": cfg, "higher_is_better": reward.higher_is_better,
+                   "tasks": sorted(reward.tasks), "mode": mode, "fingerprint": fp}
+    results: dict[str, BenchmarkResult] = {}
+    with ScoreCache(root, reward_name, fp, describe=reward_info) as cache:
+        scorer = _Scorer(reward, cache, batch_size=bs, progress=progress, retry_invalid=retry_invalid)
+        for spec in specs:
+            results[spec.name] = _evaluate_one(
+                spec, reward, scorer, mode=mode, data_dir=_data_path(data_dir, spec), limit=limit, n_boot=n_boot,
+                seed=seed, per_sample=per_sample, ignore_sources=ignore_sources, by=by, revision=revision)
+        cache_path = str(cache.path) if cache.path else None
+    total = time.perf_counter() - t_start
+    settings = {"benchmarks": [s.name for s in specs], "limit": limit, "n_boot": n_boot, "seed": seed,
+                "batch_size": bs, "ignore_sources": ignore_sources, "cache": cache_path, "revision": revision,
+                "data_dir": None if data_dir is None else (
+                    {k: str(v) for k, v in data_dir.items()} if isinstance(data_dir, Mapping) else str(data_dir))}
+    return BenchResult(reward=reward_info, benchmarks=results, settings=settings, git_hash=_git_hash(),
+                       created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                       timing={"total_s": total, "reward_s": scorer.model_seconds,
+                               "harness_s": total - scorer.model_seconds})
+
+
+def _evaluate_one(spec: BenchmarkSpec, reward: Reward, scorer: _Scorer, *, mode: str, data_dir: Path | None,
+                  limit: int | None, n_boot: int, seed: int, per_sample: bool, ignore_sources: bool,
+                  by: Sequence[str], revision: str | None) -> BenchmarkResult:
+    res = BenchmarkResult(name=spec.name, spec=spec.identity())
+    edit = spec.task == "edit"
+    if edit and not reward.accepts_sources and not ignore_sources:
+        res.skipped = (f"reward takes no source images (tasks: {', '.join(sorted(reward.tasks))}); "
+                       "pass ignore_sources=True / --ignore-sources to score edits from the instruction alone")
+        return res
+    if not edit and reward.requires_sources:
+        res.skipped = f"reward needs source images (tasks: {', '.join(sorted(reward.tasks))}); {spec.name} is t2i"
+        return res
+    use_sources = edit and reward.accepts_sources
+    t0 = time.perf_counter()
+    rows, info = load_comparisons(spec, data_dir, revision=revision, limit=limit)
+    t_load = time.perf_counter() - t0
+    res.data = info
+    model_before = scorer.model_seconds
+    desc = f"{spec.name} ({mode})"
+    if mode == "scalar":
+        pred, pinfo = _predict_scalar(scorer, rows, use_sources, reward.higher_is_better, desc)
+    else:
+        pred, pinfo = _predict_pairwise(scorer, rows, use_sources, desc)
+    names = list(spec.metrics)
+    if mode == "pairwise":
+        names += ["order_agreement", "single_order_accuracy"]
+    if "genaibench_4way" in names:
+        if callable(getattr(reward, "judge_4way", None)):
+            keys = items_keys(rows, reward, use_sources)
+            items = {k: (c.image_a, c.image_b, c.prompt, c.sources if use_sources else [])
+                     for k, c in zip(keys, rows)}
+            found = scorer.verdicts4(items, use_sources, f"{spec.name} (4-way)")
+            pred.verdict4 = [found[k][0] for k in keys]
+        else:
+            names.remove("genaibench_4way")
+            res.unavailable["genaibench_4way"] = ("needs a judge that answers tie / both-bad "
+                                                  "(a judge_4way method); scalar rewards cannot")
+    res.primary = next((p for p in spec.primary if p in names), None)
+    t1 = time.perf_counter()
+    res.metrics = compute_metrics(spec, rows, pred, names=names, n_boot=n_boot, seed=seed)
+    for field_name in [*spec.categories, *[b for b in by if b not in spec.categories]]:
+        groups: dict[str, list[int]] = {}
+        for i, c in enumerate(rows):
+            groups.setdefault(_category_value(c, field_name), []).append(i)
+        res.categories[field_name] = {
+            v: compute_metrics(spec, [rows[i] for i in idx], _subset(pred, idx), names=names, n_boot=n_boot, seed=seed)
+            for v, idx in sorted(groups.items())}
+    for sub in spec.subsets:
+        if sub == "single_source":
+            idx = [i for i, c in enumerate(rows) if len(c.sources) == 1]
+            if idx:
+                res.subsets[sub] = compute_metrics(spec, [rows[i] for i in idx], _subset(pred, idx), names=names,
+                                                   n_boot=n_boot, seed=seed)
+    t_metrics = time.perf_counter() - t1
+    res.counts = {"n_comparisons": len(rows), "n_groups": len({c.group_id for c in rows}),
+                  "labels": _label_counts(rows), **pinfo,
+                  "n_multi_image_responses": sum(c.n_images_a > 1 or c.n_images_b > 1 for c in rows)}
+    if spec.subsets:
+        res.counts["n_single_source"] = sum(len(c.sources) == 1 for c in rows)
+    res.timing = {"load_s": t_load, "reward_s": scorer.model_seconds - model_before, "metrics_s": t_metrics}
+    if per_sample:
+        res.samples = [_sample_record(c, pred, i) for i, c in enumerate(rows)]
+    return res
+
+
+def items_keys(rows: Sequence[Comparison], reward: Reward, use_sources: bool) -> list[str]:
+    """Forward-order pair keys of ``rows`` (the cache keys of 4-way verdicts)."""
+    return [pair_key(bytes_hash(c.image_a), bytes_hash(c.image_b), c.prompt if reward.uses_prompt else None,
+                     [bytes_hash(s) for s in (c.sources if use_sources else [])]) for c in rows]
+
+
+def _subset(pred: Predictions, idx: list[int]) -> Predictions:
+    ix = np.asarray(idx, dtype=np.int64)
+    pick = (lambda a: None if a is None else a[ix])
+    pickl = (lambda a: None if a is None else [a[i] for i in idx])
+    return Predictions(margin=pred.margin[ix], forward=pickl(pred.forward), reverse=pickl(pred.reverse),
+                       score_a=pick(pred.score_a), score_b=pick(pred.score_b), verdict4=pickl(pred.verdict4),
+                       single=pick(pred.single))
+
+
+def _num(x: Any) -> float | None:
+    return None if x is None or not math.isfinite(float(x)) else float(x)
+
+
+def _sample_record(c: Comparison, pred: Predictions, i: int) -> dict[str, Any]:
+    rec: dict[str, Any] = {"index": c.index, "id": c.item_id, "group": c.group_id, "label": c.label,
+                           "raw_label": c.raw_label, "margin": _num(pred.margin[i]),
+                           "forward": pred.forward[i], "reverse": pred.reverse[i]}
+    if pred.score_a is not None:
+        rec["score_a"], rec["score_b"] = _num(pred.score_a[i]), _num(pred.score_b[i])
+    if pred.verdict4 is not None:
+        rec["verdict4"] = pred.verdict4[i]
+    return rec
+
+
+__all__ += ["BenchDataError"]

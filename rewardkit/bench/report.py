@@ -1,0 +1,161 @@
+"""Reports from result records (the JSON written by :meth:`BenchResult.save`): markdown tables and a PNG.
+
+Both functions take a list of record dicts, so results of several rewards (several runs) compare side by
+side: ``rewardkit bench --report a.json b.json --plot rewards.png``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+__all__ = ["load_records", "markdown_report", "plot_records", "METRIC_LABELS"]
+
+METRIC_LABELS = {
+    "mmrb2_official": "MMRB2 official (both orders)",
+    "accuracy_without_ties": "accuracy without ties",
+    "accuracy_with_ties": "accuracy with ties (tie-calibrated)",
+    "genaibench_4way": "GenAI-Bench 4-way",
+    "group_accuracy": "group accuracy",
+    "order_agreement": "order agreement",
+    "single_order_accuracy": "single-order accuracy",
+}
+
+
+def load_records(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
+    out = []
+    for p in paths:
+        rec = json.loads(Path(p).read_text(encoding="utf-8"))
+        if not isinstance(rec, dict) or "benchmarks" not in rec:
+            raise ValueError(f"{p} is not a rewardkit bench record")
+        out.append(rec)
+    return out
+
+
+def _pct(x: Any) -> str:
+    return "–" if x is None else f"{100 * x:.2f}"
+
+
+def _cell(m: dict[str, Any] | None) -> str:
+    if not m or m.get("value") is None:
+        return "–"
+    s = _pct(m["value"])
+    if m.get("ci95") and None not in m["ci95"]:
+        s += f" [{_pct(m['ci95'][0])}, {_pct(m['ci95'][1])}]"
+    return s
+
+
+def _label(rec: dict[str, Any]) -> str:
+    r = rec["reward"]
+    model = (r.get("config") or {}).get("model")
+    return f"{r['name']} ({model})" if model else r["name"]
+
+
+def markdown_report(records: Sequence[dict[str, Any]], *, details: bool = True) -> str:
+    """Summary table (primary metric per benchmark, % with bootstrap 95% CI) and, with ``details``, every
+    metric, counts and per-category breakdowns per reward."""
+    benches: list[str] = []
+    for rec in records:
+        benches += [b for b in rec["benchmarks"] if b not in benches]
+    lines = ["| reward | " + " | ".join(benches) + " |", "|---" * (len(benches) + 1) + "|"]
+    primaries: dict[str, set[str]] = {b: set() for b in benches}
+    for rec in records:
+        cells = []
+        for b in benches:
+            br = rec["benchmarks"].get(b)
+            if br is None:
+                cells.append("")
+            elif br.get("skipped"):
+                cells.append("skipped")
+            else:
+                primaries[b].add(br["primary"])
+                cells.append(_cell(br["metrics"].get(br["primary"])) + f" ({br['primary']})"
+                             if len(records) > 1 else _cell(br["metrics"].get(br["primary"])))
+        lines.append(f"| {_label(rec)} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("Primary metric per benchmark: " + "; ".join(
+        f"{b}: {', '.join(METRIC_LABELS.get(p, p) for p in sorted(primaries[b])) or '–'}" for b in benches)
+        + ". Values in %, [bootstrap 95% CI].")
+    if not details:
+        return "\n".join(lines) + "\n"
+    for rec in records:
+        lines += ["", f"### {_label(rec)}", "",
+                  f"rewardkit {rec.get('rewardkit_version')} (git {str(rec.get('git_hash') or '?')[:10]}), "
+                  f"mode {rec['reward'].get('mode')}, config fingerprint {rec['reward'].get('fingerprint')}", "",
+                  "| benchmark | version | metric | value [95% CI] | n | notes |", "|---|---|---|---|---|---|"]
+        for b, br in rec["benchmarks"].items():
+            ver = (br.get("spec") or {}).get("version", "")
+            if br.get("skipped"):
+                lines.append(f"| {b} | {ver} | – | skipped | – | {br['skipped']} |")
+                continue
+            for name, m in br["metrics"].items():
+                notes = []
+                if m.get("threshold") is not None:
+                    notes.append(f"threshold {m['threshold']:.4g}")
+                for k in ("n_model_ties", "n_human_ties", "n_invalid", "n_missing", "n_unparsed", "n_invalid_groups"):
+                    if m.get(k):
+                        notes.append(f"{k} {m[k]}")
+                if m.get("individual") is not None:
+                    notes.append(f"individual {_pct(m['individual'])}")
+                star = " **(primary)**" if name == br.get("primary") else ""
+                lines.append(f"| {b} | {ver} | {name}{star} | {_cell(m)} | {m.get('n')} | {', '.join(notes)} |")
+            for name, why in (br.get("unavailable") or {}).items():
+                lines.append(f"| {b} | {ver} | {name} | n/a | – | {why} |")
+        for b, br in rec["benchmarks"].items():
+            prim = br.get("primary")
+            for fieldname, cats in (br.get("categories") or {}).items():
+                lines += ["", f"{b} by `{fieldname}` ({prim}):", "", "| value | metric [95% CI] | n |", "|---|---|---|"]
+                for cat, ms in cats.items():
+                    m = ms.get(prim, {})
+                    lines.append(f"| {cat} | {_cell(m)} | {m.get('n')} |")
+            for sub, ms in (br.get("subsets") or {}).items():
+                m = ms.get(prim, {})
+                lines += ["", f"{b} subset `{sub}`: {prim} {_cell(m)} (n = {m.get('n')})"]
+    return "\n".join(lines) + "\n"
+
+
+def plot_records(records: Sequence[dict[str, Any]], path: str | Path, *, title: str | None = None) -> Path:
+    """Grouped bar chart: one group per benchmark, one bar per reward (primary metric, %, 95% CI bars)."""
+    from .._imports import require
+
+    require("matplotlib", "bench", "plotting benchmark results")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    benches: list[str] = []
+    for rec in records:
+        benches += [b for b, br in rec["benchmarks"].items() if b not in benches and not br.get("skipped")]
+    if not benches:
+        raise ValueError("nothing to plot: every benchmark was skipped")
+    n = max(len(records), 1)
+    width = 0.8 / n
+    fig = Figure(figsize=(max(6.0, 1.4 * len(benches) + 2), 4.2), dpi=120)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    for j, rec in enumerate(records):
+        xs, ys, lo, hi = [], [], [], []
+        for i, b in enumerate(benches):
+            br = rec["benchmarks"].get(b)
+            m = (br or {}).get("metrics", {}).get((br or {}).get("primary")) if br and not br.get("skipped") else None
+            if not m or m.get("value") is None:
+                continue
+            v = 100 * m["value"]
+            ci = m.get("ci95") or [m["value"], m["value"]]
+            xs.append(i - 0.4 + width * (j + 0.5))
+            ys.append(v)
+            lo.append(max(0.0, v - 100 * (ci[0] if ci[0] is not None else m["value"])))
+            hi.append(max(0.0, 100 * (ci[1] if ci[1] is not None else m["value"]) - v))
+        ax.bar(xs, ys, width=width * 0.95, yerr=[lo, hi], capsize=3, label=_label(rec))
+    ax.set_xticks(range(len(benches)))
+    ax.set_xticklabels(benches, rotation=20, ha="right")
+    ax.set_ylabel("primary metric (%)")
+    ax.set_ylim(0, 100)
+    ax.axhline(50, color="grey", lw=0.8, ls="--")
+    ax.set_title(title or "Agreement with human preferences (95% bootstrap CI)")
+    ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png")
+    return out
