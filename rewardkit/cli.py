@@ -17,6 +17,7 @@ from .errors import ConfigError, MissingDependencyError, RegistryError, RewardIn
 COMMANDS: dict[str, str] = {
     "ls": "rewardkit.commands.ls",
     "score": "rewardkit.commands.score",
+    "soup": "rewardkit.commands.soup",
     "train": "rewardkit.commands.train",
     # (other issues add: bench, train, soup, calibrate)
 }

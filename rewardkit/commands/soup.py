@@ -1,0 +1,34 @@
+"""``rewardkit soup``: average N LoRA adapters' weight deltas exactly (Stage 3 of the arena-rubric recipe).
+
+    rewardkit soup run_a/adapter run_b/adapter --output soup/                 # an adapter (rank r_a + r_b)
+    rewardkit soup a b --weights 0.3 0.7 --output soup/                       # weighted
+    rewardkit soup a b --base ./FLUX.2-dev/transformer --output merged/       # merged full weights
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "soup", help="average LoRA adapters' weight deltas exactly (LoRA soup)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("adapters", nargs="+", type=Path, help="peft LoRA adapter directories")
+    p.add_argument("--output", "-o", type=Path, required=True, help="directory to write")
+    p.add_argument("--weights", "-w", type=float, nargs="+", help="one weight per adapter (default 1/N each)")
+    p.add_argument("--base", type=Path,
+                   help="base checkpoint directory (*.safetensors): write merged full weights instead of an adapter")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..compose.soup import lora_soup
+
+    if args.weights is not None and len(args.weights) != len(args.adapters):
+        raise SystemExit(f"rewardkit soup: {len(args.weights)} weights for {len(args.adapters)} adapters")
+    out = lora_soup(args.adapters, args.output, args.weights, base=args.base)
+    kind = "merged weights" if args.base else "adapter"
+    print(f"wrote the {kind} averaging {len(args.adapters)} adapters to {out}", file=sys.stderr)
+    return 0
