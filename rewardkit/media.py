@@ -234,9 +234,11 @@ def _to_pil(x: ImageLike) -> Image.Image:
             s = s.decode()
         if not s.strip():
             raise _Bad("empty path")
-        return _pil_to_rgb(_open_encoded(None, Path(s).expanduser()))
+        with _open_encoded(None, Path(s).expanduser()) as im:  # close the file (animated images keep it open)
+            return _pil_to_rgb(im)
     if isinstance(x, (bytes, bytearray, memoryview)):
-        return _pil_to_rgb(_open_encoded(bytes(x), None))
+        with _open_encoded(bytes(x), None) as im:
+            return _pil_to_rgb(im)
     if isinstance(x, np.ndarray):
         if x.ndim == 3 and x.shape[0] in (1, 3, 4) and x.shape[2] not in (1, 3, 4):
             raise _Bad(f"numpy images must be HxWxC; got shape {x.shape}, which looks like CxHxW (transpose it)")
