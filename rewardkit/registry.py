@@ -28,6 +28,7 @@ BUILTIN: dict[str, str] = {
     "clipscore": "rewardkit.rewards.clipscore:CLIPScore",
     "ocr": "rewardkit.rewards.ocr:OCRReward",
     "pickscore": "rewardkit.rewards.pickscore:PickScore",
+    "preference": "rewardkit.rewards.preference:PreferenceReward",
     "evr": "rewardkit.rewards.evr:EVR",
 }
 
@@ -36,6 +37,7 @@ ALIASES: dict[str, str] = {
     "clip": "clipscore",
     "clip-score": "clipscore",
     "pick-score": "pickscore",
+    "arena-rm": "preference",
 }
 
 _lock = threading.Lock()

@@ -1,0 +1,131 @@
+"""Preference reward: a Bradley–Terry model trained with ``rewardkit train preference`` (the Arena RM recipe).
+
+``load_reward("preference", model=DIR_OR_HUB_ID)`` (alias ``arena-rm``) scores images with the raw reward of a
+:class:`~rewardkit.models.preference.PreferenceModel`: a linear / MLP / uncertainty head on the hidden state
+of a reward token of a Qwen-VL backbone. Scores are unbounded; ``compare()`` is ``sigmoid(r_a - r_b)``
+(the Bradley–Terry probability the model was trained on), whatever the normalisation.
+
+Normalisation (``normalize=``): ``"none"`` (raw reward), ``"calibration"`` (z-score with the mean / std the
+``rewardkit calibrate`` command saved with the model) or ``"quantile"`` (the score's position in [0, 1] among the
+saved calibration quantiles). A model without saved calibration refuses the last two with a clear error.
+
+Editing: pass ``sources=`` (one source image per sample, or several for multi-reference editing); the
+template shows them before the candidate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from .. import media
+from ..errors import RewardInputError
+from ..reward import PairwiseOutput, Reward, RewardBatch, RewardConfig, RewardOutput
+
+NORMALIZE = ("none", "calibration", "quantile")
+
+
+@dataclass
+class PreferenceRewardConfig(RewardConfig):
+    model: str = ""                 # directory written by `rewardkit train preference`, or a hub id
+    revision: str | None = None     # hub revision
+    base_model: str | None = None   # LoRA models: where the base weights are (default: as saved)
+    device: str | None = None
+    dtype: str = "float32"
+    batch_size: int = 16
+    normalize: str = "none"         # none | calibration | quantile
+    trust_remote_code: bool = False
+
+
+class PreferenceReward(Reward):
+    """Raw Bradley–Terry reward of a trained preference model (higher is better)."""
+
+    name: ClassVar[str] = "preference"
+    tasks = frozenset({"t2i", "edit", "multi_ref"})
+    score_range = None
+    extras = ("hf",)
+    thread_safe = False  # one processor + model; the base class serialises calls
+    Config = PreferenceRewardConfig
+
+    def __init__(self, config=None, /, **overrides):
+        super().__init__(config, **overrides)
+        cfg = self.config
+        if not cfg.model:
+            raise ValueError("preference reward needs model=<directory or hub id of a trained preference model>")
+        if cfg.normalize not in NORMALIZE:
+            raise ValueError(f"normalize must be one of {NORMALIZE}, got {cfg.normalize!r}")
+        if cfg.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {cfg.batch_size}")
+        from ..models.preference import PreferenceModel
+
+        self.model = PreferenceModel.from_pretrained(cfg.model, device=cfg.device, dtype=cfg.dtype,
+                                                     trust_remote_code=cfg.trust_remote_code,
+                                                     revision=cfg.revision, base_model=cfg.base_model)
+        if cfg.normalize != "none" and not self.model.calibration:
+            raise ValueError(f"normalize={cfg.normalize!r} needs calibration statistics; run "
+                             f"`rewardkit calibrate --model {cfg.model} --data ...` first")
+        dims = ("raw",) if cfg.normalize != "none" else ()
+        self.dimensions = dims + (("log_sigma",) if self.model.head_type == "uncertainty" else ())
+        self._device = self.model.device
+        self.default_batch_size = cfg.batch_size
+
+    def to(self, device):
+        self.model.to(device)
+        self._device = self.model.device
+        return self
+
+    def _score(self, batch: RewardBatch) -> RewardOutput:
+        from ..models.preference import apply_calibration
+
+        enc = self.model.encode(batch.images, batch.prompts, batch.sources)
+        r, log_sigma = self.model(**{k: v.to(self._device) for k, v in enc.items()})
+        raw = r.float().cpu()
+        if self.config.normalize == "none":
+            scores = raw
+        else:
+            scores = apply_calibration(raw, self.model.calibration, self.config.normalize)
+        dims = {"raw": raw} if self.config.normalize != "none" else {}
+        if log_sigma is not None:
+            dims["log_sigma"] = log_sigma.float().cpu()
+        info = {"model": self.config.model, "template": self.model.template.version,
+                "normalize": self.config.normalize}
+        return RewardOutput(scores=scores, dimensions=dims, info=info)
+
+    def compare(self, images_a: Any, images_b: Any, prompt: Any = None, *, sources: Any = None,
+                metadata: Any = None, batch_size: int | None = None, on_error: str = "raise") -> PairwiseOutput:
+        """``P(a preferred) = sigmoid(r_a - r_b)`` on the raw rewards (any ``normalize`` setting)."""
+        if self.config.normalize == "none":
+            return super().compare(images_a, images_b, prompt, sources=sources, metadata=metadata,
+                                   batch_size=batch_size, on_error=on_error)
+        a, b = media.split_batch(images_a), media.split_batch(images_b)
+        if len(a) != len(b):
+            raise RewardInputError(f"compare got {len(a)} images_a but {len(b)} images_b")
+        n = len(a)
+        prompts = self._prompts(prompt, n)
+        out = self(a + b, prompts + prompts, sources=None if sources is None else list(sources) + list(sources),
+                   metadata=None if metadata is None else list(metadata) + list(metadata),
+                   batch_size=batch_size, on_error=on_error)
+        raw = out.dimensions["raw"]
+        valid = out.valid[:n] & out.valid[n:]
+        prob = torch.where(valid, torch.sigmoid(raw[:n] - raw[n:]), torch.full((n,), float("nan")))
+        errors = [None if valid[i] else "; ".join(f"{w}: {e}" for w, e in (("a", out.errors[i]), ("b", out.errors[n + i])) if e)
+                  for i in range(n)]
+        return PairwiseOutput(prob_a=prob, valid=valid, errors=errors, info=out.info,
+                              scores_a=out.scores[:n], scores_b=out.scores[n:])
+
+    @classmethod
+    def tiny(cls, workdir: str) -> "PreferenceReward":
+        """A tiny, randomly initialised preference model on a tiny Qwen2.5-VL (saved once under ``workdir``)."""
+        from pathlib import Path
+
+        from ..models.preference import CONFIG_NAME, PreferenceModel
+
+        path = Path(workdir) / "tiny-preference"
+        if not (path / CONFIG_NAME).is_file():
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(0)
+                model = PreferenceModel.from_backbone("tiny:qwen2_5_vl")
+            model.save_pretrained(path)
+        return cls(model=str(path), device="cpu")
