@@ -293,6 +293,7 @@ class EVR(Reward):
                         S[c // D, c % D, i] = parsed[c][i][0]
             # 2. verifier: one Yes/No question per parsed hypothesis
             V = None
+            no_verdict: set[int] = set()
             if cfg.verifier != "none":
                 V = torch.zeros((B, D, K))
                 vq, where = [], []
@@ -307,6 +308,8 @@ class EVR(Reward):
                 if vq:
                     p = self.verifier_backend.choice_probs(vq, list(self.template["verify_choices"]))[:, 0]
                     for (b, d, i), py in zip(where, p.tolist()):
+                        if math.isnan(py):  # the backend could not read the Yes/No probabilities
+                            no_verdict.add(b)
                         V[b, d, i] = py if cfg.verifier == "soft" else float(py >= 0.5)
         # 3. arithmetic
         r, rejected = dimension_scores(S, V, eps=cfg.eps, all_rejected=cfg.all_rejected)
@@ -325,6 +328,8 @@ class EVR(Reward):
                                    f"retries; last answer: {sample[:200]!r}")
                 elif bool(rejected[b, d]) and cfg.all_rejected == "invalid":
                     reasons.append(f"{dim}: the verifier rejected all {K - len(bad)} hypotheses")
+            if b in no_verdict:
+                reasons.append("the verifier returned no Yes/No probability for some hypotheses")
             if reasons:
                 errors[b] = "; ".join(reasons)
                 scores[b] = math.nan
@@ -332,7 +337,7 @@ class EVR(Reward):
                 dim: {"r": _f(r[b, d]), "hypotheses": [
                     {"score": parsed[b * D + d][i][0] if parsed[b * D + d][i] else None,
                      "rationale": parsed[b * D + d][i][1] if parsed[b * D + d][i] else None,
-                     "verdict": None if V is None or parsed[b * D + d][i] is None else float(V[b, d, i]),
+                     "verdict": None if V is None or parsed[b * D + d][i] is None else _f(V[b, d, i]),
                      "raw": raw[b * D + d][i][-1] if raw[b * D + d][i] else None,
                      "attempts": len(raw[b * D + d][i])} for i in range(K)]}
                 for d, dim in enumerate(self.dims)}, "raw": _f(R[b])})
