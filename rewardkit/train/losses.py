@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 __all__ = [
     "LABEL_A", "LABEL_B", "LABEL_TIE",
-    "bradley_terry_loss", "rao_kupper_loss", "davidson_loss", "uncertainty_loss",
+    "bradley_terry_loss", "rao_kupper_loss", "rao_kupper_probs", "davidson_loss", "davidson_probs", "uncertainty_loss",
     "winner_loser", "pairwise_accuracy", "reward_stats", "lr_at",
 ]
 
