@@ -15,6 +15,7 @@ from .errors import ConfigError, MissingDependencyError, RegistryError, RewardIn
 
 # name -> module; add a line here to add a subcommand.
 COMMANDS: dict[str, str] = {
+    "bench": "rewardkit.commands.bench",
     "calibrate": "rewardkit.commands.calibrate",
     "ls": "rewardkit.commands.ls",
     "score": "rewardkit.commands.score",

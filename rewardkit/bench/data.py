@@ -52,6 +52,15 @@ class Comparison:
     extra: dict[str, Any] = field(default_factory=dict)
     n_images_a: int = 1
     n_images_b: int = 1
+    hash_a: str = ""
+    hash_b: str = ""
+    source_hashes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        # content hashes key the score cache; computed once per record
+        self.hash_a = self.hash_a or bytes_hash(self.image_a)
+        self.hash_b = self.hash_b or bytes_hash(self.image_b)
+        self.source_hashes = self.source_hashes or [bytes_hash(s) for s in self.sources]
 
 
 def bytes_hash(data: bytes) -> str:

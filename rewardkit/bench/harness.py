@@ -25,7 +25,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -33,7 +33,7 @@ from .._version import __version__
 from ..reward import Reward, config_dict
 from . import metrics as M
 from .cache import ScoreCache, default_cache_dir, pair_key, reward_fingerprint, sample_key
-from .data import BenchDataError, Comparison, bytes_hash, load_comparisons
+from .data import BenchDataError, Comparison, load_comparisons
 from .spec import BenchmarkSpec, get_spec
 
 __all__ = ["evaluate", "BenchResult", "BenchmarkResult", "compute_metrics", "Predictions"]
@@ -136,62 +136,50 @@ class Predictions:
     single: np.ndarray | None = None
 
 
-def _metric_stat(name: str, spec: BenchmarkSpec, rows: Sequence[Comparison], pred: Predictions
-                 ) -> tuple[Callable[[np.ndarray], M.MetricValue], list[np.ndarray]]:
-    """``(fn, units)``: ``fn(row indices)`` computes the metric; ``units`` are the bootstrap units
-    (one row each, or all rows of a group for group accuracy)."""
-    h = np.array([c.label for c in rows], dtype=np.int64)
-    m = pred.margin
-    if name == "group_accuracy":
-        by: dict[str, list[int]] = {}
-        for i, c in enumerate(rows):
-            by.setdefault(c.group_id, []).append(i)
-        units = [np.array(v) for v in by.values()]
-        gids = [c.group_id for c in rows]
-
-        def fn(idx: np.ndarray, _draw: list[int] | None = None) -> M.MetricValue:
-            return M.group_accuracy([gids[i] for i in idx] if _draw is None else _draw, h[idx], m[idx])
-
-        return fn, units
-    units = [np.array([i]) for i in range(len(rows))]
-    if name == "accuracy_without_ties":
-        return (lambda idx: M.accuracy_without_ties(h[idx], m[idx])), units
-    if name == "accuracy_with_ties":
-        return (lambda idx: M.accuracy_with_ties(h[idx], m[idx])), units
-    if name == "mmrb2_official":
-        chosen = ["A" if c.label > 0 else "B" if c.label < 0 else "tie" for c in rows]
-        return (lambda idx: M.mmrb2_official([chosen[i] for i in idx], [pred.forward[i] for i in idx],
-                                             [pred.reverse[i] for i in idx])), units
-    if name == "genaibench_4way":
-        votes = [c.raw_label for c in rows]
-        return (lambda idx: M.genaibench_4way([votes[i] for i in idx], [pred.verdict4[i] for i in idx])), units
-    if name == "order_agreement":
-        return (lambda idx: M.order_agreement([pred.forward[i] for i in idx], [pred.reverse[i] for i in idx])), units
-    if name == "single_order_accuracy":
-        return (lambda idx: M.accuracy_without_ties(h[idx], pred.single[idx])), units
-    raise ValueError(f"unknown metric {name!r}")
-
-
-def compute_metrics(spec: BenchmarkSpec, rows: Sequence[Comparison], pred: Predictions, *,
+def compute_metrics(spec: BenchmarkSpec | None, rows: Sequence[Comparison], pred: Predictions, *,
                     names: Sequence[str], n_boot: int = 1000, seed: int = 0) -> dict[str, M.MetricValue]:
     """Every metric in ``names`` on ``rows`` with a percentile-bootstrap 95% CI (``n_boot`` resamples of
-    rows, or of groups for group accuracy)."""
+    rows, or of groups for group accuracy; the tie threshold is re-fitted on every resample)."""
+    h = np.array([c.label for c in rows], dtype=np.int64)
+    m = pred.margin
+    chosen = ["A" if c.label > 0 else "B" if c.label < 0 else "tie" for c in rows]
     out: dict[str, M.MetricValue] = {}
     for name in names:
-        fn, units = _metric_stat(name, spec, rows, pred)
-        all_idx = np.arange(len(rows))
-        value = fn(all_idx)
-        if n_boot > 0 and units:
-            if name == "group_accuracy":
-                def stat(draw: np.ndarray, fn=fn, units=units) -> float:
-                    idx = np.concatenate([units[u] for u in draw])
-                    # a group drawn twice counts twice: label rows by draw position
-                    gid = [k for k, u in enumerate(draw) for _ in range(len(units[u]))]
-                    return fn(idx, gid).value
-            else:
-                def stat(draw: np.ndarray, fn=fn) -> float:
-                    return fn(draw).value
-            value.ci = M.bootstrap_ci(stat, len(units), n_boot=n_boot, seed=seed)
+        units: tuple[np.ndarray, np.ndarray] | None = None
+        if name == "accuracy_without_ties":
+            value = M.accuracy_without_ties(h, m)
+            units = M.ratio_units(name, h=h, m=m)
+        elif name == "single_order_accuracy":
+            value = M.accuracy_without_ties(h, pred.single)
+            units = M.ratio_units("accuracy_without_ties", h=h, m=pred.single)
+        elif name == "accuracy_with_ties":
+            value = M.accuracy_with_ties(h, m)
+            value.ci = M.bootstrap_ties_ci(h, m, n_boot=n_boot, seed=seed)
+        elif name == "mmrb2_official":
+            value = M.mmrb2_official(chosen, pred.forward, pred.reverse)
+            units = M.ratio_units(name, chosen=chosen, forward=pred.forward, reverse=pred.reverse)
+        elif name == "genaibench_4way":
+            votes = [c.raw_label for c in rows]
+            value = M.genaibench_4way(votes, pred.verdict4)
+            units = M.ratio_units(name, votes=votes, verdicts=pred.verdict4)
+        elif name == "order_agreement":
+            value = M.order_agreement(pred.forward, pred.reverse)
+            units = M.ratio_units(name, forward=pred.forward, reverse=pred.reverse)
+        elif name == "group_accuracy":
+            gids = [c.group_id for c in rows]
+            value = M.group_accuracy(gids, h, m)
+            row_ok = np.where(h == 0, m == 0, np.sign(m) == h)
+            valid = np.isfinite(m)
+            by: dict[str, list[int]] = {}
+            for i, g in enumerate(gids):
+                by.setdefault(g, []).append(i)
+            den = np.array([float(valid[ix].all()) for ix in by.values()])
+            num = np.array([float(valid[ix].all() and row_ok[ix].all()) for ix in by.values()])
+            units = (num, den)
+        else:
+            raise ValueError(f"unknown metric {name!r}")
+        if units is not None:
+            value.ci = M.bootstrap_ratio_ci(*units, n_boot=n_boot, seed=seed)
         out[name] = value
     return out
 
@@ -300,11 +288,11 @@ def _predict_scalar(scorer: _Scorer, rows: list[Comparison], use_sources: bool, 
     side_keys: list[tuple[str, str]] = []
     for c in rows:
         src = c.sources if use_sources else []
-        src_h = [bytes_hash(s) for s in src]
+        src_h = c.source_hashes if use_sources else []
         prompt = c.prompt if uses_prompt else None
         ks = []
-        for img in (c.image_a, c.image_b):
-            k = sample_key(bytes_hash(img), prompt, src_h)
+        for img, hsh in ((c.image_a, c.hash_a), (c.image_b, c.hash_b)):
+            k = sample_key(hsh, prompt, src_h)
             samples.setdefault(k, (img, c.prompt, src))
             ks.append(k)
         side_keys.append((ks[0], ks[1]))
@@ -328,8 +316,8 @@ def _pair_items(rows: list[Comparison], use_sources: bool, uses_prompt: bool
     keys = []
     for c in rows:
         src = c.sources if use_sources else []
-        src_h = [bytes_hash(s) for s in src]
-        ha, hb = bytes_hash(c.image_a), bytes_hash(c.image_b)
+        src_h = c.source_hashes if use_sources else []
+        ha, hb = c.hash_a, c.hash_b
         prompt = c.prompt if uses_prompt else None
         kf, kr = pair_key(ha, hb, prompt, src_h), pair_key(hb, ha, prompt, src_h)
         items.setdefault(kf, (c.image_a, c.image_b, c.prompt, src))
@@ -557,8 +545,8 @@ def _evaluate_one(spec: BenchmarkSpec, reward: Reward, scorer: _Scorer, *, mode:
 
 def items_keys(rows: Sequence[Comparison], reward: Reward, use_sources: bool) -> list[str]:
     """Forward-order pair keys of ``rows`` (the cache keys of 4-way verdicts)."""
-    return [pair_key(bytes_hash(c.image_a), bytes_hash(c.image_b), c.prompt if reward.uses_prompt else None,
-                     [bytes_hash(s) for s in (c.sources if use_sources else [])]) for c in rows]
+    return [pair_key(c.hash_a, c.hash_b, c.prompt if reward.uses_prompt else None,
+                     c.source_hashes if use_sources else []) for c in rows]
 
 
 def _subset(pred: Predictions, idx: list[int]) -> Predictions:

@@ -31,6 +31,10 @@ __all__ = [
     "group_accuracy",
     "order_agreement",
     "bootstrap_ci",
+    "bootstrap_weights",
+    "bootstrap_ratio_ci",
+    "bootstrap_ties_ci",
+    "ratio_units",
     "verdict_from_margin",
     "flip_verdict",
 ]
@@ -296,3 +300,102 @@ def bootstrap_ci(stat: Callable[[np.ndarray], float], n_units: int, *, n_boot: i
         return None
     lo, hi = np.quantile(vals, [alpha / 2, 1 - alpha / 2])
     return float(lo), float(hi)
+
+
+def bootstrap_weights(n_units: int, n_boot: int, seed: int = 0) -> np.ndarray:
+    """Resampling multiplicities ``[n_boot, n_units]``: row b counts how often each unit was drawn in
+    bootstrap sample b (n_units draws with replacement), so a weighted sum equals the resampled sum."""
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n_units, size=(n_boot, n_units))
+    flat = idx + (np.arange(n_boot)[:, None] * n_units)
+    return np.bincount(flat.ravel(), minlength=n_boot * n_units).reshape(n_boot, n_units)
+
+
+def _percentile(vals: np.ndarray, alpha: float) -> tuple[float, float] | None:
+    vals = vals[np.isfinite(vals)]
+    if vals.size == 0:
+        return None
+    lo, hi = np.quantile(vals, [alpha / 2, 1 - alpha / 2])
+    return float(lo), float(hi)
+
+
+def bootstrap_ratio_ci(num: Any, den: Any, *, n_boot: int = 1000, seed: int = 0,
+                       alpha: float = 0.05) -> tuple[float, float] | None:
+    """Percentile CI of ``sum(num) / sum(den)`` over resampled units (vectorised).
+
+    ``num`` / ``den`` are per-unit ``[U]`` counts, e.g. correct / judged judgements per MMRB2 pair, or
+    correct / valid per EditReward group. The same draws as :func:`bootstrap_ci` for one ``seed``.
+    """
+    num = np.asarray(num, dtype=np.float64)
+    den = np.asarray(den, dtype=np.float64)
+    if n_boot <= 0 or num.size == 0:
+        return None
+    w = bootstrap_weights(num.size, n_boot, seed).astype(np.float64)
+    d = w @ den
+    with np.errstate(invalid="ignore", divide="ignore"):
+        vals = np.where(d > 0, (w @ num) / np.where(d > 0, d, 1.0), np.nan)
+    return _percentile(vals, alpha)
+
+
+def bootstrap_ties_ci(h: Any, m: Any, *, n_boot: int = 1000, seed: int = 0,
+                      alpha: float = 0.05) -> tuple[float, float] | None:
+    """Percentile CI of tie-calibrated :func:`accuracy_with_ties`, re-fitting the threshold on every
+    resample (vectorised over resamples).
+
+    A resample's best threshold over its own drawn ``|m|`` values gives the same accuracy as the best over
+    all ``|m|`` values: an undrawn value classifies the drawn items exactly like the largest drawn value
+    below it (or the no-tie state), so one global sort serves every resample. Invalid margins get weight 0.
+    """
+    h, m = _arrays(h, m)
+    if n_boot <= 0 or h.size == 0:
+        return None
+    w = bootstrap_weights(h.size, n_boot, seed).astype(np.float64)
+    ok = np.isfinite(m)
+    w[:, ~ok] = 0.0
+    a = np.where(ok, np.abs(m), np.inf)
+    order = np.argsort(a, kind="stable")
+    a_s = a[order]
+    ws = w[:, order]
+    tie_ok = (h == 0)[order].astype(np.float64)
+    dec_ok = (np.sign(np.where(ok, m, 0.0)) == h)[order].astype(np.float64) * ok[order]
+    pre_tie = np.concatenate([np.zeros((n_boot, 1)), np.cumsum(ws * tie_ok, axis=1)], axis=1)
+    suf_dec = np.concatenate([np.cumsum((ws * dec_ok)[:, ::-1], axis=1)[:, ::-1], np.zeros((n_boot, 1))], axis=1)
+    n_ok = int(ok.sum())
+    ends = np.flatnonzero(np.r_[a_s[1:n_ok] != a_s[:n_ok - 1], True]) + 1 if n_ok else np.array([], int)
+    cand = pre_tie[:, ends] + suf_dec[:, ends]
+    cand = np.concatenate([suf_dec[:, :1], cand], axis=1)  # the no-tie state
+    tot = ws.sum(1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        vals = np.where(tot > 0, cand.max(1) / np.where(tot > 0, tot, 1.0), np.nan)
+    return _percentile(vals, alpha)
+
+
+def ratio_units(name: str, **kw: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row ``(num, den)`` whose summed ratio is the metric ``name`` (for the vectorised bootstrap).
+
+    Keywords: ``h``, ``m`` (accuracy_without_ties); ``chosen``, ``forward``, ``reverse`` (mmrb2_official);
+    ``votes``, ``verdicts`` (genaibench_4way); ``forward``, ``reverse`` (order_agreement).
+    """
+    if name == "accuracy_without_ties":
+        h, m = _arrays(kw["h"], kw["m"])
+        keep = np.isfinite(m) & (h != 0)
+        return ((np.sign(np.where(keep, m, 0.0)) == h) & keep).astype(float), keep.astype(float)
+    if name == "mmrb2_official":
+        num, den = [], []
+        for c, f, r in zip(kw["chosen"], kw["forward"], kw["reverse"]):
+            c = str(c).strip().upper()
+            js = [j for j in (f, flip_verdict(r) if r else r) if j]
+            den.append(len(js))
+            num.append(sum(str(j).strip().upper() == c for j in js))
+        return np.array(num, float), np.array(den, float)
+    if name == "genaibench_4way":
+        num = [float(normalise_4way_verdict(v) in _ACCEPT[vote]) for vote, v in zip(kw["votes"], kw["verdicts"])]
+        return np.array(num, float), np.ones(len(num))
+    if name == "order_agreement":
+        num, den = [], []
+        for f, r in zip(kw["forward"], kw["reverse"]):
+            ok = f in ("A", "B") and r in ("A", "B")
+            den.append(float(ok))
+            num.append(float(ok and f == flip_verdict(r)))
+        return np.array(num, float), np.array(den, float)
+    raise ValueError(f"metric {name!r} is not a ratio of per-row counts")

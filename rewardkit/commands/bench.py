@@ -1,0 +1,144 @@
+"""``rewardkit bench``: measure a reward's agreement with human preferences on MMRB2, GenAI-Bench and
+EditReward-Bench, or build reports from earlier result records."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "bench", help="accuracy of a reward on preference benchmarks (MMRB2, GenAI-Bench, EditReward-Bench)",
+        description="Accuracy of a reward on human-preference benchmarks. Examples:\n"
+                    "  rewardkit bench --list\n"
+                    "  rewardkit bench --reward pickscore --benchmark mmrb2/t2i,genaibench/t2i\n"
+                    "  rewardkit bench --reward clipscore --model ./clip --benchmark mmrb2/t2i --data-dir ./data\n"
+                    "  rewardkit bench --report runs/*.json --plot rewards.png",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--reward", "-r", help="registry name (see `rewardkit ls`)")
+    p.add_argument("--model", "-m", help="hub id or local checkpoint directory for model-backed rewards")
+    p.add_argument("--benchmark", "-b", default="",
+                   help="comma-separated benchmark names (see --list), e.g. mmrb2/t2i,genaibench/edit")
+    p.add_argument("--list", action="store_true", help="list the shipped benchmark specs and exit")
+    p.add_argument("--data-dir", nargs="+", metavar="[NAME=]DIR",
+                   help="local data instead of the hub: one directory (dataset files, or one sub-folder per "
+                        "family: mmrb2/, genaibench/, editreward/), or NAME=DIR per benchmark or family")
+    p.add_argument("--revision", help="hub dataset revision to pin")
+    p.add_argument("--output-dir", "-o", type=Path, default=Path("bench-results"),
+                   help="where the JSON record, markdown table and plot go (default ./bench-results)")
+    p.add_argument("--cache-dir", type=Path, help="score cache root (default ~/.cache/rewardkit/bench)")
+    p.add_argument("--no-cache", action="store_true", help="keep scores in memory only")
+    p.add_argument("--retry-invalid", action="store_true", help="re-score cached samples that were invalid")
+    p.add_argument("--mode", choices=("auto", "scalar", "pairwise"), default="auto",
+                   help="scalar: score each image once; pairwise: compare() in both orders (auto: pairwise "
+                        "for rewards that override compare, i.e. judges)")
+    p.add_argument("--limit", type=int, help="first N comparisons per benchmark (smoke runs)")
+    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for 95%% CIs (0: none)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--by", nargs="+", default=[], metavar="COLUMN",
+                   help="extra per-category breakdowns, e.g. --by model_a")
+    p.add_argument("--per-sample", action="store_true", help="store every comparison's scores in the record")
+    p.add_argument("--ignore-sources", action="store_true",
+                   help="run editing benchmarks with a text-image reward (instruction as prompt, no source)")
+    p.add_argument("--device", help="torch device, e.g. cpu, cuda, cuda:1")
+    p.add_argument("--dtype", help="float32, float16 or bfloat16")
+    p.add_argument("--batch-size", type=int, help="items per reward call (default: the reward's own)")
+    p.add_argument("--config", type=Path, help="YAML file with the reward's options")
+    p.add_argument("--set", dest="overrides", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="override reward options")
+    p.add_argument("--report", nargs="+", type=Path, metavar="RESULT.json",
+                   help="no scoring: build the markdown table (and --plot) from saved records")
+    p.add_argument("--plot", type=Path, help="PNG path for the comparison plot (default: in --output-dir)")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+def _data_dir(items: list[str] | None):
+    if not items:
+        return None
+    if len(items) == 1 and "=" not in items[0]:
+        return items[0]
+    out = {}
+    for it in items:
+        if "=" not in it:
+            raise SystemExit(f"rewardkit bench: --data-dir: give one DIR or NAME=DIR entries, got {it!r}")
+        k, v = it.split("=", 1)
+        out[k.strip()] = v
+    return out
+
+
+def _safe(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..bench.spec import get_spec, list_benchmarks
+
+    if args.list:
+        for name in list_benchmarks():
+            s = get_spec(name)
+            where = f"{s.dataset}" + (f" [{s.config}]" if s.config else "") + f" split {s.split}" + \
+                    (f" files {s.data_files}" if s.data_files else "")
+            gated = " (gated)" if s.gated else ""
+            print(f"{name:18s} v{s.version:5s} {where}{gated}; primary: {'/'.join(s.primary)}")
+        return 0
+    from ..bench.report import load_records, markdown_report, plot_records
+
+    if args.report:
+        records = load_records(args.report)
+        print(markdown_report(records))
+        if args.plot:
+            print(f"wrote {plot_records(records, args.plot)}", file=sys.stderr)
+        return 0
+    if not args.reward:
+        raise SystemExit("rewardkit bench: --reward is required (or --list / --report)")
+    benches = [b.strip() for b in args.benchmark.split(",") if b.strip()]
+    if not benches:
+        raise SystemExit("rewardkit bench: --benchmark is required, e.g. --benchmark mmrb2/t2i (see --list)")
+    for b in benches:
+        get_spec(b)  # fail on a typo before loading any model
+    if args.limit is not None and args.limit < 1:
+        raise SystemExit("rewardkit bench: --limit must be >= 1")
+    if args.batch_size is not None and args.batch_size < 1:
+        raise SystemExit("rewardkit bench: --batch-size must be >= 1")
+
+    from ..bench.data import BenchDataError
+    from ..bench.harness import evaluate
+    from ..config import parse_overrides
+    from ..registry import load_reward
+
+    kwargs = parse_overrides(args.overrides)
+    for key in ("model", "device", "dtype"):
+        if getattr(args, key) is not None:
+            kwargs[key] = getattr(args, key)
+    reward = load_reward(args.reward, str(args.config) if args.config else None, **kwargs)
+    cache_dir = None if args.no_cache else (args.cache_dir if args.cache_dir else "default")
+    try:
+        result = evaluate(reward, benches, data_dir=_data_dir(args.data_dir), cache_dir=cache_dir,
+                          batch_size=args.batch_size, limit=args.limit, mode=args.mode, n_boot=args.bootstrap,
+                          seed=args.seed, per_sample=args.per_sample, ignore_sources=args.ignore_sources,
+                          retry_invalid=args.retry_invalid, by=args.by, revision=args.revision,
+                          progress=not args.no_progress)
+    except BenchDataError as exc:
+        print(f"rewardkit bench: error: {exc}", file=sys.stderr)
+        return 2
+    result.reward["name"] = args.reward
+    out = args.output_dir
+    out.mkdir(parents=True, exist_ok=True)
+    stem = _safe(args.reward + ("-" + Path(args.model).name if args.model else ""))
+    json_path = result.save(out / f"{stem}.json")
+    md = result.markdown()
+    (out / f"{stem}.md").write_text(md, encoding="utf-8")
+    print(md)
+    rec = result.to_dict()
+    plot_path = args.plot or out / f"{stem}.png"
+    if any(not br.get("skipped") for br in rec["benchmarks"].values()):
+        plot_records([rec], plot_path)
+        print(f"wrote {json_path}, {out / f'{stem}.md'} and {plot_path}", file=sys.stderr)
+    else:
+        print(f"wrote {json_path} and {out / f'{stem}.md'} (every benchmark was skipped: no plot)", file=sys.stderr)
+    t = result.timing
+    print(f"time: {t['total_s']:.1f}s total, {t['reward_s']:.1f}s in the reward, {t['harness_s']:.1f}s harness",
+          file=sys.stderr)
+    return 0
