@@ -247,7 +247,13 @@ def _read_hub(spec: BenchmarkSpec, revision: str | None) -> tuple[Any, dict[str,
         ds = datasets.load_dataset(*args, **kwargs)
     except Exception as exc:  # translate the hub's many failure types into one actionable message
         text = f"{type(exc).__name__}: {exc}"
-        if spec.gated or "gated" in text.lower() or "401" in text or "403" in text:
+        low = text.lower()
+        if "offline" in low or "couldn't reach" in low or isinstance(exc, (ConnectionError, TimeoutError)):
+            gated = (f" It is gated: accept its terms at https://huggingface.co/datasets/{spec.dataset} and log "
+                     "in first." if spec.gated else "")
+            raise BenchDataError(f"{spec.name}: cannot reach the hub for {spec.dataset} ({text}).{gated} "
+                                 f"{howto}") from None
+        if spec.gated or "gated" in low or "401" in text or "403" in text:
             raise BenchDataError(
                 f"{spec.name}: {spec.dataset} is a gated dataset. Accept its terms at "
                 f"https://huggingface.co/datasets/{spec.dataset}, then log in (`hf auth login` or set HF_TOKEN). "
