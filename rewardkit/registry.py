@@ -27,6 +27,10 @@ ENTRY_POINT_GROUP = "rewardkit.rewards"
 BUILTIN: dict[str, str] = {
     "clipscore": "rewardkit.rewards.clipscore:CLIPScore",
     "ocr": "rewardkit.rewards.ocr:OCRReward",
+    "faithfulness": "rewardkit.rewards.faithfulness:Faithfulness",
+    "constraints": "rewardkit.rewards.constraints:Constraints",
+    "detectors": "rewardkit.rewards.detectors:Detectors",
+    "weighted-sum": "rewardkit.compose.composite:WeightedSum",
     "pickscore": "rewardkit.rewards.pickscore:PickScore",
     "preference": "rewardkit.rewards.preference:PreferenceReward",
     "evr": "rewardkit.rewards.evr:EVR",
@@ -37,6 +41,9 @@ ALIASES: dict[str, str] = {
     "clip": "clipscore",
     "clip-score": "clipscore",
     "pick-score": "pickscore",
+    "constraint": "constraints",
+    "anti-hacking": "detectors",
+    "dsg": "faithfulness",
     "arena-rm": "preference",
 }
 

@@ -1,0 +1,187 @@
+"""Faithfulness: the fraction of a prompt's checklist questions an MLLM judge answers "yes" for the image.
+
+Seed 001 (Arena-T2I-Hard's faithfulness reward): offline, an LLM decomposes every prompt into a dependency
+tree of atomic yes/no questions (Davidsonian-scene-graph style); at training time the judge answers them
+per image; a question whose parent failed is not asked and counts as "no"; reward = fraction of "yes".
+
+    >>> reward = load_reward("faithfulness", judge="transformers:Qwen/Qwen3-VL-8B-Instruct",
+    ...                      questions="faith_questions.jsonl")
+    >>> reward.prepare(prompts, progress=True)      # offline, once: generate + cache missing trees
+    >>> reward(images, prompts)
+
+Question trees come from, in order: ``metadata[i]["questions"]`` (a list of ``{id, question, parents}``),
+the cache file (``questions=``, JSONL keyed by prompt, written by :meth:`prepare` or
+``rewardkit compose questions``), or, with ``generate_missing=True``, the judge on first sight. A prompt
+without a tree is NaN + the reason, never a made-up score.
+
+Efficiency: one ``choice_probs`` call per tree level across all images and questions; each conversation is
+(system, image, question) so the backend encodes each image once and reuses the image prefix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Sequence
+
+import torch
+
+from ..compose.rubric import QuestionTree, RubricCache, answer_trees, generate_trees
+from ..reward import Reward, RewardBatch, RewardConfig, RewardOutput
+
+__all__ = ["Faithfulness", "FaithfulnessConfig", "RubricReward", "RubricConfig"]
+
+
+@dataclass
+class RubricConfig(RewardConfig):
+    #: judge spec for :func:`rewardkit.judges.load_judge`; or pass a backend object as ``judge=``
+    judge: str = ""
+    judge_kwargs: dict[str, Any] = field(default_factory=dict)
+    #: JSONL cache of question trees keyed by prompt ("" = in memory only)
+    questions: str = ""
+    #: template name under rewardkit/templates/rubric/ (or a path to a YAML file)
+    template: str = "faithfulness"
+    #: "hard": fraction of questions with P(yes) > threshold (the seed); "soft": sum of P(yes) over asked
+    #: questions / number of questions (a smoother signal; parents still gate by threshold)
+    scoring: str = "hard"
+    threshold: float = 0.5
+    #: generate trees for prompts missing from the cache during scoring (appended to the cache)
+    generate_missing: bool = False
+    max_new_tokens: int = 1024
+    batch_size: int = 16
+
+
+class RubricReward(Reward):
+    """Base of checklist rewards: per-prompt question trees answered yes/no by an MLLM judge."""
+
+    tasks = frozenset({"t2i"})
+    score_range = (0.0, 1.0)
+    dimensions = ("n_questions", "n_asked", "n_yes")
+    extras = ("hf",)
+    uses_judge: ClassVar[bool] = True
+    Config = RubricConfig
+    #: which key of metadata may carry a tree for the sample
+    metadata_key: ClassVar[str] = "questions"
+
+    def __init__(self, config=None, /, *, judge: Any = None, **overrides: Any) -> None:
+        from ..judges import JudgeBackend, load_judge, load_template
+
+        if isinstance(judge, str):
+            overrides["judge"] = judge
+        super().__init__(config, **overrides)
+        cfg = self.config
+        if cfg.scoring not in ("hard", "soft"):
+            raise ValueError(f"scoring must be 'hard' or 'soft', got {cfg.scoring!r}")
+        if not 0.0 < cfg.threshold < 1.0:
+            raise ValueError(f"threshold must be in (0, 1), got {cfg.threshold}")
+        if judge is not None and not isinstance(judge, str):
+            if not isinstance(judge, (JudgeBackend, tuple)):
+                raise TypeError(f"judge must be a JudgeBackend, a (model, processor) tuple or a spec string, "
+                                f"got {type(judge).__name__}")
+            self.judge = load_judge(judge)
+        elif cfg.judge:
+            self.judge = load_judge(cfg.judge, **dict(cfg.judge_kwargs))
+        else:
+            raise ValueError(f"{type(self).__name__} needs a judge: load_reward({self.name!r}, "
+                             "judge='transformers:<checkpoint>') (or 'vllm:<checkpoint>', 'openai:<url>', a backend)")
+        self.template = load_template("rubric", cfg.template)
+        self.cache = RubricCache(cfg.questions or None)
+        self.default_batch_size = cfg.batch_size
+
+    # ------------------------------------------------------------------ offline preparation
+    def prepare(self, prompts: Sequence[str], *, progress: bool = False) -> RubricCache:
+        """Generate (and cache) the question tree of every prompt that has none yet."""
+        return generate_trees(self.judge, prompts, self.template, cache=self.cache, batch_size=self.config.batch_size,
+                              max_new_tokens=self.config.max_new_tokens, progress=progress)
+
+    # ------------------------------------------------------------------ scoring
+    def _tree_for(self, prompt: str, meta: dict[str, Any]) -> tuple[QuestionTree | None, str | None]:
+        """The sample's tree, or None and the reason it has none."""
+        if meta.get(self.metadata_key) is not None:
+            try:
+                return QuestionTree.from_list(meta[self.metadata_key]), None
+            except ValueError as exc:
+                return None, f"metadata[{self.metadata_key!r}] is not a question tree: {exc}"
+        if prompt not in self.cache and self.config.generate_missing:
+            self.prepare([prompt])
+        rec = self.cache.get(prompt)
+        if rec is None:
+            return None, (f"no {self.name} questions for this prompt (generate them offline with "
+                          f"reward.prepare(prompts) or `rewardkit compose questions`)")
+        if not rec.get("questions"):
+            return None, f"question generation failed for this prompt: {rec.get('error') or 'empty list'}"
+        try:
+            return QuestionTree.from_list(rec["questions"]), None
+        except ValueError as exc:
+            return None, f"cached questions are not a valid tree: {exc}"
+
+    def _applicable(self, batch: RewardBatch) -> list[str | None]:
+        """Per sample, None when the reward applies, else the reason it does not (subclasses)."""
+        return [None] * len(batch)
+
+    def _score(self, batch: RewardBatch) -> RewardOutput:
+        cfg = self.config
+        n = len(batch)
+        trees: list[QuestionTree | None] = [None] * n
+        errors: list[str | None] = list(self._applicable(batch))
+        for i in range(n):
+            if errors[i] is None:
+                trees[i], errors[i] = self._tree_for(batch.prompts[i], batch.metadata[i])
+        probs = answer_trees(self.judge, batch.images, trees, question_format=self.template["answer_prompt"],
+                             system=self.template.get("answer_system"),
+                             choices=self.template.get("choices", ["Yes", "No"]), threshold=cfg.threshold)
+        scores = torch.full((n,), float("nan"))
+        dims = {k: torch.full((n,), float("nan")) for k in self.dimensions}
+        details: list[dict[str, Any] | None] = [None] * n
+        for i, t in enumerate(trees):
+            if t is None:
+                continue
+            p = probs[i]
+            yes = {q: v > cfg.threshold for q, v in p.items()}
+            if cfg.scoring == "hard":
+                from ..compose.rubric import tree_score
+
+                scores[i] = tree_score(t, yes)
+            else:
+                scores[i] = sum(p.values()) / len(t)
+            dims["n_questions"][i] = len(t)
+            dims["n_asked"][i] = len(p)
+            dims["n_yes"][i] = sum(yes.values())
+            details[i] = {"p_yes": {q: round(v, 6) for q, v in p.items()}}
+        return RewardOutput(scores=scores, errors=errors, dimensions=dims, details=details,
+                            info={"template": self.template.id, "judge": self.judge.describe(),
+                                  "scoring": cfg.scoring})
+
+
+class Faithfulness(RubricReward):
+    """Fraction of the prompt's dependency-tree questions the judge answers "yes" (parent failed -> "no")."""
+
+    name: ClassVar[str] = "faithfulness"
+    Config = RubricConfig
+
+    @classmethod
+    def tiny(cls, workdir: str) -> "Faithfulness":
+        """On a tiny random Qwen2.5-VL judge with a small hand-written tree per conformance prompt
+        (the judge's answers are random but real: every code path runs)."""
+        return cls(**_tiny_kwargs(workdir, "faithfulness"))
+
+
+def _tiny_kwargs(workdir: str, kind: str) -> dict[str, Any]:
+    import json
+    from pathlib import Path
+
+    from ..conformance import _PROMPTS
+    from ..testing import save_tiny_checkpoint
+
+    path = Path(workdir) / "tiny-rubric-judge"
+    if not (path / "config.json").is_file():
+        save_tiny_checkpoint("qwen2_5_vl", path)
+    cache = Path(workdir) / f"tiny-{kind}-questions.jsonl"
+    with cache.open("w", encoding="utf-8") as fh:
+        for p in _PROMPTS:
+            subject = p.split(" on ")[0]
+            rec = {"prompt": p, "intent": "strict",
+                   "questions": [{"id": "1", "question": f"Is there {subject}?", "parents": []},
+                                 {"id": "2", "question": f"Does the image show: {p}?", "parents": ["1"]},
+                                 {"id": "3", "question": "Is the image in focus?", "parents": []}]}
+            fh.write(json.dumps(rec) + "\n")
+    return {"judge": f"transformers:{path}", "judge_kwargs": {"device": "cpu"}, "questions": str(cache)}
