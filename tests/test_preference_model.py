@@ -1,0 +1,184 @@
+"""PreferenceModel and the `preference` reward on tiny Qwen-VL backbones: batching, save/load, compare, calibration."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from rewardkit import load_reward
+from rewardkit.models.preference import (CONFIG_NAME, LM_LORA_TARGET, PreferenceModel, PreferenceTemplate,
+                                         calibration_stats)
+from rewardkit.testing import random_images
+
+PROMPTS = ["a cat", "a red car on a long road at night", "x", "two birds on a branch", "a bowl", "a dog"]
+
+
+@pytest.fixture(scope="module")
+def model():
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        m = PreferenceModel.from_backbone("tiny:qwen2_5_vl")
+    return m.eval()
+
+
+@pytest.fixture(scope="module")
+def images():
+    # different sizes -> different numbers of image tokens -> real padding in a batch
+    return random_images(6, sizes=[(32, 32), (64, 40), (40, 64), (56, 56), (28, 90), (33, 47)])
+
+
+@pytest.fixture(scope="module")
+def saved(model, tmp_path_factory):
+    return model.save_pretrained(tmp_path_factory.mktemp("pref") / "model")
+
+
+def test_batched_equals_one_by_one(model, images):
+    batched, _ = model.score(images, PROMPTS, batch_size=6)
+    single = torch.cat([model.score([im], [p])[0] for im, p in zip(images, PROMPTS)])
+    assert batched.shape == (6,) and batched.dtype == torch.float32
+    assert torch.allclose(batched, single, atol=1e-5), (batched - single).abs().max()
+
+
+def test_edit_sources_batched_equals_one_by_one(model, images):
+    srcs = [[images[5]], [images[4]], [images[3], images[0]]]  # edit, edit, multi-reference
+    batched, _ = model.score(images[:3], PROMPTS[:3], srcs)
+    single = torch.cat([model.score([images[i]], [PROMPTS[i]], [srcs[i]])[0] for i in range(3)])
+    assert torch.allclose(batched, single, atol=1e-5)
+    plain, _ = model.score(images[:1], PROMPTS[:1])
+    assert not torch.allclose(batched[:1], plain), "the source image must change what the model sees"
+
+
+def test_template_puts_sources_first_and_ends_with_reward_token(model):
+    tmpl = PreferenceTemplate()
+    text = tmpl.render(model.processor, "make it blue", 2)
+    assert text.endswith(tmpl.reward_token)
+    assert text.count("<|vision_start|>") == 3 and "first 2 images are references" in text
+    enc = model.encode(random_images(1), ["p"], [[]])
+    assert int((enc["input_ids"] == model.reward_token_id).sum()) == 1
+
+
+def test_missing_reward_token_is_an_error(model):
+    enc = model.encode(random_images(1), ["p"])
+    ids = enc["input_ids"].clone()
+    ids[ids == model.reward_token_id] = model.processor.tokenizer.pad_token_id
+    with pytest.raises(ValueError, match="reward token"):
+        model(**{**enc, "input_ids": ids})
+
+
+def test_save_load_identical_scores_and_safetensors_only(model, saved, images):
+    files = [p.name for p in saved.rglob("*") if p.is_file()]
+    assert not any(f.endswith((".bin", ".pt", ".pth", ".pkl", ".pickle")) for f in files)
+    cfg = json.loads((saved / CONFIG_NAME).read_text())
+    assert cfg["weights"] == "full" and cfg["template"]["version"] == "rewardkit-preference-v1"
+    assert cfg["head"]["type"] == "linear" and (saved / "head.safetensors").is_file()
+    loaded = PreferenceModel.from_pretrained(saved)
+    assert torch.equal(loaded.score(images, PROMPTS)[0], model.score(images, PROMPTS)[0])
+
+
+def test_reward_registry_alias_compare_and_calibration(saved, images):
+    r = load_reward("preference", model=str(saved), device="cpu")
+    alias = load_reward("arena-rm", model=str(saved), device="cpu")
+    out = r(images[:4], PROMPTS[:4])
+    assert out.valid.all() and torch.equal(out.scores, alias(images[:4], PROMPTS[:4]).scores)
+    # batch_size=1 through the reward: chunked == whole
+    assert torch.allclose(r(images[:4], PROMPTS[:4], batch_size=1).scores, out.scores, atol=1e-5)
+    pw = r.compare(images[:2], images[2:4], PROMPTS[:2])
+    sb = r(images[2:4], PROMPTS[:2]).scores
+    assert torch.allclose(pw.scores_b, sb, atol=1e-6) and torch.allclose(pw.scores_a, out.scores[:2], atol=1e-6)
+    assert torch.equal(pw.prob_a, torch.sigmoid(pw.scores_a - pw.scores_b))
+
+    with pytest.raises(ValueError, match="calibrat"):
+        load_reward("preference", model=str(saved), normalize="calibration")
+    stats = calibration_stats(out.scores)
+    PreferenceModel.from_pretrained(saved).save_calibration(saved, stats)
+    z = load_reward("preference", model=str(saved), normalize="calibration")
+    zo = z(images[:4], PROMPTS[:4])
+    assert torch.allclose(zo.scores, (out.scores - stats["mean"]) / stats["std"], atol=1e-5)
+    assert torch.equal(zo.dimensions["raw"], out.scores)
+    zp = z.compare(images[:2], images[2:4], PROMPTS[:2])  # still sigmoid of the raw gap
+    assert torch.allclose(zp.prob_a, pw.prob_a, atol=1e-6)
+    q = load_reward("preference", model=str(saved), normalize="quantile")(images[:4], PROMPTS[:4]).scores
+    assert bool(((q >= 0) & (q <= 1)).all())
+    (saved / "calibration.json").unlink()
+
+
+def test_reward_edit_task(saved, images):
+    r = load_reward("preference", model=str(saved))
+    out = r(images[:2], "make it blue", sources=[[images[3]], [images[4]]])
+    assert out.valid.all() and out.info["template"] == "rewardkit-preference-v1"
+
+
+def test_lora_save_load_and_targets(images, tmp_path):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1)
+        m = PreferenceModel.from_backbone("tiny:qwen2_5_vl", head="uncertainty")
+        m.configure_trainable(lora={"r": 4, "alpha": 8, "target_modules": ["q_proj", "gate_proj"]})
+        # perturb the adapter and the reward-token row so a reload must carry them
+        for n, p in m.named_parameters():
+            if p.requires_grad:
+                with torch.no_grad():
+                    p.add_(torch.randn_like(p) * 0.1)
+    wrapped = [n for n, mod in m.vlm.named_modules() if hasattr(mod, "lora_A")]
+    assert wrapped and all("language_model" in n for n in wrapped), "a name list must not hit the vision MLP"
+    assert any("gate_proj" in n for n in wrapped)
+    m.eval()
+    before, log_sigma = m.score(images, PROMPTS)
+    assert log_sigma is not None and log_sigma.shape == (6,)
+    d = m.save_pretrained(tmp_path / "lora")
+    assert json.loads((d / CONFIG_NAME).read_text())["weights"] == "lora" and (d / "adapter").is_dir()
+    after, ls2 = PreferenceModel.from_pretrained(d).score(images, PROMPTS)
+    assert torch.allclose(before, after, atol=1e-5) and torch.allclose(log_sigma, ls2, atol=1e-5)
+    r = load_reward("preference", model=str(d))
+    assert r.dimensions == ("log_sigma",) and "log_sigma" in r(images[:2], PROMPTS[:2]).dimensions
+    merged = m.save_pretrained(tmp_path / "merged", merge_lora=True)
+    assert json.loads((merged / CONFIG_NAME).read_text())["weights"] == "full"
+    assert torch.allclose(PreferenceModel.from_pretrained(merged).score(images, PROMPTS)[0], before, atol=1e-4)
+
+
+def test_lora_vision_option_wraps_vision_tower():
+    m = PreferenceModel.from_backbone("tiny:qwen2_5_vl")
+    m.configure_trainable(lora={"r": 2, "alpha": 4}, train_vision=True)
+    wrapped = [n for n, mod in m.vlm.named_modules() if hasattr(mod, "lora_A")]
+    assert any(".visual." in n for n in wrapped) and any("language_model" in n for n in wrapped)
+    import re
+    assert re.fullmatch(LM_LORA_TARGET, "model.language_model.layers.0.mlp.gate_proj")
+    assert not re.fullmatch(LM_LORA_TARGET, "model.visual.blocks.0.mlp.gate_proj")
+
+
+def test_full_finetune_freezes_vision_by_default():
+    m = PreferenceModel.from_backbone("tiny:qwen2_5_vl")
+    m.configure_trainable(lora=None)
+    trainable = {n for n, p in m.named_parameters() if p.requires_grad}
+    assert not any(".visual." in n for n in trainable) and "head.proj.weight" in trainable
+    assert any("embed_tokens" in n for n in trainable)  # the reward token's row trains
+    assert not any("lm_head" in n for n in trainable)
+
+
+def test_qwen3_vl_backbone_round_trip(tmp_path):
+    m = PreferenceModel.from_backbone("tiny:qwen3_vl", head="mlp", head_hidden=8).eval()
+    imgs = random_images(3, sizes=[(32, 32), (64, 48), (40, 70)])
+    b, _ = m.score(imgs, PROMPTS[:3])
+    s = torch.cat([m.score([im], [p])[0] for im, p in zip(imgs, PROMPTS[:3])])
+    assert torch.allclose(b, s, atol=1e-5) and torch.isfinite(b).all()
+    d = m.save_pretrained(tmp_path / "q3")
+    assert torch.equal(PreferenceModel.from_pretrained(d).score(imgs, PROMPTS[:3])[0], b)
+
+
+def test_bf16_backbone_keeps_fp32_head():
+    m = PreferenceModel.from_backbone("tiny:qwen2_5_vl", dtype="bfloat16").eval()
+    r, _ = m.score(random_images(2), ["a", "b"])
+    assert r.dtype == torch.float32 and m.head.proj.weight.dtype == torch.float32 and torch.isfinite(r).all()
+
+
+def test_bad_inputs_are_clear(saved, tmp_path):
+    with pytest.raises(ValueError, match="needs model="):
+        load_reward("preference")
+    with pytest.raises(ValueError, match="normalize"):
+        load_reward("preference", model=str(saved), normalize="zscore")
+    with pytest.raises(FileNotFoundError, match="not a rewardkit preference model"):
+        PreferenceModel.from_pretrained(tmp_path)
+    with pytest.raises(FileNotFoundError):
+        PreferenceModel.from_pretrained("./does-not-exist")
