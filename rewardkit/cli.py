@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "ls": "rewardkit.commands.ls",
     "score": "rewardkit.commands.score",
     "soup": "rewardkit.commands.soup",
+    "compose": "rewardkit.commands.compose",
     "train": "rewardkit.commands.train",
     # (other issues add: bench, train, soup, calibrate)
 }
