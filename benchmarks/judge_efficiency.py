@@ -1,0 +1,156 @@
+"""EVR judge workload: naive one-request-per-question vs rewardkit's transformers judge backend.
+
+    python benchmarks/judge_efficiency.py                 # tiny Qwen2.5-VL, K=4, 5 dimensions, batch 8
+    python benchmarks/judge_efficiency.py --model qwen3_vl --size small
+
+Workload (the EVR paper's): B candidate edits sharing N=2 reference images; per candidate, 5 dimensions x K
+hypotheses generated greedily (``max_new_tokens`` each), then one Yes/No verification question per
+hypothesis. The prompts are EVR's own (``EVR._eval_conv`` / ``EVR._verify_conv`` from the versioned
+template). A randomly initialised model never answers in the "Reason/Score" format, so the verification
+claims are the raw hypotheses (EVR itself would mark them unparseable and skip verification).
+
+- naive: for every question, ``processor(text, images)`` then ``model.generate`` / ``model(...)``: the vision
+  tower and the whole prompt run once per question.
+- rewardkit: ``TransformersJudge.generate(n=K)`` and ``choice_probs`` inside one ``session()``: each distinct
+  image through the vision tower once, each shared prefix prefilled once and its KV cache forked.
+
+Checks that both produce identical greedy hypotheses and Yes/No probabilities (max abs diff printed), then
+prints one line per figure: ``<figure>: naive X, rewardkit Y, ratio``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from rewardkit.judges.transformers_backend import TransformersJudge, conversation_images  # noqa: E402
+from rewardkit.rewards.evr import DIMENSIONS, EVR  # noqa: E402
+from rewardkit.testing import random_images, tiny_qwen2_5_vl, tiny_qwen3_vl  # noqa: E402
+
+SIZES = {"tiny": dict(hidden_size=32, num_layers=1), "small": dict(hidden_size=256, num_layers=4)}
+
+
+class VisionCounter:
+    """Counts images (not calls) passing through the vision tower, via a forward pre-hook."""
+
+    def __init__(self, model):
+        self.n = 0
+        self.h = model.model.visual.register_forward_pre_hook(self._hook, with_kwargs=True)
+
+    def _hook(self, module, args, kwargs):
+        grid = kwargs.get("grid_thw", args[1] if len(args) > 1 else None)
+        self.n += int(grid.shape[0])
+
+    def reset(self):
+        self.n = 0
+
+
+def build_workload(evr: EVR, cands, refs, instruction, k):
+    evals = [evr._eval_conv(instruction, refs, c, {}, d) for c in cands for d in DIMENSIONS]
+    return evals
+
+
+def verify_convs(evr: EVR, cands, refs, instruction, hyps, k):
+    D = len(DIMENSIONS)
+    out = []
+    for c_i, c in enumerate(cands):
+        for d_i, d in enumerate(DIMENSIONS):
+            for text in hyps[c_i * D + d_i]:
+                out.append(evr._verify_conv(instruction, refs, c, {}, d, 3.0, text.strip() or "(empty)"))
+    return out
+
+
+def naive(model, proc, evals, k, max_new_tokens, verify_fn, yes_no):
+    prefill = 0
+    hyps = []
+    with torch.inference_mode():
+        for conv in evals:
+            texts = []
+            for _ in range(k):  # K independent requests, as in the paper
+                text = proc.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
+                inp = proc(text=[text], images=conversation_images(conv), return_tensors="pt")
+                prefill += inp["input_ids"].shape[1]
+                g = model.generate(**inp, max_new_tokens=max_new_tokens, do_sample=False)
+                texts.append(proc.tokenizer.decode(g[0, inp["input_ids"].shape[1]:], skip_special_tokens=True))
+            hyps.append(texts)
+        probs = []
+        for conv in verify_fn(hyps):
+            text = proc.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
+            inp = proc(text=[text], images=conversation_images(conv), return_tensors="pt")
+            prefill += inp["input_ids"].shape[1]
+            logits = model(**inp).logits[0, -1].float()
+            probs.append(torch.softmax(logits[yes_no], -1))
+    return hyps, torch.stack(probs), prefill
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=["qwen2_5_vl", "qwen3_vl"], default="qwen2_5_vl")
+    ap.add_argument("--size", choices=sorted(SIZES), default="tiny")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=1, help="rewardkit timing repeats (best of)")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    builder = tiny_qwen2_5_vl if args.model == "qwen2_5_vl" else tiny_qwen3_vl
+    model, proc = builder(**SIZES[args.size])
+    judge = TransformersJudge(model, proc)
+    evr = EVR(judge=judge, k=args.k, temperature=0.0, max_new_tokens=args.max_new_tokens)
+    cands = random_images(args.batch, sizes=[(56, 56), (48, 56), (56, 40)], seed=1)
+    refs = random_images(2, sizes=[(56, 56), (40, 40)], seed=2)
+    instruction = "Place the object from reference image 1 on the table in reference image 2."
+    evals = build_workload(evr, cands, refs, instruction, args.k)
+    yes_no = judge.choice_token_ids(["Yes", "No"])
+    counter = VisionCounter(model)
+
+    def verify_fn(hyps):
+        return verify_convs(evr, cands, refs, instruction, hyps, args.k)
+
+    # warm-up (allocator, kernels) on a small slice, then measure
+    naive(model, proc, evals[:1], 1, 2, lambda h: verify_fn(h + [[]] * (len(evals) - 1))[:1], yes_no)
+    counter.reset()
+    t = time.perf_counter()
+    n_hyps, n_probs, n_prefill = naive(model, proc, evals, args.k, args.max_new_tokens, verify_fn, yes_no)
+    t_naive = time.perf_counter() - t
+    n_images = counter.n
+
+    best, rk = float("inf"), None
+    for _ in range(max(1, args.repeats)):
+        counter.reset()
+        judge.stats.clear()
+        t = time.perf_counter()
+        with torch.inference_mode(), judge.session():
+            r_hyps = judge.generate(evals, n=args.k, temperature=0.0, max_new_tokens=args.max_new_tokens)
+            r_probs = judge.choice_probs(verify_fn(r_hyps), ["Yes", "No"])
+        dt = time.perf_counter() - t
+        if dt < best:
+            best, rk = dt, (r_hyps, r_probs, counter.n, judge.stats["prefill_tokens"])
+    r_hyps, r_probs, r_images, r_prefill = rk
+    counter.h.remove()
+
+    same = sum(a == b for x, y in zip(n_hyps, r_hyps) for a, b in zip(x, y))
+    total = sum(len(x) for x in n_hyps)
+    diff = (n_probs - r_probs).abs().max().item() if r_probs.shape == n_probs.shape else float("nan")
+    cfg = model.config.text_config
+    print(f"judge efficiency: {args.model} {args.size} (hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers), "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads; B={args.batch}, N=2 references, "
+          f"{len(DIMENSIONS)} dimensions x K={args.k}, {args.max_new_tokens} new tokens, "
+          f"{len(n_probs)} verification questions")
+    print(f"identical greedy hypotheses: {same}/{total}; Yes/No probabilities max abs diff {diff:.2e}")
+    print(f"vision-encoder images: naive {n_images}, rewardkit {r_images}, {n_images / max(r_images, 1):.1f}x")
+    print(f"prefill tokens: naive {n_prefill}, rewardkit {r_prefill}, {n_prefill / max(r_prefill, 1):.1f}x")
+    print(f"wall time: naive {t_naive:.2f} s, rewardkit {best:.2f} s, {t_naive / best:.1f}x")
+    if same != total or not diff < 1e-3:
+        print("MISMATCH between naive and rewardkit answers", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
