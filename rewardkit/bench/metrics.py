@@ -152,7 +152,7 @@ def accuracy_with_ties(h: Any, m: Any) -> MetricValue:
         cand_correct = np.r_[suf_dec[0], cand_correct]
     k = int(np.argmax(cand_correct))  # first maximum = smallest threshold
     eps = float(cand_eps[k])
-    return MetricValue(cand_correct[k] / n, n,
+    return MetricValue(float(cand_correct[k]) / n, n,
                        {**extra, "threshold": eps, "n_model_ties": int((a <= eps).sum()),
                         "at_zero": float(cand_correct[0] / n)})
 

@@ -1,0 +1,405 @@
+"""End-to-end tests of the accuracy harness on synthetic parquet fixtures with the real schemas."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rewardkit import media
+from rewardkit.bench import evaluate
+from rewardkit.bench.data import BenchDataError, load_comparisons
+from rewardkit.bench.spec import get_spec, list_benchmarks
+from rewardkit.bench.synthetic import SYNTHETIC_LAYOUT, write_synthetic_benchmarks
+from rewardkit.reward import PairwiseOutput, Reward, RewardBatch, RewardOutput
+
+ALL = ",".join(SYNTHETIC_LAYOUT)
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("bench-data")
+    write_synthetic_benchmarks(root)
+    return root
+
+
+# ------------------------------------------------------------------ test rewards (deterministic functions)
+def _brightness(im) -> float:
+    return float(np.asarray(im, dtype=np.float32).mean() / 255.0)
+
+
+class MeanPixel(Reward):
+    """Mean pixel value; counts the samples it scores."""
+
+    name = "test-meanpixel"
+    tasks = frozenset({"t2i", "edit"})
+    thread_safe = True
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.n_scored = 0
+        self.fail_after_calls: int | None = None
+        self.calls = 0
+
+    def _score(self, batch: RewardBatch) -> RewardOutput:
+        self.calls += 1
+        if self.fail_after_calls is not None and self.calls > self.fail_after_calls:
+            raise KeyboardInterrupt  # an interrupted run
+        self.n_scored += len(batch)
+        return RewardOutput(scores=torch.tensor([_brightness(im) for im in batch.images]))
+
+
+class PromptFreeMeanPixel(MeanPixel):
+    name = "test-meanpixel-noprompt"
+    uses_prompt = False
+
+
+class Constant(Reward):
+    name = "test-constant"
+    tasks = frozenset({"t2i", "edit"})
+
+    def _score(self, batch: RewardBatch) -> RewardOutput:
+        return RewardOutput(scores=torch.zeros(len(batch)))
+
+
+class FirstPositionJudge(MeanPixel):
+    """A pairwise judge that always prefers whatever is shown first."""
+
+    name = "test-first-position"
+
+    def compare(self, images_a, images_b, prompt=None, *, sources=None, metadata=None, batch_size=None,
+                on_error="raise"):
+        n = len(media.split_batch(images_a))
+        return PairwiseOutput(prob_a=torch.full((n,), 0.8))
+
+
+class PairwiseMeanPixel(MeanPixel):
+    """A pairwise judge consistent with MeanPixel: P(a) = sigmoid(20 (b_a - b_b))."""
+
+    name = "test-pairwise-meanpixel"
+
+    def compare(self, images_a, images_b, prompt=None, *, sources=None, metadata=None, batch_size=None,
+                on_error="raise"):
+        a = torch.tensor([_brightness(media.to_pil(x)) for x in images_a])
+        b = torch.tensor([_brightness(media.to_pil(x)) for x in images_b])
+        return PairwiseOutput(prob_a=torch.sigmoid(20 * (a - b)))
+
+
+class TieJudge(MeanPixel):
+    """Answers GenAI-Bench's 4-way question with "A=B" (both tie kinds) except every 5th pair (unparsed)."""
+
+    name = "test-tie-judge"
+
+    def judge_4way(self, images_a, images_b, prompts, *, sources=None):
+        self.seen = getattr(self, "seen", 0)
+        out = []
+        for _ in images_a:
+            out.append(None if self.seen % 5 == 4 else "[[A=B]]")
+            self.seen += 1
+        return out
+
+
+def _run(reward, benches, data_root, tmp_path=None, **kw):
+    kw.setdefault("n_boot", 0)
+    kw.setdefault("progress", False)
+    return evaluate(reward, benches, data_dir=data_root, cache_dir=kw.pop("cache_dir", None), **kw)
+
+
+# ------------------------------------------------------------------ specs and data
+def test_every_spec_parses_and_is_versioned():
+    names = list_benchmarks()
+    assert set(SYNTHETIC_LAYOUT) <= set(names)
+    for n in names:
+        s = get_spec(n)
+        assert s.version and s.dataset and s.split and s.primary[0] in s.metrics
+    assert get_spec("genaibench/image_edition").name == "genaibench/edit"
+    assert get_spec("editreward").name == "editreward/2pair"
+    with pytest.raises(Exception, match="Did you mean"):
+        get_spec("mmrb/t2i")
+
+
+def test_synthetic_files_have_the_hub_schema(data_root):
+    import pyarrow.parquet as pq
+
+    mm = pq.read_schema(data_root / SYNTHETIC_LAYOUT["mmrb2/edit"])
+    assert mm.field("prompt_images").type.value_type.names == ["bytes", "path"]
+    assert str(mm.field("human_annotations").type) == "string"  # JSON strings, as on the hub
+    assert b"huggingface" in mm.metadata  # datasets' feature metadata travels with the file
+    er = pq.read_schema(data_root / SYNTHETIC_LAYOUT["editreward/3pair"])
+    assert er.field("candidate_1").type.names == ["bytes", "path"]
+    assert str(er.field("num_candidates").type) == "int64"
+
+
+def test_load_local_layouts(data_root):
+    spec = get_spec("mmrb2/edit")
+    rows, info = load_comparisons(spec, data_root / "mmrb2")
+    assert len(rows) == 24 and info["source"] == "local" and info["files"] == ["edit/test-00000-of-00001.parquet"]
+    assert "<image_" not in rows[0].prompt and rows[0].prompt == "edit number 0"
+    assert [len(r.sources) for r in rows[:4]] == [1, 1, 1, 2]
+    single, _ = load_comparisons(spec, data_root / SYNTHETIC_LAYOUT["mmrb2/edit"], limit=5)
+    assert [r.item_id for r in single] == [r.item_id for r in rows[:5]]
+    g, _ = load_comparisons(get_spec("editreward/4pair"), data_root / "editreward")
+    assert len(g) == 36 and len({r.group_id for r in g}) == 6
+
+
+def test_load_filters_by_dataset_column(tmp_path, data_root):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t2 = pq.read_table(data_root / SYNTHETIC_LAYOUT["editreward/2pair"])
+    t3 = pq.read_table(data_root / SYNTHETIC_LAYOUT["editreward/3pair"])
+    pq.write_table(pa.concat_tables([t2, t3]), tmp_path / "all.parquet")  # the hub's default config mixes K
+    rows, _ = load_comparisons(get_spec("editreward/3pair"), tmp_path / "all.parquet")
+    assert len(rows) == 18 and {r.extra["num_candidates"] for r in rows} == {3}
+
+
+def test_load_errors_are_actionable(tmp_path, data_root):
+    with pytest.raises(BenchDataError, match="does not exist"):
+        load_comparisons(get_spec("mmrb2/t2i"), tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(BenchDataError, match="huggingface-cli download"):
+        load_comparisons(get_spec("mmrb2/t2i"), tmp_path / "empty")
+    with pytest.raises(BenchDataError, match="columns"):
+        load_comparisons(get_spec("mmrb2/t2i"), data_root / SYNTHETIC_LAYOUT["genaibench/t2i"])
+
+
+def test_hub_errors_name_the_fix(monkeypatch):
+    datasets = pytest.importorskip("datasets")
+
+    def gated(*a, **k):
+        raise FileNotFoundError("Dataset 'TIGER-Lab/EditReward-Bench' is a gated dataset on the Hub. "
+                                "You must be authenticated to access it.")
+
+    monkeypatch.setattr(datasets, "load_dataset", gated)
+    with pytest.raises(BenchDataError, match="(?i)accept its terms") as exc:
+        load_comparisons(get_spec("editreward/2pair"))
+    assert "hf auth login" in str(exc.value) and "--data-dir" in str(exc.value)
+
+    def offline(*a, **k):
+        raise ConnectionError("Couldn't reach 'rl-research/multimodal-rewardbench-2' on the Hub (OfflineModeIsEnabled)")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(BenchDataError, match="cannot reach the hub"):
+        load_comparisons(get_spec("mmrb2/t2i"))
+
+
+# ------------------------------------------------------------------ scalar rewards
+def test_constant_reward_on_known_label_distribution(data_root):
+    res = _run(Constant(), ALL, data_root)
+    # MMRB2: every answer is a tie -> wrong under the official rule
+    assert res["mmrb2/t2i"].metrics["mmrb2_official"].value == 0.0
+    # GenAI-Bench synthetic votes cycle left/right/tie/bothbad: half are human ties
+    g = res["genaibench/t2i"].metrics
+    assert g["accuracy_without_ties"].value == 0.0 and g["accuracy_without_ties"].n == 12
+    assert g["accuracy_without_ties"].extra["half_credit"] == 0.5
+    assert g["accuracy_with_ties"].value == 0.5 and g["accuracy_with_ties"].extra["threshold"] == 0.0
+    # EditReward K=2 cycles A>B, B>A, A=B: one third ties
+    assert res["editreward/2pair"].metrics["accuracy_with_ties"].value == pytest.approx(1 / 3)
+    assert res["editreward/3pair"].metrics["group_accuracy"].value == 0.0
+    assert res["genaibench/t2i"].counts["labels"] == {"a": 6, "b": 6, "tie_bad": 6, "tie_good": 6}
+    assert "genaibench_4way" in res["genaibench/t2i"].unavailable
+
+
+def test_scalar_reward_scores_each_sample_once(data_root):
+    r = PromptFreeMeanPixel()
+    res = _run(r, "editreward/3pair,editreward/4pair", data_root)
+    # K=3: 6 groups x 3 candidates, K=4: 6 groups x 4 candidates (rows are C(K,2) per group)
+    assert res["editreward/3pair"].counts["n_unique_samples"] == 18
+    assert res["editreward/4pair"].counts["n_unique_samples"] == 24
+    # the synthetic K=4 groups reuse the K=3 groups' first three candidates and sources: shared across
+    # benchmarks too, so only the 6 fourth candidates are new
+    assert r.n_scored == 18 + 6
+    # MMRB2 t2i: candidate i is A of pair i and B of pair i-1, one prompt per pair -> no sharing with prompts
+    r2 = MeanPixel()
+    res2 = _run(r2, "mmrb2/t2i", data_root)
+    assert res2["mmrb2/t2i"].counts["n_unique_samples"] == 48 and r2.n_scored == 48
+
+
+def test_sources_policy_and_multi_source_pairs(data_root):
+    from rewardkit.rewards.clipscore import CLIPScore
+
+    class T2IOnly(Constant):
+        name = "test-t2i-only"
+        tasks = frozenset({"t2i"})
+
+    res = _run(T2IOnly(), "mmrb2/edit,genaibench/t2i", data_root)
+    assert res["mmrb2/edit"].skipped and "ignore_sources" in res["mmrb2/edit"].skipped
+    assert res["genaibench/t2i"].skipped is None
+    res = _run(T2IOnly(), "mmrb2/edit", data_root, ignore_sources=True)
+    assert res["mmrb2/edit"].skipped is None
+    # MeanPixel takes one source image: the 6 two-source pairs are unanswerable (missing, not wrong)
+    res = _run(MeanPixel(), "mmrb2/edit", data_root)
+    b = res["mmrb2/edit"]
+    assert b.metrics["mmrb2_official"].n == 2 * 18 and b.metrics["mmrb2_official"].extra["n_missing"] == 12
+    assert b.counts["n_single_source"] == 18
+    assert b.subsets["single_source"]["mmrb2_official"].n == 36
+    assert b.subsets["single_source"]["mmrb2_official"].value == b.metrics["mmrb2_official"].value
+    assert "source images given" in next(iter(b.counts["invalid_reasons"]))
+    assert set(b.categories["prompt_source"]) == {"dreambench", "emu-edit", "new_synthetic_edit"}
+    assert CLIPScore.tasks == frozenset({"t2i"})
+
+
+def test_lower_is_better_flips_margins(data_root):
+    class Dark(MeanPixel):
+        name = "test-dark"
+        higher_is_better = False
+
+    up = _run(MeanPixel(), "mmrb2/t2i", data_root, per_sample=True)["mmrb2/t2i"]
+    down = _run(Dark(), "mmrb2/t2i", data_root, per_sample=True)["mmrb2/t2i"]
+    assert up.metrics["mmrb2_official"].value + down.metrics["mmrb2_official"].value == pytest.approx(1.0)
+    assert [s["margin"] for s in up.samples] == pytest.approx([-s["margin"] for s in down.samples])
+
+
+# ------------------------------------------------------------------ pairwise judges
+def test_first_position_judge_is_cancelled_by_the_swap(data_root):
+    res = _run(FirstPositionJudge(), "mmrb2/t2i", data_root)
+    m = res["mmrb2/t2i"].metrics
+    assert res.reward["mode"] == "pairwise"
+    assert m["mmrb2_official"].value == 0.5  # "A" forward, "A" on the swapped pair
+    assert m["order_agreement"].value == 0.0
+    assert m["single_order_accuracy"].value == pytest.approx(16 / 24)  # 2/3 of synthetic pairs chose A
+    assert m["accuracy_without_ties"].extra["n_model_ties"] == 24  # the swap-averaged margin is 0
+
+
+def test_consistent_judge_matches_its_scalar_twin(data_root):
+    pair = _run(PairwiseMeanPixel(), "mmrb2/t2i,genaibench/t2i", data_root)
+    scal = _run(MeanPixel(), "mmrb2/t2i,genaibench/t2i", data_root)
+    for b in ("mmrb2/t2i", "genaibench/t2i"):
+        for name in ("mmrb2_official", "accuracy_without_ties"):
+            if name in scal[b].metrics:
+                assert pair[b].metrics[name].value == pytest.approx(scal[b].metrics[name].value)
+        assert pair[b].metrics["order_agreement"].value == 1.0
+    assert pair["mmrb2/t2i"].counts["n_unique_pairs"] == 48  # both orders of 24 pairs
+
+
+def test_four_way_judge(data_root):
+    res = _run(TieJudge(), "genaibench/t2i", data_root, mode="scalar")
+    m = res["genaibench/t2i"].metrics["genaibench_4way"]
+    # "A=B" is right on the 12 tie / both-bad rows; rows 4, 9, 14, 19 are unparsed (wrong, still counted)
+    # of which 14 is tievote (14 % 4 == 2) and 19 is bothbad (19 % 4 == 3): 12 - 2 = 10 right
+    assert m.n == 24 and m.extra["n_unparsed"] == 4
+    assert m.value == pytest.approx(10 / 24)
+    assert res["genaibench/t2i"].primary == "genaibench_4way"
+
+
+# ------------------------------------------------------------------ cache and resume
+def test_resume_after_interrupt_gives_the_same_result(tmp_path, data_root):
+    benches = "mmrb2/t2i,genaibench/edit,editreward/3pair"
+    ref = _run(MeanPixel(), benches, data_root, n_boot=50)
+    r = MeanPixel()
+    r.fail_after_calls = 3
+    with pytest.raises(KeyboardInterrupt):
+        _run(r, benches, data_root, cache_dir=tmp_path / "cache", batch_size=8, n_boot=50)
+    assert r.n_scored == 24  # three committed chunks of 8
+    r2 = MeanPixel()
+    res = _run(r2, benches, data_root, cache_dir=tmp_path / "cache", batch_size=8, n_boot=50)
+    total = sum(b.counts["n_unique_samples"] for b in ref.benchmarks.values())
+    assert r2.n_scored == total - 24
+    assert json.dumps({k: v.to_dict()["metrics"] for k, v in res.benchmarks.items()}, sort_keys=True) == \
+        json.dumps({k: v.to_dict()["metrics"] for k, v in ref.benchmarks.items()}, sort_keys=True)
+    # a re-run (e.g. to add a metric) scores nothing
+    r3 = MeanPixel()
+    _run(r3, benches, data_root, cache_dir=tmp_path / "cache", batch_size=8)
+    assert r3.n_scored == 0
+
+
+def test_cache_is_keyed_by_config(tmp_path, data_root):
+    from dataclasses import dataclass
+
+    from rewardkit.reward import RewardConfig
+
+    @dataclass
+    class Cfg(RewardConfig):
+        gain: float = 1.0
+
+    class Scaled(MeanPixel):
+        name = "test-scaled"
+        Config = Cfg
+
+        def _score(self, batch):
+            out = super()._score(batch)
+            return RewardOutput(scores=out.scores * self.config.gain)
+
+    a = Scaled(gain=1.0)
+    _run(a, "genaibench/t2i", data_root, cache_dir=tmp_path)
+    b = Scaled(gain=-1.0)
+    res = _run(b, "genaibench/t2i", data_root, cache_dir=tmp_path)
+    assert b.n_scored == a.n_scored > 0  # another config is another cache
+    assert res["genaibench/t2i"].metrics["accuracy_without_ties"].value is not None
+
+
+# ------------------------------------------------------------------ built-in rewards: stored values
+@pytest.mark.parametrize("name,kwargs,thresholds", [
+    ("clipscore", {"convention": "cosine"}, {"genaibench/t2i": 0.0806009, "editreward/2pair": 0.0492033}),
+    ("pickscore", {}, {"genaibench/t2i": 1.1513719, "editreward/2pair": 0.7028623}),
+])
+def test_builtin_rewards_stored_values(name, kwargs, thresholds, data_root, tiny_clip_dir):
+    from rewardkit.registry import load_reward
+
+    reward = load_reward(name, model=str(tiny_clip_dir), device="cpu", **kwargs)
+    res = _run(reward, ALL, data_root, ignore_sources=True)
+    got = {b: round(r.value, 6) for b, r in res.benchmarks.items()}
+    # the tiny CLIP is random (seed 0): these pin the whole pipeline, not the model's quality
+    assert got == {"mmrb2/t2i": 0.583333, "mmrb2/edit": 0.416667, "genaibench/t2i": 0.416667,
+                   "genaibench/edit": 0.416667, "editreward/2pair": 0.583333, "editreward/3pair": 0.0,
+                   "editreward/4pair": 0.0}
+    for b, eps in thresholds.items():
+        assert res[b].metrics["accuracy_with_ties"].extra["threshold"] == pytest.approx(eps, rel=1e-4)
+
+
+# ------------------------------------------------------------------ records, CLI, imports
+def test_record_contents(tmp_path, data_root):
+    res = _run(MeanPixel(), "mmrb2/t2i,editreward/4pair", data_root, n_boot=100, per_sample=True, by=["model_a"])
+    rec = json.loads(res.save(tmp_path / "r.json").read_text())
+    assert rec["schema"] == "rewardkit.bench.result/1"
+    assert rec["rewardkit_version"] and "git_hash" in rec
+    assert rec["reward"]["name"] == "test-meanpixel" and rec["reward"]["mode"] == "scalar"
+    b = rec["benchmarks"]["editreward/4pair"]
+    assert b["spec"]["version"] == "1.0" and b["spec"]["dataset"] == "TIGER-Lab/EditReward-Bench"
+    assert b["counts"]["n_comparisons"] == 36 and b["counts"]["n_groups"] == 6
+    g = b["metrics"]["group_accuracy"]
+    assert g["ci95"][0] <= g["value"] <= g["ci95"][1]
+    assert len(b["samples"]) == 36 and {"score_a", "margin", "forward"} <= set(b["samples"][0])
+    assert set(rec["benchmarks"]["mmrb2/t2i"]["categories"]) == {"prompt_source", "model_a"}
+    md = res.markdown()
+    assert "| mmrb2/t2i |" in md and "group_accuracy" in md
+
+
+def test_cli_bench_and_report(tmp_path, data_root, tiny_clip_dir, capsys):
+    from rewardkit.cli import main
+
+    out = tmp_path / "out"
+    rc = main(["bench", "--reward", "clipscore", "--model", str(tiny_clip_dir), "--set", "convention=cosine",
+               "--benchmark", "mmrb2/t2i,genaibench/edit", "--data-dir", str(data_root), "--ignore-sources",
+               "--cache-dir", str(tmp_path / "cache"), "--output-dir", str(out), "--bootstrap", "50",
+               "--no-progress", "--device", "cpu"])
+    assert rc == 0
+    stem = f"clipscore-{tiny_clip_dir.name}"
+    rec = json.loads((out / f"{stem}.json").read_text())
+    assert rec["benchmarks"]["mmrb2/t2i"]["metrics"]["mmrb2_official"]["value"] == pytest.approx(0.583333, abs=1e-6)
+    assert (out / f"{stem}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| clipscore" in (out / f"{stem}.md").read_text()
+    capsys.readouterr()
+    rc = main(["bench", "--report", str(out / f"{stem}.json"), str(out / f"{stem}.json"),
+               "--plot", str(tmp_path / "cmp.png")])
+    assert rc == 0 and (tmp_path / "cmp.png").is_file()
+    assert "mmrb2_official" in capsys.readouterr().out
+    assert main(["bench", "--list"]) == 0
+    assert "editreward/4pair" in capsys.readouterr().out
+    assert main(["bench", "--reward", "clipscore", "--benchmark", "mmrb2/t2i", "--data-dir",
+                 str(tmp_path / "missing"), "--model", str(tiny_clip_dir), "--no-cache", "--device", "cpu",
+                 "--output-dir", str(out)]) == 2
+
+
+def test_bench_modules_import_no_heavy_libraries():
+    code = ("import sys, rewardkit.bench, rewardkit.bench.harness, rewardkit.bench.data, rewardkit.bench.report, "
+            "rewardkit.bench.synthetic, rewardkit.commands.bench\n"
+            "bad = [m for m in ('transformers', 'diffusers', 'trl', 'peft', 'vllm', 'datasets', 'matplotlib') "
+            "if m in sys.modules]\nprint(bad); sys.exit(1 if bad else 0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
