@@ -22,6 +22,7 @@ in a subprocess per image, so images are read by a small thread pool; nothing is
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -119,7 +120,7 @@ class OCRConfig(RewardConfig):
     psm: int = 3                     # Tesseract page segmentation mode (3 = automatic; 11 = sparse text)
     min_side: int = 0                # upscale images whose shorter side is below this (0 = never)
     tesseract_cmd: str = "tesseract"
-    num_workers: int = 4             # concurrent Tesseract processes
+    num_workers: int = 0             # concurrent Tesseract processes (0 = min(4, CPU count))
     timeout_s: float = 30.0          # per image; a timeout marks the sample invalid
 
 
@@ -139,8 +140,9 @@ class OCRReward(Reward):
         cfg = self.config
         normalize_text("", whitespace=cfg.whitespace)  # validates the option
         ocr_similarity("x", "x", match=cfg.match, normalize_by=cfg.normalize_by)
-        if cfg.num_workers < 1:
-            raise ValueError("num_workers must be >= 1")
+        if cfg.num_workers < 0:
+            raise ValueError("num_workers must be >= 0 (0 = automatic)")
+        self._workers = cfg.num_workers or min(4, os.cpu_count() or 1)
         self._pytesseract = require("pytesseract", "ocr", purpose="the OCR reward")
         exe = shutil.which(cfg.tesseract_cmd)
         if exe is None:
@@ -181,7 +183,7 @@ class OCRReward(Reward):
             except RuntimeError as exc:  # pytesseract raises RuntimeError on timeout, TesseractError on failure
                 return i, None, f"tesseract failed: {exc}"
 
-        workers = min(cfg.num_workers, max(len(todo), 1))
+        workers = min(self._workers, max(len(todo), 1))
         if workers > 1:
             with ThreadPoolExecutor(max_workers=workers) as pool:
                 results = list(pool.map(read, todo))
