@@ -577,6 +577,11 @@ def resolve_model_dir(path_or_id: str | Path, *, revision: str | None = None) ->
     if p.exists() or str(path_or_id).startswith((".", "/", "~")):
         raise FileNotFoundError(f"model directory not found: {path_or_id}")
     hub = require("huggingface_hub", "hf")
-    local = hub.snapshot_download(str(path_or_id), revision=revision,
-                                  allow_patterns=["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken"])
+    try:
+        local = hub.snapshot_download(str(path_or_id), revision=revision,
+                                      allow_patterns=["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model",
+                                                      "*.tiktoken"])
+    except Exception as exc:  # offline, missing repo, bad revision: say both things we tried
+        raise FileNotFoundError(f"{path_or_id!r} is not a local directory and could not be downloaded from the "
+                                f"hub: {type(exc).__name__}: {exc}") from exc
     return Path(local)

@@ -209,6 +209,12 @@ class PreferenceTrainer:
         from .data import PairCollator, load_pairs, normalize_label
 
         cpu = cfg.cpu or not torch.cuda.is_available()
+        # accelerate keeps process-wide state; a second run in one process (a notebook, a sweep, tests) with
+        # another precision would be refused. Reset the per-run part, keep the process group (PartialState).
+        from accelerate.state import AcceleratorState, GradientState
+
+        AcceleratorState._reset_state(reset_partial_state=False)
+        GradientState._reset_state()
         self.acc = accelerate.Accelerator(mixed_precision=cfg.mixed_precision, cpu=cpu,
                                           log_with=list(cfg.trackers) or None, project_dir=cfg.output_dir)
         self.out = Path(cfg.output_dir)
@@ -230,7 +236,8 @@ class PreferenceTrainer:
                     "target_modules": cfg.lora.target_modules}
         model.configure_trainable(lora=lora, train_vision=m.train_vision)
         if m.gradient_checkpointing:
-            model.vlm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable = getattr(model.vlm, "activation_checkpointing_enable", None) or model.vlm.gradient_checkpointing_enable
+            enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
         self.model_raw = model
         self.collate = None  # set after data load (needs base_dir)
