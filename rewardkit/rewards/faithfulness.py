@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Sequence
 
 import torch
 
-from ..compose.rubric import QuestionTree, RubricCache, answer_trees, generate_trees
+from ..compose.rubric import QuestionTree, RubricCache, answer_trees, generate_trees, tree_score
 from ..reward import Reward, RewardBatch, RewardConfig, RewardOutput
 
 __all__ = ["Faithfulness", "FaithfulnessConfig", "RubricReward", "RubricConfig"]
@@ -57,6 +57,7 @@ class RubricReward(Reward):
     score_range = (0.0, 1.0)
     dimensions = ("n_questions", "n_asked", "n_yes")
     extras = ("hf",)
+    compare_temperature = 0.25  # default compare on the [0, 1] fraction scale
     uses_judge: ClassVar[bool] = True
     Config = RubricConfig
     #: which key of metadata may carry a tree for the sample
@@ -138,8 +139,6 @@ class RubricReward(Reward):
             p = probs[i]
             yes = {q: v > cfg.threshold for q, v in p.items()}
             if cfg.scoring == "hard":
-                from ..compose.rubric import tree_score
-
                 scores[i] = tree_score(t, yes)
             else:
                 scores[i] = sum(p.values()) / len(t)
