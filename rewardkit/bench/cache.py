@@ -65,6 +65,11 @@ class ScoreCache:
             target = str(self.path)
         self._lock = threading.Lock()
         self._db = sqlite3.connect(target, check_same_thread=False)
+        if self.path is not None:
+            # WAL + NORMAL: a commit survives the process being killed (what resuming needs) without an
+            # fsync per chunk; only an OS crash can lose the last chunks, which are then simply re-scored.
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
         if describe is not None:
             self._db.execute("INSERT OR REPLACE INTO meta VALUES ('reward', ?)", (json.dumps(describe, default=str),))

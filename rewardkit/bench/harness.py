@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -460,13 +461,42 @@ def evaluate(
     reward_info = {"name": reward_name, "class": cls, "config": cfg, "higher_is_better": reward.higher_is_better,
                    "tasks": sorted(reward.tasks), "mode": mode, "fingerprint": fp}
     results: dict[str, BenchmarkResult] = {}
-    with ScoreCache(root, reward_name, fp, describe=reward_info) as cache:
-        scorer = _Scorer(reward, cache, batch_size=bs, progress=progress, retry_invalid=retry_invalid)
-        for spec in specs:
-            results[spec.name] = _evaluate_one(
-                spec, reward, scorer, mode=mode, data_dir=_data_path(data_dir, spec), limit=limit, n_boot=n_boot,
-                seed=seed, per_sample=per_sample, ignore_sources=ignore_sources, by=by, revision=revision)
-        cache_path = str(cache.path) if cache.path else None
+    # Load (read + hash) the next benchmark in a background thread while the reward scores the current one:
+    # parquet reading and hashlib release the GIL, so data loading overlaps model time.
+    skips = {s.name: _skip_reason(s, reward, ignore_sources) for s in specs}
+    to_load = [s for s in specs if skips[s.name] is None]
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rewardkit-bench-load")
+    futures: dict[str, Future] = {}
+
+    def prefetch(k: int) -> None:
+        if k < len(to_load) and to_load[k].name not in futures:
+            s = to_load[k]
+            futures[s.name] = pool.submit(_timed_load, s, _data_path(data_dir, s), revision, limit)
+
+    try:
+        with ScoreCache(root, reward_name, fp, describe=reward_info) as cache:
+            scorer = _Scorer(reward, cache, batch_size=bs, progress=progress, retry_invalid=retry_invalid)
+            prefetch(0)
+            for spec in specs:
+                if skips[spec.name] is not None:
+                    results[spec.name] = BenchmarkResult(name=spec.name, spec=spec.identity(),
+                                                         skipped=skips[spec.name])
+                    continue
+                k = next(i for i, s in enumerate(to_load) if s.name == spec.name)
+                t0 = time.perf_counter()
+                rows, info, load_s = futures.pop(spec.name).result()
+                wait_s = time.perf_counter() - t0
+                prefetch(k + 1)
+                results[spec.name] = _evaluate_one(
+                    spec, reward, scorer, rows=rows, info=info, mode=mode, n_boot=n_boot, seed=seed,
+                    per_sample=per_sample, use_sources=spec.task == "edit" and reward.accepts_sources, by=by)
+                results[spec.name].timing.update({"load_s": load_s, "load_wait_s": wait_s})
+                del rows
+            cache_path = str(cache.path) if cache.path else None
+    finally:
+        for f in futures.values():
+            f.cancel()
+        pool.shutdown(wait=True, cancel_futures=True)
     total = time.perf_counter() - t_start
     settings = {"benchmarks": [s.name for s in specs], "limit": limit, "n_boot": n_boot, "seed": seed,
                 "batch_size": bs, "ignore_sources": ignore_sources, "cache": cache_path, "revision": revision,
@@ -478,22 +508,26 @@ def evaluate(
                                "harness_s": total - scorer.model_seconds})
 
 
-def _evaluate_one(spec: BenchmarkSpec, reward: Reward, scorer: _Scorer, *, mode: str, data_dir: Path | None,
-                  limit: int | None, n_boot: int, seed: int, per_sample: bool, ignore_sources: bool,
-                  by: Sequence[str], revision: str | None) -> BenchmarkResult:
-    res = BenchmarkResult(name=spec.name, spec=spec.identity())
+def _skip_reason(spec: BenchmarkSpec, reward: Reward, ignore_sources: bool) -> str | None:
     edit = spec.task == "edit"
     if edit and not reward.accepts_sources and not ignore_sources:
-        res.skipped = (f"reward takes no source images (tasks: {', '.join(sorted(reward.tasks))}); "
-                       "pass ignore_sources=True / --ignore-sources to score edits from the instruction alone")
-        return res
+        return (f"reward takes no source images (tasks: {', '.join(sorted(reward.tasks))}); "
+                "pass ignore_sources=True / --ignore-sources to score edits from the instruction alone")
     if not edit and reward.requires_sources:
-        res.skipped = f"reward needs source images (tasks: {', '.join(sorted(reward.tasks))}); {spec.name} is t2i"
-        return res
-    use_sources = edit and reward.accepts_sources
+        return f"reward needs source images (tasks: {', '.join(sorted(reward.tasks))}); {spec.name} is t2i"
+    return None
+
+
+def _timed_load(spec: BenchmarkSpec, data_dir: Path | None, revision: str | None, limit: int | None):
     t0 = time.perf_counter()
     rows, info = load_comparisons(spec, data_dir, revision=revision, limit=limit)
-    t_load = time.perf_counter() - t0
+    return rows, info, time.perf_counter() - t0
+
+
+def _evaluate_one(spec: BenchmarkSpec, reward: Reward, scorer: _Scorer, *, rows: list[Comparison],
+                  info: dict[str, Any], mode: str, n_boot: int, seed: int, per_sample: bool, use_sources: bool,
+                  by: Sequence[str]) -> BenchmarkResult:
+    res = BenchmarkResult(name=spec.name, spec=spec.identity())
     res.data = info
     model_before = scorer.model_seconds
     desc = f"{spec.name} ({mode})"
@@ -537,7 +571,7 @@ def _evaluate_one(spec: BenchmarkSpec, reward: Reward, scorer: _Scorer, *, mode:
                   "n_multi_image_responses": sum(c.n_images_a > 1 or c.n_images_b > 1 for c in rows)}
     if spec.subsets:
         res.counts["n_single_source"] = sum(len(c.sources) == 1 for c in rows)
-    res.timing = {"load_s": t_load, "reward_s": scorer.model_seconds - model_before, "metrics_s": t_metrics}
+    res.timing = {"reward_s": scorer.model_seconds - model_before, "metrics_s": t_metrics}
     if per_sample:
         res.samples = [_sample_record(c, pred, i) for i, c in enumerate(rows)]
     return res
