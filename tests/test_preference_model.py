@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 import torch
+import transformers
 
 from rewardkit import load_reward
 from rewardkit.models.preference import (CONFIG_NAME, LM_LORA_TARGET, PreferenceModel, PreferenceTemplate,
                                          calibration_stats)
-from rewardkit.testing import random_images
+from rewardkit.testing import _qwen_ids, _seeded, build_tiny_tokenizer, random_images
 
 PROMPTS = ["a cat", "a red car on a long road at night", "x", "two birds on a branch", "a bowl", "a dog"]
 
@@ -182,3 +182,66 @@ def test_bad_inputs_are_clear(saved, tmp_path):
         PreferenceModel.from_pretrained(tmp_path)
     with pytest.raises(FileNotFoundError):
         PreferenceModel.from_pretrained("./does-not-exist")
+
+
+# ---------------------------------------------------------------- other backbones, loaded from checkpoint folders
+def tiny_qwen2_vl_dir(path):
+    tok = build_tiny_tokenizer(300); ids = _qwen_ids(tok)
+    cfg = transformers.Qwen2VLConfig(
+        text_config=dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+                         bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"]),
+        vision_config=dict(depth=1, embed_dim=32, hidden_size=32, mlp_ratio=2, num_heads=2, patch_size=14,
+                           spatial_merge_size=2, temporal_patch_size=2),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False)
+    with _seeded(0):
+        m = transformers.Qwen2VLForConditionalGeneration(cfg).eval()
+    m.save_pretrained(path); tok.save_pretrained(path)
+    transformers.Qwen2VLImageProcessorPil(patch_size=14, merge_size=2, temporal_patch_size=2, min_pixels=28*28, max_pixels=56*56).save_pretrained(path)
+    return path
+def tiny_qwen3_5_dir(path):
+    tok = build_tiny_tokenizer(300); ids = _qwen_ids(tok)
+    cfg = transformers.Qwen3_5Config(
+        text_config=dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=2048,
+                         linear_conv_kernel_dim=2, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=2,
+                         layer_types=["linear_attention", "full_attention"],
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3], "mrope_interleaved": True, "partial_rotary_factor": 1.0},
+                         pad_token_id=ids["<|endoftext|>"], bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"]),
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=16, spatial_merge_size=2,
+                           temporal_patch_size=2, out_hidden_size=32, num_position_embeddings=16),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False)
+    with _seeded(0):
+        m = transformers.Qwen3_5ForConditionalGeneration(cfg).eval()
+    m.save_pretrained(path); tok.save_pretrained(path)
+    transformers.Qwen2VLImageProcessorPil(patch_size=16, merge_size=2, temporal_patch_size=2, min_pixels=32*32, max_pixels=64*64).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["qwen2_vl", "qwen2_5_vl", "qwen3_5"])
+def test_backbones_from_local_checkpoint_dirs(kind, tmp_path, tiny_root, request):
+    """Qwen2-VL, Qwen2.5-VL and Qwen3.5 saved to disk, loaded through AutoModelForImageTextToText (the path a
+    hub id takes): padding-correct batching and a LoRA save / load round trip."""
+    if kind == "qwen2_5_vl":
+        d = request.getfixturevalue("tiny_qwen2_5_vl_dir")
+    else:
+        d = {"qwen2_vl": tiny_qwen2_vl_dir, "qwen3_5": tiny_qwen3_5_dir}[kind](tmp_path / kind)
+    m = PreferenceModel.from_backbone(str(d)).eval()
+    assert m.vlm.config.model_type == kind
+    imgs = random_images(3, sizes=[(32, 32), (64, 48), (40, 70)])
+    b, _ = m.score(imgs, PROMPTS[:3])
+    s = torch.cat([m.score([im], [p])[0] for im, p in zip(imgs, PROMPTS[:3])])
+    assert torch.allclose(b, s, atol=1e-5)
+    m.configure_trainable(lora={"r": 2, "alpha": 4})
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if "lora_B" in n or "trainable_tokens" in n:
+                p.add_(0.05)
+    m.eval()
+    before, _ = m.score(imgs, PROMPTS[:3])
+    out = m.save_pretrained(tmp_path / f"{kind}-lora")
+    assert json.loads((out / CONFIG_NAME).read_text())["base_model"] == str(d)
+    assert torch.allclose(PreferenceModel.from_pretrained(out).score(imgs, PROMPTS[:3])[0], before, atol=1e-5)
