@@ -58,9 +58,13 @@ def test_parsers():
     assert len(parse_question_list('{"questions": ["A?", "B?"]}')) == 2
     with pytest.raises(ValueError):
         parse_question_list("no json here")
+    t = parse_question_list('Here: [{"id": 1, "question": "A?"}] (note [1] refers to the subject)')
+    assert len(t) == 1                                   # prose with brackets after the list is ignored
     assert parse_intent("Strict.") == "strict"
+    assert parse_intent("**Open** - the user leaves it to the model, not strict") == "open"
+    assert parse_intent("The prompt is neutral.") == "neutral"
     with pytest.raises(ValueError):
-        parse_intent("strict or open")
+        parse_intent("either strict or open")
     with pytest.raises(ValueError):
         parse_intent("unsure")
 

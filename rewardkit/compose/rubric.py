@@ -120,14 +120,16 @@ def tree_score(tree: QuestionTree, answers: dict[str, bool]) -> float:
 
 
 def _extract_json(text: str) -> Any:
+    """The first JSON list (or object) embedded in ``text``: code fences and surrounding prose are ignored."""
     text = re.sub(r"```(?:json)?", "", text)
-    for open_, close in (("[", "]"), ("{", "}")):
-        s, e = text.find(open_), text.rfind(close)
-        if s != -1 and e > s:
-            try:
-                return json.loads(text[s:e + 1])
-            except json.JSONDecodeError:
-                continue
+    decoder = json.JSONDecoder()
+    for m in re.finditer(r"[\[{]", text):
+        try:
+            value, _ = decoder.raw_decode(text, m.start())
+        except json.JSONDecodeError:
+            continue
+        if isinstance(value, list) or (isinstance(value, dict) and "questions" in value):
+            return value
     raise ValueError("no JSON list in the judge's answer")
 
 
@@ -145,7 +147,11 @@ _INTENT_RE = re.compile(r"\b(strict|neutral|open)\b", re.IGNORECASE)
 
 
 def parse_intent(text: str) -> str:
-    """The one intent label named in ``text`` (strict / neutral / open); ValueError when none or several."""
+    """The intent label an answer gives: its first word when that is a label ("Strict - because ..."),
+    else the only label it names; ValueError when it names none or several without leading with one."""
+    first = re.match(r"\W*(\w+)", text)
+    if first and first.group(1).lower() in ("strict", "neutral", "open"):
+        return first.group(1).lower()
     found = {m.lower() for m in _INTENT_RE.findall(text)}
     if len(found) != 1:
         raise ValueError(f"expected exactly one of strict/neutral/open, got {sorted(found) or 'none'}")
