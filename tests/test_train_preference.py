@@ -233,3 +233,10 @@ def test_bf16_autocast_and_gradient_checkpointing_step(tmp_path):
     train = [r for r in metrics(tmp_path) if r["split"] == "train"]
     assert len(train) == 2 and all(torch.isfinite(torch.tensor(r["loss"])) for r in train)
     assert trainer.model_raw.head.proj.weight.dtype == torch.float32
+
+
+def test_resume_refuses_a_changed_data_order(tmp_path):
+    PreferenceTrainer(tiny_cfg(tmp_path, "max_steps=1", "data.eval=null")).train()
+    assert latest_checkpoint(tmp_path).name == "step-00000001"
+    with pytest.raises(ValueError, match="seed changed"):
+        PreferenceTrainer(tiny_cfg(tmp_path, "max_steps=2", "data.eval=null", "seed=1")).train()

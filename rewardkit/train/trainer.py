@@ -298,7 +298,8 @@ class PreferenceTrainer:
         name = f"step-{self.step:08d}"
         final, tmp = root / name, root / f"{name}.tmp"
         if self.acc.is_main_process:
-            shutil.rmtree(tmp, ignore_errors=True)
+            for stale in root.glob("step-*.tmp"):  # left by a process killed while saving
+                shutil.rmtree(stale, ignore_errors=True)
             tmp.mkdir(parents=True)
         self.acc.wait_for_everyone()
         rng = {"cpu": torch.get_rng_state()}
@@ -332,6 +333,14 @@ class PreferenceTrainer:
         if state["world_size"] != self.world:
             raise ValueError(f"checkpoint {path} was written by {state['world_size']} processes, this run has "
                              f"{self.world}; the data order would differ")
+        saved = state.get("config", {})
+        now = dataclasses.asdict(self.cfg)
+        changed = [k for k in ("seed", "global_batch_size", "micro_batch_size") if saved.get(k) != now[k]]
+        changed += [f"data.{k}" for k in ("train", "train_split", "max_train_samples", "synthetic_size")
+                    if saved.get("data", {}).get(k) != now["data"][k]]
+        if changed:
+            raise ValueError(f"cannot resume from {path}: {', '.join(changed)} changed since it was written "
+                             "(the data order would differ); use a new output_dir or resume=never")
         weights = st.load_file(str(path / "trainable.safetensors"))
         own = dict(self.model_raw.named_parameters())
         missing = [k for k, p in own.items() if p.requires_grad and k not in weights]
