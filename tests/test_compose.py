@@ -205,6 +205,16 @@ def test_weighted_sum_is_raw_and_per_sample():
     assert pickle.loads(pickle.dumps(ws.config)) == ws.config
 
 
+def test_fixed_normalisation_is_per_sample():
+    comp = Composite(axes=[{"name": "r", "mean": 0.5, "std": 0.25}, {"name": "b", "mean": 0.0, "std": 2.0}],
+                     rewards={"r": ChannelMean(channel=0), "b": ChannelMean(channel=2)}, normalize="fixed")
+    out = comp(IMGS, "p")
+    assert close(out.scores, (RED - 0.5) / 0.25 + BLUE / 2.0)
+    assert close(comp(IMGS[1:2], "p").scores, out.scores[1:2])      # no dependence on the rest of the batch
+    with pytest.raises(ConfigError, match="needs mean and std"):
+        Composite(axes=[{"name": "r", "mean": 0.5}], rewards={"r": ChannelMean()}, normalize="fixed")
+
+
 def test_config_errors_are_clear():
     with pytest.raises(ConfigError, match="at least one axis"):
         Composite(axes=[])

@@ -139,3 +139,16 @@ def test_soup_cli(adapters, tmp_path):
     assert rc == 0
     assert json.loads((tmp_path / "cli_soup" / "soup.json").read_text())["weights"] == [0.5, 0.5]
     assert read_adapter(tmp_path / "cli_soup").A
+
+
+def test_soup_cli_from_recipe_yaml(adapters, tmp_path):
+    from rewardkit.cli import main
+
+    paths, _ = adapters
+    cfg = tmp_path / "stage3.yaml"
+    cfg.write_text(f"soup:\n  adapters: [{paths[0]}, {paths[1]}]\n  weights: [0.5, 0.5]\n"
+                   f"  output: {tmp_path / 'yaml_soup'}\n  base: null\n")
+    assert main(["soup", "--config", str(cfg)]) == 0
+    assert json.loads((tmp_path / "yaml_soup" / "soup.json").read_text())["weights"] == [0.5, 0.5]
+    cfg.write_text("soup:\n  adapter: [a]\n")
+    assert main(["soup", "--config", str(cfg)]) == 2                 # unknown key: a clear config error

@@ -36,7 +36,7 @@ from .functions import additive_penalty, combine, group_zscore, intent_gate, vet
 
 __all__ = ["Composite", "CompositeConfig", "WeightedSum", "WeightedSumConfig", "AxisSpec", "build_composite"]
 
-_NORMALIZE = ("batch", "group", "none")
+_NORMALIZE = ("batch", "group", "fixed", "none")
 _GATES = ("none", "intent")
 _DET_MODES = ("veto", "additive", "off")
 _GATING = ("intent", "none")
@@ -54,6 +54,8 @@ class AxisSpec:
     weight: float = 1.0
     gate: str = "none"                 # "none" (always on) or "intent" (on only for gate_on labels)
     options: Mapping[str, Any] = field(default_factory=dict)
+    mean: float | None = None          # reference statistics for normalize="fixed"
+    std: float | None = None
 
     @classmethod
     def parse(cls, raw: Any) -> "AxisSpec":
@@ -63,11 +65,16 @@ class AxisSpec:
             raise ConfigError(f"an axis must be a mapping like {{name: preference, reward: pickscore}}, got {raw!r}")
         unknown = set(raw) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
-            raise ConfigError(f"unknown axis key(s) {sorted(unknown)}; allowed: name, reward, weight, gate, options")
+            raise ConfigError(f"unknown axis key(s) {sorted(unknown)}; allowed: name, reward, weight, gate, options, "
+                              "mean, std")
         if not raw.get("name"):
             raise ConfigError(f"axis {dict(raw)!r} needs a name")
         spec = cls(name=str(raw["name"]), reward=raw.get("reward"), weight=float(raw.get("weight", 1.0)),
-                   gate=str(raw.get("gate", "none")), options=dict(raw.get("options") or {}))
+                   gate=str(raw.get("gate", "none")), options=dict(raw.get("options") or {}),
+                   mean=None if raw.get("mean") is None else float(raw["mean"]),
+                   std=None if raw.get("std") is None else float(raw["std"]))
+        if spec.std is not None and not spec.std > 0:
+            raise ConfigError(f"axis {spec.name!r}: std must be > 0, got {spec.std}")
         if spec.gate not in _GATES:
             raise ConfigError(f"axis {spec.name!r}: gate must be one of {_GATES}, got {spec.gate!r}")
         if not math.isfinite(spec.weight):
@@ -85,7 +92,9 @@ class CompositeConfig(RewardConfig):
             strength: 1.0 (veto v), penalty: 1.0 (additive), options: {}}``. The detector reward's score is
             1 when an applicable detector fired on the sample, 0 otherwise.
         normalize: "batch" (z-score each axis over the call, the seed's choice), "group" (within groups of
-            equal ``group_by``, e.g. the rollouts of one prompt) or "none" (raw scores; a plain weighted sum).
+            equal ``group_by``, e.g. the rollouts of one prompt), "fixed" (``(s - mean) / std`` with each
+            axis's reference ``mean`` / ``std`` from the config: per-sample, batch-independent) or "none"
+            (raw scores; a plain weighted sum).
         group_by: "prompt" or a metadata key, for ``normalize="group"``.
         intent_key: metadata key holding the prompt's intent label (strict / neutral / open).
         gate_on: intent labels that open an ``intent`` gate.
@@ -131,6 +140,10 @@ class Composite(Reward):
         self.axes: list[AxisSpec] = [AxisSpec.parse(a) for a in cfg.axes]
         if not self.axes:
             raise ConfigError("a composite needs at least one axis")
+        if cfg.normalize == "fixed":
+            missing = [a.name for a in self.axes if a.mean is None or a.std is None]
+            if missing:
+                raise ConfigError(f"normalize='fixed' needs mean and std on every axis; missing on {missing}")
         names = [a.name for a in self.axes]
         if len(set(names)) != len(names) or "detectors" in names:
             raise ConfigError(f"axis names must be unique and not 'detectors': {names}")
@@ -210,9 +223,11 @@ class Composite(Reward):
         finally:
             _SUB_BATCH.reset(token)
 
-    def _normalise(self, x: torch.Tensor, mask: torch.Tensor, batch: RewardBatch) -> torch.Tensor:
+    def _normalise(self, x: torch.Tensor, mask: torch.Tensor, batch: RewardBatch, axis: AxisSpec) -> torch.Tensor:
         cfg = self.config
-        if cfg.normalize == "none":
+        if cfg.normalize in ("none", "fixed"):
+            if cfg.normalize == "fixed":
+                x = (x - axis.mean) / axis.std
             return torch.where(mask & torch.isfinite(x), x, torch.full_like(x, float("nan")))
         if cfg.normalize == "group":
             keys = [p if cfg.group_by == "prompt" else repr(m.get(cfg.group_by))
@@ -253,7 +268,7 @@ class Composite(Reward):
                 g = intent_gate(intents, cfg.gate_on)
             else:
                 g = torch.ones(n)
-            z = self._normalise(out.scores, out.valid & (g > 0), batch)
+            z = self._normalise(out.scores, out.valid & (g > 0), batch, a)
             dims[f"{a.name}/raw"] = out.scores
             dims[f"{a.name}/z"] = z
             if a.gate == "intent":
