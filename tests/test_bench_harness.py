@@ -145,6 +145,8 @@ def test_load_local_layouts(data_root):
     assert [r.item_id for r in single] == [r.item_id for r in rows[:5]]
     g, _ = load_comparisons(get_spec("editreward/4pair"), data_root / "editreward")
     assert len(g) == 36 and len({r.group_id for r in g}) == 6
+    g2, _ = load_comparisons(get_spec("editreward/4pair"), data_root / "editreward", limit=2)
+    assert len(g2) == 12 and len({r.group_id for r in g2}) == 2  # whole groups
 
 
 def test_load_filters_by_dataset_column(tmp_path, data_root):
@@ -277,6 +279,21 @@ def test_consistent_judge_matches_its_scalar_twin(data_root):
     assert pair["mmrb2/t2i"].counts["n_unique_pairs"] == 48  # both orders of 24 pairs
 
 
+def test_auto_mode_keeps_score_derived_compare_scalar(data_root):
+    class Tempered(MeanPixel):
+        name = "test-tempered"
+
+        def compare(self, *a, **k):  # overridden, but still derived from scores (fills scores_a / scores_b)
+            return super().compare(*a, **k)
+
+    r = Tempered()
+    res = _run(r, "mmrb2/t2i", data_root)
+    assert res.reward["mode"] == "scalar" and "derived from scores" in res.reward["mode_reason"]
+    assert r.n_scored == 2 + 48  # the probe pair, then each image once
+    assert _run(FirstPositionJudge(), "mmrb2/t2i", data_root).reward["mode_reason"].startswith("compare() is native")
+    assert _run(Tempered(), "mmrb2/t2i", data_root, mode="pairwise").reward["mode"] == "pairwise"
+
+
 def test_four_way_judge(data_root):
     res = _run(TieJudge(), "genaibench/t2i", data_root, mode="scalar")
     m = res["genaibench/t2i"].metrics["genaibench_4way"]
@@ -306,6 +323,19 @@ def test_resume_after_interrupt_gives_the_same_result(tmp_path, data_root):
     r3 = MeanPixel()
     _run(r3, benches, data_root, cache_dir=tmp_path / "cache", batch_size=8)
     assert r3.n_scored == 0
+
+
+def test_group_rule_mismatch_warns(tmp_path, data_root):
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(data_root / SYNTHETIC_LAYOUT["editreward/3pair"])
+    ids = pc.replace_substring_regex(t["id"], "_", "-")  # no "_": every row becomes its own group
+    pq.write_table(t.set_column(t.column_names.index("id"), "id", ids), tmp_path / "x.parquet")
+    with pytest.warns(UserWarning, match="C\\(K,2\\)"):
+        res = evaluate(MeanPixel(), "editreward/3pair", data_dir={"editreward": tmp_path / "x.parquet"},
+                       cache_dir=None, n_boot=0, progress=False)
+    assert res["editreward/3pair"].counts["warnings"]
 
 
 def test_cache_is_keyed_by_config(tmp_path, data_root):
@@ -362,6 +392,7 @@ def test_record_contents(tmp_path, data_root):
     b = rec["benchmarks"]["editreward/4pair"]
     assert b["spec"]["version"] == "1.0" and b["spec"]["dataset"] == "TIGER-Lab/EditReward-Bench"
     assert b["counts"]["n_comparisons"] == 36 and b["counts"]["n_groups"] == 6
+    assert b["counts"]["warnings"] == []
     g = b["metrics"]["group_accuracy"]
     assert g["ci95"][0] <= g["value"] <= g["ci95"][1]
     assert len(b["samples"]) == 36 and {"score_a", "margin", "forward"} <= set(b["samples"][0])

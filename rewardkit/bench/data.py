@@ -269,7 +269,8 @@ def load_comparisons(spec: BenchmarkSpec, data_dir: str | Path | None = None, *,
                      limit: int | None = None) -> tuple[list[Comparison], dict[str, Any]]:
     """All comparisons of ``spec`` plus a dict describing where they came from.
 
-    ``data_dir`` None loads from the hub; ``limit`` keeps the first N rows (after the spec's filter).
+    ``data_dir`` None loads from the hub; ``limit`` keeps the first N rows (after the spec's filter), or the
+    first N groups for group benchmarks (EditReward-Bench K >= 3), so no group is cut.
     """
     if data_dir is not None:
         root = Path(data_dir).expanduser()
@@ -286,10 +287,17 @@ def load_comparisons(spec: BenchmarkSpec, data_dir: str | Path | None = None, *,
         raise BenchDataError(f"{spec.name}: columns {missing} are missing; the data has {table.column_names}. "
                              "Is this the right dataset / config?")
     rows = _table_rows(table, spec)
-    out = []
+    out: list[Comparison] = []
+    groups: set[str] = set()
     for c in comparisons_from_rows(spec, rows, base=base):
-        if limit is not None and len(out) >= limit:
-            break
+        if limit is not None:
+            # group benchmarks keep whole groups: the first `limit` groups
+            if spec.group_id:
+                if c.group_id not in groups and len(groups) >= limit:
+                    break
+                groups.add(c.group_id)
+            elif len(out) >= limit:
+                break
         out.append(c)
     if not out:
         raise BenchDataError(f"{spec.name}: no rows after filtering ({spec.filter or 'no filter'})")

@@ -22,6 +22,7 @@ import math
 import subprocess
 import sys
 import time
+import warnings
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -379,12 +380,30 @@ def _category_value(c: Comparison, fieldname: str) -> str:
     return "<none>" if v is None else str(v)
 
 
-def _resolve_mode(reward: Reward, mode: str) -> str:
+def _resolve_mode(reward: Reward, mode: str, probe: Comparison | None = None, use_sources: bool = False
+                  ) -> tuple[str, str]:
+    """``(mode, reason)``. ``auto``: scalar unless the reward's ``compare`` is native pairwise.
+
+    A ``compare`` override that is still derived from scores (it fills ``PairwiseOutput.scores_a``, as the
+    contract documents) is scalar: scoring each image once is cheaper and gives the same margins. That is
+    checked on one probe comparison.
+    """
     if mode not in ("auto", "scalar", "pairwise"):
         raise ValueError(f"mode must be auto, scalar or pairwise, got {mode!r}")
     if mode != "auto":
-        return mode
-    return "pairwise" if type(reward).compare is not Reward.compare else "scalar"
+        return mode, "requested"
+    if type(reward).compare is Reward.compare:
+        return "scalar", "compare() is derived from scores"
+    if probe is None:
+        return "pairwise", "compare() is overridden"
+    try:
+        out = reward.compare([probe.image_a], [probe.image_b], [probe.prompt],
+                             sources=[probe.sources] if use_sources else None, on_error="nan")
+    except Exception as exc:  # the probe must not decide silently: say why pairwise was chosen
+        return "pairwise", f"compare() is overridden (probe failed: {type(exc).__name__}: {exc})"
+    if out.scores_a is not None:
+        return "scalar", "compare() is overridden but derived from scores (it returns scores_a/scores_b)"
+    return "pairwise", "compare() is native pairwise (no scores_a/scores_b)"
 
 
 def _label_counts(rows: Sequence[Comparison]) -> dict[str, int]:
@@ -452,14 +471,15 @@ def evaluate(
         raise ValueError("no benchmarks given")
     if limit is not None and limit < 1:
         raise ValueError("limit must be >= 1")
-    mode = _resolve_mode(reward, mode)
+    requested_mode = mode
+    mode, mode_reason = _resolve_mode(reward, mode)  # re-checked on the first loaded comparison
     cfg = config_dict(reward)
     cls = f"{type(reward).__module__}:{type(reward).__qualname__}"
     fp = reward_fingerprint(reward_name, cls, cfg)
     root = default_cache_dir() if cache_dir == "default" else cache_dir
     bs = batch_size or reward.default_batch_size or 32
     reward_info = {"name": reward_name, "class": cls, "config": cfg, "higher_is_better": reward.higher_is_better,
-                   "tasks": sorted(reward.tasks), "mode": mode, "fingerprint": fp}
+                   "tasks": sorted(reward.tasks), "mode": mode, "mode_reason": mode_reason, "fingerprint": fp}
     results: dict[str, BenchmarkResult] = {}
     # Load (read + hash) the next benchmark in a background thread while the reward scores the current one:
     # parquet reading and hashlib release the GIL, so data loading overlaps model time.
@@ -487,9 +507,13 @@ def evaluate(
                 rows, info, load_s = futures.pop(spec.name).result()
                 wait_s = time.perf_counter() - t0
                 prefetch(k + 1)
+                use_sources = spec.task == "edit" and reward.accepts_sources
+                if requested_mode == "auto" and mode == "pairwise" and mode_reason == "compare() is overridden":
+                    mode, mode_reason = _resolve_mode(reward, "auto", rows[0], use_sources)
+                    reward_info.update(mode=mode, mode_reason=mode_reason)
                 results[spec.name] = _evaluate_one(
                     spec, reward, scorer, rows=rows, info=info, mode=mode, n_boot=n_boot, seed=seed,
-                    per_sample=per_sample, use_sources=spec.task == "edit" and reward.accepts_sources, by=by)
+                    per_sample=per_sample, use_sources=use_sources, by=by)
                 results[spec.name].timing.update({"load_s": load_s, "load_wait_s": wait_s})
                 del rows
             cache_path = str(cache.path) if cache.path else None
@@ -571,6 +595,10 @@ def _evaluate_one(spec: BenchmarkSpec, reward: Reward, scorer: _Scorer, *, rows:
                   "n_multi_image_responses": sum(c.n_images_a > 1 or c.n_images_b > 1 for c in rows)}
     if spec.subsets:
         res.counts["n_single_source"] = sum(len(c.sources) == 1 for c in rows)
+    if spec.group_id:
+        res.counts["warnings"] = _group_warnings(rows)
+        for w in res.counts["warnings"]:
+            warnings.warn(f"{spec.name}: {w}", stacklevel=2)
     res.timing = {"reward_s": scorer.model_seconds - model_before, "metrics_s": t_metrics}
     if per_sample:
         res.samples = [_sample_record(c, pred, i) for i, c in enumerate(rows)]
@@ -581,6 +609,18 @@ def items_keys(rows: Sequence[Comparison], reward: Reward, use_sources: bool) ->
     """Forward-order pair keys of ``rows`` (the cache keys of 4-way verdicts)."""
     return [pair_key(c.hash_a, c.hash_b, c.prompt if reward.uses_prompt else None,
                      c.source_hashes if use_sources else []) for c in rows]
+
+
+def _group_warnings(rows: Sequence[Comparison]) -> list[str]:
+    """Groups whose row count is not C(K, 2) for their K (``num_candidates``): a sign that the group-id rule
+    (id before the first "_", UNVERIFIED for the current hub release) does not fit the data."""
+    sizes: dict[str, int] = Counter(c.group_id for c in rows)
+    ks = {c.group_id: c.extra.get("num_candidates") for c in rows}
+    bad = [g for g, n in sizes.items() if isinstance(ks.get(g), int) and n != ks[g] * (ks[g] - 1) // 2]
+    if not bad:
+        return []
+    return [f"{len(bad)} of {len(sizes)} groups do not have C(K,2) rows (e.g. {bad[0]!r}: {sizes[bad[0]]} rows "
+            f"for K={ks[bad[0]]}); check the spec's group_id rule against the data"]
 
 
 def _subset(pred: Predictions, idx: list[int]) -> Predictions:
