@@ -284,7 +284,7 @@ def test_evr_on_tiny_qwen_counts_images_and_never_fabricates(tmp_path, imgs):
     assert sum(seen) == 4  # 2 candidates + 2 shared references, each once per reward call
     # a random model does not answer in the format: NaN + reason with the raw answer, never a made-up score
     assert not out.valid.any() and torch.isnan(out.scores).all()
-    assert all("unparseable" in e and "last answer" in e for e in out.errors)
+    assert all("unparseable after 0 retries" in e and "last answer" in e for e in out.errors)
     pw = reward.compare(imgs[:1], imgs[1:2], "edit", sources=[refs])
     pw2 = reward.compare(imgs[1:2], imgs[:1], "edit", sources=[refs])
     assert pw.valid.all() and (pw.prob_a + pw2.prob_a).item() == pytest.approx(1.0, abs=1e-5)

@@ -124,6 +124,11 @@ class TransformersJudge(JudgeBackend):
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "model": str(self.model_id), "dtype": str(self.model.dtype).replace("torch.", "")}
 
+    def to(self, device: Any) -> "TransformersJudge":
+        with self._lock:
+            self.model.to(device)
+        return self
+
     @property
     def device(self):
         return next(self.model.parameters()).device

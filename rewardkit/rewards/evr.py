@@ -423,8 +423,19 @@ class EVR(Reward):
         from ..testing import save_tiny_checkpoint
 
         path = save_tiny_checkpoint("qwen2_5_vl", f"{workdir}/tiny-evr-judge")
-        return cls(judge=f"transformers:{path}", judge_kwargs={"device": "cpu"}, k=2, max_new_tokens=12,
-                   max_retries=1)
+        # two dimensions, short answers, no retries: the conformance suite calls it ~30 times on CPU
+        return cls(judge=f"transformers:{path}", judge_kwargs={"device": "cpu"}, k=2, max_new_tokens=6,
+                   max_retries=0, dimensions=("reference_consistency", "instruction_consistency"))
+
+    def to(self, device):
+        """Move the judge model(s) (transformers backend) to ``device``."""
+        import torch as _torch
+
+        for j in {id(self.judge): self.judge, id(self.verifier_backend): self.verifier_backend}.values():
+            if hasattr(j, "to"):
+                j.to(device)
+        self._device = _torch.device(device)
+        return self
 
 
 class _null:
