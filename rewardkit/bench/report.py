@@ -49,6 +49,8 @@ def _cell(m: dict[str, Any] | None) -> str:
 def _label(rec: dict[str, Any]) -> str:
     r = rec["reward"]
     model = (r.get("config") or {}).get("model")
+    if isinstance(model, str) and (model.startswith(("/", ".", "~")) or "\\" in model):
+        model = Path(model).name  # a local checkpoint: its folder name is enough in a table
     return f"{r['name']} ({model})" if model else r["name"]
 
 
