@@ -137,7 +137,7 @@ class ScriptedJudge(JudgeBackend):
             text = self._text(conv)
             p = next((v for k, v in self.verdicts.items() if k in text), 1.0)
             rows.append([p, 1 - p])
-        return torch.tensor(rows)
+        return torch.tensor(rows, dtype=torch.float32)
 
 
 def cot(tag, s):
@@ -288,3 +288,15 @@ def test_evr_on_tiny_qwen_counts_images_and_never_fabricates(tmp_path, imgs):
     pw = reward.compare(imgs[:1], imgs[1:2], "edit", sources=[refs])
     pw2 = reward.compare(imgs[1:2], imgs[:1], "edit", sources=[refs])
     assert pw.valid.all() and (pw.prob_a + pw2.prob_a).item() == pytest.approx(1.0, abs=1e-5)
+
+
+def test_missing_verifier_probability_is_invalid_not_a_rejection(imgs):
+    class NoProbs(ScriptedJudge):
+        def choice_probs(self, conversations, choices):
+            out = super().choice_probs(conversations, choices)
+            out[0] = float("nan")  # e.g. the OpenAI backend when no choice ranks among the top log-probs
+            return out
+
+    judge = NoProbs(scripted().answers, scripted().verdicts)
+    _, out = run(judge, imgs)
+    assert not out.valid[0] and "no Yes/No probability" in out.errors[0]

@@ -178,3 +178,28 @@ def test_templates_are_versioned_files():
     assert yn.version == "1" and yn.render("question", question="A cat?").startswith("A cat?")
     with pytest.raises(FileNotFoundError, match="available"):
         load_template("evr", "nope")
+
+
+def test_prefilled_assistant_turn_is_continued(tiny, images):
+    model, proc = tiny
+    judge = TransformersJudge(model, proc)
+    c = conv(images[:2], "Rate it.") + [{"role": "assistant", "content": "Score:"}]
+    p = judge.choice_probs([c, batch(images)[0]], ["1", "2", "3"])
+    text = proc.apply_chat_template(c, tokenize=False, continue_final_message=True)
+    assert text.endswith("Score:")
+    inp = proc(text=[text], images=images[:2], return_tensors="pt")
+    ids = judge.choice_token_ids(["1", "2", "3"])
+    with torch.no_grad():
+        ref = torch.softmax(model(**inp).logits[0, -1, ids].float(), -1)
+    torch.testing.assert_close(p[0], ref, atol=1e-5, rtol=0)
+
+
+def test_judge_modules_import_no_heavy_dependency():
+    import subprocess
+    import sys
+
+    code = ("import sys, rewardkit.judges, rewardkit.judges.transformers_backend, rewardkit.judges.openai_backend, "
+            "rewardkit.judges.vllm_backend, rewardkit.rewards.evr\n"
+            "bad = [m for m in ('transformers', 'vllm', 'httpx', 'diffusers', 'trl', 'peft', 'datasets') if m in sys.modules]\n"
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
