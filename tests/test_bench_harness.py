@@ -160,6 +160,20 @@ def test_load_filters_by_dataset_column(tmp_path, data_root):
     assert len(rows) == 18 and {r.extra["num_candidates"] for r in rows} == {3}
 
 
+def test_hub_path_through_datasets(data_root, tmp_path, monkeypatch):
+    """The hub branch (datasets.load_dataset + raw image structs) on a local folder standing in for a repo."""
+    import dataclasses
+
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
+    spec = dataclasses.replace(get_spec("editreward/3pair"), dataset=str(data_root / "editreward"))
+    rows, info = load_comparisons(spec)
+    local, _ = load_comparisons(get_spec("editreward/3pair"), data_root / "editreward")
+    assert info["source"] == "hub" and len(rows) == 18
+    assert [(r.hash_a, r.hash_b, r.label, r.group_id) for r in rows] == \
+        [(r.hash_a, r.hash_b, r.label, r.group_id) for r in local]
+
+
 def test_load_errors_are_actionable(tmp_path, data_root):
     with pytest.raises(BenchDataError, match="does not exist"):
         load_comparisons(get_spec("mmrb2/t2i"), tmp_path / "nowhere")
@@ -384,7 +398,8 @@ def test_builtin_rewards_stored_values(name, kwargs, thresholds, data_root, tiny
 
 # ------------------------------------------------------------------ records, CLI, imports
 def test_record_contents(tmp_path, data_root):
-    res = _run(MeanPixel(), "mmrb2/t2i,editreward/4pair", data_root, n_boot=100, per_sample=True, by=["model_a"])
+    res = _run(MeanPixel(), "mmrb2/t2i,editreward/4pair", data_root, n_boot=100, per_sample=True,
+               by=["model_a", "prompt_metadata.category", "dataset"])
     rec = json.loads(res.save(tmp_path / "r.json").read_text())
     assert rec["schema"] == "rewardkit.bench.result/1"
     assert rec["rewardkit_version"] and "git_hash" in rec
@@ -396,7 +411,11 @@ def test_record_contents(tmp_path, data_root):
     g = b["metrics"]["group_accuracy"]
     assert g["ci95"][0] <= g["value"] <= g["ci95"][1]
     assert len(b["samples"]) == 36 and {"score_a", "margin", "forward"} <= set(b["samples"][0])
-    assert set(rec["benchmarks"]["mmrb2/t2i"]["categories"]) == {"prompt_source", "model_a"}
+    cats = rec["benchmarks"]["mmrb2/t2i"]["categories"]
+    assert set(cats) == {"prompt_source", "model_a", "prompt_metadata.category", "dataset"}
+    assert list(cats["prompt_metadata.category"]) == ["synthetic"]  # a key inside a JSON-string column
+    assert list(cats["dataset"]) == ["<none>"]  # no such column in MMRB2
+    assert list(b["categories"]["dataset"]) == ["4pair"]  # any scalar column of the data
     md = res.markdown()
     assert "| mmrb2/t2i |" in md and "group_accuracy" in md
 

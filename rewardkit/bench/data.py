@@ -153,6 +153,7 @@ def comparisons_from_rows(spec: BenchmarkSpec, rows: Iterable[dict[str, Any]], *
     """Turn raw dataset rows (dicts; images as ``{"bytes", "path"}`` structs, bytes or PIL) into records."""
     f = spec.fields
     extra_cols = list(f.get("extra") or ()) + [c for c in spec.categories if c not in (f.get("extra") or ())]
+    mapped = {v for k, v in f.items() if k != "extra" and isinstance(v, str)}
     for i, row in enumerate(rows, start):
         try:
             h, tie_kind = parse_label(spec.label, row.get(f["label"]),
@@ -180,7 +181,9 @@ def comparisons_from_rows(spec: BenchmarkSpec, rows: Iterable[dict[str, Any]], *
             label=h, raw_label=str(row.get(f["label"])), sources=sources, tie_kind=tie_kind,
             model_a=row.get(f["model_a"]) if f.get("model_a") else None,
             model_b=row.get(f["model_b"]) if f.get("model_b") else None,
-            extra={c: _jsonable(row.get(c)) for c in extra_cols if c in row},
+            # the spec's extra columns, plus every other scalar column (for --by breakdowns)
+            extra={**{c: v for c, v in row.items() if c not in mapped and isinstance(v, (str, int, float, bool))},
+                   **{c: _jsonable(row.get(c)) for c in extra_cols if c in row}},
             n_images_a=len(ims_a), n_images_b=len(ims_b))
 
 

@@ -18,6 +18,7 @@ Scores are cached on disk (:mod:`rewardkit.bench.cache`), committed after every 
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import math
 import subprocess
 import sys
@@ -373,10 +374,17 @@ def _data_path(data_dir: Any, spec: BenchmarkSpec) -> Path | None:
 
 
 def _category_value(c: Comparison, fieldname: str) -> str:
-    if fieldname in c.extra:
-        v = c.extra[fieldname]
-    else:
-        v = getattr(c, fieldname, None)
+    """A comparison's value of a column; ``"col.key"`` reads a key of a JSON-string or dict column
+    (e.g. MMRB2's ``prompt_metadata.category``)."""
+    head, _, key = fieldname.partition(".")
+    v = c.extra[head] if head in c.extra else getattr(c, head, None)
+    if key:
+        if isinstance(v, str):
+            try:
+                v = json.loads(v)
+            except json.JSONDecodeError:
+                v = None
+        v = v.get(key) if isinstance(v, dict) else None
     return "<none>" if v is None else str(v)
 
 
