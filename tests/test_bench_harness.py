@@ -174,6 +174,17 @@ def test_hub_path_through_datasets(data_root, tmp_path, monkeypatch):
         [(r.hash_a, r.hash_b, r.label, r.group_id) for r in local]
 
 
+def test_load_save_to_disk_folder(data_root, tmp_path, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
+    ds = datasets.Dataset.from_parquet(str(data_root / SYNTHETIC_LAYOUT["genaibench/edit"]))
+    ds.save_to_disk(str(tmp_path / "saved"))
+    rows, info = load_comparisons(get_spec("genaibench/edit"), tmp_path / "saved")
+    ref, _ = load_comparisons(get_spec("genaibench/edit"), data_root / "genaibench")
+    assert info["source"] == "save_to_disk"
+    assert [(r.hash_a, r.source_hashes, r.raw_label) for r in rows] == [(r.hash_a, r.source_hashes, r.raw_label) for r in ref]
+
+
 def test_load_errors_are_actionable(tmp_path, data_root):
     with pytest.raises(BenchDataError, match="does not exist"):
         load_comparisons(get_spec("mmrb2/t2i"), tmp_path / "nowhere")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
 
 import numpy as np
@@ -38,6 +39,9 @@ def test_accuracy_without_ties_rejects_bad_labels():
 def test_accuracy_without_ties_empty_is_nan_not_zero():
     r = M.accuracy_without_ties([0, 0], [0.1, -0.2])
     assert math.isnan(r.value) and r.n == 0
+    d = r.to_dict()  # undefined values are null in the JSON record, never NaN
+    assert d["value"] is None and d["half_credit"] is None
+    json.dumps(d, allow_nan=False)
 
 
 # ------------------------------------------------------------------ accuracy with ties (tie calibration)

@@ -53,10 +53,17 @@ class MetricValue:
         def f(x: float) -> float | None:
             return None if x is None or not math.isfinite(x) else round(float(x), 10)
 
+        def clean(v: Any) -> Any:  # JSON without NaN: undefined values become null
+            if isinstance(v, float):
+                return f(v)
+            if isinstance(v, dict):
+                return {k: clean(x) for k, x in v.items()}
+            return v
+
         d: dict[str, Any] = {"value": f(self.value), "n": int(self.n)}
         if self.ci is not None:
             d["ci95"] = [f(self.ci[0]), f(self.ci[1])]
-        d.update(self.extra)
+        d.update({k: clean(v) for k, v in self.extra.items()})
         return d
 
 
