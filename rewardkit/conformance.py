@@ -138,6 +138,9 @@ def check_bad_sample_isolated(reward: Reward) -> None:
     mixed = reward(images, x["prompt"], sources=x["sources"], on_error="nan")
     assert not mixed.valid[1] and "not a recognised image" in mixed.errors[1]
     keep = torch.tensor([0, 2])
+    if reward.batch_relative:  # the bad sample leaves the statistics: only validity is comparable
+        assert mixed.valid[keep].tolist() == good.valid[keep].tolist()
+        return
     _same(good.scores[keep], mixed.scores[keep], "good samples beside a bad one")
 
 
@@ -157,8 +160,12 @@ def check_compare(reward: Reward) -> None:
     p = cmp.prob_a[cmp.valid]
     assert bool(((p >= 0) & (p <= 1)).all())
     if type(reward).compare is Reward.compare:  # default derived from scores
-        sa = reward(a, prompts, sources=srcs).scores
-        sb = reward(b, prompts, sources=srcs).scores
+        if reward.batch_relative:  # compare scores a and b in one call, so compare against that call
+            both = reward(a + b, prompts + prompts, sources=None if srcs is None else srcs + srcs).scores
+            sa, sb = both[:2], both[2:]
+        else:
+            sa = reward(a, prompts, sources=srcs).scores
+            sb = reward(b, prompts, sources=srcs).scores
         for i in range(2):
             if not (torch.isfinite(sa[i]) and torch.isfinite(sb[i])):
                 assert not cmp.valid[i]

@@ -30,6 +30,7 @@ BUILTIN: dict[str, str] = {
     "faithfulness": "rewardkit.rewards.faithfulness:Faithfulness",
     "constraints": "rewardkit.rewards.constraints:Constraints",
     "detectors": "rewardkit.rewards.detectors:Detectors",
+    "composite": "rewardkit.compose.composite:Composite",
     "weighted-sum": "rewardkit.compose.composite:WeightedSum",
     "pickscore": "rewardkit.rewards.pickscore:PickScore",
     "preference": "rewardkit.rewards.preference:PreferenceReward",

@@ -203,6 +203,8 @@ class RewardBatch:
             None when the call passed no sources.
         metadata: B dicts (empty when not given).
         indices: position of each sample in the caller's batch (for diagnostics).
+        chunk_size: the caller's ``batch_size`` when the reward is ``batch_relative`` (it then receives the
+            whole call as one batch and should forward this to the models / sub-rewards it runs).
     """
 
     images: list[Image.Image]
@@ -210,6 +212,7 @@ class RewardBatch:
     sources: list[list[Image.Image]] | None = None
     metadata: list[dict[str, Any]] = field(default_factory=list)
     indices: list[int] = field(default_factory=list)
+    chunk_size: int | None = None
 
     def __post_init__(self) -> None:
         n = len(self.images)
@@ -228,6 +231,7 @@ class RewardBatch:
             sources=None if self.sources is None else [self.sources[i] for i in idx],
             metadata=[self.metadata[i] for i in idx],
             indices=[self.indices[i] for i in idx],
+            chunk_size=self.chunk_size,
         )
 
 
@@ -258,6 +262,9 @@ class Reward(abc.ABC):
     compare_temperature: ClassVar[float] = 1.0
     #: True when ``_score`` may run concurrently from several threads; otherwise calls are serialised.
     thread_safe: ClassVar[bool] = False
+    #: True when a sample's score depends on the other samples of the call (e.g. z-scores over the batch):
+    #: the base then never chunks the call; ``RewardBatch.chunk_size`` carries the caller's ``batch_size``.
+    batch_relative: bool = False
     Config: ClassVar[type] = RewardConfig
 
     def __init__(self, config: Any = None, /, **overrides: Any) -> None:
@@ -376,7 +383,11 @@ class Reward(abc.ABC):
             metadata=[metas[i] for i in ok],
             indices=ok,
         )
-        chunk = batch_size or self.default_batch_size or max(len(ok), 1)
+        if self.batch_relative:  # statistics of the whole call: one _score call, chunking left to the reward
+            batch.chunk_size = batch_size or self.default_batch_size
+            chunk = max(len(ok), 1)
+        else:
+            chunk = batch_size or self.default_batch_size or max(len(ok), 1)
         starts = range(0, len(ok), chunk)
         if progress and len(starts) > 1:
             from tqdm.auto import tqdm

@@ -240,13 +240,13 @@ def test_build_composite_from_yaml_with_section_and_overrides(tmp_path):
         build_composite(y, ["normalise=none"], section="reward")
 
 
-def test_composite_tiny_passes_the_batch_independent_conformance_checks(tmp_path):
-    """Everything but 'bad_sample_isolated' and 'compare', which z-scoring over the call breaks by design."""
+def test_composite_tiny_is_batch_relative_and_conforms(tmp_path):
+    """A batch-relative reward: conformance compares it with the whole call (see rewardkit.conformance)."""
     from rewardkit.conformance import check_reward
 
     comp = Composite.tiny(str(tmp_path))
-    check_reward(comp, ["output_contract", "deterministic", "chunking", "input_kinds", "thread_safety",
-                        "config_pickle", "empty_batch"])
+    assert comp.batch_relative and not WeightedSum.tiny(str(tmp_path)).batch_relative
+    check_reward(comp)
     out = comp(IMGS, ["a", "b", "c", "d"])
     assert set(out.dimensions) == {"preference/raw", "preference/z", "alignment/raw", "alignment/z"}
     assert close(out.scores, out.dimensions["preference/z"] + 0.5 * out.dimensions["alignment/z"])

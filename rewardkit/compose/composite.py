@@ -13,14 +13,13 @@ takes a composite. Build it from Python or YAML::
     detectors: {reward: detectors, mode: veto, target: preference}
     normalize: batch
 
-Z-scores are statistics of the *call*: a composite scores the whole call at once (``batch_size`` is passed
-down to the sub-rewards as their chunk size, so chunking never changes a score). Consequently a sample's
+Z-scores are statistics of the *call*: a composite is ``batch_relative``, so the base class hands it the whole
+call at once and ``batch_size`` reaches the sub-rewards as their chunk size (chunking never changes a score). Consequently a sample's
 composite score depends on the other samples of the call, by design.
 """
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
 import math
 from dataclasses import dataclass, field
@@ -40,9 +39,6 @@ _NORMALIZE = ("batch", "group", "fixed", "none")
 _GATES = ("none", "intent")
 _DET_MODES = ("veto", "additive", "off")
 _GATING = ("intent", "none")
-
-# Chunk size the caller asked for; forwarded to sub-rewards (the composite itself scores a call at once).
-_SUB_BATCH: contextvars.ContextVar[int | None] = contextvars.ContextVar("rewardkit_composite_batch", default=None)
 
 
 @dataclass(frozen=True)
@@ -174,6 +170,8 @@ class Composite(Reward):
                 self.rewards["detectors"] = rewards.get("detectors") or self._build(
                     self.det.get("reward", "detectors"), self.det.get("options") or {}, "detectors")
         self.dimensions = tuple(self._dimension_names())
+        # z-scores over the batch / prompt group: a score depends on the call (the base then never chunks it)
+        self.batch_relative = cfg.normalize in ("batch", "group")
         self.tasks = frozenset.intersection(*[frozenset(r.tasks) for r in self.rewards.values()]) or frozenset({"t2i"})
         self.uses_prompt = any(r.uses_prompt for r in self.rewards.values())
 
@@ -213,16 +211,6 @@ class Composite(Reward):
         return self
 
     # ------------------------------------------------------------------ scoring
-    def __call__(self, images, prompt=None, *, sources=None, metadata=None, batch_size=None, on_error="raise",
-                 progress=False):
-        """As :meth:`Reward.__call__`; ``batch_size`` chunks the sub-rewards, never the z-score statistics."""
-        token = _SUB_BATCH.set(batch_size)
-        try:
-            return super().__call__(images, prompt, sources=sources, metadata=metadata, batch_size=None,
-                                    on_error=on_error, progress=progress)
-        finally:
-            _SUB_BATCH.reset(token)
-
     def _normalise(self, x: torch.Tensor, mask: torch.Tensor, batch: RewardBatch, axis: AxisSpec) -> torch.Tensor:
         cfg = self.config
         if cfg.normalize in ("none", "fixed"):
@@ -251,7 +239,7 @@ class Composite(Reward):
     def _score(self, batch: RewardBatch) -> RewardOutput:
         cfg = self.config
         n = len(batch)
-        sub_bs = _SUB_BATCH.get()
+        sub_bs = batch.chunk_size
         outs: dict[str, RewardOutput] = {}
         for name, r in self.rewards.items():
             outs[name] = r(batch.images, batch.prompts if r.uses_prompt else None,
