@@ -140,6 +140,12 @@ class EVRConfig(RewardConfig):
     judge: str = ""
     #: keyword arguments for load_judge (device, dtype, model=..., ...)
     judge_kwargs: dict[str, Any] = field(default_factory=dict)
+    #: shorthand for ``judge="transformers:<model>"`` (what ``rewardkit score --model`` sets); a string with a
+    #: backend prefix ("vllm:...", "openai:...") is used as is
+    model: str = ""
+    #: device / dtype for a transformers (dtype: also vllm) judge, merged into judge_kwargs
+    device: str | None = None
+    dtype: str | None = None
     #: a separate verifier judge spec ("" = the evaluator's judge, as in the paper)
     verifier_judge: str = ""
     template: str = "default"
@@ -188,15 +194,17 @@ class EVR(Reward):
             if not isinstance(judge, (JudgeBackend, tuple)):
                 raise TypeError(f"judge must be a JudgeBackend, a (model, processor) tuple or a spec string, got {type(judge).__name__}")
             self.judge = load_judge(judge)
-        elif cfg.judge:
-            self.judge = load_judge(cfg.judge, **dict(cfg.judge_kwargs))
+        elif cfg.judge or cfg.model:
+            spec, kw = self._spec(cfg.judge or cfg.model)
+            self.judge = load_judge(spec, **kw)
         else:
             raise ValueError("EVR needs a judge: load_reward('evr', judge='transformers:<checkpoint>') "
                              "(or 'vllm:<checkpoint>', 'openai:<url>' with judge_kwargs={'model': ...}, or a backend)")
         if verifier_judge is not None and not isinstance(verifier_judge, str):
             self.verifier_backend = load_judge(verifier_judge)
         elif cfg.verifier_judge:
-            self.verifier_backend = load_judge(cfg.verifier_judge, **dict(cfg.judge_kwargs))
+            spec, kw = self._spec(cfg.verifier_judge)
+            self.verifier_backend = load_judge(spec, **kw)
         else:
             self.verifier_backend = self.judge
         self.template = load_template("evr", cfg.template)
@@ -205,6 +213,20 @@ class EVR(Reward):
         if cfg.output == "raw":
             self.score_range = (0.0, 5.0)
         self.default_batch_size = cfg.batch_size
+
+    def _spec(self, spec: str) -> tuple[str, dict[str, Any]]:
+        """A judge spec with its backend prefix, and load_judge kwargs (judge_kwargs + device/dtype)."""
+        from ..judges import BACKENDS
+
+        kind = spec.partition(":")[0]
+        if kind not in BACKENDS:
+            spec, kind = f"transformers:{spec}", "transformers"
+        kw = dict(self.config.judge_kwargs)
+        if self.config.device is not None and kind in ("transformers", "hf"):
+            kw.setdefault("device", self.config.device)
+        if self.config.dtype is not None and kind in ("transformers", "hf", "vllm"):
+            kw.setdefault("dtype", self.config.dtype)
+        return spec, kw
 
     def _check_config(self) -> None:
         cfg = self.config
