@@ -28,7 +28,7 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--size", type=int, default=56, help="image side in pixels")
-    ap.add_argument("--train-steps", type=int, default=6)
+    ap.add_argument("--train-steps", type=int, default=12)
     args = ap.parse_args()
 
     from rewardkit import load_reward
@@ -56,23 +56,25 @@ def main() -> int:
     b_ips = args.images / statistics.median(batched_t)
     s_ips = args.images / statistics.median(single_t)
 
-    # training: count backbone forwards per micro-batch, measure pairs/s over a few optimizer steps
-    cfg = PreferenceTrainConfig(output_dir=str(tmp / "train"), progress=False, micro_batch_size=8,
-                                global_batch_size=8, max_steps=args.train_steps, log_every=1, save_every=0,
-                                eval_batch_size=32)
-    cfg.model.backbone = "tiny:qwen2_5_vl"
-    cfg.data.synthetic_size = 8 * args.train_steps
-    cfg.optim.lr = 1e-3
+    # training: the tiny recipe (12 steps of 8 pairs); count backbone forwards per micro-batch, measure pairs/s,
+    # wall time and held-out accuracy
+    from rewardkit.config import load_config
+
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "arena_rm" / "tiny.yaml"
+    cfg = load_config(PreferenceTrainConfig, recipe, [f"output_dir={tmp / 'train'}", "progress=false",
+                                                      f"max_steps={args.train_steps}", "log_every=1",
+                                                      "data.synthetic_size=128"])
+    t0 = time.perf_counter()
     trainer = PreferenceTrainer(cfg)
     calls = []
-    hook = _inner_model(trainer.model_raw.vlm).register_forward_hook(
-        lambda mod, a, kw_out=None: calls.append(1))
-    t0 = time.perf_counter()
-    trainer.train()
-    train_s = time.perf_counter() - t0  # includes the final checkpoint + model save
+    hook = _inner_model(trainer.model_raw.vlm).register_forward_hook(lambda *a: calls.append(1))
+    summary = trainer.train()
+    train_wall = time.perf_counter() - t0  # model build, data, training, eval, checkpoint and model save
     hook.remove()
+    eval_forwards = -(-summary["eval_pairs"] // cfg.eval_batch_size)
     rows = [json.loads(x) for x in (tmp / "train" / "metrics.jsonl").read_text().splitlines()]
     step_pps = [r["pairs_per_s"] for r in rows if r.get("split") == "train" and r.get("step", 0) > 1]
+    micro_batches = args.train_steps * cfg.global_batch_size // cfg.micro_batch_size
 
     print(json.dumps({
         "model": "tiny Qwen2.5-VL (hidden 32, 1 layer) + linear head",
@@ -83,8 +85,10 @@ def main() -> int:
         "batched_over_one_by_one": round(b_ips / s_ips, 2),
         "batched_vs_one_by_one_max_abs_diff": max_diff,
         "train_pairs_per_s_median_step": round(statistics.median(step_pps), 1) if step_pps else None,
-        "train_pairs_per_s_overall": round(cfg.global_batch_size * args.train_steps / train_s, 1),
-        "backbone_forwards_per_micro_batch": len(calls) / args.train_steps,
+        "train_steps": args.train_steps, "train_global_batch": cfg.global_batch_size,
+        "backbone_forwards_per_micro_batch": (len(calls) - eval_forwards) / micro_batches,
+        "tiny_recipe_eval_accuracy": summary["eval_accuracy"],
+        "tiny_recipe_wall_s": round(train_wall, 1),
     }, indent=1))
     return 0
 

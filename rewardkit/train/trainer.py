@@ -236,8 +236,11 @@ class PreferenceTrainer:
                     "target_modules": cfg.lora.target_modules}
         model.configure_trainable(lora=lora, train_vision=m.train_vision)
         if m.gradient_checkpointing:
-            enable = getattr(model.vlm, "activation_checkpointing_enable", None) or model.vlm.gradient_checkpointing_enable
-            enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            kw = {"use_reentrant": False}
+            if hasattr(model.vlm, "activation_checkpointing_enable"):  # transformers >= 5.2x name
+                model.vlm.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
+            else:
+                model.vlm.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
         model.train()
         self.model_raw = model
         self.collate = None  # set after data load (needs base_dir)
