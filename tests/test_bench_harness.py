@@ -230,6 +230,7 @@ def test_constant_reward_on_known_label_distribution(data_root):
     assert res["editreward/3pair"].metrics["group_accuracy"].value == 0.0
     assert res["genaibench/t2i"].counts["labels"] == {"a": 6, "b": 6, "tie_bad": 6, "tie_good": 6}
     assert "genaibench_4way" in res["genaibench/t2i"].unavailable
+    assert list(_run(Constant(), "mmrb2,mmrb2/t2i", data_root).benchmarks) == ["mmrb2/t2i"]  # alias de-duplicated
 
 
 def test_scalar_reward_scores_each_sample_once(data_root):

@@ -454,7 +454,9 @@ def evaluate(
         batch_size: items per reward call (default: the reward's ``default_batch_size`` or 32); the cache
             is committed after each.
         limit: keep the first ``limit`` comparisons of each benchmark (smoke runs).
-        mode: ``"scalar"``, ``"pairwise"`` or ``"auto"`` (pairwise iff the reward overrides ``compare``).
+        mode: ``"scalar"``, ``"pairwise"`` or ``"auto"``: pairwise iff the reward overrides ``compare`` with
+            a native pairwise judgement (one probe call checks that the override does not return
+            ``scores_a``, i.e. is not derived from scores).
         n_boot: bootstrap resamples for the 95% CIs (0 disables them).
         per_sample: keep each comparison's scores and verdicts in the record.
         ignore_sources: score editing benchmarks with a reward that takes no source images (text-image
@@ -474,7 +476,7 @@ def evaluate(
         reward_name = reward.name or type(reward).__name__
     if isinstance(benchmarks, str):
         benchmarks = [b for b in benchmarks.split(",") if b.strip()]
-    specs = [get_spec(b) for b in benchmarks]
+    specs = list({s.name: s for s in (get_spec(b) for b in benchmarks)}.values())  # de-duplicated, in order
     if not specs:
         raise ValueError("no benchmarks given")
     if limit is not None and limit < 1:
