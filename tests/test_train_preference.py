@@ -233,3 +233,16 @@ def test_resume_refuses_a_changed_data_order(tmp_path):
     assert latest_checkpoint(tmp_path).name == "step-00000001"
     with pytest.raises(ValueError, match="seed changed"):
         PreferenceTrainer(tiny_cfg(tmp_path, "max_steps=2", "data.eval=null", "seed=1")).train()
+
+
+def test_replica_fingerprint_detects_any_change():
+    from rewardkit.train.trainer import _replica_fingerprint
+
+    g = torch.Generator().manual_seed(0)
+    params = [torch.randn(1000, generator=g), torch.randn(7, 3, generator=g)]
+    same = [p.clone() for p in params]
+    assert torch.equal(_replica_fingerprint(params, chunk=64), _replica_fingerprint(same, chunk=64))
+    same[0][999] += 1e-6
+    assert not torch.equal(_replica_fingerprint(params, chunk=64), _replica_fingerprint(same, chunk=64))
+    swapped = [params[0].flip(0), params[1]]  # same sum and sum of squares, different order
+    assert not torch.equal(_replica_fingerprint(params), _replica_fingerprint(swapped))

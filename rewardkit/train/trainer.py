@@ -186,15 +186,20 @@ def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict[str, Any])
     return {"state": state, "param_groups": groups}
 
 
-def _replica_fingerprint(params: list[torch.Tensor]) -> torch.Tensor:
-    """``[3]`` float64 summary of the parameters: sum, sum of squares, a fixed random projection."""
-    out = torch.zeros(3, dtype=torch.float64)
-    g = torch.Generator().manual_seed(1234)
+def _replica_fingerprint(params: list[torch.Tensor], chunk: int = 1 << 20) -> torch.Tensor:
+    """``[3]`` float64 summary of the parameters (sum, sum of squares, a fixed pseudo-random projection),
+    computed on the parameters' device in chunks, so it costs O(chunk) memory even for a full 8B model.
+    Bitwise-equal replicas give bitwise-equal fingerprints."""
+    out = None
     for p in params:
-        x = p.detach().double().reshape(-1).cpu()
-        w = torch.rand(x.numel(), generator=g, dtype=torch.float64)
-        out += torch.stack([x.sum(), (x * x).sum(), (x * w).sum()])
-    return out
+        x = p.detach().reshape(-1)
+        for s in range(0, x.numel(), chunk):
+            c = x[s:s + chunk].double()
+            idx = torch.arange(s, s + c.numel(), device=c.device, dtype=torch.float64)
+            w = torch.frac(idx * 0.6180339887498949)  # golden-ratio sequence in [0, 1)
+            part = torch.stack([c.sum(), (c * c).sum(), (c * w).sum()])
+            out = part if out is None else out + part
+    return out if out is not None else torch.zeros(3, dtype=torch.float64)
 
 
 # ---------------------------------------------------------------------------------------------- trainer
@@ -243,7 +248,6 @@ class PreferenceTrainer:
                 model.vlm.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
         model.train()
         self.model_raw = model
-        self.collate = None  # set after data load (needs base_dir)
 
         d = cfg.data
         train, base = load_pairs(d.train, split=d.train_split, layout=d.layout, max_samples=d.max_train_samples,
@@ -551,7 +555,7 @@ class PreferenceTrainer:
         final = self.evaluate() or {}
         summary: dict[str, Any] = {"split": "final", "step": self.step, "world_size": self.world}
         if self.world > 1:
-            fp = self.acc.gather(_replica_fingerprint(self.trainable).to(self.acc.device).unsqueeze(0)).cpu()
+            fp = self.acc.gather(_replica_fingerprint(self.trainable).unsqueeze(0)).cpu()
             summary["replicas_in_sync"] = bool((fp == fp[0]).all())
             summary["replica_max_abs_diff"] = float((fp - fp[0]).abs().max())
             counts = self.acc.gather(torch.tensor([local_pairs], device=self.acc.device)).cpu().tolist()
