@@ -1,9 +1,10 @@
 """Judge backend on offline vLLM (``vllm.LLM``): multimodal chat prompts, ``n`` sampling, prefix caching.
 
-vLLM hashes every image by content, so the same image in many prompts maps to the same multimodal id and
-the prefix cache (``enable_prefix_caching=True``, forced on here) reuses the KV blocks of the shared
-image + instruction prefix across the K samples and the verification questions. Images are passed as PIL
-objects (``image_pil`` content parts), never re-encoded to files.
+Prompts are rendered with the checkpoint's own chat template (as the transformers backend does) and passed
+to ``LLM.generate`` as ``{"prompt": text, "multi_modal_data": {"image": [PIL, ...]}}``. vLLM hashes every
+image by content, so the same image in many prompts maps to the same multimodal id and the prefix cache
+(``enable_prefix_caching=True``, forced on here) reuses the KV blocks of the shared image + instruction
+prefix across the K samples and the verification questions.
 
 ``choice_probs`` requests one token with the top ``logprobs`` alternatives (``max_logprobs`` of the engine,
 20 by default) and renormalises the choice tokens' log-probabilities (raw, full-vocabulary log-softmax,
@@ -22,32 +23,14 @@ from typing import Any, Sequence
 
 from .base import ChoiceError, Conversation, JudgeBackend
 
-__all__ = ["VLLMJudge", "to_vllm_messages"]
+__all__ = ["VLLMJudge"]
 
 
-def to_vllm_messages(conv: Conversation) -> tuple[list[dict[str, Any]], str]:
-    """HF-style messages -> vLLM chat messages with ``image_pil`` parts, plus a content digest."""
-    from ..media import _to_pil, image_hash
-
+def _digest(text: str, image_keys: list[str]) -> int:
     h = hashlib.blake2b(digest_size=8)
-    out = []
-    for msg in conv:
-        content = msg.get("content")
-        if isinstance(content, str) or content is None:
-            out.append({"role": msg["role"], "content": content or ""})
-            h.update(f"{msg['role']}:{content}".encode())
-            continue
-        parts = []
-        for c in content:
-            if isinstance(c, dict) and (c.get("type") == "image" or "image" in c):
-                pil = _to_pil(c["image"])
-                parts.append({"type": "image_pil", "image_pil": pil})
-                h.update(image_hash(pil).encode())
-            else:
-                parts.append({"type": "text", "text": c["text"]})
-                h.update(c["text"].encode())
-        out.append({"role": msg["role"], "content": parts})
-    return out, h.hexdigest()
+    h.update(text.encode())
+    h.update("".join(image_keys).encode())
+    return int.from_bytes(h.digest(), "little")
 
 
 class VLLMJudge(JudgeBackend):
@@ -82,12 +65,21 @@ class VLLMJudge(JudgeBackend):
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "model": str(self.model_id), "logprobs": self.logprobs}
 
-    def _chat(self, msgs: list, params: list) -> list:
-        cont = [bool(m) and m[-1]["role"] == "assistant" for m in msgs]
-        if any(cont) and not all(cont):
-            raise ValueError("mix of conversations ending with and without an assistant prefix in one batch")
-        return self.llm.chat(msgs, params, use_tqdm=False, add_generation_prompt=not cont[0],
-                             continue_final_message=cont[0])
+    def _prompts(self, conversations: Sequence[Conversation]) -> list[tuple[dict[str, Any], int]]:
+        from ..media import _to_pil, image_hash
+        from .transformers_backend import conversation_images
+
+        out = []
+        for conv in conversations:
+            cont = bool(conv) and conv[-1].get("role") == "assistant"
+            text = self.tokenizer.apply_chat_template(list(conv), tokenize=False, add_generation_prompt=not cont,
+                                                      continue_final_message=cont)
+            ims = [_to_pil(im) for im in conversation_images(conv)]
+            prompt: dict[str, Any] = {"prompt": text}
+            if ims:
+                prompt["multi_modal_data"] = {"image": ims}
+            out.append((prompt, _digest(text, [image_hash(im) for im in ims])))
+        return out
 
     def generate(self, conversations: Sequence[Conversation], *, n: int = 1, temperature: float = 0.0,
                  max_new_tokens: int = 256, stop: Sequence[str] | None = None,
@@ -96,13 +88,13 @@ class VLLMJudge(JudgeBackend):
             raise ValueError(f"n must be >= 1, got {n}")
         if not conversations:
             return []
-        conv = [to_vllm_messages(c) for c in conversations]
+        prompts = self._prompts(conversations)
         params = []
-        for _, digest in conv:
-            s = None if seed is None else (seed * 1_000_003 + int(digest, 16)) % (2 ** 31)
+        for _, digest in prompts:
+            s = None if seed is None else (seed * 1_000_003 + digest) % (2 ** 31)
             params.append(self._vllm.SamplingParams(n=n, temperature=temperature, max_tokens=max_new_tokens,
                                                     stop=list(stop) if stop else None, seed=s))
-        outs = self._chat([m for m, _ in conv], params)
+        outs = self.llm.generate([p for p, _ in prompts], params, use_tqdm=False)
         return [[o.text for o in out.outputs] for out in outs]
 
     def choice_probs(self, conversations: Sequence[Conversation], choices: Sequence[str]):
@@ -116,10 +108,10 @@ class VLLMJudge(JudgeBackend):
             ids.append(t[0])
         if not conversations:
             return torch.zeros(0, len(ids))
-        msgs = [to_vllm_messages(c)[0] for c in conversations]
+        prompts = [p for p, _ in self._prompts(conversations)]
         params = self._vllm.SamplingParams(n=1, temperature=0.0, max_tokens=1, logprobs=self.logprobs)
-        outs = self._chat(msgs, [params] * len(msgs))
-        probs = torch.full((len(msgs), len(ids)), float("nan"))
+        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        probs = torch.full((len(prompts), len(ids)), float("nan"))
         for i, out in enumerate(outs):
             table = out.outputs[0].logprobs[0]  # {token_id: Logprob}
             row = [table[t].logprob if t in table else None for t in ids]

@@ -1,0 +1,83 @@
+"""The vLLM backend's glue (prompt rendering, per-request seeds, log-prob tables) on a stand-in engine.
+
+vLLM itself needs a GPU: the real engine runs in tests/test_judges_vllm_gpu.py. Here ``vllm`` is a stub
+module and ``LLM`` a recorder, so this checks only what rewardkit does around the engine.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import types
+from types import SimpleNamespace as NS
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from rewardkit.testing import build_tiny_tokenizer, random_images  # noqa: E402
+
+
+class FakeLLM:
+    def __init__(self, table):
+        self.tok = build_tiny_tokenizer(300)
+        self.table, self.calls = table, []
+
+    def get_tokenizer(self):
+        return self.tok
+
+    def generate(self, prompts, params, use_tqdm=False):
+        params = params if isinstance(params, list) else [params] * len(prompts)
+        self.calls.append((prompts, params))
+        outs = []
+        for p, sp in zip(prompts, params):
+            if sp.max_tokens == 1 and sp.logprobs:
+                lp = {self.tok.convert_tokens_to_ids(t): NS(logprob=v) for t, v in self.table.items()}
+                outs.append(NS(outputs=[NS(text="", logprobs=[lp])]))
+            else:
+                outs.append(NS(outputs=[NS(text=f"s{sp.seed}-{k}", logprobs=None) for k in range(sp.n)]))
+        return outs
+
+
+@pytest.fixture
+def judge(monkeypatch):
+    stub = types.ModuleType("vllm")
+    stub.SamplingParams = lambda **kw: NS(**{"logprobs": None, "seed": None, "n": 1, **kw})
+    monkeypatch.setitem(sys.modules, "vllm", stub)
+    from rewardkit.judges.vllm_backend import VLLMJudge
+
+    return VLLMJudge(FakeLLM({"Yes": math.log(0.3), "No": math.log(0.1), "a": math.log(0.6)}))
+
+
+def conv(ims, q):
+    return [{"role": "user", "content": [*({"type": "image", "image": i} for i in ims), {"type": "text", "text": q}]}]
+
+
+def test_prompts_images_and_seeds(judge):
+    ims = random_images(2, sizes=[(20, 10), (8, 8)])
+    convs = [conv(ims, "q1"), conv(ims[1:], "q2")]
+    out = judge.generate(convs, n=2, temperature=1.0, max_new_tokens=5, seed=3, stop=["\n"])
+    prompts, params = judge.llm.calls[-1]
+    assert prompts[0]["prompt"] == judge.tokenizer.apply_chat_template(convs[0], tokenize=False, add_generation_prompt=True)
+    assert prompts[0]["prompt"].count("<|image_pad|>") == 2
+    assert [im.size for im in prompts[0]["multi_modal_data"]["image"]] == [(20, 10), (8, 8)]
+    assert params[0].n == 2 and params[0].max_tokens == 5 and params[0].stop == ["\n"]
+    assert params[0].seed != params[1].seed
+    assert [len(o) for o in out] == [2, 2]
+    alone = judge.generate(convs[1:], n=2, temperature=1.0, max_new_tokens=5, seed=3)
+    assert alone[0] == out[1]  # per-request seed from the content, not the batch position
+
+
+def test_choice_probs_from_logprob_table(judge):
+    p = judge.choice_probs([conv([], "q")] * 2, ["Yes", "No"])
+    torch.testing.assert_close(p, torch.tensor([[0.75, 0.25]] * 2))
+    assert judge.llm.calls[-1][1][0].logprobs == 20 and judge.llm.calls[-1][1][0].temperature == 0.0
+    judge.llm.table = {"Yes": -0.1}
+    assert judge.choice_probs([conv([], "q")], ["Yes", "No"]).tolist() == [[1.0, 0.0]]
+    judge.llm.table = {"a": -0.1}
+    assert torch.isnan(judge.choice_probs([conv([], "q")], ["Yes", "No"])).all()
+    from rewardkit.judges import ChoiceError
+
+    with pytest.raises(ChoiceError):
+        judge.choice_probs([conv([], "q")], ["Yes please", "No"])
