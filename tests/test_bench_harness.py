@@ -305,6 +305,22 @@ def test_consistent_judge_matches_its_scalar_twin(data_root):
     assert pair["mmrb2/t2i"].counts["n_unique_pairs"] == 48  # both orders of 24 pairs
 
 
+def test_symmetric_judge_is_asked_once_per_pair(data_root):
+    class Symmetric(PairwiseMeanPixel):
+        name = "test-symmetric"
+        compare_is_symmetric = True
+
+        def compare(self, images_a, images_b, *a, **k):
+            self.n_compared = getattr(self, "n_compared", 0) + len(images_a)
+            return super().compare(images_a, images_b, *a, **k)
+
+    r = Symmetric()
+    res = _run(r, "mmrb2/t2i", data_root)
+    ref = _run(PairwiseMeanPixel(), "mmrb2/t2i", data_root)
+    assert res["mmrb2/t2i"].counts["n_unique_pairs"] == 24 and r.n_compared == 1 + 24  # probe + one per pair
+    assert res["mmrb2/t2i"].metrics["mmrb2_official"].value == ref["mmrb2/t2i"].metrics["mmrb2_official"].value
+
+
 def test_auto_mode_keeps_score_derived_compare_scalar(data_root):
     class Tempered(MeanPixel):
         name = "test-tempered"

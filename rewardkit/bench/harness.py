@@ -313,7 +313,7 @@ def _predict_scalar(scorer: _Scorer, rows: list[Comparison], use_sources: bool, 
     return Predictions(margin=m, forward=fwd, reverse=rev, score_a=sa, score_b=sb), info
 
 
-def _pair_items(rows: list[Comparison], use_sources: bool, uses_prompt: bool
+def _pair_items(rows: list[Comparison], use_sources: bool, uses_prompt: bool, symmetric: bool = False
                 ) -> tuple[dict[str, tuple], list[tuple[str, str]]]:
     items: dict[str, tuple] = {}
     keys = []
@@ -324,18 +324,25 @@ def _pair_items(rows: list[Comparison], use_sources: bool, uses_prompt: bool
         prompt = c.prompt if uses_prompt else None
         kf, kr = pair_key(ha, hb, prompt, src_h), pair_key(hb, ha, prompt, src_h)
         items.setdefault(kf, (c.image_a, c.image_b, c.prompt, src))
-        items.setdefault(kr, (c.image_b, c.image_a, c.prompt, src))
+        if not symmetric:
+            items.setdefault(kr, (c.image_b, c.image_a, c.prompt, src))
         keys.append((kf, kr))
     return items, keys
 
 
 def _predict_pairwise(scorer: _Scorer, rows: list[Comparison], use_sources: bool, desc: str
                       ) -> tuple[Predictions, dict[str, Any]]:
-    items, keys = _pair_items(rows, use_sources, scorer.reward.uses_prompt)
+    # A judge that already averages both orders inside compare() may declare compare_is_symmetric = True:
+    # the swapped call would only repeat it (P_rev = 1 - P_fwd), so it is not made.
+    symmetric = bool(getattr(scorer.reward, "compare_is_symmetric", False))
+    items, keys = _pair_items(rows, use_sources, scorer.reward.uses_prompt, symmetric)
     before = scorer.n_computed
     found = scorer.pairs(items, use_sources, desc)
     pf = np.array([found[f][0] if found[f][1] else np.nan for f, _ in keys], dtype=np.float64)
-    pr = np.array([found[r][0] if found[r][1] else np.nan for _, r in keys], dtype=np.float64)
+    if symmetric:
+        pr = 1.0 - pf
+    else:
+        pr = np.array([found[r][0] if found[r][1] else np.nan for _, r in keys], dtype=np.float64)
     # P(A better) from each order; average what is available
     both = np.stack([pf, 1.0 - pr])
     cnt = np.isfinite(both).sum(0)
@@ -343,7 +350,7 @@ def _predict_pairwise(scorer: _Scorer, rows: list[Comparison], use_sources: bool
     fwd = [M.verdict_from_margin(x - 0.5) for x in pf]
     rev = [M.verdict_from_margin(x - 0.5) for x in pr]  # as answered on the swapped presentation
     errors = Counter(found[k][2] for k in items if not found[k][1])
-    info = {"n_unique_pairs": len(items), "n_scored_now": scorer.n_computed - before,
+    info = {"n_unique_pairs": len(items), "n_scored_now": scorer.n_computed - before, "symmetric_compare": symmetric,
             "n_invalid_judgements": sum(errors.values()), "invalid_reasons": dict(errors.most_common(5))}
     return Predictions(margin=m, forward=fwd, reverse=rev, single=pf - 0.5), info
 
