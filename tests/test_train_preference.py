@@ -246,3 +246,43 @@ def test_replica_fingerprint_detects_any_change():
     assert not torch.equal(_replica_fingerprint(params, chunk=64), _replica_fingerprint(same, chunk=64))
     swapped = [params[0].flip(0), params[1]]  # same sum and sum of squares, different order
     assert not torch.equal(_replica_fingerprint(params), _replica_fingerprint(swapped))
+
+
+def test_edit_pairs_with_source_images_train(tmp_path):
+    """Edit data: each row carries its source image, shown before each candidate."""
+    from PIL import Image
+
+    Image.new("RGB", (32, 32), (120, 60, 30)).save(tmp_path / "src.png")
+    rows = []
+    for i in range(8):
+        Image.new("RGB", (32, 32), (40 + 20 * i, 90, 200)).save(tmp_path / f"e{i}.png")
+    for i in range(8):
+        rows.append({"prompt": "make it blue", "sources": ["src.png"], "image_a": f"e{i}.png",
+                     "image_b": f"e{(i + 3) % 8}.png", "label": "A" if i > (i + 3) % 8 else "B", "margin": 0.1})
+    (tmp_path / "edits.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "run"
+    cfg = tiny_cfg(out, f"data.train={tmp_path / 'edits.jsonl'}", f"data.eval={tmp_path / 'edits.jsonl'}",
+                   "max_steps=1")
+    trainer = PreferenceTrainer(cfg)
+    batch = trainer.train_collate([trainer.train_ds[0], trainer.train_ds[1]])
+    # 2 pairs -> 4 sequences, each with the source and the candidate: 8 images in one forward
+    assert batch["inputs"]["input_ids"].shape[0] == 4 and batch["inputs"]["image_grid_thw"].shape[0] == 8
+    assert batch["margin"].tolist() == pytest.approx([0.1, 0.1])
+    summary = trainer.train()
+    assert summary["eval_pairs"] == 8
+
+    from rewardkit import load_reward
+
+    r = load_reward("preference", model=summary["model_dir"])
+    assert r([tmp_path / "e0.png"], "make it blue", sources=[[tmp_path / "src.png"]]).valid.all()
+
+
+def test_cli_print_config(capsys):
+    import yaml
+
+    from rewardkit.cli import main
+
+    assert main(["train", "preference", "--config", str(TINY), "--print-config", "optim.lr=0.5", "lora.r=3"]) == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert cfg["optim"]["lr"] == 0.5 and cfg["lora"]["r"] == 3 and cfg["model"]["backbone"] == "tiny:qwen2_5_vl"
+    assert main(["train", "preference", "--config", str(TINY), "--print-config", "optim.lrr=1"]) == 2

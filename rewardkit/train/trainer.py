@@ -596,6 +596,8 @@ def add_arguments(p) -> None:
                    help="config overrides, e.g. optim.lr=1e-5 output_dir=runs/x lora.enabled=true")
     p.add_argument("--output-dir", help="shortcut for output_dir=...")
     p.add_argument("--resume", help="auto (default), never, or a checkpoint directory")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the resolved config (defaults + --config + overrides) as YAML and exit")
 
 
 def run_cli(args) -> int:
@@ -607,6 +609,11 @@ def run_cli(args) -> int:
     if args.resume:
         overrides.append(f"resume={args.resume}")
     cfg = load_config(PreferenceTrainConfig, args.config, overrides)
+    if args.print_config:
+        import yaml
+
+        print(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False), end="")
+        return 0
     summary = train_preference(cfg)
     if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, float) or math.isfinite(v)}))
