@@ -203,3 +203,13 @@ def test_judge_modules_import_no_heavy_dependency():
             "bad = [m for m in ('transformers', 'vllm', 'httpx', 'diffusers', 'trl', 'peft', 'datasets') if m in sys.modules]\n"
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_unsupported_model_is_refused_clearly():
+    from rewardkit.testing import tiny_clip
+
+    model, proc = tiny_clip()
+    with pytest.raises(TypeError, match="Qwen-VL-family"):
+        TransformersJudge(model, proc)
+    with pytest.raises(ValueError, match="processor"):
+        TransformersJudge(model)

@@ -101,6 +101,12 @@ class TransformersJudge(JudgeBackend):
             self.model_id = getattr(model.config, "_name_or_path", "") or type(model).__name__
         if max_rows < 1 or max_prefixes < 1:
             raise ValueError("max_rows and max_prefixes must be >= 1")
+        inner = getattr(model, "model", None)
+        if not (hasattr(inner, "get_rope_index") and hasattr(inner, "get_image_features")
+                and hasattr(getattr(model, "config", None), "image_token_id")):
+            raise TypeError(f"{type(model).__name__} is not supported by the transformers judge backend: it needs a "
+                            "Qwen-VL-family model with M-RoPE (Qwen2-VL, Qwen2.5-VL, Qwen3-VL); use the vllm or "
+                            "openai backend for other architectures")
         self.model = model.eval()
         self.processor = processor
         self.tokenizer = processor.tokenizer
