@@ -123,6 +123,23 @@ def test_every_spec_parses_and_is_versioned():
         get_spec("mmrb/t2i")
 
 
+def test_user_spec_file_and_data_dir_arguments(tmp_path, data_root):
+    from rewardkit.bench.spec import SPEC_DIR
+    from rewardkit.commands.bench import _data_dir
+    from rewardkit.errors import ConfigError
+
+    text = (SPEC_DIR / "mmrb2_t2i.yaml").read_text().replace("name: mmrb2/t2i", "name: my/t2i")
+    (tmp_path / "my.yaml").write_text(text.replace('version: "1.0"', 'version: "7"'))
+    res = evaluate(MeanPixel(), [str(tmp_path / "my.yaml")], data_dir={"my/t2i": data_root / "mmrb2"},
+                   cache_dir=None, n_boot=0, progress=False)
+    assert res["my/t2i"].spec["version"] == "7" and res["my/t2i"].counts["n_comparisons"] == 24
+    (tmp_path / "bad.yaml").write_text(text.replace("label: chosen_ab", "label: chosen"))
+    with pytest.raises(ConfigError, match="label must be one of"):
+        get_spec(str(tmp_path / "bad.yaml"))
+    assert _data_dir(["/d"]) == "/d" and _data_dir(None) is None
+    assert _data_dir(["mmrb2=/a", "genaibench/t2i=/b.parquet"]) == {"mmrb2": "/a", "genaibench/t2i": "/b.parquet"}
+
+
 def test_synthetic_files_have_the_hub_schema(data_root):
     import pyarrow.parquet as pq
 
