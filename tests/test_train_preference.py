@@ -169,12 +169,18 @@ def test_image_folder_with_ties_weights_and_tie_losses(tmp_path, pair_folder):
 
 
 def test_uncertainty_head_trains(tmp_path):
-    cfg = tiny_cfg(tmp_path, "model.head=uncertainty", "loss.kind=uncertainty", "max_steps=2", "data.eval=null")
-    summary = PreferenceTrainer(cfg).train()
+    cfg = tiny_cfg(tmp_path, "model.head=uncertainty", "loss.kind=uncertainty", "max_steps=2", "data.eval=null",
+                   "lora.enabled=true", "lora.r=4", "merge_lora_on_save=true")
+    trainer = PreferenceTrainer(cfg)
+    summary = trainer.train()
     from rewardkit.models.preference import PreferenceModel
 
     m = PreferenceModel.from_pretrained(summary["model_dir"])
-    assert m.head_type == "uncertainty"
+    assert m.head_type == "uncertainty" and m.weights_kind == "full"  # LoRA merged on save
+    imgs = [trainer.train_ds[i]["image_a"] for i in range(3)]
+    want, want_sigma = trainer.model_raw.score(imgs, ["a", "b", "c"])
+    got, got_sigma = m.score(imgs, ["a", "b", "c"])
+    assert torch.allclose(got, want, atol=1e-5) and torch.allclose(got_sigma, want_sigma, atol=1e-5)
 
 
 def test_chosen_rejected_and_pickapic_layouts(tmp_path):

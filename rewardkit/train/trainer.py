@@ -564,7 +564,10 @@ class PreferenceTrainer:
             summary.update({f"eval_{k}": v for k, v in final.items() if k not in ("split", "step")})
         if self.acc.is_main_process:
             self.model_raw.eval()
-            self.model_raw.save_pretrained(self.out / "model", merge_lora=cfg.merge_lora_on_save)
+            if cfg.merge_lora_on_save and self.model_raw.weights_kind == "lora":
+                # training is over: merge in place rather than copying the whole model to merge a copy
+                self.model_raw.vlm = self.model_raw.vlm.merge_and_unload()
+            self.model_raw.save_pretrained(self.out / "model")
             summary["model_dir"] = str(self.out / "model")
         self._log(summary)
         self.acc.wait_for_everyone()
