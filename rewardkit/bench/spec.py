@@ -111,6 +111,8 @@ class BenchmarkSpec:
                 raise ConfigError(f"{where}: fields.{key} is required")
         if self.label == "ranking" and not self.fields.get("letters"):
             raise ConfigError(f"{where}: ranking labels need fields.letters (the comparison_type column)")
+        if "genaibench_4way" in self.metrics and self.label != "vote_type":
+            raise ConfigError(f"{where}: genaibench_4way needs vote_type labels")
         if "group_accuracy" in self.metrics and not self.group_id:
             raise ConfigError(f"{where}: group_accuracy needs group_id")
         bad_sub = [s for s in self.subsets if s not in SUBSETS]
