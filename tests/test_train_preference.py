@@ -144,7 +144,7 @@ def test_two_process_gloo_keeps_replicas_in_sync(tmp_path):
     out = tmp_path / "ddp"
     # --standalone: a local c10d rendezvous on a free port chosen by torchrun itself (no port race)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "rewardkit.cli", "train", "preference", "--config", str(TINY),
-           f"output_dir={out}", "progress=false", "max_steps=2", "data.eval=null", "micro_batch_size=2"]
+           f"output_dir={out}", "progress=false", "max_steps=2", "data.synthetic_size=33", "micro_batch_size=2"]
     proc = subprocess.run(cmd, env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stderr[-3000:]
     final = metrics(out)[-1]
@@ -152,6 +152,7 @@ def test_two_process_gloo_keeps_replicas_in_sync(tmp_path):
     assert final["world_size"] == 2 and info["grad_accum"] == 2   # 8 pairs = 2 ranks x 2 pairs x 2 accumulation
     assert final["replicas_in_sync"] is True and final["replica_max_abs_diff"] == 0.0
     assert final["pairs_per_rank"] == [8, 8]                       # each rank saw its own half of 2 x 8 pairs
+    assert final["eval_pairs"] == 33                                # sharded eval (17 + 16 rows), gathered
     assert (out / "model" / "preference_config.json").is_file()
 
 

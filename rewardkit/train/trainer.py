@@ -424,42 +424,63 @@ class PreferenceTrainer:
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
     def evaluate(self) -> dict[str, float] | None:
-        """Held-out metrics on the main process with the unwrapped model (other ranks wait)."""
+        """Held-out metrics. Every process scores its shard (rows ``rank::world``) with the unwrapped model (no
+        collective inside the forward), then the results are gathered; the main process logs them."""
         if self.eval_ds is None:
             return None
+        model = self.model_raw
+        was = model.training
+        model.eval()
+        ra, rb, labs = [], [], []
+        loss_sum = 0.0
+        mine = list(range(self.rank, len(self.eval_ds), self.world))
+        bs = self.cfg.eval_batch_size
+        for s in range(0, len(mine), bs):
+            batch = self.eval_collate([self.eval_ds[i] for i in mine[s:s + bs]])
+            with self.acc.autocast():
+                r, ls = model(**{k: v.to(self.acc.device) for k, v in batch["inputs"].items()})
+            r = r.float()
+            ls = None if ls is None else ls.float()
+            labels = batch["labels"]
+            non_tie = labels != L.LABEL_TIE
+            if self.cfg.loss.kind in ("bt", "uncertainty") and not bool(non_tie.all()):
+                keep = torch.cat([non_tie, non_tie]).to(r.device)  # these losses have no tie outcome
+                r = r[keep]
+                ls = None if ls is None else ls[keep]
+                batch = {**batch, "labels": labels[non_tie],
+                         "margin": None if batch["margin"] is None else batch["margin"][non_tie],
+                         "weight": None if batch["weight"] is None else batch["weight"][non_tie]}
+            if r.numel() == 0:
+                continue
+            loss, a, b = self._loss(r, ls, batch)
+            ra.append(a.cpu())
+            rb.append(b.cpu())
+            labs.append(batch["labels"])
+            loss_sum += float(loss) * a.numel()
+        model.train(was)
+
+        # pad every shard to the same length (NaN rewards, label -1), gather, drop the padding
+        n_per = -(-len(self.eval_ds) // self.world)
+
+        def pad(parts: list[torch.Tensor], fill: float, dtype: torch.dtype) -> torch.Tensor:
+            out = torch.full((n_per,), fill, dtype=dtype)
+            if parts:
+                x = torch.cat(parts)
+                out[:x.numel()] = x.to(dtype)
+            return out.to(self.acc.device)
+
+        g_a = self.acc.gather(pad(ra, float("nan"), torch.float32)).cpu()
+        g_b = self.acc.gather(pad(rb, float("nan"), torch.float32)).cpu()
+        g_lab = self.acc.gather(pad(labs, -1, torch.long)).cpu()
+        n_rows = sum(x.numel() for x in labs)
+        tot = self.acc.gather(torch.tensor([loss_sum, float(n_rows)], dtype=torch.float64,
+                                           device=self.acc.device).unsqueeze(0)).cpu().sum(0)
+        keep = g_lab >= 0
         rec = None
-        if self.acc.is_main_process:
-            model = self.model_raw
-            was = model.training
-            model.eval()
-            ra, rb, labs, losses = [], [], [], []
-            bs = self.cfg.eval_batch_size
-            for s in range(0, len(self.eval_ds), bs):
-                rows = [self.eval_ds[i] for i in range(s, min(s + bs, len(self.eval_ds)))]
-                batch = self.eval_collate(rows)
-                with self.acc.autocast():
-                    r, ls = model(**{k: v.to(self.acc.device) for k, v in batch["inputs"].items()})
-                r = r.float()
-                labels = batch["labels"]
-                non_tie = labels != L.LABEL_TIE
-                if self.cfg.loss.kind in ("bt", "uncertainty") and not bool(non_tie.all()):
-                    keep = torch.cat([non_tie, non_tie]).to(r.device)
-                    r = r[keep]
-                    ls = None if ls is None else ls[keep]
-                    batch = {**batch, "labels": labels[non_tie],
-                             "margin": None if batch["margin"] is None else batch["margin"][non_tie],
-                             "weight": None if batch["weight"] is None else batch["weight"][non_tie]}
-                if r.numel() == 0:
-                    continue
-                loss, a, b = self._loss(r, ls, batch)
-                ra.append(a.cpu()); rb.append(b.cpu()); labs.append(batch["labels"]); losses.append(float(loss) * a.numel())
-            model.train(was)
-            if ra:
-                r_a, r_b, lab = torch.cat(ra), torch.cat(rb), torch.cat(labs)
-                rec = {"split": "eval", "step": self.step, "loss": sum(losses) / lab.numel()}
-                rec.update(self._pair_metrics(r_a, r_b, lab))
-                self._log(rec)
-        self.acc.wait_for_everyone()
+        if int(keep.sum()):
+            rec = {"split": "eval", "step": self.step, "loss": float(tot[0] / tot[1])}
+            rec.update(self._pair_metrics(g_a[keep], g_b[keep], g_lab[keep]))
+            self._log(rec)
         return rec
 
     # ------------------------------------------------------------------ loop
