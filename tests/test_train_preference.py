@@ -106,7 +106,7 @@ def test_parameters_change_after_one_step(tmp_path, lora):
 
 def test_kill_and_resume_is_bitwise_identical(tmp_path):
     """SIGKILL after step 3 (last checkpoint: step 2), resume -> the same final weights as a clean run."""
-    common = ["max_steps=4", "save_every=2", "log_every=1", "data.eval=null", "lora.enabled=true", "lora.r=4",
+    common = ["max_steps=4", "save_every=2", "log_every=1", "data.eval=null", "data_workers=2", "lora.enabled=true", "lora.r=4",
               "lora.dropout=0.1", "optim.schedule=cosine", "optim.warmup_ratio=0.25"]
     killed = tmp_path / "killed"
     env = _env()

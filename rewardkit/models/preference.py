@@ -40,7 +40,7 @@ from .._imports import require
 from .._version import __version__
 
 __all__ = [
-    "PreferenceModel", "PreferenceTemplate", "LinearHead", "MLPHead", "UncertaintyHead", "build_head",
+    "PreferenceModel", "PreferenceTemplate", "InputEncoder", "LinearHead", "MLPHead", "UncertaintyHead", "build_head",
     "calibration_stats", "apply_calibration", "REWARD_TOKEN", "FORMAT", "FORMAT_VERSION", "LM_LORA_TARGET",
 ]
 
@@ -306,6 +306,27 @@ def _write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+@dataclasses.dataclass
+class InputEncoder:
+    """Applies the template and the processor: B samples -> processor tensors (see ``PreferenceModel.encode``)."""
+
+    processor: Any
+    template: PreferenceTemplate
+
+    def encode(self, images: Sequence[Any], prompts: Sequence[str],
+               sources: Sequence[Sequence[Any]] | None = None) -> dict[str, torch.Tensor]:
+        n = len(images)
+        if len(prompts) != n or (sources is not None and len(sources) != n):
+            raise ValueError("images, prompts and sources must have the same length")
+        texts, flat = [], []
+        for i in range(n):
+            srcs = list(sources[i]) if sources is not None and sources[i] is not None else []
+            texts.append(self.template.render(self.processor, prompts[i], len(srcs)))
+            flat.extend(srcs)  # sources first, then the candidate (the template's image order)
+            flat.append(images[i])
+        return dict(self.processor(text=texts, images=flat, padding=True, return_tensors="pt"))
+
+
 # ---------------------------------------------------------------------------------------------- the model
 class PreferenceModel(nn.Module):
     """Backbone + reward token + fp32 head. ``forward(**encoded) -> (rewards [B], log_sigma [B] | None)``.
@@ -358,17 +379,14 @@ class PreferenceModel(nn.Module):
         Returns the processor's tensors (``input_ids`` ``[B, T]``, ``attention_mask``, ``pixel_values``,
         ``image_grid_thw``, ...) on CPU.
         """
-        n = len(images)
-        if len(prompts) != n or (sources is not None and len(sources) != n):
-            raise ValueError("images, prompts and sources must have the same length")
-        texts, flat = [], []
-        for i in range(n):
-            srcs = list(sources[i]) if sources is not None and sources[i] is not None else []
-            texts.append(self.template.render(self.processor, prompts[i], len(srcs)))
-            flat.extend(srcs)
-            flat.append(images[i])
-        enc = self.processor(text=texts, images=flat, padding=True, return_tensors="pt")
-        return dict(enc)
+        return InputEncoder(self.processor, self.template).encode(images, prompts, sources)
+
+    def input_encoder(self, *, private: bool = False) -> "InputEncoder":
+        """The template + processor as a standalone encoder; ``private=True`` gives it its own copy of the
+        processor, for use from another thread (HF fast tokenizers must not be shared across threads)."""
+        import copy
+
+        return InputEncoder(copy.deepcopy(self.processor) if private else self.processor, self.template)
 
     # ------------------------------------------------------------------ forward
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,

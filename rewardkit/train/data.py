@@ -217,7 +217,7 @@ class PairCollator:
     None, "weight": [B] float or None}``.
     """
 
-    model: Any  # PreferenceModel (its encode() applies the template and the processor)
+    model: Any  # anything with encode(images, prompts, sources): a PreferenceModel or an InputEncoder
     base_dir: Path | None = None
 
     def __call__(self, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ Outputs in ``output_dir``: ``metrics.jsonl`` (one JSON object per logged step an
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -107,6 +108,7 @@ class PreferenceTrainConfig:
     optim: OptimArgs = field(default_factory=OptimArgs)
     loss: LossArgs = field(default_factory=LossArgs)
     micro_batch_size: int = 4                    # pairs per process per forward (2x images)
+    data_workers: int = 0                        # background threads decoding + processing upcoming micro-batches
     global_batch_size: int = 32                  # pairs per optimizer step, over all processes
     num_epochs: int = 1
     max_steps: int | None = None                 # cap on optimizer steps
@@ -270,6 +272,8 @@ class PreferenceTrainer:
                 train = train.select(keep)
         self.train_ds, self.eval_ds = train, eval_ds
         self.train_collate = PairCollator(model, base)
+        # background collation gets its own processor copy (fast tokenizers must not be shared across threads)
+        self.bg_collate = PairCollator(model.input_encoder(private=True), base) if cfg.data_workers > 0 else None
         self.eval_collate = PairCollator(model, eval_base)
 
         self.steps_per_epoch = len(train) // cfg.global_batch_size
@@ -484,6 +488,58 @@ class PreferenceTrainer:
         return rec
 
     # ------------------------------------------------------------------ loop
+    def _chunks(self, start_step: int):
+        """This process's micro-batches (lists of row indices) from ``start_step`` on, in training order.
+
+        The order is a pure function of (seed, epoch, step): resuming at any step replays it exactly."""
+        G, M = self.cfg.global_batch_size, self.cfg.micro_batch_size
+        perm_epoch, perm = -1, None
+        for step in range(start_step, self.total_steps):
+            epoch, pos = divmod(step, self.steps_per_epoch)
+            if epoch != perm_epoch:
+                perm, perm_epoch = _permutation(len(self.train_ds), self.cfg.seed, epoch), epoch
+            mine = perm[pos * G:(pos + 1) * G][self.rank::self.world].tolist()  # this process's share
+            for k in range(self.accum):
+                yield mine[k * M:(k + 1) * M]
+
+    def _batches(self, start_step: int):
+        """Yields ``(chunk, collated batch)``; with ``data_workers`` > 0 upcoming batches are prepared in
+        background threads (collation is pure, so the result is the same as without)."""
+        chunks = self._chunks(start_step)
+        if self.bg_collate is None:
+            for chunk in chunks:
+                yield chunk, self.train_collate([self.train_ds[i] for i in chunk])
+            return
+        from collections import deque
+        from concurrent.futures import ThreadPoolExecutor
+
+        # one collator (one processor copy) per worker thread; round-robin keeps each copy single-threaded
+        n = self.cfg.data_workers
+        collators = [self.bg_collate] + [PairCollatorCopy(self.bg_collate) for _ in range(n - 1)]
+        pools = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rk-data{i}") for i in range(n)]
+        pending: deque = deque()
+        submitted = 0
+
+        def submit() -> None:
+            nonlocal submitted
+            chunk = next(chunks, None)
+            if chunk is None:
+                return
+            w = submitted % n
+            pending.append((chunk, pools[w].submit(lambda c=chunk, col=collators[w]: col([self.train_ds[i] for i in c]))))
+            submitted += 1
+
+        try:
+            for _ in range(2 * n):
+                submit()
+            while pending:
+                chunk, fut = pending.popleft()
+                submit()
+                yield chunk, fut.result()
+        finally:
+            for p in pools:
+                p.shutdown(wait=True, cancel_futures=True)
+
     def train(self) -> dict[str, Any]:
         cfg = self.cfg
         if cfg.trackers:
@@ -515,63 +571,61 @@ class PreferenceTrainer:
 
         bar = tqdm(total=self.total_steps, initial=self.step, desc="train preference", unit="step",
                    disable=not (cfg.progress and self.acc.is_main_process))
-        perm_epoch, perm = -1, None
-        G, M = cfg.global_batch_size, cfg.micro_batch_size
+        G = cfg.global_batch_size
         local_pairs = 0
-        while self.step < self.total_steps:
-            t0 = time.perf_counter()
-            epoch, pos = divmod(self.step, self.steps_per_epoch)
-            if epoch != perm_epoch:
-                perm, perm_epoch = _permutation(len(self.train_ds), cfg.seed, epoch), epoch
-            gb = perm[pos * G:(pos + 1) * G]
-            mine = gb[self.rank::self.world].tolist()  # this process's share of the global batch
-            ra, rb, labs, losses = [], [], [], []
-            for k in range(self.accum):
-                chunk = mine[k * M:(k + 1) * M]
-                batch = self.train_collate([self.train_ds[i] for i in chunk])
-                inputs = {key: v.to(self.acc.device) for key, v in batch["inputs"].items()}
-                last = k == self.accum - 1
-                ctx = self.acc.no_sync(self.model) if not last else _null()
-                with ctx:
-                    with self.acc.autocast():
-                        r, ls = self.model(**inputs)
-                    loss, r_a, r_b = self._loss(r.float(), None if ls is None else ls.float(), batch)
-                    self.acc.backward(loss / self.accum)
-                ra.append(r_a.detach()); rb.append(r_b.detach()); labs.append(batch["labels"].to(r_a.device))
-                losses.append(loss.detach())
-                local_pairs += len(chunk)
-            grad_norm = None
-            if cfg.optim.max_grad_norm:
-                grad_norm = self.acc.clip_grad_norm_(self.trainable, cfg.optim.max_grad_norm)
-            lr = L.lr_at(self.step, base_lr=cfg.optim.lr, total_steps=self.total_steps, warmup_steps=self.warmup,
-                         schedule=cfg.optim.schedule, min_lr_ratio=cfg.optim.min_lr_ratio)
-            for g in self.opt.param_groups:
-                g["lr"] = lr * g["lr_scale"]
-            self.opt.step()
-            self.opt.zero_grad(set_to_none=True)
-            self.step += 1
-            bar.update(1)
-            dt = time.perf_counter() - t0
+        batches = self._batches(self.step)
+        try:
+            while self.step < self.total_steps:
+                t0 = time.perf_counter()
+                epoch = self.step // self.steps_per_epoch
+                ra, rb, labs, losses = [], [], [], []
+                for k in range(self.accum):
+                    chunk, batch = next(batches)
+                    inputs = {key: v.to(self.acc.device) for key, v in batch["inputs"].items()}
+                    last = k == self.accum - 1
+                    ctx = self.acc.no_sync(self.model) if not last else _null()
+                    with ctx:
+                        with self.acc.autocast():
+                            r, ls = self.model(**inputs)
+                        loss, r_a, r_b = self._loss(r.float(), None if ls is None else ls.float(), batch)
+                        self.acc.backward(loss / self.accum)
+                    ra.append(r_a.detach()); rb.append(r_b.detach()); labs.append(batch["labels"].to(r_a.device))
+                    losses.append(loss.detach())
+                    local_pairs += len(chunk)
+                grad_norm = None
+                if cfg.optim.max_grad_norm:
+                    grad_norm = self.acc.clip_grad_norm_(self.trainable, cfg.optim.max_grad_norm)
+                lr = L.lr_at(self.step, base_lr=cfg.optim.lr, total_steps=self.total_steps, warmup_steps=self.warmup,
+                             schedule=cfg.optim.schedule, min_lr_ratio=cfg.optim.min_lr_ratio)
+                for g in self.opt.param_groups:
+                    g["lr"] = lr * g["lr_scale"]
+                self.opt.step()
+                self.opt.zero_grad(set_to_none=True)
+                self.step += 1
+                bar.update(1)
+                dt = time.perf_counter() - t0
 
-            is_last = self.step == self.total_steps
-            if self.step % max(cfg.log_every, 1) == 0 or is_last or self.step == 1:
-                r_a = self.acc.gather(torch.cat(ra)).float().cpu()
-                r_b = self.acc.gather(torch.cat(rb)).float().cpu()
-                lab = self.acc.gather(torch.cat(labs)).cpu()
-                loss_all = self.acc.gather(torch.stack(losses).mean().reshape(1)).float().mean()
-                rec = {"split": "train", "step": self.step, "epoch": epoch, "loss": float(loss_all), "lr": lr,
-                       "grad_norm": None if grad_norm is None else float(grad_norm),
-                       "pairs_per_s": G / dt if dt > 0 else None}
-                rec.update(self._pair_metrics(r_a, r_b, lab))
-                self._log(rec)
-                bar.set_postfix(loss=f"{rec['loss']:.4f}", acc=f"{rec['accuracy']:.3f}")
-            if cfg.eval_every and self.step % cfg.eval_every == 0 and not is_last:
-                self.evaluate()
-            if (cfg.save_every and self.step % cfg.save_every == 0) or is_last:
-                self.save_checkpoint()
-            if kill_after and self.step == kill_after:
-                os.kill(os.getpid(), signal.SIGKILL)  # test hook: die like a preempted job, no cleanup
-        bar.close()
+                is_last = self.step == self.total_steps
+                if self.step % max(cfg.log_every, 1) == 0 or is_last or self.step == 1:
+                    r_a = self.acc.gather(torch.cat(ra)).float().cpu()
+                    r_b = self.acc.gather(torch.cat(rb)).float().cpu()
+                    lab = self.acc.gather(torch.cat(labs)).cpu()
+                    loss_all = self.acc.gather(torch.stack(losses).mean().reshape(1)).float().mean()
+                    rec = {"split": "train", "step": self.step, "epoch": epoch, "loss": float(loss_all), "lr": lr,
+                           "grad_norm": None if grad_norm is None else float(grad_norm),
+                           "pairs_per_s": G / dt if dt > 0 else None}
+                    rec.update(self._pair_metrics(r_a, r_b, lab))
+                    self._log(rec)
+                    bar.set_postfix(loss=f"{rec['loss']:.4f}", acc=f"{rec['accuracy']:.3f}")
+                if cfg.eval_every and self.step % cfg.eval_every == 0 and not is_last:
+                    self.evaluate()
+                if (cfg.save_every and self.step % cfg.save_every == 0) or is_last:
+                    self.save_checkpoint()
+                if kill_after and self.step == kill_after:
+                    os.kill(os.getpid(), signal.SIGKILL)  # test hook: die like a preempted job, no cleanup
+        finally:
+            bar.close()
+            batches.close()
 
         final = self.evaluate() or {}
         summary: dict[str, Any] = {"split": "final", "step": self.step, "world_size": self.world}
@@ -595,6 +649,13 @@ class PreferenceTrainer:
         if cfg.trackers:
             self.acc.end_training()
         return summary
+
+
+def PairCollatorCopy(col):
+    """Another collator over its own processor copy (one per data thread)."""
+    from .data import PairCollator
+
+    return PairCollator(col.model.__class__(copy.deepcopy(col.model.processor), col.model.template), col.base_dir)
 
 
 class _null:
