@@ -113,8 +113,12 @@ def main() -> None:
     def verify_fn(hyps):
         return verify_convs(evr, cands, refs, instruction, hyps, args.k)
 
-    # warm-up (allocator, kernels) on a small slice, then measure
-    naive(model, proc, evals[:1], 1, 2, lambda h: verify_fn(h + [[]] * (len(evals) - 1))[:1], yes_no)
+    # warm-up of both paths (allocator, kernels) on one candidate's questions, then measure
+    D = len(DIMENSIONS)
+    naive(model, proc, evals[:D], 1, 2, lambda h: verify_fn(h + [[]] * (len(evals) - D))[:D], yes_no)
+    with torch.inference_mode(), judge.session():
+        h = judge.generate(evals[:D], n=args.k, max_new_tokens=2)
+        judge.choice_probs(verify_fn(h + [[]] * (len(evals) - D)), ["Yes", "No"])
     counter.reset()
     t = time.perf_counter()
     n_hyps, n_probs, n_prefill = naive(model, proc, evals, args.k, args.max_new_tokens, verify_fn, yes_no)
