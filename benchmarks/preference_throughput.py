@@ -1,9 +1,10 @@
 """Preference reward throughput on the tiny Qwen2.5-VL: batched vs one-by-one scoring, and training pairs/s.
 
-    python benchmarks/preference_throughput.py [--images 64] [--batch-size 16] [--repeats 5] [--hidden 32]
+    python benchmarks/preference_throughput.py [--images 64] [--batch-size 16] [--repeats 7] [--threads 1]
 
-Prints one JSON object. Batched and one-by-one runs are interleaved (same process, same images) and the
-median of ``--repeats`` rounds is reported, so the ratio holds on a busy machine. Targets: batched >= 4x the
+Prints one JSON object. Batched and one-by-one runs are interleaved (same process, same images), one warm-up
+round is discarded and the median of ``--repeats`` rounds is reported. ``--threads 1`` (default) pins torch to
+one intra-op thread: on a shared machine, spinning OpenMP threads make timings swing by 5x. Targets: batched >= 4x the
 one-by-one loop at batch 16; one backbone forward per training micro-batch (chosen and rejected together).
 """
 
@@ -26,10 +27,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: leave torch's default)")
     ap.add_argument("--size", type=int, default=56, help="image side in pixels")
     ap.add_argument("--train-steps", type=int, default=12)
     args = ap.parse_args()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
 
     from rewardkit import load_reward
     from rewardkit.models.preference import PreferenceModel, _inner_model
@@ -45,13 +49,16 @@ def main() -> int:
     reward(images[:4], prompt, batch_size=4)  # warm-up
 
     batched_t, single_t = [], []
-    for _ in range(args.repeats):
+    for rnd in range(args.repeats + 1):
         t0 = time.perf_counter()
         out_b = reward(images, prompt, batch_size=args.batch_size)
         batched_t.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         out_s = [reward([im], prompt).scores for im in images]
         single_t.append(time.perf_counter() - t0)
+        if rnd == 0:  # warm-up round
+            batched_t.clear()
+            single_t.clear()
     max_diff = float((out_b.scores - torch.cat(out_s)).abs().max())
     b_ips = args.images / statistics.median(batched_t)
     s_ips = args.images / statistics.median(single_t)

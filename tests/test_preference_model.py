@@ -245,3 +245,10 @@ def test_backbones_from_local_checkpoint_dirs(kind, tmp_path, tiny_root, request
     out = m.save_pretrained(tmp_path / f"{kind}-lora")
     assert json.loads((out / CONFIG_NAME).read_text())["base_model"] == str(d)
     assert torch.allclose(PreferenceModel.from_pretrained(out).score(imgs, PROMPTS[:3])[0], before, atol=1e-5)
+
+
+def test_cached_template_rendering_matches_direct_rendering(model):
+    enc = model.input_encoder()
+    for n_src, prompt in ((0, "a {weird} prompt  with spaces "), (1, "make it blue"), (3, "x\ny")):
+        assert enc.render(prompt, n_src) == model.template.render(model.processor, prompt, n_src)
+    assert set(enc._parts) == {0, 1, 3} and all(enc._parts.values())

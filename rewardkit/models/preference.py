@@ -306,12 +306,34 @@ def _write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+_SLOT = "\uE000rewardkit-prompt\uE000"  # private-use sentinel marking where the prompt goes
+
+
 @dataclasses.dataclass
 class InputEncoder:
-    """Applies the template and the processor: B samples -> processor tensors (see ``PreferenceModel.encode``)."""
+    """Applies the template and the processor: B samples -> processor tensors (see ``PreferenceModel.encode``).
+
+    The chat template is rendered once per number of source images with a sentinel in place of the prompt;
+    each sample then only splices its prompt in (checked once against a direct rendering; a template that
+    transforms its content falls back to rendering every sample).
+    """
 
     processor: Any
     template: PreferenceTemplate
+    _parts: dict = dataclasses.field(default_factory=dict, repr=False)
+
+    def render(self, prompt: str, n_sources: int) -> str:
+        parts = self._parts.get(n_sources)
+        if parts is None:
+            whole = self.template.render(self.processor, _SLOT, n_sources)
+            parts = tuple(whole.split(_SLOT)) if whole.count(_SLOT) == 1 else False
+            probe = "a probe {x} prompt  "
+            if parts and parts[0] + probe + parts[1] != self.template.render(self.processor, probe, n_sources):
+                parts = False
+            self._parts[n_sources] = parts
+        if parts is False:
+            return self.template.render(self.processor, prompt, n_sources)
+        return parts[0] + prompt + parts[1]
 
     def encode(self, images: Sequence[Any], prompts: Sequence[str],
                sources: Sequence[Sequence[Any]] | None = None) -> dict[str, torch.Tensor]:
@@ -321,7 +343,7 @@ class InputEncoder:
         texts, flat = [], []
         for i in range(n):
             srcs = list(sources[i]) if sources is not None and sources[i] is not None else []
-            texts.append(self.template.render(self.processor, prompts[i], len(srcs)))
+            texts.append(self.render(prompts[i], len(srcs)))
             flat.extend(srcs)  # sources first, then the candidate (the template's image order)
             flat.append(images[i])
         return dict(self.processor(text=texts, images=flat, padding=True, return_tensors="pt"))
@@ -379,7 +401,10 @@ class PreferenceModel(nn.Module):
         Returns the processor's tensors (``input_ids`` ``[B, T]``, ``attention_mask``, ``pixel_values``,
         ``image_grid_thw``, ...) on CPU.
         """
-        return InputEncoder(self.processor, self.template).encode(images, prompts, sources)
+        enc = self.__dict__.get("_encoder")
+        if enc is None or enc.processor is not self.processor or enc.template is not self.template:
+            enc = self.__dict__["_encoder"] = InputEncoder(self.processor, self.template)
+        return enc.encode(images, prompts, sources)
 
     def input_encoder(self, *, private: bool = False) -> "InputEncoder":
         """The template + processor as a standalone encoder; ``private=True`` gives it its own copy of the
