@@ -252,3 +252,24 @@ def test_cached_template_rendering_matches_direct_rendering(model):
     for n_src, prompt in ((0, "a {weird} prompt  with spaces "), (1, "make it blue"), (3, "x\ny")):
         assert enc.render(prompt, n_src) == model.template.render(model.processor, prompt, n_src)
     assert set(enc._parts) == {0, 1, 3} and all(enc._parts.values())
+
+
+def test_calibrate_command_writes_statistics(model, images, tmp_path, capsys):
+    from rewardkit.cli import main
+
+    d = model.save_pretrained(tmp_path / "m")
+    assert main(["calibrate", "--model", str(d), "--data", "synthetic:brightness", "--limit", "6", "--no-progress"]) == 0
+    stats = json.loads((d / "calibration.json").read_text())
+    assert stats["n"] == 12 and stats["std"] > 0 and stats["template"] == "rewardkit-preference-v1"
+    # a plain prompt / image scoring file works too (relative paths resolved against the file)
+    for i, im in enumerate(images[:3]):
+        im.save(tmp_path / f"{i}.png")
+    f = tmp_path / "calib.jsonl"
+    f.write_text("".join(json.dumps({"prompt": p, "image": f"{i}.png"}) + "\n" for i, p in enumerate(PROMPTS[:3])))
+    assert main(["calibrate", "--model", str(d), "--data", str(f), "--no-progress"]) == 0
+    stats = json.loads((d / "calibration.json").read_text())
+    want = model.score(images[:3], PROMPTS[:3])[0].double()
+    assert stats["n"] == 3 and stats["mean"] == pytest.approx(float(want.mean()), abs=1e-5)
+    z = load_reward("preference", model=str(d), normalize="calibration")(images[:3], PROMPTS[:3]).scores
+    assert float(z.double().mean()) == pytest.approx(0.0, abs=1e-4)
+    assert main(["calibrate", "--model", str(tmp_path), "--data", str(f)]) == 2  # not a model directory
