@@ -293,3 +293,23 @@ def test_cli_print_config(capsys):
     cfg = yaml.safe_load(capsys.readouterr().out)
     assert cfg["optim"]["lr"] == 0.5 and cfg["lora"]["r"] == 3 and cfg["model"]["backbone"] == "tiny:qwen2_5_vl"
     assert main(["train", "preference", "--config", str(TINY), "--print-config", "optim.lrr=1"]) == 2
+
+
+def test_parquet_with_embedded_images(tmp_path):
+    from PIL import Image
+
+    from rewardkit.train.data import PairCollator, load_pairs, synthetic_brightness_pairs
+
+    synthetic_brightness_pairs(5, seed=3).to_parquet(str(tmp_path / "pairs.parquet"))
+    ds, _ = load_pairs(str(tmp_path / "pairs.parquet"))
+    assert len(ds) == 5 and isinstance(ds[0]["image_a"], Image.Image)
+
+    class Enc:  # records what the collator hands to the model's encoder
+        def encode(self, images, prompts, sources):
+            self.seen = (len(images), list(prompts), sources)
+            return {}
+
+    enc = Enc()
+    out = PairCollator(enc)([ds[0], ds[1]])
+    assert enc.seen[0] == 4 and enc.seen[1] == [ds[0]["prompt"], ds[1]["prompt"]] * 2 and enc.seen[2] is None
+    assert out["labels"].tolist() == [{"A": 0, "B": 1}[ds[i]["label"]] for i in range(2)]
