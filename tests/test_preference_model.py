@@ -254,6 +254,28 @@ def test_cached_template_rendering_matches_direct_rendering(model):
     assert set(enc._parts) == {0, 1, 3} and all(enc._parts.values())
 
 
+@pytest.mark.parametrize("backbone", ["tiny:qwen2_5_vl", "tiny:qwen3_vl"])
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_fast_encoding_equals_the_processor(backbone, side, images):
+    """Cached token ids + id-level image expansion reproduce the processor's tensors exactly."""
+    m = PreferenceModel.from_backbone(backbone)
+    m.processor.tokenizer.padding_side = side
+    enc = m.input_encoder()
+    srcs = [[images[0]], [], [images[1], images[2]]]
+    first = enc.encode(images[3:], PROMPTS[:3], srcs)  # verified against the processor on the first call
+    assert enc._fast is True
+    fast = enc.encode(images[3:], PROMPTS[:3], srcs)
+    texts = [enc.render(p, len(s)) for p, s in zip(PROMPTS[:3], srcs)]
+    flat = [images[0], images[3], images[4], images[1], images[2], images[5]]
+    ref = dict(m.processor(text=texts, images=flat, padding=True, return_tensors="pt"))
+    assert set(fast) == set(ref) == set(first)
+    for k in ref:
+        assert torch.equal(fast[k], ref[k]), k
+    enc._fast = False  # the processor path stays available and agrees
+    slow = enc.encode(images[3:], PROMPTS[:3], srcs)
+    assert all(torch.equal(slow[k], ref[k]) for k in ref)
+
+
 def test_calibrate_command_writes_statistics(model, images, tmp_path, capsys):
     from rewardkit.cli import main
 

@@ -315,12 +315,16 @@ class InputEncoder:
 
     The chat template is rendered once per number of source images with a sentinel in place of the prompt;
     each sample then only splices its prompt in (checked once against a direct rendering; a template that
-    transforms its content falls back to rendering every sample).
+    transforms its content falls back to rendering every sample). Token ids of each distinct text are cached
+    and image placeholders expanded at the id level (checked once against the processor's own output; any
+    difference retires the fast path for good).
     """
 
     processor: Any
     template: PreferenceTemplate
     _parts: dict = dataclasses.field(default_factory=dict, repr=False)
+    _tok_cache: dict = dataclasses.field(default_factory=dict, repr=False)
+    _fast: bool | None = dataclasses.field(default=None, repr=False)  # None: not yet verified
 
     def render(self, prompt: str, n_sources: int) -> str:
         parts = self._parts.get(n_sources)
@@ -346,7 +350,63 @@ class InputEncoder:
             texts.append(self.render(prompts[i], len(srcs)))
             flat.extend(srcs)  # sources first, then the candidate (the template's image order)
             flat.append(images[i])
-        return dict(self.processor(text=texts, images=flat, padding=True, return_tensors="pt"))
+        if self._fast is False:
+            return dict(self.processor(text=texts, images=flat, padding=True, return_tensors="pt"))
+        fast = self._encode_fast(texts, flat)
+        if self._fast is None:  # first batch: the fast path must reproduce the processor exactly, else retire it
+            ref = dict(self.processor(text=texts, images=flat, padding=True, return_tensors="pt"))
+            same = fast is not None and set(fast) == set(ref) and all(torch.equal(fast[k], ref[k]) for k in ref)
+            self._fast = bool(same)
+            return ref
+        return fast
+
+    def _encode_fast(self, texts: list[str], flat: list[Any]) -> dict[str, torch.Tensor] | None:
+        """The processor's output built from per-text token ids cached across calls (Qwen-VL processors).
+
+        The processor tokenizes every text after expanding each image placeholder to the image's token
+        count; here each distinct text is tokenized once (with one placeholder per image) and the
+        placeholders are expanded at the id level. Verified against the processor on the first batch.
+        """
+        proc = self.processor
+        tok = proc.tokenizer
+        pad_token = getattr(proc, "image_token", None)
+        if pad_token is None or not hasattr(proc, "image_processor"):
+            return None
+        pad_id = tok.convert_tokens_to_ids(pad_token)
+        merge = int(getattr(proc.image_processor, "merge_size", 0) or 0)
+        if not merge or tok.pad_token_id is None:
+            return None
+        img = dict(proc.image_processor(images=flat, return_tensors="pt"))
+        counts = (img["image_grid_thw"].prod(-1) // merge ** 2).tolist()
+        cache = self._tok_cache
+        rows, k = [], 0
+        for t in texts:
+            ids = cache.get(t)
+            if ids is None:
+                ids = tok(t, add_special_tokens=True)["input_ids"]
+                if len(cache) > 4096:
+                    cache.clear()
+                cache[t] = ids
+            row: list[int] = []
+            for tid in ids:
+                if tid == pad_id:
+                    row.extend([pad_id] * counts[k])
+                    k += 1
+                else:
+                    row.append(tid)
+            rows.append(row)
+        if k != len(counts):
+            return None
+        width = max(len(r) for r in rows)
+        input_ids = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            sl = slice(width - len(r), width) if tok.padding_side == "left" else slice(0, len(r))
+            input_ids[i, sl] = torch.tensor(r, dtype=torch.long)
+            mask[i, sl] = 1
+        out = {"input_ids": input_ids, "attention_mask": mask, **img}
+        out["mm_token_type_ids"] = (input_ids == pad_id).long()
+        return out
 
 
 # ---------------------------------------------------------------------------------------------- the model
