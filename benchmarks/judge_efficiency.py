@@ -14,6 +14,10 @@ claims are the raw hypotheses (EVR itself would mark them unparseable and skip v
 - rewardkit: ``TransformersJudge.generate(n=K)`` and ``choice_probs`` inside one ``session()``: each distinct
   image through the vision tower once, each shared prefix prefilled once and its KV cache forked.
 
+Timing: the naive loop is warmed up on one candidate's questions (it then repeats the same shapes for every
+candidate); rewardkit is warmed up by one untimed full run (its few large batched calls all have new
+shapes), then timed (best of ``--repeats``). Both run on the same model, prompts and token budgets.
+
 Checks that both produce identical greedy hypotheses and Yes/No probabilities (max abs diff printed), then
 prints one line per figure: ``<figure>: naive X, rewardkit Y, ratio``.
 """
@@ -116,9 +120,12 @@ def main() -> None:
     # warm-up of both paths (allocator, kernels) on one candidate's questions, then measure
     D = len(DIMENSIONS)
     naive(model, proc, evals[:D], 1, 2, lambda h: verify_fn(h + [[]] * (len(evals) - D))[:D], yes_no)
+    # rewardkit runs the whole workload in a few large batched calls whose shapes are all new on the first
+    # call (CPU kernels are selected per shape), while the naive loop repeats one candidate's shapes 8 times
+    # and warms itself up: so rewardkit's warm-up is one untimed full run.
     with torch.inference_mode(), judge.session():
-        h = judge.generate(evals[:D], n=args.k, max_new_tokens=2)
-        judge.choice_probs(verify_fn(h + [[]] * (len(evals) - D)), ["Yes", "No"])
+        h = judge.generate(evals, n=args.k, max_new_tokens=args.max_new_tokens)
+        judge.choice_probs(verify_fn(h), ["Yes", "No"])
     counter.reset()
     t = time.perf_counter()
     n_hyps, n_probs, n_prefill = naive(model, proc, evals, args.k, args.max_new_tokens, verify_fn, yes_no)
