@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from array import array
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -220,35 +221,36 @@ class TransformersJudge(JudgeBackend):
 
         texts, conv_imgs = [], []
         pending: dict[str, Any] = {}
+        seen: dict[int, str] = {}  # id(image object) -> content hash: the same object is hashed once per call
         for conv in conversations:
             if not isinstance(conv, (list, tuple)) or not conv:
                 raise ValueError("a conversation is a non-empty list of messages")
             texts.append(self._render(conv))
             keys = []
             for im in conversation_images(conv):
-                pil = _to_pil(im)
-                h = image_hash(pil)
+                h = seen.get(id(im))
+                if h is None:
+                    pil = _to_pil(im)
+                    h = seen[id(im)] = image_hash(pil)
+                    pending.setdefault(h, pil)
                 keys.append(h)
-                pending.setdefault(h, pil)
             conv_imgs.append(keys)
         feats = self._encode_images(pending)
         convs = []
-        for text, keys in zip(texts, conv_imgs):
-            raw = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-            n_pad = sum(1 for t in raw if t == self.image_token_id)
-            if n_pad != len(keys):
-                raise ValueError(f"the chat template emitted {n_pad} image placeholders for {len(keys)} images")
+        img = self.image_token_id
+        for raw, keys in zip(self.tokenizer(texts, add_special_tokens=False)["input_ids"], conv_imgs):
+            pads = [i for i, t in enumerate(raw) if t == img]
+            if len(pads) != len(keys):
+                raise ValueError(f"the chat template emitted {len(pads)} image placeholders for {len(keys)} images")
             ids: list[int] = []
-            it = iter(keys)
-            end = 0
-            for t in raw:
-                if t == self.image_token_id:
-                    ids += [t] * feats[next(it)].n_tokens
-                    end = len(ids)
-                else:
-                    ids.append(t)
+            prev = end = 0
+            for p, key in zip(pads, keys):  # expand each placeholder to the image's number of merged patches
+                ids.extend(raw[prev:p])
+                ids.extend([img] * feats[key].n_tokens)
+                end, prev = len(ids), p + 1
+            ids.extend(raw[prev:])
             h = hashlib.blake2b(digest_size=8)
-            h.update(repr(ids).encode())
+            h.update(array("q", ids).tobytes())
             h.update("".join(keys).encode())
             convs.append(_Conv(ids=ids, images=keys, image_end=end, digest=int.from_bytes(h.digest(), "little")))
         return convs, feats
@@ -312,7 +314,7 @@ class TransformersJudge(JudgeBackend):
                 chunk = prow[t:t + step]
                 suffixes = [convs[c].ids[split[c]:] for c, _ in chunk]
                 which = [local[prefix_of[c]] for c, _ in chunk]
-                yield chunk, (lambda st=state, w=which, sf=suffixes: self._continue(st, w, sf))
+                yield chunk, (lambda extra=0, st=state, w=which, sf=suffixes: self._continue(st, w, sf, extra))
 
     def _prefill(self, prefixes: list[tuple[list[int], list[str]]], feats: dict[str, _Img]) -> dict[str, Any]:
         """One batched forward over left-padded prefixes. Returns the cache and per-row position bookkeeping."""
@@ -346,15 +348,31 @@ class TransformersJudge(JudgeBackend):
         # next text position after row j's prefix: its valid length shifted by the M-RoPE delta
         return {"cache": out.cache, "ids": ids, "mask": mask, "next_pos": valid + deltas.reshape(-1).to(dev)}
 
-    def _fork(self, cache: Any, idx: Any) -> Any:
-        """A new DynamicCache holding rows ``idx`` of ``cache`` (never reuse a cache a forward has extended)."""
-        from transformers import DynamicCache
+    def _fork(self, cache: Any, idx: Any, max_len: int | None = None) -> Any:
+        """A new cache holding rows ``idx`` of ``cache`` (never reuse a cache a forward has extended).
 
-        data = [(layer.keys.index_select(0, idx), layer.values.index_select(0, idx)) for layer in cache.layers]
-        return DynamicCache(ddp_cache_data=data, config=self.model.config)
+        ``max_len`` set: a preallocated ``StaticCache`` of that length (decoding then writes in place instead of
+        concatenating the whole cache at every step); otherwise a ``DynamicCache``.
+        """
+        from transformers import DynamicCache, StaticCache
 
-    def _continue(self, state: dict[str, Any], which: list[int], suffixes: list[list[int]]):
-        """Forward the suffixes over forked prefix caches -> (last logits [R, V], cache, decode state)."""
+        data = []
+        for layer in cache.layers:
+            n = int(layer.get_seq_length())
+            data.append((layer.keys[:, :, :n].index_select(0, idx), layer.values[:, :, :n].index_select(0, idx)))
+        if max_len is None:
+            return DynamicCache(ddp_cache_data=data, config=self.model.config)
+        new = StaticCache(config=self.model.config, max_cache_len=max_len)
+        for layer, (k, v) in zip(new.layers, data):
+            layer.update(k, v)
+        return new
+
+    def _continue(self, state: dict[str, Any], which: list[int], suffixes: list[list[int]], extra: int = 0):
+        """Forward the suffixes over forked prefix caches -> (last logits [R, V], cache, decode state).
+
+        ``extra`` > 0: room for that many generated tokens (static cache; the returned mask already covers
+        them: causality hides the slots not yet written).
+        """
         import torch
 
         dev = self.device
@@ -371,7 +389,11 @@ class TransformersJudge(JudgeBackend):
         spos = (start[:, None] + smask.cumsum(-1) - 1).clamp(min=0)
         if self.image_token_id in sids:
             raise ValueError("image tokens in a continuation: conversations with shared images must share the text before them")
-        cache = self._fork(state["cache"], idx)
+        if extra > 0:
+            full_mask = torch.cat([full_mask, torch.ones((R, extra), dtype=full_mask.dtype, device=dev)], dim=1)
+            cache = self._fork(state["cache"], idx, max_len=full_mask.shape[1])
+        else:
+            cache = self._fork(state["cache"], idx)
         out = self.model(input_ids=sids, attention_mask=full_mask, position_ids=spos[None].expand(3, R, S),
                          cache=cache, use_cache=True, logits_to_keep=1)
         self.stats["prefill_tokens"] += int(smask.sum())
@@ -383,12 +405,13 @@ class TransformersJudge(JudgeBackend):
         """Decode ``n`` continuations per conversation -> ``len(convs) * n`` texts (conversation-major)."""
         import torch
 
-        logits, cache, (mask, last_pos) = run()
+        extra = max(max_new_tokens - 1, 0)
+        logits, cache, (mask, last_pos) = run(extra)
         dev = logits.device
         if n > 1:  # fork every row n times (sample k of conversation c is row c * n + k)
             rep = torch.arange(len(convs), device=dev).repeat_interleave(n)
             logits, mask, last_pos = logits[rep], mask[rep], last_pos[rep]
-            cache = self._fork(cache, rep)
+            cache = self._fork(cache, rep, max_len=mask.shape[1] if extra else None)
         R = logits.shape[0]
         sample_idx = [k for _ in convs for k in range(n)]
         convs = [c for c in convs for _ in range(n)]
@@ -426,7 +449,8 @@ class TransformersJudge(JudgeBackend):
             self.stats["decode_tokens"] += int((~done).sum())
             if bool(done.all()) or step == max_new_tokens - 1:
                 break
-            mask = torch.cat([mask, torch.ones((R, 1), dtype=mask.dtype, device=dev)], dim=1)
+            if not extra:
+                mask = torch.cat([mask, torch.ones((R, 1), dtype=mask.dtype, device=dev)], dim=1)
             last_pos = last_pos + 1
             out = self.model(input_ids=nxt[:, None], attention_mask=mask,
                              position_ids=last_pos.view(1, R, 1).expand(3, R, 1), cache=cache, use_cache=True,
