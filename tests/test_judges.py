@@ -213,3 +213,23 @@ def test_unsupported_model_is_refused_clearly():
         TransformersJudge(model, proc)
     with pytest.raises(ValueError, match="processor"):
         TransformersJudge(model)
+
+
+def test_packed_scoring_equals_one_row_per_question(tiny, images):
+    model, proc = tiny
+    convs = batch(images) * 3
+    packed = TransformersJudge(model, proc, packed_scoring=True, pack_tokens=60)  # several rows per prefix
+    assert packed._attn_impl() == "sdpa"
+    rows = TransformersJudge(model, proc, packed_scoring=False)
+    torch.testing.assert_close(packed.choice_probs(convs, ["Yes", "No"]), rows.choice_probs(convs, ["Yes", "No"]),
+                               atol=1e-5, rtol=0)
+    model.config._attn_implementation = "eager"  # the float additive-mask path
+    model.config.get_text_config()._attn_implementation = "eager"
+    try:
+        eager = TransformersJudge(model, proc, packed_scoring=True)
+        assert eager._attn_impl() == "eager"
+        torch.testing.assert_close(eager.choice_probs(convs, ["Yes", "No"]), rows.choice_probs(convs, ["Yes", "No"]),
+                                   atol=1e-5, rtol=0)
+    finally:
+        model.config._attn_implementation = "sdpa"
+        model.config.get_text_config()._attn_implementation = "sdpa"

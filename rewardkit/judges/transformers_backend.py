@@ -81,15 +81,19 @@ class TransformersJudge(JudgeBackend):
         device, dtype: where / how to load a checkpoint (default: cuda when available, float32).
         max_rows: continuation rows processed at once (each row holds a copy of its prefix's KV cache:
             lower it for big models and long prefixes).
-        max_prefixes: distinct prefixes prefilled at once.
+        max_prefixes: distinct prefixes prefilled at once (and packed rows scored at once).
+        packed_scoring: ``choice_probs`` packs the suffixes of a prefix into rows of up to ``pack_tokens``
+            tokens after a single copy of the prefix cache, with a 4-D block mask (sdpa / eager attention).
+            Saves the per-question prefix copies (memory) at the price of dense attention over each packed
+            block; off by default because on CPU with small models it measured slower (see docs/judges.md).
         trust_remote_code: passed to ``from_pretrained`` (off by default).
     """
 
     kind = "transformers"
 
     def __init__(self, model: Any, processor: Any = None, *, device: Any = None, dtype: Any = None,
-                 max_rows: int = 64, max_prefixes: int = 16, trust_remote_code: bool = False,
-                 attn_implementation: str | None = None) -> None:
+                 max_rows: int = 64, max_prefixes: int = 16, packed_scoring: bool = False, pack_tokens: int = 512,
+                 trust_remote_code: bool = False, attn_implementation: str | None = None) -> None:
         if isinstance(model, str):
             from ..models.vlm import load_vlm
 
@@ -121,6 +125,7 @@ class TransformersJudge(JudgeBackend):
             eos.append(self.tokenizer.eos_token_id)
         self.eos_ids = sorted(set(eos))
         self.max_rows, self.max_prefixes = int(max_rows), int(max_prefixes)
+        self.packed_scoring, self.pack_tokens = bool(packed_scoring), int(pack_tokens)
         #: counters since construction: images_encoded (through the vision tower), prefill_tokens (prompt
         #: tokens run through the language model), decode_tokens, prefixes.
         self.stats: Counter = Counter()
@@ -187,6 +192,10 @@ class TransformersJudge(JudgeBackend):
         with self._lock, torch.inference_mode():
             convs, images = self._prepare(conversations)
             probs = torch.zeros(len(convs), len(ids))
+            if self.packed_scoring and self._attn_impl() in ("sdpa", "eager"):
+                for members, logits in self._packed_logits(convs, images):
+                    probs[members] = torch.softmax(logits.float()[:, ids], dim=-1).cpu()
+                return probs
             rows = [(c, 0) for c in range(len(convs))]
             for chunk, run in self._row_chunks(convs, images, rows):
                 logits, _, _ = run()  # [R, V]
@@ -275,9 +284,8 @@ class TransformersJudge(JudgeBackend):
         return {h: cache[h] for h in pending}
 
     # ------------------------------------------------------------------ prefix KV reuse
-    def _row_chunks(self, convs: list[_Conv], feats: dict[str, _Img], rows: list[tuple[int, int]],
-                    max_rows: int | None = None):
-        """Yield ``(rows_chunk, run)``; ``run()`` prefills/forks and returns the first next-token logits.
+    def _plan(self, convs: list[_Conv]) -> tuple[list[tuple[list[int], list[str]]], dict[int, int], dict[int, int]]:
+        """Shared prefixes: ``(prefixes [(ids, image keys)], split point per conversation, prefix per conversation)``.
 
         Conversations are grouped by the ids up to their last image; a group's prefix is its longest common
         token prefix (kept at least one token short of every member, so each row has a suffix to score).
@@ -300,6 +308,12 @@ class TransformersJudge(JudgeBackend):
             for i in members:
                 split[i] = cut
                 prefix_of[i] = pidx
+        return prefixes, split, prefix_of
+
+    def _row_chunks(self, convs: list[_Conv], feats: dict[str, _Img], rows: list[tuple[int, int]],
+                    max_rows: int | None = None):
+        """Yield ``(rows_chunk, run)``; ``run()`` prefills/forks and returns the first next-token logits."""
+        prefixes, split, prefix_of = self._plan(convs)
         rows_by_prefix: dict[int, list[tuple[int, int]]] = {}
         for r in rows:
             rows_by_prefix.setdefault(prefix_of[r[0]], []).append(r)
@@ -315,6 +329,89 @@ class TransformersJudge(JudgeBackend):
                 suffixes = [convs[c].ids[split[c]:] for c, _ in chunk]
                 which = [local[prefix_of[c]] for c, _ in chunk]
                 yield chunk, (lambda extra=0, st=state, w=which, sf=suffixes: self._continue(st, w, sf, extra))
+
+    def _attn_impl(self) -> str | None:
+        cfg = self.model.config
+        text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        return getattr(text, "_attn_implementation", None) or getattr(cfg, "_attn_implementation", None)
+
+    def _packed_logits(self, convs: list[_Conv], feats: dict[str, _Img]):
+        """Next-token logits of every conversation, suffixes packed per prefix ("tree" attention).
+
+        All suffixes that share a prefix go into one row after a single copy of the prefix KV cache; a 4-D
+        mask lets each suffix token see the prefix and the earlier tokens of its own suffix only, and each
+        suffix's positions restart at the prefix's next position. Yields ``(conversation indices, logits [m, V])``.
+        """
+        import torch
+
+        prefixes, split, prefix_of = self._plan(convs)
+        members: dict[int, list[int]] = {}
+        for c in range(len(convs)):
+            members.setdefault(prefix_of[c], []).append(c)
+        order = sorted(members)
+        for s in range(0, len(order), self.max_prefixes):
+            pids = order[s:s + self.max_prefixes]
+            state = self._prefill([prefixes[p] for p in pids], feats)
+            rows: list[tuple[int, list[int]]] = []  # (local prefix index, conversations packed in the row)
+            for j, p in enumerate(pids):
+                cur: list[int] = []
+                n_tok = 0
+                for c in members[p]:
+                    L = len(convs[c].ids) - split[c]
+                    if cur and n_tok + L > self.pack_tokens:
+                        rows.append((j, cur))
+                        cur, n_tok = [], 0
+                    cur.append(c)
+                    n_tok += L
+                rows.append((j, cur))
+            for t in range(0, len(rows), self.max_prefixes):
+                chunk = rows[t:t + self.max_prefixes]
+                suffixes = [[convs[c].ids[split[c]:] for c in cs] for _, cs in chunk]
+                logits = self._forward_packed(state, [j for j, _ in chunk], suffixes)
+                yield [c for _, cs in chunk for c in cs], logits
+
+    def _forward_packed(self, state: dict[str, Any], which: list[int], suffixes: list[list[list[int]]]):
+        """Rows of packed suffixes over forked prefixes -> logits ``[sum of suffixes, V]`` at each suffix end."""
+        import torch
+
+        dev = self.device
+        R = len(which)
+        T = max(sum(len(x) for x in sf) for sf in suffixes)
+        ids = torch.full((R, T), self.pad_id, dtype=torch.long)
+        seg = torch.full((R, T), -1, dtype=torch.long)
+        pos = torch.zeros((R, T), dtype=torch.long)
+        next_pos = state["next_pos"].tolist()
+        rr, tt = [], []
+        for r, (p, sf) in enumerate(zip(which, suffixes)):
+            t = T - sum(len(x) for x in sf)  # left padding
+            for j, x in enumerate(sf):
+                L = len(x)
+                ids[r, t:t + L] = torch.tensor(x)
+                seg[r, t:t + L] = j
+                pos[r, t:t + L] = torch.arange(next_pos[p], next_pos[p] + L)
+                t += L
+                rr.append(r)
+                tt.append(t - 1)
+        if (ids == self.image_token_id).any():
+            raise ValueError("image tokens in a continuation: conversations with shared images must share the text before them")
+        real = seg >= 0
+        same = (seg[:, :, None] == seg[:, None, :]) & real[:, :, None]
+        own = same & torch.ones(T, T, dtype=torch.bool).tril()
+        own |= torch.eye(T, dtype=torch.bool)  # a pad query sees itself: no fully masked row, no NaN
+        idx = torch.tensor(which, dtype=torch.long, device=dev)
+        pmask = state["mask"].index_select(0, idx).bool().cpu()
+        allow = torch.cat([pmask[:, None, :] & real[:, :, None], own], dim=-1)[:, None].to(dev)  # [R, 1, T, Lp+T]
+        if self._attn_impl() == "eager":
+            dtype = self.model.dtype
+            mask = torch.zeros(allow.shape, dtype=dtype, device=dev).masked_fill(~allow, torch.finfo(dtype).min)
+        else:
+            mask = allow
+        cache = self._fork(state["cache"], idx)
+        out = self.model.model(input_ids=ids.to(dev), attention_mask=mask,
+                               position_ids=pos.to(dev)[None].expand(3, R, T), cache=cache, use_cache=True)
+        self.stats["prefill_tokens"] += int(real.sum())
+        hidden = out.last_hidden_state[torch.tensor(rr, device=dev), torch.tensor(tt, device=dev)]
+        return self.model.lm_head(hidden)
 
     def _prefill(self, prefixes: list[tuple[list[int], list[str]]], feats: dict[str, _Img]) -> dict[str, Any]:
         """One batched forward over left-padded prefixes. Returns the cache and per-row position bookkeeping."""
