@@ -538,8 +538,8 @@ class Reward(abc.ABC):
                    sources=None if sources is None else list(sources) + list(sources),
                    metadata=None if metadata is None else list(metadata) + list(metadata),
                    batch_size=batch_size, on_error=on_error)
-        sa, sb = out.scores[:n], out.scores[n:]
-        diff = (sa - sb) if self.higher_is_better else (sb - sa)
+        ca, cb = self._compare_values(out).chunk(2) if n else (out.scores, out.scores)
+        diff = (ca - cb) if self.higher_is_better else (cb - ca)
         prob = torch.sigmoid(diff / self.compare_temperature)
         valid = out.valid[:n] & out.valid[n:]
         errors = []
@@ -547,7 +547,13 @@ class Reward(abc.ABC):
             ea, eb = out.errors[i], out.errors[n + i]
             errors.append(None if valid[i] else "; ".join(f"{w}: {e}" for w, e in (("a", ea), ("b", eb)) if e))
         prob = torch.where(valid, prob, torch.full_like(prob, float("nan")))
-        return PairwiseOutput(prob_a=prob, valid=valid, errors=errors, info=out.info, scores_a=sa, scores_b=sb)
+        return PairwiseOutput(prob_a=prob, valid=valid, errors=errors, info=out.info,
+                              scores_a=out.scores[:n], scores_b=out.scores[n:])
+
+    def _compare_values(self, out: RewardOutput) -> torch.Tensor:
+        """The per-sample values the default ``compare`` turns into ``sigmoid(diff / temperature)``: the
+        scores, unless a reward reports scores on a transformed scale (e.g. calibrated) and compares raw."""
+        return out.scores
 
 
 def iter_chunks(seq: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:

@@ -102,76 +102,71 @@ def _qwen_ids(tok) -> dict[str, int]:
     return {t: tok.convert_tokens_to_ids(t) for t in QWEN_SPECIALS}
 
 
+def _qwen_text_config(tok, ids: dict[str, int], hidden_size: int, num_layers: int, **extra: Any) -> dict[str, Any]:
+    """Tiny Qwen text config: 2 heads, 1 KV head, mrope sections summing to head_dim / 2."""
+    head_dim = hidden_size // 2
+    third = head_dim // 2
+    mrope = [third - 2 * (third // 3), third // 3, third // 3]
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": mrope, **extra.pop("rope", {})}
+    return dict(vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                num_hidden_layers=num_layers, num_attention_heads=2, num_key_value_heads=1,
+                max_position_embeddings=2048, rope_parameters=rope, bos_token_id=ids["<|endoftext|>"],
+                eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"], **extra)
+
+
+def _qwen_vision_ids(ids: dict[str, int]) -> dict[str, int]:
+    return dict(image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+                vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
+
+
+def _tiny_qwen(transformers, tok, config_cls, model_cls, proc_cls, cfg_kwargs, patch: int, seed: int):
+    from .models.vlm import image_only_processor
+
+    cfg = config_cls(**cfg_kwargs, tie_word_embeddings=False)
+    with _seeded(seed):
+        model = model_cls(cfg).eval()
+    side = patch * 2  # resize factor = patch x merge
+    ip = transformers.Qwen2VLImageProcessorPil(patch_size=patch, merge_size=2, temporal_patch_size=2,
+                                               min_pixels=side * side, max_pixels=4 * side * side)
+    proc = image_only_processor(proc_cls)(image_processor=ip, tokenizer=tok, chat_template=tok.chat_template)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return model, proc
+
+
 def tiny_qwen2_5_vl(seed: int = 0, hidden_size: int = 32, num_layers: int = 1):
     """Tiny ``Qwen2_5_VLForConditionalGeneration`` + image-only processor. Returns ``(model, processor)``.
 
-    Images are resized to 28..56 px per side (4..4 merged tokens per 56x56 image).
+    Images are resized to 28..56 px per side (1..4 merged image tokens per image).
     """
     transformers = require("transformers", "hf")
-    from .models.vlm import image_only_processor
-
     tok = build_tiny_tokenizer(300)
     ids = _qwen_ids(tok)
-    heads = 2
-    head_dim = hidden_size // heads
-    third = head_dim // 2
-    mrope = [third - 2 * (third // 3), third // 3, third // 3]
-    cfg = transformers.Qwen2_5_VLConfig(
-        text_config=dict(vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-                         num_hidden_layers=num_layers, num_attention_heads=heads, num_key_value_heads=1,
-                         max_position_embeddings=2048,
-                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": mrope},
-                         bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
-                         pad_token_id=ids["<|endoftext|>"]),
-        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=14,
-                           spatial_merge_size=2, temporal_patch_size=2, window_size=56,
-                           out_hidden_size=hidden_size, fullatt_block_indexes=[0]),
-        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=False)
-    with _seeded(seed):
-        model = transformers.Qwen2_5_VLForConditionalGeneration(cfg).eval()
-    ip = transformers.Qwen2VLImageProcessorPil(patch_size=14, merge_size=2, temporal_patch_size=2,
-                                               min_pixels=28 * 28, max_pixels=56 * 56)
-    proc = image_only_processor(transformers.Qwen2_5_VLProcessor)(
-        image_processor=ip, tokenizer=tok, chat_template=tok.chat_template)
-    model.generation_config.pad_token_id = tok.pad_token_id
-    return model, proc
+    cfg = dict(text_config=_qwen_text_config(tok, ids, hidden_size, num_layers),
+               vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=14,
+                                  spatial_merge_size=2, temporal_patch_size=2, window_size=56,
+                                  out_hidden_size=hidden_size, fullatt_block_indexes=[0]),
+               **_qwen_vision_ids(ids))
+    return _tiny_qwen(transformers, tok, transformers.Qwen2_5_VLConfig, transformers.Qwen2_5_VLForConditionalGeneration,
+                      transformers.Qwen2_5_VLProcessor, cfg, patch=14, seed=seed)
 
 
 def tiny_qwen3_vl(seed: int = 0, hidden_size: int = 32, num_layers: int = 1):
-    """Tiny ``Qwen3VLForConditionalGeneration`` + image-only processor. Returns ``(model, processor)``."""
-    transformers = require("transformers", "hf")
-    from .models.vlm import image_only_processor
+    """Tiny ``Qwen3VLForConditionalGeneration`` + image-only processor. Returns ``(model, processor)``.
 
+    Images are resized to 32..64 px per side (1..4 merged image tokens per image).
+    """
+    transformers = require("transformers", "hf")
     tok = build_tiny_tokenizer(300)
     ids = _qwen_ids(tok)
-    heads = 2
-    head_dim = hidden_size // heads
-    third = head_dim // 2
-    mrope = [third - 2 * (third // 3), third // 3, third // 3]
-    cfg = transformers.Qwen3VLConfig(
-        text_config=dict(vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-                         num_hidden_layers=num_layers, num_attention_heads=heads, num_key_value_heads=1,
-                         head_dim=head_dim, max_position_embeddings=2048,
-                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                          "mrope_section": mrope, "mrope_interleaved": True},
-                         pad_token_id=ids["<|endoftext|>"], bos_token_id=ids["<|endoftext|>"],
-                         eos_token_id=ids["<|im_end|>"]),
-        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=16,
-                           spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=hidden_size,
-                           num_position_embeddings=16, deepstack_visual_indexes=[0]),
-        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=False)
-    with _seeded(seed):
-        model = transformers.Qwen3VLForConditionalGeneration(cfg).eval()
-    ip = transformers.Qwen2VLImageProcessorPil(patch_size=16, merge_size=2, temporal_patch_size=2,
-                                               min_pixels=32 * 32, max_pixels=64 * 64)
-    proc = image_only_processor(transformers.Qwen3VLProcessor)(
-        image_processor=ip, tokenizer=tok, chat_template=tok.chat_template)
-    model.generation_config.pad_token_id = tok.pad_token_id
-    return model, proc
+    text = _qwen_text_config(tok, ids, hidden_size, num_layers, head_dim=hidden_size // 2,
+                             rope={"mrope_interleaved": True})
+    cfg = dict(text_config=text,
+               vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=16,
+                                  spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=hidden_size,
+                                  num_position_embeddings=16, deepstack_visual_indexes=[0]),
+               **_qwen_vision_ids(ids))
+    return _tiny_qwen(transformers, tok, transformers.Qwen3VLConfig, transformers.Qwen3VLForConditionalGeneration,
+                      transformers.Qwen3VLProcessor, cfg, patch=16, seed=seed)
 
 
 def tiny_clip(seed: int = 0, image_size: int = 32, projection_dim: int = 16):

@@ -17,57 +17,39 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-import torch
-
-from ..reward import Reward, RewardBatch, RewardConfig, RewardOutput
-
-VARIANTS: dict[str, str] = {
-    "clip-vit-base-patch32": "openai/clip-vit-base-patch32",  # Hessel et al. 2021
-    "clip-vit-large-patch14": "openai/clip-vit-large-patch14",  # flow_grpo's CLIP reward
-}
+from ..reward import RewardBatch, RewardOutput
+from ._clip_base import CLIPReward, CLIPRewardConfig
 
 _RANGES = {"hessel": (0.0, 2.5), "cosine": (-1.0, 1.0), "logits100": None}
 
 
 @dataclass
-class CLIPScoreConfig(RewardConfig):
+class CLIPScoreConfig(CLIPRewardConfig):
     model: str = "openai/clip-vit-base-patch32"
-    processor: str | None = None
     convention: str = "hessel"
     text_prefix: str = ""
-    device: str | None = None
-    dtype: str = "float32"
     batch_size: int = 64
-    trust_remote_code: bool = False
 
 
-class CLIPScore(Reward):
+class CLIPScore(CLIPReward):
     """CLIP image-text similarity (CLIPScore, Hessel et al. 2021)."""
 
     name: ClassVar[str] = "clipscore"
-    tasks = frozenset({"t2i"})
     score_range = (0.0, 2.5)
-    extras = ("hf",)
-    thread_safe = True  # stateless forward passes under inference_mode
     Config = CLIPScoreConfig
+    VARIANTS = {
+        "clip-vit-base-patch32": "openai/clip-vit-base-patch32",  # Hessel et al. 2021
+        "clip-vit-large-patch14": "openai/clip-vit-large-patch14",  # flow_grpo's CLIP reward
+    }
 
     def __init__(self, config=None, /, **overrides):
+        conv = overrides.get("convention", getattr(config, "convention", None) if config is not None else None)
+        if conv is not None and conv not in _RANGES:  # fail before loading any weights
+            raise ValueError(f"convention must be one of {sorted(_RANGES)}, got {conv!r}")
         super().__init__(config, **overrides)
-        cfg = self.config
-        if cfg.convention not in _RANGES:
-            raise ValueError(f"convention must be one of {sorted(_RANGES)}, got {cfg.convention!r}")
-        from ..models.clip import CLIPBackbone
-
-        self.backbone = CLIPBackbone(VARIANTS.get(cfg.model, cfg.model), cfg.processor, device=cfg.device,
-                                     dtype=cfg.dtype, trust_remote_code=cfg.trust_remote_code)
-        self._device = self.backbone.device
-        self.score_range = _RANGES[cfg.convention]
-        self.default_batch_size = cfg.batch_size
-
-    def to(self, device):
-        self.backbone.to(device)
-        self._device = self.backbone.device
-        return self
+        if self.config.convention not in _RANGES:
+            raise ValueError(f"convention must be one of {sorted(_RANGES)}, got {self.config.convention!r}")
+        self.score_range = _RANGES[self.config.convention]
 
     def _score(self, batch: RewardBatch) -> RewardOutput:
         prompts = [self.config.text_prefix + p for p in batch.prompts]

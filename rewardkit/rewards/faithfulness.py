@@ -28,7 +28,7 @@ import torch
 from ..compose.rubric import QuestionTree, RubricCache, answer_trees, generate_trees, tree_score
 from ..reward import Reward, RewardBatch, RewardConfig, RewardOutput
 
-__all__ = ["Faithfulness", "FaithfulnessConfig", "RubricReward", "RubricConfig"]
+__all__ = ["Faithfulness", "RubricReward", "RubricConfig"]
 
 
 @dataclass

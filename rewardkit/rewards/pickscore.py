@@ -13,54 +13,34 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from ..reward import Reward, RewardBatch, RewardConfig, RewardOutput
+from ..reward import RewardBatch, RewardOutput
+from ._clip_base import CLIPReward, CLIPRewardConfig
 
-VARIANTS: dict[str, str] = {"pickscore-v1": "yuvalkirstain/PickScore_v1"}
 DEFAULT_PROCESSOR = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K"  # PickScore_v1 ships no processor files
 
 
 @dataclass
-class PickScoreConfig(RewardConfig):
+class PickScoreConfig(CLIPRewardConfig):
     model: str = "yuvalkirstain/PickScore_v1"
-    processor: str | None = None  # default: the model directory if it has one, else the CLIP-H processor
+    # processor default: the model directory if it has processor files, else the CLIP-H processor
     scale: float = 1.0
-    device: str | None = None
-    dtype: str = "float32"
-    batch_size: int = 32
-    trust_remote_code: bool = False
 
 
-class PickScore(Reward):
+class PickScore(CLIPReward):
     """PickScore_v1: human-preference CLIP-H score, logit_scale * cosine."""
 
     name: ClassVar[str] = "pickscore"
-    tasks = frozenset({"t2i"})
     score_range = None
-    extras = ("hf",)
-    thread_safe = True
     Config = PickScoreConfig
+    VARIANTS = {"pickscore-v1": "yuvalkirstain/PickScore_v1"}
 
-    def __init__(self, config=None, /, **overrides):
-        super().__init__(config, **overrides)
-        cfg = self.config
-        from ..models.clip import CLIPBackbone
-
-        model = VARIANTS.get(cfg.model, cfg.model)
-        processor = cfg.processor
-        if processor is None:
-            local = Path(model)
-            has_proc = local.is_dir() and any((local / f).exists() for f in
-                                              ("preprocessor_config.json", "processor_config.json"))
-            processor = model if has_proc else DEFAULT_PROCESSOR
-        self.backbone = CLIPBackbone(model, processor, device=cfg.device, dtype=cfg.dtype,
-                                     trust_remote_code=cfg.trust_remote_code)
-        self._device = self.backbone.device
-        self.default_batch_size = cfg.batch_size
-
-    def to(self, device):
-        self.backbone.to(device)
-        self._device = self.backbone.device
-        return self
+    def _processor_for(self, model: str) -> str:
+        if self.config.processor is not None:
+            return self.config.processor
+        local = Path(model)
+        has_proc = local.is_dir() and any((local / f).exists() for f in
+                                          ("preprocessor_config.json", "processor_config.json"))
+        return model if has_proc else DEFAULT_PROCESSOR
 
     def _score(self, batch: RewardBatch) -> RewardOutput:
         cos, truncated = self.backbone.cosine(batch.images, batch.prompts)

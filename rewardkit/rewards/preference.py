@@ -16,13 +16,11 @@ template shows them before the candidate.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
-from .. import media
-from ..errors import RewardInputError
-from ..reward import PairwiseOutput, Reward, RewardBatch, RewardConfig, RewardOutput
+from ..reward import Reward, RewardBatch, RewardConfig, RewardOutput
 
 NORMALIZE = ("none", "calibration", "quantile")
 
@@ -93,27 +91,9 @@ class PreferenceReward(Reward):
                 "normalize": self.config.normalize}
         return RewardOutput(scores=scores, dimensions=dims, info=info)
 
-    def compare(self, images_a: Any, images_b: Any, prompt: Any = None, *, sources: Any = None,
-                metadata: Any = None, batch_size: int | None = None, on_error: str = "raise") -> PairwiseOutput:
-        """``P(a preferred) = sigmoid(r_a - r_b)`` on the raw rewards (any ``normalize`` setting)."""
-        if self.config.normalize == "none":
-            return super().compare(images_a, images_b, prompt, sources=sources, metadata=metadata,
-                                   batch_size=batch_size, on_error=on_error)
-        a, b = media.split_batch(images_a), media.split_batch(images_b)
-        if len(a) != len(b):
-            raise RewardInputError(f"compare got {len(a)} images_a but {len(b)} images_b")
-        n = len(a)
-        prompts = self._prompts(prompt, n)
-        out = self(a + b, prompts + prompts, sources=None if sources is None else list(sources) + list(sources),
-                   metadata=None if metadata is None else list(metadata) + list(metadata),
-                   batch_size=batch_size, on_error=on_error)
-        raw = out.dimensions["raw"]
-        valid = out.valid[:n] & out.valid[n:]
-        prob = torch.where(valid, torch.sigmoid(raw[:n] - raw[n:]), torch.full((n,), float("nan")))
-        errors = [None if valid[i] else "; ".join(f"{w}: {e}" for w, e in (("a", out.errors[i]), ("b", out.errors[n + i])) if e)
-                  for i in range(n)]
-        return PairwiseOutput(prob_a=prob, valid=valid, errors=errors, info=out.info,
-                              scores_a=out.scores[:n], scores_b=out.scores[n:])
+    def _compare_values(self, out: RewardOutput) -> torch.Tensor:
+        """``compare`` is ``sigmoid(r_a - r_b)`` on the raw rewards whatever ``normalize`` is."""
+        return out.dimensions["raw"] if self.config.normalize != "none" else out.scores
 
     @classmethod
     def tiny(cls, workdir: str) -> "PreferenceReward":
