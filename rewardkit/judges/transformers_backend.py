@@ -338,12 +338,10 @@ class TransformersJudge(JudgeBackend):
     def _packed_logits(self, convs: list[_Conv], feats: dict[str, _Img]):
         """Next-token logits of every conversation, suffixes packed per prefix ("tree" attention).
 
-        All suffixes that share a prefix go into one row after a single copy of the prefix KV cache; a 4-D
+        Suffixes that share a prefix go into rows of up to ``pack_tokens`` tokens after a single copy of the prefix KV cache; a 4-D
         mask lets each suffix token see the prefix and the earlier tokens of its own suffix only, and each
         suffix's positions restart at the prefix's next position. Yields ``(conversation indices, logits [m, V])``.
         """
-        import torch
-
         prefixes, split, prefix_of = self._plan(convs)
         members: dict[int, list[int]] = {}
         for c in range(len(convs)):
