@@ -300,3 +300,17 @@ def test_missing_verifier_probability_is_invalid_not_a_rejection(imgs):
     judge = NoProbs(scripted().answers, scripted().verdicts)
     _, out = run(judge, imgs)
     assert not out.valid[0] and "no Yes/No probability" in out.errors[0]
+
+
+def test_judge_failure_raises_or_marks_the_chunk_invalid(imgs):
+    from rewardkit.judges.openai_backend import JudgeServerError
+
+    class Down(ScriptedJudge):
+        def generate(self, *a, **k):
+            raise JudgeServerError("http://127.0.0.1:8000/v1 failed after 5 attempts; last error: HTTP 503")
+
+    with pytest.raises(JudgeServerError):
+        run(Down({}), imgs)
+    _, out = run(Down({}), imgs, on_judge_error="nan")
+    assert not out.valid.any() and "judge call failed: JudgeServerError" in out.errors[0]
+    assert torch.isnan(out.dimensions["harmony"]).all()

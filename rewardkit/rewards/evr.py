@@ -165,6 +165,9 @@ class EVRConfig(RewardConfig):
     seed: int = 0
     batch_size: int = 8
     compare_mode: str = "pairwise"  # "pairwise" (native prompt, both orders) | "scores" (sigmoid of score gap)
+    #: a judge call that fails (e.g. a server down after its retries): "raise", or "nan" (the chunk's samples
+    #: are invalid with the error as reason, so an RL loop can carry on)
+    on_judge_error: str = "raise"
 
 
 class EVR(Reward):
@@ -232,7 +235,8 @@ class EVR(Reward):
         cfg = self.config
         choices = {"verifier": ("binary", "soft", "none"), "all_rejected": ("invalid", "unverified_mean", "zero"),
                    "aggregate": ("geometric", "arithmetic"), "output": ("normalized", "raw"),
-                   "unparsed": ("invalid", "drop"), "compare_mode": ("pairwise", "scores")}
+                   "unparsed": ("invalid", "drop"), "compare_mode": ("pairwise", "scores"),
+                   "on_judge_error": ("raise", "nan")}
         for key, allowed in choices.items():
             if getattr(cfg, key) not in allowed:
                 raise ValueError(f"EVR {key} must be one of {allowed}, got {getattr(cfg, key)!r}")
@@ -278,8 +282,18 @@ class EVR(Reward):
 
     # ------------------------------------------------------------------ scoring
     def _score(self, batch: RewardBatch) -> RewardOutput:
-        if batch.metadata and batch.metadata[0].get(_PAIRWISE_KEY):
-            return self._pairwise(batch)
+        pairwise = bool(batch.metadata and batch.metadata[0].get(_PAIRWISE_KEY))
+        try:
+            return self._pairwise(batch) if pairwise else self._evaluate_verify(batch)
+        except (OSError, RuntimeError) as exc:  # JudgeServerError is a RuntimeError; connection errors OSError
+            if self.config.on_judge_error != "nan":
+                raise
+            out = RewardOutput.invalid(len(batch), f"judge call failed: {type(exc).__name__}: {exc}",
+                                       dimensions=() if pairwise else self.dimensions)
+            out.info = self._info()
+            return out
+
+    def _evaluate_verify(self, batch: RewardBatch) -> RewardOutput:
         cfg = self.config
         B, D, K = len(batch), len(self.dims), cfg.k
         srcs = batch.sources or [[] for _ in range(B)]
