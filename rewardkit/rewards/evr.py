@@ -178,6 +178,9 @@ class EVR(Reward):
     score_range = (0.0, 1.0)
     extras = ("hf",)
     compare_temperature = 0.25  # used by compare_mode="scores" on the [0, 1] scale
+    #: compare(a, b) == 1 - compare(b, a) exactly (both orders are asked inside one call; score gaps are
+    #: antisymmetric): the benchmark harness skips the swapped call
+    compare_is_symmetric: ClassVar[bool] = True
     Config = EVRConfig
 
     def __init__(self, config=None, /, *, judge: Any = None, verifier_judge: Any = None, **overrides: Any) -> None:
