@@ -394,11 +394,18 @@ class Reward(abc.ABC):
 
             starts = tqdm(starts, desc=f"{self.name or type(self).__name__}", unit="batch", delay=1.0)
         parts = []
-        for s in starts:
-            sub = batch.select(range(s, min(s + chunk, len(ok))))
-            parts.append(self._run(sub))
+        with self._call_scope():
+            for s in starts:
+                sub = batch.select(range(s, min(s + chunk, len(ok))))
+                parts.append(self._run(sub))
         scored = RewardOutput.concat(parts) if parts else RewardOutput(scores=torch.zeros(0))
         return self._scatter(scored, ok, errors, n)
+
+    def _call_scope(self):
+        """Context manager around all chunks of one call: per-call resources that outlive a chunk (e.g. a
+        judge session that keeps each distinct image's features, so shared references are encoded once per
+        call however the call is chunked). Default: nothing."""
+        return nullcontext()
 
     def _run(self, sub: RewardBatch) -> RewardOutput:
         lock = nullcontext() if self.thread_safe else self._lock

@@ -282,6 +282,14 @@ def test_evr_on_tiny_qwen_counts_images_and_never_fabricates(tmp_path, imgs):
     finally:
         hook.remove()
     assert sum(seen) == 4  # 2 candidates + 2 shared references, each once per reward call
+    seen.clear()
+    hook = model.model.visual.register_forward_pre_hook(
+        lambda m, a, k: seen.append(int(k["grid_thw"].shape[0])), with_kwargs=True)
+    try:  # chunked call: the session spans all chunks, the shared references are still encoded once
+        reward(imgs[:2], "put the cat on the sofa", sources=[refs, refs], batch_size=1)
+    finally:
+        hook.remove()
+    assert sum(seen) == 4
     # a random model does not answer in the format: NaN + reason with the raw answer, never a made-up score
     assert not out.valid.any() and torch.isnan(out.scores).all()
     assert all("unparseable after 0 retries" in e and "last answer" in e for e in out.errors)

@@ -296,60 +296,70 @@ class EVR(Reward):
             out.info = self._info()
             return out
 
+    def _call_scope(self):
+        """One judge session for the whole call: every distinct image (e.g. references shared by all
+        candidates) goes through the vision encoder once per call, across chunks."""
+        from contextlib import ExitStack
+
+        stack = ExitStack()
+        stack.enter_context(self.judge.session())
+        if self.verifier_backend is not self.judge:
+            stack.enter_context(self.verifier_backend.session())
+        return stack
+
     def _evaluate_verify(self, batch: RewardBatch) -> RewardOutput:
         cfg = self.config
         B, D, K = len(batch), len(self.dims), cfg.k
         srcs = batch.sources or [[] for _ in range(B)]
-        with self.judge.session(), (self.verifier_backend.session() if self.verifier_backend is not self.judge
-                                    else _null()):
-            # 1. evaluator: K hypotheses per (sample, dimension), bounded retries for unparsed ones
-            convs = [self._eval_conv(batch.prompts[b], srcs[b], batch.images[b], batch.metadata[b], d)
-                     for b in range(B) for d in self.dims]
-            raw: list[list[list[str]]] = [[[] for _ in range(K)] for _ in convs]  # every attempt's text
-            parsed: list[list[tuple[float, str] | None]] = [[None] * K for _ in convs]
-            todo = [(c, i) for c in range(len(convs)) for i in range(K)]
-            for attempt in range(cfg.max_retries + 1):
-                if not todo:
-                    break
-                need: dict[int, list[int]] = {}
-                for c, i in todo:
-                    need.setdefault(c, []).append(i)
-                by_n: dict[int, list[int]] = {}
-                for c, idx in need.items():
-                    by_n.setdefault(len(idx), []).append(c)
-                for n, cs in by_n.items():
-                    outs = self.judge.generate([convs[c] for c in cs], n=n, temperature=cfg.temperature,
-                                               max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + 7919 * attempt)
-                    for c, texts in zip(cs, outs):
-                        for i, text in zip(need[c], texts):
-                            raw[c][i].append(text)
-                            parsed[c][i] = parse_hypothesis(text, cot=cfg.cot)
-                todo = [(c, i) for c, i in todo if parsed[c][i] is None]
-            S = torch.full((B, D, K), math.nan)
+        # (the judge session spanning the whole call comes from _call_scope)
+        # 1. evaluator: K hypotheses per (sample, dimension), bounded retries for unparsed ones
+        convs = [self._eval_conv(batch.prompts[b], srcs[b], batch.images[b], batch.metadata[b], d)
+                 for b in range(B) for d in self.dims]
+        raw: list[list[list[str]]] = [[[] for _ in range(K)] for _ in convs]  # every attempt's text
+        parsed: list[list[tuple[float, str] | None]] = [[None] * K for _ in convs]
+        todo = [(c, i) for c in range(len(convs)) for i in range(K)]
+        for attempt in range(cfg.max_retries + 1):
+            if not todo:
+                break
+            need: dict[int, list[int]] = {}
+            for c, i in todo:
+                need.setdefault(c, []).append(i)
+            by_n: dict[int, list[int]] = {}
+            for c, idx in need.items():
+                by_n.setdefault(len(idx), []).append(c)
+            for n, cs in by_n.items():
+                outs = self.judge.generate([convs[c] for c in cs], n=n, temperature=cfg.temperature,
+                                           max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + 7919 * attempt)
+                for c, texts in zip(cs, outs):
+                    for i, text in zip(need[c], texts):
+                        raw[c][i].append(text)
+                        parsed[c][i] = parse_hypothesis(text, cot=cfg.cot)
+            todo = [(c, i) for c, i in todo if parsed[c][i] is None]
+        S = torch.full((B, D, K), math.nan)
+        for c in range(len(convs)):
+            for i in range(K):
+                if parsed[c][i] is not None:
+                    S[c // D, c % D, i] = parsed[c][i][0]
+        # 2. verifier: one Yes/No question per parsed hypothesis
+        V = None
+        no_verdict: set[int] = set()
+        if cfg.verifier != "none":
+            V = torch.zeros((B, D, K))
+            vq, where = [], []
             for c in range(len(convs)):
+                b, d = divmod(c, D)
                 for i in range(K):
                     if parsed[c][i] is not None:
-                        S[c // D, c % D, i] = parsed[c][i][0]
-            # 2. verifier: one Yes/No question per parsed hypothesis
-            V = None
-            no_verdict: set[int] = set()
-            if cfg.verifier != "none":
-                V = torch.zeros((B, D, K))
-                vq, where = [], []
-                for c in range(len(convs)):
-                    b, d = divmod(c, D)
-                    for i in range(K):
-                        if parsed[c][i] is not None:
-                            s, reason = parsed[c][i]
-                            vq.append(self._verify_conv(batch.prompts[b], srcs[b], batch.images[b],
-                                                        batch.metadata[b], self.dims[d], s, reason))
-                            where.append((b, d, i))
-                if vq:
-                    p = self.verifier_backend.choice_probs(vq, list(self.template["verify_choices"]))[:, 0]
-                    for (b, d, i), py in zip(where, p.tolist()):
-                        if math.isnan(py):  # the backend could not read the Yes/No probabilities
-                            no_verdict.add(b)
-                        V[b, d, i] = py if cfg.verifier == "soft" else float(py >= 0.5)
+                        s, reason = parsed[c][i]
+                        vq.append(self._verify_conv(batch.prompts[b], srcs[b], batch.images[b],
+                                                    batch.metadata[b], self.dims[d], s, reason))
+                        where.append((b, d, i))
+            if vq:
+                p = self.verifier_backend.choice_probs(vq, list(self.template["verify_choices"]))[:, 0]
+                for (b, d, i), py in zip(where, p.tolist()):
+                    if math.isnan(py):  # the backend could not read the Yes/No probabilities
+                        no_verdict.add(b)
+                    V[b, d, i] = py if cfg.verifier == "soft" else float(py >= 0.5)
         # 3. arithmetic
         r, rejected = dimension_scores(S, V, eps=cfg.eps, all_rejected=cfg.all_rejected)
         R = aggregate_dimensions(r, cfg.aggregate)
@@ -475,14 +485,6 @@ class EVR(Reward):
                 j.to(device)
         self._device = _torch.device(device)
         return self
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _f(x: torch.Tensor) -> float | None:
