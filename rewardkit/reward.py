@@ -260,6 +260,9 @@ class Reward(abc.ABC):
     default_batch_size: ClassVar[int | None] = None
     #: ``compare`` default: P(a) = sigmoid((s_a - s_b) / compare_temperature).
     compare_temperature: ClassVar[float] = 1.0
+    #: True when ``compare(a, b) == 1 - compare(b, a)`` by construction (e.g. a judge that asks both orders
+    #: itself): benchmark harnesses then skip the position-swapped call.
+    compare_is_symmetric: ClassVar[bool] = False
     #: True when ``_score`` may run concurrently from several threads; otherwise calls are serialised.
     thread_safe: ClassVar[bool] = False
     #: True when a sample's score depends on the other samples of the call (e.g. z-scores over the batch):

@@ -176,6 +176,7 @@ class EVR(Reward):
     name: ClassVar[str] = "evr"
     tasks = frozenset({"edit", "multi_ref"})
     score_range = (0.0, 1.0)
+    dimensions = DIMENSIONS + ("raw",)  # the default; a dimension subset narrows it per instance
     extras = ("hf",)
     compare_temperature = 0.25  # used by compare_mode="scores" on the [0, 1] scale
     #: compare(a, b) == 1 - compare(b, a) exactly (both orders are asked inside one call; score gaps are
