@@ -33,7 +33,11 @@ class FakeLLM:
         outs = []
         for p, sp in zip(prompts, params):
             if sp.max_tokens == 1 and sp.logprobs:
-                lp = {self.tok.convert_tokens_to_ids(t): NS(logprob=v) for t, v in self.table.items()}
+                full = {self.tok.convert_tokens_to_ids(t): v for t, v in self.table.items()}
+                # vLLM >= 0.30: logprob_token_ids -> the sampled token plus exactly those ids, any rank
+                assert sp.logprobs == len(sp.logprob_token_ids)
+                top = max(full, key=full.get)
+                lp = {t: NS(logprob=full[t]) for t in [top, *sp.logprob_token_ids] if t in full}
                 outs.append(NS(outputs=[NS(text="", logprobs=[lp])]))
             else:
                 outs.append(NS(outputs=[NS(text=f"s{sp.seed}-{k}", logprobs=None) for k in range(sp.n)]))
@@ -72,11 +76,17 @@ def test_prompts_images_and_seeds(judge):
 def test_choice_probs_from_logprob_table(judge):
     p = judge.choice_probs([conv([], "q")] * 2, ["Yes", "No"])
     torch.testing.assert_close(p, torch.tensor([[0.75, 0.25]] * 2))
-    assert judge.llm.calls[-1][1][0].logprobs == 20 and judge.llm.calls[-1][1][0].temperature == 0.0
-    judge.llm.table = {"Yes": -0.1}
-    assert judge.choice_probs([conv([], "q")], ["Yes", "No"]).tolist() == [[1.0, 0.0]]
-    judge.llm.table = {"a": -0.1}
+    sp = judge.llm.calls[-1][1][0]
+    yes, no = (judge.tokenizer.convert_tokens_to_ids(t) for t in ("Yes", "No"))
+    assert sp.logprob_token_ids == [yes, no] and sp.logprobs == 2 and sp.temperature == 0.0
+    # exact for any rank: a choice far below the top candidates keeps its real probability
+    judge.llm.table = {"a": -0.01, "Yes": -12.0, "No": -13.0}
+    torch.testing.assert_close(judge.choice_probs([conv([], "q")], ["Yes", "No"]),
+                               torch.softmax(torch.tensor([[-12.0, -13.0]]), -1))
+    judge.llm.table = {"a": -0.1, "Yes": -1.0}  # the engine reported no log-prob for "No": NaN, not a guess
     assert torch.isnan(judge.choice_probs([conv([], "q")], ["Yes", "No"])).all()
+    with pytest.raises(ValueError, match="at most 20 log-probs"):
+        judge.choice_probs([conv([], "q")], [str(i) for i in range(10)] + list("abcdefghijk"))
     from rewardkit.judges import ChoiceError
 
     with pytest.raises(ChoiceError):

@@ -6,11 +6,10 @@ image by content, so the same image in many prompts maps to the same multimodal 
 (``enable_prefix_caching=True``, forced on here) reuses the KV blocks of the shared image + instruction
 prefix across the K samples and the verification questions.
 
-``choice_probs`` requests one token with the top ``logprobs`` alternatives (``max_logprobs`` of the engine,
-20 by default) and renormalises the choice tokens' log-probabilities (raw, full-vocabulary log-softmax,
-vLLM's default ``logprobs_mode``). These are the exact log-probs of every choice that ranks in the top
-``logprobs``; a choice below it gets probability 0, and a row where no choice ranks is NaN. Raise
-``logprobs`` (and the engine's ``max_logprobs``) if your choices are not the model's top candidates.
+``choice_probs`` requests one token with ``logprob_token_ids`` set to the choice tokens (vLLM >= 0.30, the
+``vllm`` extra's floor): the engine returns the exact log-probability of every choice, whatever its rank
+(raw full-vocabulary log-softmax, vLLM's default ``logprobs_mode``), and rewardkit renormalises over the
+choices. A row where the engine returns no log-probability for a choice is NaN, never a guess.
 
 Sampling seeds are per request, derived from (seed, conversation content, sample) so that a
 conversation's samples do not depend on the rest of the batch.
@@ -38,7 +37,7 @@ class VLLMJudge(JudgeBackend):
 
     Args:
         model: checkpoint path or hub id, or a ready ``vllm.LLM``.
-        logprobs: alternatives read by ``choice_probs``.
+        logprobs: the engine's ``max_logprobs`` (at least the number of choices given to ``choice_probs``).
         max_images: images per prompt the engine accepts (``limit_mm_per_prompt``).
         **engine_kwargs: passed to ``vllm.LLM`` (``gpu_memory_utilization``, ``max_model_len``, ``dtype``,
             ``tensor_parallel_size``, ...). ``trust_remote_code`` defaults to False.
@@ -106,17 +105,21 @@ class VLLMJudge(JudgeBackend):
             if len(t) != 1:
                 raise ChoiceError(f"choice {c!r} is {len(t)} tokens for this tokenizer; choice_probs needs single tokens")
             ids.append(t[0])
+        if len(ids) > self.logprobs:
+            raise ValueError(f"{len(ids)} choices but the engine returns at most {self.logprobs} log-probs; "
+                             "build the judge with logprobs >= the number of choices")
         if not conversations:
             return torch.zeros(0, len(ids))
         prompts = [p for p, _ in self._prompts(conversations)]
-        params = self._vllm.SamplingParams(n=1, temperature=0.0, max_tokens=1, logprobs=self.logprobs)
+        # exact label log-probs: logprobs must equal len(logprob_token_ids) when both are set (vLLM 0.32)
+        params = self._vllm.SamplingParams(n=1, temperature=0.0, max_tokens=1, logprobs=len(ids),
+                                           logprob_token_ids=list(ids))
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         probs = torch.full((len(prompts), len(ids)), float("nan"))
         for i, out in enumerate(outs):
-            table = out.outputs[0].logprobs[0]  # {token_id: Logprob}
+            table = out.outputs[0].logprobs[0]  # {token_id: Logprob}: the sampled token + every choice id
             row = [table[t].logprob if t in table else None for t in ids]
-            if all(x is None for x in row):
-                continue
-            lp = torch.tensor([x if x is not None else float("-inf") for x in row], dtype=torch.float64)
-            probs[i] = torch.softmax(lp, 0).float()
+            if any(x is None for x in row):
+                continue  # the engine did not report a choice: NaN (the caller marks the sample invalid)
+            probs[i] = torch.softmax(torch.tensor(row, dtype=torch.float64), 0).float()
         return probs
