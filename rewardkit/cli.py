@@ -57,6 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     except (RegistryError, ConfigError, RewardInputError, FileNotFoundError) as exc:
         print(f"rewardkit {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except (ValueError, OSError) as exc:  # bad options or unreadable checkpoints: a message, not a traceback
+        if os.environ.get("REWARDKIT_DEBUG"):
+            raise
+        print(f"rewardkit {args.command}: error: {type(exc).__name__}: {exc}\n"
+              "(set REWARDKIT_DEBUG=1 to see the traceback)", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"rewardkit {args.command}: interrupted", file=sys.stderr)
         return 130

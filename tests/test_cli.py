@@ -102,3 +102,12 @@ def test_missing_extra_prints_pip_line(tmp_path):
 def test_console_script_entry_point():
     res = subprocess.run([sys.executable, "-m", "rewardkit.cli", "--version"], capture_output=True, text=True)
     assert res.returncode == 0 and res.stdout.startswith("rewardkit ")
+
+
+def test_reward_construction_errors_are_messages(capsys, tmp_path, monkeypatch):
+    monkeypatch.delenv("REWARDKIT_DEBUG", raising=False)
+    assert main(["score", "-r", "evr", "x.png", "-p", "p"]) == 2
+    err = capsys.readouterr().err
+    assert "EVR needs a judge" in err and "Traceback" not in err
+    assert main(["score", "-r", "clipscore", "-m", str(tmp_path / "missing"), "x.png", "-p", "p"]) == 2
+    assert "OSError" in capsys.readouterr().err
