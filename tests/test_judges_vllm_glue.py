@@ -66,6 +66,8 @@ def test_prompts_images_and_seeds(judge):
     assert prompts[0]["prompt"] == judge.tokenizer.apply_chat_template(convs[0], tokenize=False, add_generation_prompt=True)
     assert prompts[0]["prompt"].count("<|image_pad|>") == 2
     assert [im.size for im in prompts[0]["multi_modal_data"]["image"]] == [(20, 10), (8, 8)]
+    uuids = [p["multi_modal_uuids"]["image"] for p in prompts]  # stable content ids, one per image
+    assert len(uuids[0]) == 2 and uuids[1] == uuids[0][1:] and uuids[0][0] != uuids[0][1]
     assert params[0].n == 2 and params[0].max_tokens == 5 and params[0].stop == ["\n"]
     assert params[0].seed != params[1].seed
     assert [len(o) for o in out] == [2, 2]

@@ -2,7 +2,8 @@
 
 Prompts are rendered with the checkpoint's own chat template (as the transformers backend does) and passed
 to ``LLM.generate`` as ``{"prompt": text, "multi_modal_data": {"image": [PIL, ...]}}``. vLLM hashes every
-image by content, so the same image in many prompts maps to the same multimodal id and the prefix cache
+image under a stable id (``multi_modal_uuids``: rewardkit's content hash), so the same image in many prompts
+maps to the same multimodal id and the prefix cache
 (``enable_prefix_caching=True``, forced on here) reuses the KV blocks of the shared image + instruction
 prefix across the K samples and the verification questions.
 
@@ -74,10 +75,13 @@ class VLLMJudge(JudgeBackend):
             text = self.tokenizer.apply_chat_template(list(conv), tokenize=False, add_generation_prompt=not cont,
                                                       continue_final_message=cont)
             ims = [_to_pil(im) for im in conversation_images(conv)]
+            hashes = [image_hash(im) for im in ims]
             prompt: dict[str, Any] = {"prompt": text}
             if ims:
+                # stable multimodal ids: our content hashes, so vLLM reuses cached work without rehashing
                 prompt["multi_modal_data"] = {"image": ims}
-            out.append((prompt, _digest(text, [image_hash(im) for im in ims])))
+                prompt["multi_modal_uuids"] = {"image": hashes}
+            out.append((prompt, _digest(text, hashes)))
         return out
 
     def generate(self, conversations: Sequence[Conversation], *, n: int = 1, temperature: float = 0.0,
