@@ -19,7 +19,7 @@ from typing import Any
 from .base import ChoiceError, Conversation, JudgeBackend, Message
 from .templates import Template, load_template
 
-__all__ = ["JudgeBackend", "Conversation", "Message", "ChoiceError", "load_judge", "Template", "load_template",
+__all__ = ["JudgeBackend", "Conversation", "Message", "ChoiceError", "load_judge", "resolve_judge", "Template", "load_template",
            "BACKENDS"]
 
 #: spec prefix -> "module:Class" (relative to this package)
@@ -71,3 +71,15 @@ def load_judge(spec: Any, **kwargs: Any) -> JudgeBackend:
         return _backend_class("transformers")(spec, **kwargs)
     raise ValueError(f"cannot read judge spec {spec!r}: use 'transformers:<path>', 'vllm:<path>' or "
                      "'openai:<base_url>'")
+
+
+def resolve_judge(judge: Any, spec: Any = None, spec_kwargs: Any = None, *, owner: str) -> JudgeBackend:
+    """The backend a judge-based reward uses: ``judge`` when it is an object (a backend or a
+    ``(model, processor)`` tuple passed in Python), else the config's ``spec`` string with ``spec_kwargs``;
+    a clear error naming the reward ``owner`` when there is neither."""
+    if judge is not None and not isinstance(judge, str):
+        return load_judge(judge)
+    if spec:
+        return load_judge(spec, **dict(spec_kwargs or {}))
+    raise ValueError(f"{owner} needs a judge: load_reward({owner!r}, judge='transformers:<checkpoint>') "
+                     "(or 'vllm:<checkpoint>', 'openai:<url>' with judge_kwargs={'model': ...}, or a backend)")

@@ -65,7 +65,7 @@ class Detectors(Reward):
     Config = DetectorsConfig
 
     def __init__(self, config=None, /, *, judge: Any = None, **overrides: Any) -> None:
-        from ..judges import JudgeBackend, load_judge, load_template
+        from ..judges import load_template, resolve_judge
 
         if isinstance(judge, str):
             overrides["judge"] = judge
@@ -75,15 +75,7 @@ class Detectors(Reward):
             raise ValueError(f"applicability must be 'prompt' or 'always', got {cfg.applicability!r}")
         if cfg.missing_reference not in ("invalid", "skip"):
             raise ValueError(f"missing_reference must be 'invalid' or 'skip', got {cfg.missing_reference!r}")
-        if judge is not None and not isinstance(judge, str):
-            if not isinstance(judge, (JudgeBackend, tuple)):
-                raise TypeError(f"judge must be a JudgeBackend, a (model, processor) tuple or a spec string, "
-                                f"got {type(judge).__name__}")
-            self.judge = load_judge(judge)
-        elif cfg.judge:
-            self.judge = load_judge(cfg.judge, **dict(cfg.judge_kwargs))
-        else:
-            raise ValueError("Detectors needs a judge: load_reward('detectors', judge='transformers:<checkpoint>')")
+        self.judge = resolve_judge(judge, cfg.judge, cfg.judge_kwargs, owner=self.name)
         self.template = load_template("rubric", cfg.template)
         specs = dict(self.template["detectors"])
         names = list(cfg.detectors) or list(specs)

@@ -64,7 +64,7 @@ class RubricReward(Reward):
     metadata_key: ClassVar[str] = "questions"
 
     def __init__(self, config=None, /, *, judge: Any = None, **overrides: Any) -> None:
-        from ..judges import JudgeBackend, load_judge, load_template
+        from ..judges import load_template, resolve_judge
 
         if isinstance(judge, str):
             overrides["judge"] = judge
@@ -74,16 +74,7 @@ class RubricReward(Reward):
             raise ValueError(f"scoring must be 'hard' or 'soft', got {cfg.scoring!r}")
         if not 0.0 < cfg.threshold < 1.0:
             raise ValueError(f"threshold must be in (0, 1), got {cfg.threshold}")
-        if judge is not None and not isinstance(judge, str):
-            if not isinstance(judge, (JudgeBackend, tuple)):
-                raise TypeError(f"judge must be a JudgeBackend, a (model, processor) tuple or a spec string, "
-                                f"got {type(judge).__name__}")
-            self.judge = load_judge(judge)
-        elif cfg.judge:
-            self.judge = load_judge(cfg.judge, **dict(cfg.judge_kwargs))
-        else:
-            raise ValueError(f"{type(self).__name__} needs a judge: load_reward({self.name!r}, "
-                             "judge='transformers:<checkpoint>') (or 'vllm:<checkpoint>', 'openai:<url>', a backend)")
+        self.judge = resolve_judge(judge, cfg.judge, cfg.judge_kwargs, owner=self.name)
         self.template = load_template("rubric", cfg.template)
         self.cache = RubricCache(cfg.questions or None)
         self.default_batch_size = cfg.batch_size
