@@ -6,6 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/_env.sh hf
+export HF_HUB_DISABLE_PROGRESS_BARS=1
 if [ "$#" -gt 0 ]; then
   exec rewardkit score "$@"
 fi
