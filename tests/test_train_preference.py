@@ -104,6 +104,40 @@ def test_parameters_change_after_one_step(tmp_path, lora):
         assert not any(".visual." in n for n in trainable)
 
 
+def test_ctrl_c_mid_step_checkpoints_and_resumes_bitwise(tmp_path):
+    """KeyboardInterrupt inside step 3 (no periodic checkpoints): the two completed steps are saved with the
+    RNG states of step 3's start, and the resumed run ends bitwise equal to an uninterrupted one."""
+    common = ["max_steps=4", "save_every=0", "log_every=1", "data.eval=null", "lora.enabled=true", "lora.r=4",
+              "lora.dropout=0.1", "optim.schedule=cosine", "optim.warmup_ratio=0.25"]
+    out = tmp_path / "interrupted"
+    trainer = PreferenceTrainer(tiny_cfg(out, *common))
+    head, calls = trainer.model_raw.head, []
+    accum = trainer.accum
+    original = head.forward
+
+    def forward(h):
+        calls.append(1)
+        if len(calls) == 2 * accum + accum:  # the last micro-batch of step 3
+            raise KeyboardInterrupt
+        return original(h)
+
+    head.forward = forward
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    ck = latest_checkpoint(out)
+    assert ck is not None and ck.name == "step-00000002" and not (out / "model").exists()
+
+    resumed = PreferenceTrainer(tiny_cfg(out, *common)).train()
+    clean = PreferenceTrainer(tiny_cfg(tmp_path / "clean", *common)).train()
+    assert resumed["step"] == clean["step"] == 4
+
+    from safetensors.torch import load_file
+
+    a = load_file(str(latest_checkpoint(out) / "trainable.safetensors"))
+    b = load_file(str(latest_checkpoint(tmp_path / "clean") / "trainable.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_kill_and_resume_is_bitwise_identical(tmp_path):
     """SIGKILL after step 3 (last checkpoint: step 2), resume -> the same final weights as a clean run."""
     common = ["max_steps=4", "save_every=2", "log_every=1", "data.eval=null", "data_workers=2", "lora.enabled=true", "lora.r=4",

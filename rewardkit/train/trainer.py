@@ -23,6 +23,7 @@ import math
 import os
 import shutil
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -302,8 +303,11 @@ class PreferenceTrainer:
     def _ckpt_root(self) -> Path:
         return self.out / "checkpoints"
 
-    def save_checkpoint(self) -> Path:
-        """Atomic: everything goes to ``step-N.tmp``, then one rename publishes it, then ``latest`` moves."""
+    def save_checkpoint(self, rng: dict[str, torch.Tensor] | None = None) -> Path:
+        """Atomic: everything goes to ``step-N.tmp``, then one rename publishes it, then ``latest`` moves.
+
+        ``rng``: the RNG states to store (default: the current ones); an interrupted step passes the states
+        captured at its start, so resuming replays it exactly."""
         st = require("safetensors.torch", "hf")
         root = self._ckpt_root()
         name = f"step-{self.step:08d}"
@@ -313,10 +317,7 @@ class PreferenceTrainer:
                 shutil.rmtree(stale, ignore_errors=True)
             tmp.mkdir(parents=True)
         self.acc.wait_for_everyone()
-        rng = {"cpu": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            rng.update({f"cuda{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
-        st.save_file(rng, str(tmp / f"rng-rank{self.rank}.safetensors"))
+        st.save_file(rng if rng is not None else _rng_states(), str(tmp / f"rng-rank{self.rank}.safetensors"))
         if self.acc.is_main_process:
             st.save_file({k: v.contiguous().cpu() for k, v in self.model_raw.trainable_state_dict().items()},
                          str(tmp / "trainable.safetensors"))
@@ -336,7 +337,19 @@ class PreferenceTrainer:
             for old in kept[:-max(self.cfg.save_total_limit, 1)]:
                 shutil.rmtree(old, ignore_errors=True)
         self.acc.wait_for_everyone()
+        self._saved_step = self.step
         return final
+
+    def _checkpoint_on_interrupt(self, boundary: tuple[int, dict[str, torch.Tensor]]) -> None:
+        """Ctrl-C: keep the completed steps. A step cut short is dropped (its partial gradients are never
+        applied) and the checkpoint stores the RNG states from its start, so a resumed run replays it exactly.
+        Only single-process runs: other ranks of a distributed job may not have stopped at the same point."""
+        if self.world != 1 or self.step == 0 or getattr(self, "_saved_step", None) == self.step:
+            return
+        rng = boundary[1] if boundary[0] == self.step else None
+        path = self.save_checkpoint(rng=rng)
+        print(f"\ninterrupted: checkpoint of step {self.step} written to {path}; "
+              "run the same command again to resume", file=sys.stderr)
 
     def load_checkpoint(self, path: Path) -> None:
         st = require("safetensors.torch", "hf")
@@ -574,8 +587,10 @@ class PreferenceTrainer:
         G = cfg.global_batch_size
         local_pairs = 0
         batches = self._batches(self.step)
+        boundary = (self.step, _rng_states())
         try:
             while self.step < self.total_steps:
+                boundary = (self.step, _rng_states())  # what a checkpoint at this step boundary would store
                 t0 = time.perf_counter()
                 epoch = self.step // self.steps_per_epoch
                 ra, rb, labs, losses = [], [], [], []
@@ -623,6 +638,9 @@ class PreferenceTrainer:
                     self.save_checkpoint()
                 if kill_after and self.step == kill_after:
                     os.kill(os.getpid(), signal.SIGKILL)  # test hook: die like a preempted job, no cleanup
+        except KeyboardInterrupt:
+            self._checkpoint_on_interrupt(boundary)
+            raise
         finally:
             bar.close()
             batches.close()
@@ -649,6 +667,13 @@ class PreferenceTrainer:
         if cfg.trackers:
             self.acc.end_training()
         return summary
+
+
+def _rng_states() -> dict[str, torch.Tensor]:
+    rng = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng.update({f"cuda{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
+    return rng
 
 
 def PairCollatorCopy(col):
