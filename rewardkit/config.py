@@ -44,7 +44,9 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
                 raise ConfigError(f"override {item!r} conflicts with an earlier override of {p!r}")
         node[parts[-1]] = value
     if bad:
-        raise ConfigError("overrides must look like key=value; bad: " + ", ".join(repr(b) for b in bad))
+        raise ConfigError("overrides must look like key=value; bad: " + ", ".join(repr(b) for b in bad)
+                          + " (on the command line --set takes every word up to the next option: put file "
+                          "arguments before --set)")
     return out
 
 

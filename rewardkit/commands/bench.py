@@ -46,7 +46,7 @@ def add_parser(sub) -> None:
     p.add_argument("--dtype", help="float32, float16 or bfloat16")
     p.add_argument("--batch-size", type=int, help="items per reward call (default: the reward's own)")
     p.add_argument("--config", type=Path, help="YAML file with the reward's options")
-    p.add_argument("--set", dest="overrides", nargs="+", default=[], metavar="KEY=VALUE",
+    p.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
                    help="override reward options")
     p.add_argument("--report", nargs="+", type=Path, metavar="RESULT.json",
                    help="no scoring: build the markdown table (and --plot) from saved records")

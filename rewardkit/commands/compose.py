@@ -29,7 +29,7 @@ def add_parser(sub) -> None:
         q = csub.add_parser(name, help=helptext)
         q.add_argument("--config", "-c", type=Path, required=True, help="YAML with a composite reward section")
         q.add_argument("--section", default="reward", help="key of the composite section ('' = whole file)")
-        q.add_argument("--set", dest="overrides", nargs="+", default=[], metavar="KEY=VALUE",
+        q.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
                        help="override composite options, e.g. gating=none detectors.mode=additive")
         q.add_argument("--judge", help="judge spec overriding the YAML's (e.g. transformers:/path/to/ckpt)")
         q.add_argument("--no-progress", action="store_true")

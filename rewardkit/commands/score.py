@@ -35,7 +35,7 @@ def add_parser(sub) -> None:
     p.add_argument("--dtype", help="float32, float16 or bfloat16")
     p.add_argument("--batch-size", type=int, default=16, help="images per model call (default 16)")
     p.add_argument("--config", type=Path, help="YAML file with the reward's options")
-    p.add_argument("--set", dest="overrides", nargs="+", default=[], metavar="KEY=VALUE",
+    p.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
                    help="override reward options, e.g. --set normalize=calibration")
     p.add_argument("--on-error", choices=("nan", "raise"), default="nan",
                    help="bad images: 'nan' scores the rest and reports them (default), 'raise' stops")
