@@ -92,8 +92,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.batch_size < 1:
         raise SystemExit("rewardkit score: --batch-size must be >= 1")
+    kwargs = _reward_kwargs(args)  # first: a file name swallowed by --set gets its hint before anything else
     items = _items(args)
-    reward = load_reward(args.reward, str(args.config) if args.config else None, **_reward_kwargs(args))
+    reward = load_reward(args.reward, str(args.config) if args.config else None, **kwargs)
     out_fh = args.output.open("w", encoding="utf-8") if args.output else None
     has_sources = any(it["sources"] for it in items)
     n_bad = 0
