@@ -52,6 +52,7 @@ class AxisSpec:
     options: Mapping[str, Any] = field(default_factory=dict)
     mean: float | None = None          # reference statistics for normalize="fixed"
     std: float | None = None
+    calibration: str | None = None     # or a `rewardkit calibrate` JSON file supplying mean and std
 
     @classmethod
     def parse(cls, raw: Any) -> "AxisSpec":
@@ -62,13 +63,24 @@ class AxisSpec:
         unknown = set(raw) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise ConfigError(f"unknown axis key(s) {sorted(unknown)}; allowed: name, reward, weight, gate, options, "
-                              "mean, std")
+                              "mean, std, calibration")
         if not raw.get("name"):
             raise ConfigError(f"axis {dict(raw)!r} needs a name")
+        mean, std = raw.get("mean"), raw.get("std")
+        if raw.get("calibration") is not None:
+            if mean is not None or std is not None:
+                raise ConfigError(f"axis {raw['name']!r}: give mean/std or calibration, not both")
+            from ..calibration import load_calibration
+
+            try:
+                stats = load_calibration(raw["calibration"])
+            except (FileNotFoundError, ValueError) as exc:
+                raise ConfigError(f"axis {raw['name']!r}: {exc}") from None
+            mean, std = stats["mean"], stats["std"]
         spec = cls(name=str(raw["name"]), reward=raw.get("reward"), weight=float(raw.get("weight", 1.0)),
                    gate=str(raw.get("gate", "none")), options=dict(raw.get("options") or {}),
-                   mean=None if raw.get("mean") is None else float(raw["mean"]),
-                   std=None if raw.get("std") is None else float(raw["std"]))
+                   mean=None if mean is None else float(mean), std=None if std is None else float(std),
+                   calibration=None if raw.get("calibration") is None else str(raw["calibration"]))
         if spec.std is not None and not spec.std > 0:
             raise ConfigError(f"axis {spec.name!r}: std must be > 0, got {spec.std}")
         if spec.gate not in _GATES:
