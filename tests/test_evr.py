@@ -99,6 +99,7 @@ class ScriptedJudge(JudgeBackend):
 
     def __init__(self, answers, verdicts=None, pairwise=(0.7, 0.4)):
         self.answers, self.verdicts, self.pairwise = answers, verdicts or {}, pairwise
+        self.fourway = ([0.25] * 4, [0.25] * 4)
         self.rounds: dict[str, int] = {}
         self.gen_calls, self.prob_calls, self.sessions = [], [], 0
         self.n_images: list[int] = []
@@ -130,6 +131,9 @@ class ScriptedJudge(JudgeBackend):
         self.prob_calls.append((len(conversations), tuple(choices)))
         rows = []
         for i, conv in enumerate(conversations):
+            if len(choices) == 4:  # judge_4way: rows per order from the table
+                rows.append(list(self.fourway[i % 2]))
+                continue
             if tuple(choices) == ("A", "B"):
                 p = self.pairwise[i % 2]  # P("A") when the pair is shown (a, b) / (b, a)
                 rows.append([p, 1 - p])
@@ -187,7 +191,7 @@ def test_evr_end_to_end_hand_computed(imgs, n_refs):
     det = out.details[0]["dimensions"]["reference_consistency"]["hypotheses"]
     assert [h["score"] for h in det] == [4, 5, 2] and [h["verdict"] for h in det] == [1.0, 1.0, 0.0]
     assert det[0]["rationale"] == "evidence RC0" and "reference_consistency 4.50 (2/3 kept)" in out.rationales[0]
-    assert out.info["template"] == "evr/default@1" and out.info["judge"] == {"kind": "scripted"}
+    assert out.info["template"] == "evr/default@2" and out.info["judge"] == {"kind": "scripted"}
     import json
     json.dumps(out.to_dict())
 
@@ -256,6 +260,21 @@ def test_compare_swaps_positions(imgs):
     assert scores.prob_a[0].item() == pytest.approx(0.5)  # same scripted scores for both
 
 
+def test_judge_4way_hand_computed(imgs):
+    reward = EVR(judge=scripted(), k=3)
+    # (first better, second better, both good, both bad) with a first, then with b first
+    reward.judge.fourway = ([0.5, 0.1, 0.3, 0.1], [0.2, 0.4, 0.3, 0.1])
+    # a better = (0.5 + 0.4) / 2 = 0.45, b better = (0.1 + 0.2) / 2 = 0.15, good 0.3, bad 0.1
+    assert reward.judge_4way(imgs[:2], imgs[2:4], "edit", sources=[[imgs[1]], [imgs[0]]]) == ["A>B", "A>B"]
+    reward.judge.fourway = ([0.1, 0.1, 0.2, 0.6], [0.1, 0.1, 0.2, 0.6])
+    assert reward.judge_4way(imgs[:1], imgs[2:3], "edit", sources=[[imgs[1]]]) == ["A=B=Bad"]
+    reward.judge.fourway = ([0.1, 0.6, 0.2, 0.1], [0.7, 0.1, 0.1, 0.1])  # b preferred in both orders
+    assert reward.judge_4way(imgs[:1], imgs[2:3], "edit", sources=[[imgs[1]]]) == ["B>A"]
+    reward.judge.fourway = ([float("nan")] * 4, [0.25] * 4)  # no probabilities: no verdict, never a guess
+    assert reward.judge_4way(imgs[:1], imgs[2:3], "edit", sources=[[imgs[1]]]) == [None]
+    assert reward.judge.prob_calls[-1] == (2, ("1", "2", "3", "4"))
+
+
 def test_config_errors(imgs):
     with pytest.raises(ValueError, match="needs a judge"):
         EVR()
@@ -296,6 +315,8 @@ def test_evr_on_tiny_qwen_counts_images_and_never_fabricates(tmp_path, imgs):
     pw = reward.compare(imgs[:1], imgs[1:2], "edit", sources=[refs])
     pw2 = reward.compare(imgs[1:2], imgs[:1], "edit", sources=[refs])
     assert pw.valid.all() and (pw.prob_a + pw2.prob_a).item() == pytest.approx(1.0, abs=1e-5)
+    verdicts = reward.judge_4way(imgs[:2], imgs[1::-1], "edit", sources=[refs, refs])
+    assert all(v in ("A>B", "B>A", "A=B=Good", "A=B=Bad") for v in verdicts)
 
 
 def test_missing_verifier_probability_is_invalid_not_a_rejection(imgs):

@@ -427,6 +427,20 @@ class EVR(Reward):
         if self.config.compare_mode == "scores":
             return super().compare(images_a, images_b, prompt, sources=sources, metadata=metadata,
                                    batch_size=batch_size, on_error=on_error)
+        out = self._pair_call(images_a, images_b, prompt, sources, metadata, "2way", batch_size, on_error)
+        return PairwiseOutput(prob_a=out.scores, valid=out.valid, errors=out.errors, rationales=out.rationales,
+                              info=out.info)
+
+    def judge_4way(self, images_a: Any, images_b: Any, prompt: str | Sequence[str] | None = None, *,
+                   sources: Sequence[Any] | None = None, metadata: Sequence[dict[str, Any] | None] | None = None,
+                   batch_size: int | None = None) -> list[str | None]:
+        """GenAI-Bench's four-way verdict per pair: ``"A>B"``, ``"B>A"``, ``"A=B=Good"`` or ``"A=B=Bad"``
+        (None when the judge gave no probabilities). One native question with four single-token answers,
+        asked in both orders; the verdict is the argmax of the order-averaged probabilities."""
+        out = self._pair_call(images_a, images_b, prompt, sources, metadata, "4way", batch_size, "nan")
+        return [d["verdict"] if (bool(v) and d) else None for d, v in zip(out.details or [None] * len(out), out.valid)]
+
+    def _pair_call(self, images_a, images_b, prompt, sources, metadata, mode: str, batch_size, on_error):
         from .. import media
         from ..errors import RewardInputError
 
@@ -435,37 +449,56 @@ class EVR(Reward):
             raise RewardInputError(f"compare got {len(a)} images_a but {len(b)} images_b")
         n = len(a)
         if sources is None:
-            raise RewardInputError("EVR.compare needs sources= (the reference image(s))")
+            raise RewardInputError("EVR's pairwise questions need sources= (the reference image(s))")
         srcs = self._sources(sources, n)
         # candidate b travels as the last "source" so that the base class decodes and validates it
         packed = [(list(s) if isinstance(s, (list, tuple)) else [s]) + [b[i]] for i, s in enumerate(srcs)]
         metas = self._metadata(metadata, n)
         for m in metas:
-            m[_PAIRWISE_KEY] = True
-        out = self(a, prompt, sources=packed, metadata=metas, batch_size=batch_size, on_error=on_error)
-        return PairwiseOutput(prob_a=out.scores, valid=out.valid, errors=out.errors, rationales=out.rationales,
-                              info=out.info)
+            m[_PAIRWISE_KEY] = mode
+        return self(a, prompt, sources=packed, metadata=metas, batch_size=batch_size, on_error=on_error)
 
     def _pairwise(self, batch: RewardBatch) -> RewardOutput:
         t = self.template
+        fourway = batch.metadata[0].get(_PAIRWISE_KEY) == "4way"
+        key = "pairwise_4way" if fourway else "pairwise"
         convs = []
         for i in range(len(batch)):
             refs, cand_b = batch.sources[i][:-1], batch.sources[i][-1]
             meta = {k: v for k, v in batch.metadata[i].items() if k != _PAIRWISE_KEY}
-            text = t.render("pairwise", n_refs=len(refs), ref_roles=self._ref_roles(meta, len(refs)),
+            text = t.render(key, n_refs=len(refs), ref_roles=self._ref_roles(meta, len(refs)),
                             instruction=batch.prompts[i])
             for first, second in ((batch.images[i], cand_b), (cand_b, batch.images[i])):
                 convs.append([{"role": "system", "content": t["pairwise_system"]},
                               {"role": "user", "content": [{"type": "image", "image": im} for im in [*refs, first, second]]
                                + [{"type": "text", "text": text}]}])
+        choices = list(t[f"{key}_choices"])
         with self.judge.session():
-            p = self.judge.choice_probs(convs, list(t["pairwise_choices"])).reshape(len(batch), 2, 2)
+            p = self.judge.choice_probs(convs, choices).reshape(len(batch), 2, len(choices))
+        info = {"template": t.id, "judge": self.judge.describe(), "compare": f"{key}, both orders"}
+        if fourway:
+            return self._fourway(p, info)
         ab, ba = p[:, 0, 0], p[:, 1, 1]  # P(a) when a is shown first / second
         prob = 0.5 * (ab + ba)
         rats = [f"P(a) with a first: {x:.4f}; with a second: {y:.4f}" for x, y in zip(ab.tolist(), ba.tolist())]
-        info = {"template": t.id, "judge": self.judge.describe(), "compare": "pairwise, both orders"}
         return RewardOutput(scores=prob, rationales=rats, info=info,
                             details=[{"p_a_first": x, "p_a_second": y} for x, y in zip(ab.tolist(), ba.tolist())])
+
+    @staticmethod
+    def _fourway(p: torch.Tensor, info: dict[str, Any]) -> RewardOutput:
+        """``p``: ``[B, 2 orders, 4]`` over (first better, second better, both good, both bad) with a shown first
+        in order 0 and second in order 1 -> verdicts from the order-averaged probabilities."""
+        avg = torch.stack([0.5 * (p[:, 0, 0] + p[:, 1, 1]),   # a better
+                           0.5 * (p[:, 0, 1] + p[:, 1, 0]),   # b better
+                           p[:, :, 2].mean(1), p[:, :, 3].mean(1)], dim=1)  # [B, 4]
+        labels = ("A>B", "B>A", "A=B=Good", "A=B=Bad")
+        ok = torch.isfinite(avg).all(1)
+        best = avg.nan_to_num(-1.0).argmax(1)
+        scores = torch.where(ok, avg.gather(1, best[:, None])[:, 0], torch.full_like(ok, float("nan"), dtype=torch.float32))
+        details = [{"verdict": labels[int(j)], "probs": dict(zip(labels, row))} if good else None
+                   for j, row, good in zip(best.tolist(), avg.tolist(), ok.tolist())]
+        errors = [None if good else "the judge returned no probabilities for the four answers" for good in ok.tolist()]
+        return RewardOutput(scores=scores, valid=ok, errors=errors, info=info, details=details)
 
     @classmethod
     def tiny(cls, workdir: str) -> "EVR":
