@@ -73,3 +73,17 @@ def test_bf16_dtype_and_to(tiny_clip_dir, reference):
 def test_missing_model_directory_is_a_clear_error(tmp_path):
     with pytest.raises(OSError):
         load_reward("pickscore", model=str(tmp_path / "nope"))
+
+
+def test_pickled_weights_are_refused(tmp_path):
+    """Safetensors only: a checkpoint that only has pytorch_model.bin is not unpickled."""
+    from rewardkit.testing import tiny_clip
+
+    model, proc = tiny_clip()
+    model.save_pretrained(tmp_path)
+    proc.save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").unlink()  # leave only a pickled state dict, as old hub repos have
+    torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")
+    assert (tmp_path / "pytorch_model.bin").exists() and not (tmp_path / "model.safetensors").exists()
+    with pytest.raises(OSError, match="never unpickles"):
+        load_reward("clipscore", model=str(tmp_path))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from .._imports import require
-from .vlm import resolve_device, resolve_dtype
+from .vlm import from_pretrained_safetensors, resolve_device, resolve_dtype
 
 __all__ = ["CLIPBackbone"]
 
@@ -28,8 +28,8 @@ class CLIPBackbone:
         transformers = require("transformers", "hf", purpose="CLIP-based rewards")
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype)
-        self.model = transformers.CLIPModel.from_pretrained(model, dtype=self.dtype,
-                                                            trust_remote_code=trust_remote_code)
+        self.model = from_pretrained_safetensors(transformers.CLIPModel, model, dtype=self.dtype,
+                                                 trust_remote_code=trust_remote_code)
         self.model.to(self.device).eval()
         self.processor = transformers.AutoProcessor.from_pretrained(processor or model,
                                                                     trust_remote_code=trust_remote_code)

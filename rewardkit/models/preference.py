@@ -163,15 +163,15 @@ def _build_tiny(spec: str):
 
 
 def _load_backbone(spec: str, *, dtype: Any, trust_remote_code: bool, processor_dir: str | None = None):
-    from .vlm import load_processor, resolve_dtype
+    from .vlm import from_pretrained_safetensors, load_processor, resolve_dtype
 
     if spec.startswith("tiny:"):
         vlm, proc = _build_tiny(spec)
         vlm.to(resolve_dtype(dtype))
     else:
         transformers = require("transformers", "hf")
-        vlm = transformers.AutoModelForImageTextToText.from_pretrained(
-            spec, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code)
+        vlm = from_pretrained_safetensors(transformers.AutoModelForImageTextToText, spec,
+                                          dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code)
         proc = None
     if processor_dir is not None:
         proc = load_processor_from(processor_dir, vlm.config, trust_remote_code=trust_remote_code)

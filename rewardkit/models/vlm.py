@@ -11,7 +11,21 @@ from typing import Any
 
 from .._imports import require
 
-__all__ = ["load_vlm", "load_processor", "image_only_processor", "resolve_dtype", "resolve_device"]
+__all__ = ["load_vlm", "load_processor", "image_only_processor", "resolve_dtype", "resolve_device",
+           "from_pretrained_safetensors"]
+
+
+def from_pretrained_safetensors(cls: Any, path: str, **kwargs: Any):
+    """``cls.from_pretrained(path, use_safetensors=True, ...)`` with a clear message when a checkpoint only
+    has pickled weights: rewardkit never unpickles downloaded bytes."""
+    try:
+        return cls.from_pretrained(path, use_safetensors=True, **kwargs)
+    except OSError as exc:
+        if "safetensors" not in str(exc):
+            raise
+        raise OSError(f"{exc}\nrewardkit loads weights from safetensors files only (it never unpickles "
+                      "downloaded bytes). If this checkpoint only has pytorch_model.bin, convert it once in a "
+                      "trusted environment (load it, then save_pretrained(), which writes model.safetensors).") from None
 
 _DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16", "half": "float16",
            "bfloat16": "bfloat16", "bf16": "bfloat16", "auto": "auto"}
@@ -108,7 +122,7 @@ def load_vlm(path: str, *, device: Any = None, dtype: Any = None, trust_remote_c
     kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype), "trust_remote_code": trust_remote_code}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    model = transformers.AutoModelForImageTextToText.from_pretrained(path, **kwargs)
+    model = from_pretrained_safetensors(transformers.AutoModelForImageTextToText, path, **kwargs)
     model.to(resolve_device(device)).eval()
     processor = load_processor(path, trust_remote_code=trust_remote_code)
     return model, processor
