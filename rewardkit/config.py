@@ -18,7 +18,12 @@ import yaml
 
 from .errors import ConfigError
 
-__all__ = ["load_config", "build_config", "parse_overrides", "config_to_dict", "save_config"]
+__all__ = ["load_config", "build_config", "parse_overrides", "config_to_dict", "save_config", "safe_load_yaml"]
+
+
+def safe_load_yaml(text: str) -> Any:
+    """``yaml.safe_load`` through libyaml's C loader when present (the same safe constructors, ~10x faster)."""
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 T = TypeVar("T")
 
@@ -177,7 +182,7 @@ def _read_yaml(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     with p.open(encoding="utf-8") as fh:
-        data = yaml.safe_load(fh)
+        data = safe_load_yaml(fh.read())
     if data is None:
         return {}
     if not isinstance(data, Mapping):

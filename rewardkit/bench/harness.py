@@ -212,52 +212,47 @@ class _Scorer:
         self.n_cached += sum(1 for k in keys if k in found and (found[k][1] or not self.retry_invalid))
         return [k for k in keys if k not in found or (self.retry_invalid and not found[k][1])]
 
-    def scores(self, samples: dict[str, tuple[bytes, str | None, list[bytes]]], use_sources: bool, desc: str
-               ) -> dict[str, tuple[float, bool, str | None]]:
-        keys = list(samples)
-        found = self.cache.get_scores(keys)
+    def _fill(self, keys: list[str], found: dict[str, tuple], compute, put, desc: str) -> dict[str, tuple]:
+        """Compute the missing (or, with ``retry_invalid``, invalid) keys in chunks; each chunk's rows
+        ``(key, value, valid, error)`` are committed to the cache before the next chunk starts."""
         todo = self._todo(keys, found)
         bar = self._bar(len(todo), desc)
         try:
             for s in range(0, len(todo), self.batch_size):
                 chunk = todo[s:s + self.batch_size]
                 t0 = time.perf_counter()
-                out = self.reward([samples[k][0] for k in chunk], [samples[k][1] for k in chunk],
-                                  sources=[samples[k][2] for k in chunk] if use_sources else None,
-                                  batch_size=self.batch_size, on_error="nan")
+                rows = compute(chunk)
                 self.model_seconds += time.perf_counter() - t0
-                rows = [(k, float(out.scores[i]), bool(out.valid[i]), out.errors[i]) for i, k in enumerate(chunk)]
-                self.cache.put_scores(rows)
-                found.update({k: (s_, v, e) for k, s_, v, e in rows})
+                put(rows)
+                found.update({k: (x, v, e) for k, x, v, e in rows})
                 self.n_computed += len(chunk)
                 bar.update(len(chunk))
         finally:
             bar.close()
         return found
 
+    def scores(self, samples: dict[str, tuple[bytes, str | None, list[bytes]]], use_sources: bool, desc: str
+               ) -> dict[str, tuple[float, bool, str | None]]:
+        def compute(chunk):
+            out = self.reward([samples[k][0] for k in chunk], [samples[k][1] for k in chunk],
+                              sources=[samples[k][2] for k in chunk] if use_sources else None,
+                              batch_size=self.batch_size, on_error="nan")
+            return [(k, float(out.scores[i]), bool(out.valid[i]), out.errors[i]) for i, k in enumerate(chunk)]
+
+        keys = list(samples)
+        return self._fill(keys, self.cache.get_scores(keys), compute, self.cache.put_scores, desc)
+
     def pairs(self, pairs: dict[str, tuple[bytes, bytes, str | None, list[bytes]]], use_sources: bool, desc: str
               ) -> dict[str, tuple[float, bool, str | None]]:
+        def compute(chunk):
+            out = self.reward.compare([pairs[k][0] for k in chunk], [pairs[k][1] for k in chunk],
+                                      [pairs[k][2] for k in chunk],
+                                      sources=[pairs[k][3] for k in chunk] if use_sources else None,
+                                      batch_size=self.batch_size, on_error="nan")
+            return [(k, float(out.prob_a[i]), bool(out.valid[i]), out.errors[i]) for i, k in enumerate(chunk)]
+
         keys = list(pairs)
-        found = self.cache.get_pairs(keys)
-        todo = self._todo(keys, found)
-        bar = self._bar(len(todo), desc)
-        try:
-            for s in range(0, len(todo), self.batch_size):
-                chunk = todo[s:s + self.batch_size]
-                t0 = time.perf_counter()
-                out = self.reward.compare([pairs[k][0] for k in chunk], [pairs[k][1] for k in chunk],
-                                          [pairs[k][2] for k in chunk],
-                                          sources=[pairs[k][3] for k in chunk] if use_sources else None,
-                                          batch_size=self.batch_size, on_error="nan")
-                self.model_seconds += time.perf_counter() - t0
-                rows = [(k, float(out.prob_a[i]), bool(out.valid[i]), out.errors[i]) for i, k in enumerate(chunk)]
-                self.cache.put_pairs(rows)
-                found.update({k: (p, v, e) for k, p, v, e in rows})
-                self.n_computed += len(chunk)
-                bar.update(len(chunk))
-        finally:
-            bar.close()
-        return found
+        return self._fill(keys, self.cache.get_pairs(keys), compute, self.cache.put_pairs, desc)
 
     def verdicts4(self, pairs: dict[str, tuple[bytes, bytes, str | None, list[bytes]]], use_sources: bool,
                   desc: str) -> dict[str, tuple[str | None, str | None]]:

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from ..config import safe_load_yaml
 from ..errors import ConfigError
 
 __all__ = ["BenchmarkSpec", "get_spec", "list_benchmarks", "SPEC_DIR", "LABEL_KINDS", "KNOWN_METRICS"]
@@ -79,7 +78,7 @@ class BenchmarkSpec:
 
     @classmethod
     def from_file(cls, path: Path) -> "BenchmarkSpec":
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = safe_load_yaml(path.read_text(encoding="utf-8"))
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: a benchmark spec must be a mapping")
         known = set(cls.__dataclass_fields__) - {"path"}

@@ -49,7 +49,7 @@ class Template:
 
 def load_template(family: str, name: str = "default") -> Template:
     """Load ``templates/<family>/<name>.yaml`` (``name`` may also be a path to a user YAML file)."""
-    import yaml
+    from ..config import safe_load_yaml
 
     path = Path(name)
     if not (path.suffix in (".yaml", ".yml") and path.is_file()):
@@ -58,7 +58,7 @@ def load_template(family: str, name: str = "default") -> Template:
         avail = sorted(p.stem for p in (TEMPLATE_ROOT / family).glob("*.yaml"))
         raise FileNotFoundError(f"no template {name!r} for {family!r}; available: {avail}")
     with open(path, encoding="utf-8") as f:
-        data = yaml.safe_load(f)
+        data = safe_load_yaml(f.read())
     if not isinstance(data, dict) or "version" not in data:
         raise ValueError(f"template {path} must be a mapping with a 'version' key")
     data = dict(data)
