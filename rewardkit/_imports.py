@@ -23,6 +23,7 @@ EXTRA_OF: dict[str, str] = {
     "scipy": "bench",
     "matplotlib": "bench",
     "pyarrow": "bench",
+    "xxhash": "bench",
     "pytesseract": "ocr",
 }
 

@@ -8,7 +8,6 @@ them through :mod:`rewardkit.media`; their hashes key the score cache.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import re
 from dataclasses import dataclass, field
@@ -64,9 +63,20 @@ class Comparison:
 
 
 def bytes_hash(data: bytes) -> str:
-    """Content hash of encoded image bytes (the cache key component): SHA-256, the fastest secure hash in
-    hashlib on common CPUs (hardware SHA extensions), truncated to 128 bits."""
-    return hashlib.sha256(data).hexdigest()[:32]
+    """Content hash of encoded image bytes (the cache key component): XXH3-128, about 6x faster than SHA-256
+    here (hashing was a third of data-loading time). A cache key needs no resistance to crafted collisions,
+    only to accidental ones, which 128 bits give."""
+    return _xxhash().xxh3_128_hexdigest(data)
+
+
+def _xxhash():
+    global _XXHASH
+    if _XXHASH is None:
+        _XXHASH = require("xxhash", "bench", "hashing benchmark images")
+    return _XXHASH
+
+
+_XXHASH = None
 
 
 # ------------------------------------------------------------------------------------------ labels

@@ -505,20 +505,20 @@ def evaluate(
             s = to_load[k]
             futures[s.name] = pool.submit(_timed_load, s, _data_path(data_dir, s), revision, limit)
 
+    prefetch(0)  # start reading before the cache opens
     try:
         with ScoreCache(root, reward_name, fp, describe=reward_info) as cache:
             scorer = _Scorer(reward, cache, batch_size=bs, progress=progress, retry_invalid=retry_invalid)
-            prefetch(0)
             for spec in specs:
                 if skips[spec.name] is not None:
                     results[spec.name] = BenchmarkResult(name=spec.name, spec=spec.identity(),
                                                          skipped=skips[spec.name])
                     continue
                 k = next(i for i, s in enumerate(to_load) if s.name == spec.name)
+                prefetch(k + 1)  # queued now: it starts the moment this one is read
                 t0 = time.perf_counter()
                 rows, info, load_s = futures.pop(spec.name).result()
                 wait_s = time.perf_counter() - t0
-                prefetch(k + 1)
                 use_sources = spec.task == "edit" and reward.accepts_sources
                 if requested_mode == "auto" and mode == "pairwise" and mode_reason == "compare() is overridden":
                     mode, mode_reason = _resolve_mode(reward, "auto", rows[0], use_sources)
