@@ -494,7 +494,7 @@ def evaluate(
                    "tasks": sorted(reward.tasks), "mode": mode, "mode_reason": mode_reason, "fingerprint": fp}
     results: dict[str, BenchmarkResult] = {}
     # Load (read + hash) the next benchmark in a background thread while the reward scores the current one:
-    # parquet reading and hashlib release the GIL, so data loading overlaps model time.
+    # parquet reading and hashing release the GIL, so data loading overlaps model time.
     skips = {s.name: _skip_reason(s, reward, ignore_sources) for s in specs}
     to_load = [s for s in specs if skips[s.name] is None]
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rewardkit-bench-load")
