@@ -19,7 +19,12 @@ if [ ! -f "$stamp" ]; then
   # Install torch first and explicitly: an unpinned resolve could pick a multi-GB CUDA build. On the CI
   # machines `torch==2.13.0` resolves to a local CPU wheel; elsewhere set REWARDKIT_TORCH to your choice.
   if ! python -c "import torch" 2>/dev/null; then
-    python -m pip install -q "${REWARDKIT_TORCH:-torch==2.13.0}"
+    # A local wheel directory (our CI machines keep a CPU build of torch in /opt/wheels) is searched
+    # explicitly too, in case PIP_FIND_LINKS is not in the environment.
+    links=()
+    if [ -z "${PIP_FIND_LINKS:-}" ] && [ -d /opt/wheels ]; then links=(--find-links /opt/wheels); fi
+    # shellcheck disable=SC2086
+    python -m pip install -q "${links[@]}" ${REWARDKIT_TORCH:-torch==2.13.0}
   fi
   python -m pip install -q -e ".[$EXTRAS]"
   touch "$stamp"
