@@ -36,7 +36,7 @@ import os
 import threading
 import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -130,7 +130,8 @@ def _open_encoded(data: bytes | None, path: Path | None) -> Image.Image:
     return im
 
 
-def _pil_to_rgb(im: Image.Image) -> Image.Image:
+def _pil_to_rgb(im: Image.Image, owned: bool = False) -> Image.Image:
+    """Canonical RGB copy of ``im``; ``owned=True`` when ``im`` was decoded here (no defensive copy needed)."""
     _check_size(*im.size)
     if getattr(im, "is_animated", False) and im.tell() != 0:
         im.seek(0)
@@ -158,7 +159,7 @@ def _pil_to_rgb(im: Image.Image) -> Image.Image:
         out = Image.fromarray(np.clip(np.round(arr), 0, 255).astype(np.uint8), "L").convert("RGB")
     else:  # 1, L, P, CMYK, YCbCr, LAB, HSV
         out = im.convert("RGB")
-    if out is im:
+    if out is im and not owned:
         out = im.copy()  # never hand out the caller's object: rewards may resize it in place
     out.load()
     return out
@@ -235,10 +236,10 @@ def _to_pil(x: ImageLike) -> Image.Image:
         if not s.strip():
             raise _Bad("empty path")
         with _open_encoded(None, Path(s).expanduser()) as im:  # close the file (animated images keep it open)
-            return _pil_to_rgb(im)
+            return _pil_to_rgb(im, owned=True)
     if isinstance(x, (bytes, bytearray, memoryview)):
         with _open_encoded(bytes(x), None) as im:
-            return _pil_to_rgb(im)
+            return _pil_to_rgb(im, owned=True)
     if isinstance(x, np.ndarray):
         if x.ndim == 3 and x.shape[0] in (1, 3, 4) and x.shape[2] not in (1, 3, 4):
             raise _Bad(f"numpy images must be HxWxC; got shape {x.shape}, which looks like CxHxW (transpose it)")
@@ -307,14 +308,3 @@ def image_hash(im: Image.Image) -> str:
     h.update(f"{im.width}x{im.height}:{im.mode}".encode())
     h.update(im.tobytes())
     return h.hexdigest()
-
-
-def as_image_list(items: Sequence[ImageLike]) -> list[Image.Image]:
-    """Decode a list of images, raising ``RewardInputError`` with the index of the first bad one."""
-    out = []
-    for i, x in enumerate(items):
-        try:
-            out.append(_to_pil(x))
-        except _Bad as exc:
-            raise RewardInputError(str(exc), index=i) from None
-    return out

@@ -13,7 +13,7 @@ import math
 import threading
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterable, Sequence
+from typing import Any, ClassVar, Sequence
 
 import torch
 from PIL import Image
@@ -564,11 +564,6 @@ class Reward(abc.ABC):
         """The per-sample values the default ``compare`` turns into ``sigmoid(diff / temperature)``: the
         scores, unless a reward reports scores on a transformed scale (e.g. calibrated) and compares raw."""
         return out.scores
-
-
-def iter_chunks(seq: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
-    for s in range(0, len(seq), size):
-        yield seq[s:s + size]
 
 
 def config_dict(reward: Reward) -> dict[str, Any]:

@@ -63,8 +63,10 @@ class CLIPBackbone:
 
         enc = self.processor.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_length,
                                        return_tensors="pt")
-        full = self.processor.tokenizer(list(texts), truncation=False)["input_ids"]
-        truncated = sum(len(ids) > self.max_length for ids in full)
+        truncated = 0
+        if enc["input_ids"].shape[1] >= self.max_length:  # some text filled the window: count the cut ones
+            full = self.processor.tokenizer(list(texts), truncation=False)["input_ids"]
+            truncated = sum(len(ids) > self.max_length for ids in full)
         feats = self.model.get_text_features(input_ids=enc["input_ids"].to(self.device),
                                              attention_mask=enc["attention_mask"].to(self.device))
         feats = getattr(feats, "pooler_output", feats)

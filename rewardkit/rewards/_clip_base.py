@@ -33,11 +33,15 @@ class CLIPReward(Reward):
         cfg = self.config
         if cfg.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {cfg.batch_size}")
+        self._check_config()  # before loading any weights
         model = self.VARIANTS.get(cfg.model, cfg.model)
         self.backbone = CLIPBackbone(model, self._processor_for(model), device=cfg.device, dtype=cfg.dtype,
                                      trust_remote_code=cfg.trust_remote_code)
         self._device = self.backbone.device
         self.default_batch_size = cfg.batch_size
+
+    def _check_config(self) -> None:
+        """Reward-specific option checks (subclasses)."""
 
     def _processor_for(self, model: str) -> str | None:
         return self.config.processor

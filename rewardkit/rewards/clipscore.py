@@ -42,11 +42,7 @@ class CLIPScore(CLIPReward):
         "clip-vit-large-patch14": "openai/clip-vit-large-patch14",  # flow_grpo's CLIP reward
     }
 
-    def __init__(self, config=None, /, **overrides):
-        conv = overrides.get("convention", getattr(config, "convention", None) if config is not None else None)
-        if conv is not None and conv not in _RANGES:  # fail before loading any weights
-            raise ValueError(f"convention must be one of {sorted(_RANGES)}, got {conv!r}")
-        super().__init__(config, **overrides)
+    def _check_config(self) -> None:
         if self.config.convention not in _RANGES:
             raise ValueError(f"convention must be one of {sorted(_RANGES)}, got {self.config.convention!r}")
         self.score_range = _RANGES[self.config.convention]

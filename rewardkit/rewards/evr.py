@@ -473,8 +473,7 @@ class EVR(Reward):
                               {"role": "user", "content": [{"type": "image", "image": im} for im in [*refs, first, second]]
                                + [{"type": "text", "text": text}]}])
         choices = list(t[f"{key}_choices"])
-        with self.judge.session():
-            p = self.judge.choice_probs(convs, choices).reshape(len(batch), 2, len(choices))
+        p = self.judge.choice_probs(convs, choices).reshape(len(batch), 2, len(choices))
         info = {"template": t.id, "judge": self.judge.describe(), "compare": f"{key}, both orders"}
         if fourway:
             return self._fourway(p, info)
