@@ -364,7 +364,7 @@ class EVR(JudgePolicyMixin, Reward):
                     S[c // D, c % D, i] = parsed[c][i][0]
         # 2. verifier: one Yes/No question per parsed hypothesis
         V = None
-        no_verdict: set[int] = set()
+        no_verdict: dict[tuple[int, int], int] = {}  # (sample, dimension) -> hypotheses without a verdict
         if cfg.verifier != "none":
             V = torch.zeros((B, D, K))
             vq, where = [], []
@@ -381,7 +381,9 @@ class EVR(JudgePolicyMixin, Reward):
                 p, _ = usable_rows(self.verifier_backend.choice_probs(vq, vc), len(vq), len(vc))
                 for (b, d, i), py in zip(where, p[:, 0].tolist()):
                     if math.isnan(py):  # no usable Yes/No probability: unanswered, never a rejection
-                        no_verdict.add(b)
+                        no_verdict[(b, d)] = no_verdict.get((b, d), 0) + 1
+                        V[b, d, i] = math.nan
+                        continue
                     V[b, d, i] = py if cfg.verifier == "soft" else float(py >= 0.5)
         # 3. arithmetic
         r, rejected = dimension_scores(S, V, eps=cfg.eps, all_rejected=cfg.all_rejected)
@@ -398,10 +400,11 @@ class EVR(JudgePolicyMixin, Reward):
                     sample = raw[c][bad[0]][-1] if raw[c][bad[0]] else ""
                     reasons.append(f"{dim}: {len(bad)}/{K} hypotheses unparseable after {cfg.max_retries} "
                                    f"retries; last answer: {sample[:200]!r}")
+                elif (b, d) in no_verdict:
+                    reasons.append(f"{dim}: the verifier returned no usable Yes/No probability for "
+                                   f"{no_verdict[(b, d)]}/{K - len(bad)} hypotheses (unanswered, not rejected)")
                 elif bool(rejected[b, d]) and cfg.all_rejected == "invalid":
                     reasons.append(f"{dim}: the verifier rejected all {K - len(bad)} hypotheses")
-            if b in no_verdict:
-                reasons.append("the verifier returned no Yes/No probability for some hypotheses")
             if reasons:
                 errors[b] = "; ".join(reasons)
                 scores[b] = math.nan
