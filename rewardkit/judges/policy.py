@@ -26,7 +26,7 @@ from contextvars import ContextVar
 from typing import Any
 
 __all__ = ["JudgeError", "JUDGE_ERROR_POLICIES", "JUDGE_FAILURES", "JudgePolicyMixin", "judge_policy",
-           "check_policy", "usable_rows", "describe_failure", "is_judge_failure"]
+           "check_policy", "usable_rows", "describe_failure", "is_judge_failure", "JUDGE_FAILURE_PREFIX"]
 
 JUDGE_ERROR_POLICIES = ("auto", "nan", "raise")
 
@@ -61,8 +61,13 @@ def is_judge_failure(exc: BaseException) -> bool:
     return isinstance(exc, JUDGE_FAILURES) and not isinstance(exc, (NotImplementedError, RecursionError))
 
 
+#: every reason a judge failure produces starts with this (callers that cache results, e.g. a benchmark score
+#: cache, can recognise a transient failure and not store it)
+JUDGE_FAILURE_PREFIX = "judge call failed"
+
+
 def describe_failure(exc: BaseException) -> str:
-    return f"judge call failed: {type(exc).__name__}: {exc}"
+    return f"{JUDGE_FAILURE_PREFIX}: {type(exc).__name__}: {exc}"
 
 
 class JudgePolicyMixin:
