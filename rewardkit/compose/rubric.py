@@ -22,8 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-import torch
-
 __all__ = ["Question", "QuestionTree", "RubricCache", "parse_question_list", "tree_score", "answer_trees",
            "generate_trees", "classify_intents", "parse_intent", "yes_no_conversation", "unanswered"]
 

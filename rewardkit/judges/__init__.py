@@ -20,8 +20,8 @@ from .base import ChoiceError, Conversation, JudgeBackend, Message
 from .policy import JUDGE_ERROR_POLICIES, JudgeError
 from .templates import Template, load_template
 
-__all__ = ["JudgeBackend", "Conversation", "Message", "ChoiceError", "JudgeError", "JUDGE_ERROR_POLICIES", "load_judge", "resolve_judge", "Template", "load_template",
-           "BACKENDS"]
+__all__ = ["JudgeBackend", "Conversation", "Message", "ChoiceError", "JudgeError", "JUDGE_ERROR_POLICIES", "load_judge",
+           "resolve_judge", "Template", "load_template", "BACKENDS"]
 
 #: spec prefix -> "module:Class" (relative to this package)
 BACKENDS = {

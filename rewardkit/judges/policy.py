@@ -75,6 +75,18 @@ class JudgePolicyMixin:
 
     Put it before :class:`~rewardkit.reward.Reward` in the bases."""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # show the wrapped Reward.__call__'s signature and docs in help() / inspect.signature
+        import inspect
+
+        for base in cls.__mro__:
+            fn = base.__dict__.get("__call__")
+            if fn is not None and not issubclass(base, JudgePolicyMixin):
+                JudgePolicyMixin.__call__.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]
+                JudgePolicyMixin.__call__.__doc__ = fn.__doc__
+                break
+
     def __call__(self, *args: Any, on_error: str = "raise", **kwargs: Any):
         token = _CALL_ON_ERROR.set(on_error) if _CALL_ON_ERROR.get() is None else None
         try:
