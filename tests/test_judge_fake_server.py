@@ -36,6 +36,7 @@ class FakeServer:
 
     def __init__(self):
         self.mode = "ok"
+        self.poison: str | None = None  # requests holding this string (an image's data URL) get HTTP 400
         self.script: list[str] = []
         self.count = 0
         self.lock = threading.Lock()
@@ -99,6 +100,8 @@ class FakeServer:
                     for _ in range(total // len(chunk)):
                         self.wfile.write(chunk)
                     return
+                if server.poison and server.poison in json.dumps(body):
+                    return self._json(400, {"error": "this request exceeds the maximum context length"})
                 text = " ".join(p.get("text", "") for m in body["messages"] if isinstance(m["content"], list)
                                 for p in m["content"])
                 yes = 0.1 if "NOPE" in text else 0.9
@@ -141,7 +144,7 @@ def server():
 
 @pytest.fixture
 def fresh(server):
-    server.mode, server.script, server.count = "ok", [], 0
+    server.mode, server.script, server.count, server.poison = "ok", [], 0, None
     return server
 
 
@@ -281,3 +284,25 @@ def test_reward_through_misbehaving_server(fresh, tmp_path, kind, case):
         for line in cache.read_text().splitlines():
             applies = json.loads(line)["applies"]
             assert applies == {"unrequested_text": False, "photoreal_drift": False}, (kind, case, applies)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_one_failing_request_fails_only_its_sample(fresh, tmp_path, kind):
+    """A request the server refuses (HTTP 400, not retried) fails only the sample it belongs to, inside one
+    chunk: the rest of the batch keeps its correct score (on_error="nan"); on_error="raise" raises."""
+    from rewardkit.judges.openai_backend import _image_url
+
+    poisoned = Image.new("RGB", (16, 16), (201, 20, 20))
+    fresh.poison = _image_url(poisoned)
+    r = build(kind, judge(fresh), tmp_path)
+    if kind == "evr":
+        out = r([poisoned, RED], "make it red", sources=[[RED]] * 2, on_error="nan")
+    else:
+        out = r([poisoned, RED], PROMPT, metadata=META, on_error="nan")
+    assert math.isnan(out.scores[0]) and "judge call failed" in out.errors[0] and "HTTP 400" in out.errors[0]
+    assert out.valid[1] and float(out.scores[1]) == pytest.approx(EXPECTED[kind], rel=1e-5), out.errors[1]
+    with pytest.raises(JudgeServerError, match="HTTP 400"):
+        if kind == "evr":
+            r([poisoned, RED], "make it red", sources=[[RED]] * 2)
+        else:
+            r([poisoned, RED], PROMPT, metadata=META)

@@ -310,8 +310,8 @@ def yes_no_conversation(images: Sequence[Any], text: str, system: str | None = N
 
 
 def answer_trees(judge: Any, images: Sequence[Any], trees: Sequence[QuestionTree | None], *, question_format: str,
-                 system: str | None, choices: Sequence[str] = ("Yes", "No"), threshold: float = 0.5
-                 ) -> list[dict[str, float]]:
+                 system: str | None, choices: Sequence[str] = ("Yes", "No"), threshold: float = 0.5,
+                 failures: dict[int, str] | None = None) -> list[dict[str, float]]:
     """P(yes) for every asked question of every image.
 
     Level by level: one ``choice_probs`` call per tree depth holding every (image, question) whose parents
@@ -320,8 +320,12 @@ def answer_trees(judge: Any, images: Sequence[Any], trees: Sequence[QuestionTree
     (a NaN row, a row outside [0, 1] or not summing to 1) has NaN: it is unanswered, its children are not
     asked. ``trees[i] = None`` asks nothing for image i. A ``choice_probs`` result of the wrong shape raises
     :class:`~rewardkit.judges.JudgeError`.
+
+    ``failures``: a dict to isolate failing requests (backends with ``isolates_rows``): a question whose
+    request failed after its retries is NaN and ``failures[i]`` names it with the error, instead of the
+    whole call raising.
     """
-    from ..judges.policy import usable_rows
+    from ..judges.policy import call_rows, usable_rows
 
     probs: list[dict[str, float]] = [{} for _ in images]
     depth = max((len(t.levels) for t in trees if t is not None), default=0)
@@ -339,9 +343,12 @@ def answer_trees(judge: Any, images: Sequence[Any], trees: Sequence[QuestionTree
                         where.append((i, q.id))
             if not convs:
                 break
-            p, _ = usable_rows(judge.choice_probs(convs, list(choices)), len(convs), len(choices))
-            for (i, qid), row in zip(where, p):
-                probs[i][qid] = float(row[0])  # NaN when the row was unusable
+            raw, errs = call_rows(judge, "choice_probs", convs, list(choices), isolate=failures is not None)
+            p, _ = usable_rows(raw, len(convs), len(choices))
+            for (i, qid), row, err in zip(where, p, errs):
+                probs[i][qid] = float(row[0]) if err is None else math.nan  # NaN when the row was unusable
+                if err is not None and failures is not None:
+                    failures.setdefault(i, f"question {qid}: {err}")
     return probs
 
 

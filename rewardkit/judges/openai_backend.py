@@ -329,16 +329,39 @@ class OpenAIJudge(JudgeBackend):
                 delay = max(delay, min(60.0, wait))
         time.sleep(delay)
 
-    def _map(self, fn, items: list) -> list:
+    def _map(self, fn, items: list, row_errors: list | None = None) -> list:
+        """``fn`` over ``items`` on the thread pool. With ``row_errors`` (a list), a request that fails
+        (``JudgeServerError`` after its retries) gives None and its message in ``row_errors[i]`` instead of
+        failing the others; when every request fails, the first error is raised (nothing was answered)."""
+        run = fn
+        if row_errors is not None:
+            def run(x):
+                try:
+                    return fn(x), None
+                except JudgeServerError as exc:
+                    return None, str(exc)
         if len(items) <= 1 or self.concurrency == 1:
-            return [fn(x) for x in items]
-        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(items))) as pool:
-            return list(pool.map(fn, items))
+            out = [run(x) for x in items]
+        else:
+            with ThreadPoolExecutor(max_workers=min(self.concurrency, len(items))) as pool:
+                out = list(pool.map(run, items))
+        if row_errors is None:
+            return out
+        errs = [e for _, e in out]
+        if errs and all(e is not None for e in errs):
+            raise JudgeServerError(errs[0])
+        row_errors[:] = errs
+        return [r for r, _ in out]
 
     # ------------------------------------------------------------------ protocol
+    #: ``generate`` / ``choice_probs`` accept ``row_errors=[]``: one failing request then fails only its row
+    isolates_rows = True
+
     def generate(self, conversations: Sequence[Conversation], *, n: int = 1, temperature: float = 0.0,
                  max_new_tokens: int = 256, stop: Sequence[str] | None = None,
-                 seed: int | None = None) -> list[list[str]]:
+                 seed: int | None = None, row_errors: list | None = None) -> list[list[str]]:
+        """As the protocol; with ``row_errors`` (a list, filled with one entry per conversation) a request
+        that fails after its retries gives ``[]`` and its error message instead of raising."""
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         cache: dict[int, str] = {}
@@ -367,9 +390,12 @@ class OpenAIJudge(JudgeBackend):
                     break
             return texts[:n]
 
-        return self._map(one, msgs)
+        return [r if r is not None else [] for r in self._map(one, msgs, row_errors)]
 
-    def choice_probs(self, conversations: Sequence[Conversation], choices: Sequence[str]):
+    def choice_probs(self, conversations: Sequence[Conversation], choices: Sequence[str], *,
+                     row_errors: list | None = None):
+        """As the protocol; with ``row_errors`` (a list, filled with one entry per conversation) a request
+        that fails after its retries gives a NaN row and its error message instead of raising."""
         import torch
 
         if not choices or len(set(choices)) != len(choices):
@@ -387,7 +413,7 @@ class OpenAIJudge(JudgeBackend):
             except JudgeServerError as exc:
                 raise JudgeServerError(f"{self.base_url}: {exc}") from None
 
-        rows = self._map(one, msgs)
+        rows = self._map(one, msgs, row_errors)
         out = torch.full((len(rows), len(choices)), float("nan"))
         for i, row in enumerate(rows):
             if row is None:

@@ -5,7 +5,7 @@ One option, ``on_judge_error``, with one meaning for every judge-backed reward (
 
 - ``"auto"`` (default): follow the ``on_error`` of the call. ``reward(..., on_error="nan")`` never raises for a
   judge failure: the samples whose judge call failed (after the backend's bounded retries) are NaN with the
-  error as reason, the other chunks of the call are kept; ``on_error="raise"`` raises it. When rewards are
+  error as reason, the rest of the call is kept; ``on_error="raise"`` raises it. When rewards are
   nested (a composite calling its axes) the outermost call's ``on_error`` decides.
 - ``"nan"``: always NaN + reason, whatever the call's ``on_error``.
 - ``"raise"``: always raise.
@@ -13,7 +13,9 @@ One option, ``on_judge_error``, with one meaning for every judge-backed reward (
 A judge failure is an exception from a judge call: :class:`JudgeError` (the OpenAI backend's
 ``JudgeServerError``), any ``RuntimeError`` (e.g. out of memory in a local judge) or ``OSError``. A
 :class:`~rewardkit.judges.ChoiceError` (a label that is not one token) is a configuration error and always
-raises. The unit of failure is one scoring chunk (``batch_size``): one batched judge call covers the chunk.
+raises. With a backend that sends one request per row (``isolates_rows``: the OpenAI backend) a failing
+request fails only its sample (:func:`call_rows`); when every request fails, or with a batched local backend,
+the scoring chunk (``batch_size``) fails together. Every such reason starts with ``JUDGE_FAILURE_PREFIX``.
 
 A judge *answer* that carries no usable probability (a NaN row from the backend, a row outside [0, 1] or not
 summing to 1) is not a failure but an unanswered question: the reward reports NaN + a reason naming it.
@@ -26,7 +28,7 @@ from contextvars import ContextVar
 from typing import Any
 
 __all__ = ["JudgeError", "JUDGE_ERROR_POLICIES", "JUDGE_FAILURES", "JudgePolicyMixin", "judge_policy",
-           "check_policy", "usable_rows", "describe_failure", "is_judge_failure", "JUDGE_FAILURE_PREFIX"]
+           "check_policy", "usable_rows", "call_rows", "describe_failure", "is_judge_failure", "JUDGE_FAILURE_PREFIX"]
 
 JUDGE_ERROR_POLICIES = ("auto", "nan", "raise")
 
@@ -94,6 +96,22 @@ class JudgePolicyMixin:
         finally:
             if token is not None:
                 _CALL_ON_ERROR.reset(token)
+
+
+def call_rows(judge: Any, method: str, conversations: list, *args: Any, isolate: bool, **kwargs: Any):
+    """``judge.<method>(conversations, ...)`` -> ``(result, row_errors)``.
+
+    With ``isolate`` (the reward's policy is "nan") and a backend that can fail one request at a time
+    (``isolates_rows``, e.g. the OpenAI backend), a request that fails after its retries fails only its row:
+    ``row_errors[i]`` holds its message (a NaN row / no texts in the result). Otherwise ``row_errors`` is all
+    None and a failure raises as usual (then it fails the whole chunk)."""
+    errs: list[str | None] = []
+    if isolate and getattr(judge, "isolates_rows", False):
+        out = getattr(judge, method)(conversations, *args, row_errors=errs, **kwargs)
+        if len(errs) == len(conversations):
+            return out, errs
+        return out, [None] * len(conversations)
+    return getattr(judge, method)(conversations, *args, **kwargs), [None] * len(conversations)
 
 
 def usable_rows(probs: Any, n_rows: int, n_choices: int, *, atol: float = 1e-3):

@@ -26,14 +26,15 @@ question(s). A failing judge call follows ``on_judge_error`` (:mod:`rewardkit.ju
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
 import torch
 
 from ..compose.rubric import RubricCache, yes_no_conversation
-from ..judges.policy import (JudgePolicyMixin, check_policy, describe_failure, is_judge_failure, judge_policy,
-                             usable_rows)
+from ..judges.policy import (JUDGE_FAILURE_PREFIX, JudgePolicyMixin, call_rows, check_policy, describe_failure,
+                             is_judge_failure, judge_policy, usable_rows)
 from ..reward import Reward, RewardBatch, RewardConfig, RewardOutput
 
 __all__ = ["Detectors", "DetectorsConfig"]
@@ -107,11 +108,14 @@ class Detectors(JudgePolicyMixin, Reward):
         self.default_batch_size = cfg.batch_size
 
     # ------------------------------------------------------------------ enablement
-    def enabled_for(self, prompts: Sequence[str]) -> list[dict[str, bool | None]]:
+    def enabled_for(self, prompts: Sequence[str], *, failures: dict[str, str] | None = None
+                    ) -> list[dict[str, bool | None]]:
         """Per prompt, ``{detector: enabled}``; asks the judge (text only, one batch) for uncached prompts.
 
         ``None`` marks a detector whose enablement question the judge left unanswered (no usable
-        probability): nothing is cached for it, so it is asked again next time."""
+        probability): nothing is cached for it, so it is asked again next time. ``failures`` (a dict) isolates
+        failing requests (backends with ``isolates_rows``): ``failures[prompt]`` gets the error, the detector
+        is None for that prompt, and the other prompts are kept."""
         if self.config.applicability == "always":
             return [{n: True for n in self.specs} for _ in prompts]
         choices = list(self.template.get("choices", ["Yes", "No"]))
@@ -128,9 +132,12 @@ class Detectors(JudgePolicyMixin, Reward):
                 text = self.template.render("applies_prompt", prompt=p, question=self.specs[n]["applies_question"])
                 convs.append([*([{"role": "system", "content": system}] if system else []),
                               {"role": "user", "content": [{"type": "text", "text": text}]}])
-            probs, ok = usable_rows(self.judge.choice_probs(convs, choices), len(convs), len(choices))
-            for (p, n), row, good in zip(ask, probs, ok.tolist()):
-                fresh.setdefault(p, {})[n] = bool(row[0] > self.config.threshold) if good else None
+            raw, errs = call_rows(self.judge, "choice_probs", convs, choices, isolate=failures is not None)
+            probs, ok = usable_rows(raw, len(convs), len(choices))
+            for (p, n), row, good, err in zip(ask, probs, ok.tolist(), errs):
+                fresh.setdefault(p, {})[n] = bool(row[0] > self.config.threshold) if good and err is None else None
+                if err is not None and failures is not None:
+                    failures.setdefault(p, f"whether detector {n} applies: {err}")
             for p, ans in fresh.items():
                 answered = {k: v for k, v in ans.items() if v is not None}
                 if answered:  # only answered questions are cached
@@ -175,9 +182,12 @@ class Detectors(JudgePolicyMixin, Reward):
         enabled: list[dict[str, bool | None]] = [{} for _ in range(n)]
         need = [i for i in range(n) if batch.metadata[i].get("detectors") is None]
         from_judge: dict[int, dict[str, bool | None]] = {}
+        isolate = judge_policy(cfg.on_judge_error) == "nan"
+        failed: dict[str, str] = {}
         if need:
             try:
-                from_judge = dict(zip(need, self.enabled_for([batch.prompts[i] for i in need])))
+                from_judge = dict(zip(need, self.enabled_for([batch.prompts[i] for i in need],
+                                                             failures=failed if isolate else None)))
             except Exception as exc:  # noqa: BLE001 - re-raised unless the policy says NaN
                 reason = self._judge_failed(exc)
                 for i in need:
@@ -195,6 +205,8 @@ class Detectors(JudgePolicyMixin, Reward):
                     errors[i] = f"metadata['detectors'] names unknown detector(s) {bad}"
                 else:
                     enabled[i] = {d: d in listed for d in self.specs}
+            elif batch.prompts[i] in failed:
+                errors[i] = f"{JUDGE_FAILURE_PREFIX} for {failed[batch.prompts[i]]}"
             else:
                 enabled[i] = from_judge[i]
         refs: list[Any] = [None] * n
@@ -241,9 +253,12 @@ class Detectors(JudgePolicyMixin, Reward):
         if convs:
             try:
                 with self.judge.session():
-                    probs, _ = usable_rows(self.judge.choice_probs(convs, choices), len(convs), len(choices))
-                for (i, d, _), row in zip(where, probs):
-                    p_yes.setdefault((i, d), []).append(float(row[0]))  # NaN: unanswered
+                    raw, errs = call_rows(self.judge, "choice_probs", convs, choices, isolate=isolate)
+                probs, _ = usable_rows(raw, len(convs), len(choices))
+                for (i, d, _), row, err in zip(where, probs, errs):
+                    p_yes.setdefault((i, d), []).append(float(row[0]) if err is None else math.nan)  # NaN: unanswered
+                    if err is not None and errors[i] is None:  # this sample's request failed; others kept
+                        errors[i] = f"{JUDGE_FAILURE_PREFIX} for detector {d}: {err}"
             except Exception as exc:  # noqa: BLE001 - re-raised unless the policy says NaN
                 reason = self._judge_failed(exc)
                 for i, _, _ in where:

@@ -30,8 +30,8 @@ from typing import Any, ClassVar, Sequence
 
 import torch
 
-from ..judges.policy import (JudgePolicyMixin, check_policy, describe_failure, is_judge_failure, judge_policy,
-                             usable_rows)
+from ..judges.policy import (JUDGE_FAILURE_PREFIX, JudgePolicyMixin, call_rows, check_policy, describe_failure,
+                             is_judge_failure, judge_policy, usable_rows)
 from ..reward import PairwiseOutput, Reward, RewardBatch, RewardConfig, RewardOutput
 
 __all__ = ["EVR", "EVRConfig", "dimension_scores", "aggregate_dimensions", "normalise", "parse_hypothesis",
@@ -186,7 +186,7 @@ class EVRConfig(RewardConfig):
     batch_size: int = 8
     compare_mode: str = "pairwise"  # "pairwise" (native prompt, both orders) | "scores" (sigmoid of score gap)
     #: a judge call that fails (e.g. a server down after its retries): "auto" (follow the call's on_error:
-    #: on_error="nan" gives NaN + the error for the chunk's samples), "nan" (always), "raise" (always)
+    #: on_error="nan" gives NaN + the error for the affected samples), "nan" (always), "raise" (always)
     on_judge_error: str = "auto"
 
 
@@ -340,6 +340,8 @@ class EVR(JudgePolicyMixin, Reward):
         raw: list[list[list[str]]] = [[[] for _ in range(K)] for _ in convs]  # every attempt's text
         parsed: list[list[tuple[float, str] | None]] = [[None] * K for _ in convs]
         todo = [(c, i) for c in range(len(convs)) for i in range(K)]
+        isolate = judge_policy(cfg.on_judge_error) == "nan"
+        failed: dict[int, str] = {}  # conversation -> error of its failed request
         for attempt in range(cfg.max_retries + 1):
             if not todo:
                 break
@@ -350,9 +352,14 @@ class EVR(JudgePolicyMixin, Reward):
             for c, idx in need.items():
                 by_n.setdefault(len(idx), []).append(c)
             for n, cs in by_n.items():
-                outs = self.judge.generate([convs[c] for c in cs], n=n, temperature=cfg.temperature,
-                                           max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + 7919 * attempt)
-                for c, texts in zip(cs, outs):
+                outs, errs = call_rows(self.judge, "generate", [convs[c] for c in cs], isolate=isolate, n=n,
+                                       temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
+                                       seed=cfg.seed + 7919 * attempt)
+                for c, texts, err in zip(cs, outs, errs):
+                    if err is not None:  # this request failed after its retries (the others are kept)
+                        failed[c] = err
+                        continue
+                    failed.pop(c, None)
                     for i, text in zip(need[c], texts):
                         raw[c][i].append(text)
                         parsed[c][i] = parse_hypothesis(text, cot=cfg.cot)
@@ -378,8 +385,12 @@ class EVR(JudgePolicyMixin, Reward):
                         where.append((b, d, i))
             if vq:
                 vc = list(self.template["verify_choices"])
-                p, _ = usable_rows(self.verifier_backend.choice_probs(vq, vc), len(vq), len(vc))
-                for (b, d, i), py in zip(where, p[:, 0].tolist()):
+                vraw, verrs = call_rows(self.verifier_backend, "choice_probs", vq, vc, isolate=isolate)
+                p, _ = usable_rows(vraw, len(vq), len(vc))
+                for (b, d, i), py, err in zip(where, p[:, 0].tolist(), verrs):
+                    if err is not None:
+                        failed.setdefault(b * D + d, f"(verifier) {err}")
+                        py = math.nan
                     if math.isnan(py):  # no usable Yes/No probability: unanswered, never a rejection
                         no_verdict[(b, d)] = no_verdict.get((b, d), 0) + 1
                         V[b, d, i] = math.nan
@@ -396,7 +407,9 @@ class EVR(JudgePolicyMixin, Reward):
             for d, dim in enumerate(self.dims):
                 c = b * D + d
                 bad = [i for i in range(K) if parsed[c][i] is None]
-                if bad and (cfg.unparsed == "invalid" or len(bad) == K):
+                if c in failed:
+                    reasons.append(f"{dim}: {JUDGE_FAILURE_PREFIX}: {failed[c]}")
+                elif bad and (cfg.unparsed == "invalid" or len(bad) == K):
                     sample = raw[c][bad[0]][-1] if raw[c][bad[0]] else ""
                     reasons.append(f"{dim}: {len(bad)}/{K} hypotheses unparseable after {cfg.max_retries} "
                                    f"retries; last answer: {sample[:200]!r}")
@@ -498,16 +511,26 @@ class EVR(JudgePolicyMixin, Reward):
                               {"role": "user", "content": [{"type": "image", "image": im} for im in [*refs, first, second]]
                                + [{"type": "text", "text": text}]}])
         choices = list(t[f"{key}_choices"])
-        p, _ = usable_rows(self.judge.choice_probs(convs, choices), len(convs), len(choices))
+        isolate = judge_policy(self.config.on_judge_error) == "nan"
+        praw, perrs = call_rows(self.judge, "choice_probs", convs, choices, isolate=isolate)
+        p, _ = usable_rows(praw, len(convs), len(choices))
+        failed = {k // 2: e for k, e in enumerate(perrs) if e is not None}
+        for k in range(len(convs)):
+            if perrs[k] is not None:
+                p[k] = math.nan
         p = p.reshape(len(batch), 2, len(choices))
         info = {"template": t.id, "judge": self.judge.describe(), "compare": f"{key}, both orders"}
         if fourway:
-            return self._fourway(p, info)
+            out = self._fourway(p, info)
+            for b, e in failed.items():
+                out.errors[b] = f"{JUDGE_FAILURE_PREFIX}: {e}"
+            return out
         ab, ba = p[:, 0, 0], p[:, 1, 1]  # P(a) when a is shown first / second
         prob = 0.5 * (ab + ba)
         rats = [f"P(a) with a first: {x:.4f}; with a second: {y:.4f}" for x, y in zip(ab.tolist(), ba.tolist())]
-        errors = [None if math.isfinite(v) else "the judge gave no usable probability for the A-or-B question "
-                  "in at least one order" for v in prob.tolist()]
+        errors = [None if math.isfinite(v) else (f"{JUDGE_FAILURE_PREFIX}: {failed[b]}" if b in failed else
+                  "the judge gave no usable probability for the A-or-B question in at least one order")
+                  for b, v in enumerate(prob.tolist())]
         return RewardOutput(scores=prob, rationales=rats, info=info, errors=errors,
                             details=[{"p_a_first": x, "p_a_second": y} for x, y in zip(ab.tolist(), ba.tolist())])
 

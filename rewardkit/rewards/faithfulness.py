@@ -15,7 +15,7 @@ the cache file (``questions=``, JSONL keyed by prompt, written by :meth:`prepare
 without a tree is NaN + the reason, never a made-up score. A question the judge gives no usable Yes/No
 probability for (labels absent from the log-probs, NaN / -inf / off-scale values) is *unanswered*, never
 "no": the sample is NaN with a reason naming the question. A failing judge call follows ``on_judge_error``
-(see :mod:`rewardkit.judges.policy`): with ``on_error="nan"`` the chunk's samples are NaN + the error.
+(see :mod:`rewardkit.judges.policy`): with ``on_error="nan"`` the affected samples are NaN + the error.
 
 Efficiency: one ``choice_probs`` call per tree level across all images and questions; each conversation is
 (system, image, question) so the backend encodes each image once and reuses the image prefix.
@@ -134,10 +134,12 @@ class RubricReward(JudgePolicyMixin, Reward):
                     trees[i], errors[i] = self._tree_for(batch.prompts[i], batch.metadata[i])
                 except Exception as exc:  # noqa: BLE001 - re-raised unless the policy says NaN
                     errors[i] = self._judge_failed(exc)
+        failures: dict[int, str] | None = {} if judge_policy(cfg.on_judge_error) == "nan" else None
         try:
             probs = answer_trees(self.judge, batch.images, trees, question_format=self.template["answer_prompt"],
                                  system=self.template.get("answer_system"),
-                                 choices=self.template.get("choices", ["Yes", "No"]), threshold=cfg.threshold)
+                                 choices=self.template.get("choices", ["Yes", "No"]), threshold=cfg.threshold,
+                                 failures=failures)
         except Exception as exc:  # noqa: BLE001 - re-raised unless the policy says NaN
             reason = self._judge_failed(exc)
             for i in range(n):
@@ -155,6 +157,9 @@ class RubricReward(JudgePolicyMixin, Reward):
             dims["n_asked"][i] = len(p)
             details[i] = {"p_yes": {q: (round(v, 6) if v == v else None) for q, v in p.items()}}
             missing = unanswered(t, p)
+            if failures and i in failures:  # this sample's request failed (the others' were kept)
+                errors[i] = f"judge call failed for {failures[i]}"
+                continue
             if missing:  # never "no": the score depends on these answers
                 details[i]["unanswered"] = [q.id for q in missing]
                 errors[i] = ("the judge gave no usable Yes/No probability for question(s) "
