@@ -211,9 +211,19 @@ def test_judge_failure_policy_rubric_rewards(kind):
 
 
 def test_judge_failure_while_generating_missing_questions(tmp_path):
-    r = load_reward("faithfulness", judge=Scripted(fail_on="generate"), generate_missing=True)
-    out = r([IMG], "a cat", on_error="nan")
-    assert not out.valid[0] and "judge call failed" in out.errors[0]
+    class Counting(Scripted):
+        n_generate = 0
+
+        def generate(self, *a, **k):
+            Counting.n_generate += 1
+            return super().generate(*a, **k)
+
+    r = load_reward("faithfulness", judge=Counting(fail_on="generate"), generate_missing=True)
+    out = r([IMG, IMG, IMG], ["a cat", "a dog", "a cow"], on_error="nan",
+            metadata=[None, None, {"questions": tree(("Is there a cow?", []))}])
+    assert not out.valid[:2].any() and all("judge call failed" in e for e in out.errors[:2])
+    assert Counting.n_generate == 1          # a down judge is not waited for once per sample
+    assert out.valid[2] and out.scores[2] == 1.0
     with pytest.raises(JudgeServerError):
         r([IMG], "a cat")
 

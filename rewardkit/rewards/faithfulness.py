@@ -128,12 +128,18 @@ class RubricReward(JudgePolicyMixin, Reward):
         n = len(batch)
         trees: list[QuestionTree | None] = [None] * n
         errors: list[str | None] = list(self._applicable(batch))
+        gen_failed: str | None = None
         for i in range(n):
             if errors[i] is None:
+                prompt, meta = batch.prompts[i], batch.metadata[i]
+                if gen_failed is not None and cfg.generate_missing and meta.get(self.metadata_key) is None \
+                        and self.cache.tree(prompt) is None:
+                    errors[i] = gen_failed  # the judge already failed generating in this chunk: do not wait again
+                    continue
                 try:  # (generate_missing asks the judge here)
-                    trees[i], errors[i] = self._tree_for(batch.prompts[i], batch.metadata[i])
+                    trees[i], errors[i] = self._tree_for(prompt, meta)
                 except Exception as exc:  # noqa: BLE001 - re-raised unless the policy says NaN
-                    errors[i] = self._judge_failed(exc)
+                    errors[i] = gen_failed = self._judge_failed(exc)
         failures: dict[int, str] | None = {} if judge_policy(cfg.on_judge_error) == "nan" else None
         try:
             probs = answer_trees(self.judge, batch.images, trees, question_format=self.template["answer_prompt"],
