@@ -205,7 +205,7 @@ class Composite(JudgePolicyMixin, Reward):
         kwargs: dict[str, Any] = {}
         if self._judge is not None and getattr(cls, "uses_judge", False) and "judge" not in opts:
             kwargs["judge"] = self._judge
-        if getattr(cls, "uses_judge", False) and "on_judge_error" not in opts:
+        if "on_judge_error" not in opts and "on_judge_error" in {f.name for f in dataclasses.fields(cls.Config)}:
             opts["on_judge_error"] = self.config.on_judge_error
         return cls(opts, **kwargs)
 
