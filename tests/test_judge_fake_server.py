@@ -71,6 +71,8 @@ class FakeServer:
                     return self._json(500, {"error": "boom"})
                 if mode in ("429", "retry_after_nan"):
                     return self._json(429, {"error": "slow down"}, {"Retry-After": "1" if mode == "429" else "nan"})
+                if mode == "badgzip":
+                    return self._json(200, b"this is not gzip", {"Content-Encoding": "gzip"})
                 if mode == "malformed":
                     return self._json(200, b'{"choices": [{"message": {"content": "Reason')
                 if mode == "drip":
@@ -182,6 +184,13 @@ def test_response_size_cap(fresh, mode):
     assert fresh.count == 1 and time.monotonic() - t < 5.0   # refused at once, not retried
     with pytest.raises(ValueError, match="max_response_bytes"):
         judge(fresh, max_response_bytes=0)
+
+
+def test_undecodable_body_is_a_judge_failure(fresh):
+    fresh.mode = "badgzip"   # before: a raw httpx.DecodingError escaped (not a judge failure, so never NaN)
+    with pytest.raises(JudgeServerError, match="DecodingError"):
+        judge(fresh).generate([[{"role": "user", "content": "q"}]])
+    assert fresh.count == 2   # retried once
 
 
 def test_unusable_retry_after_is_ignored(fresh):

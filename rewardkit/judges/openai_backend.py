@@ -289,7 +289,7 @@ class OpenAIJudge(JudgeBackend):
             except _TooLarge as exc:
                 raise JudgeServerError(f"{url} sent a response body over max_response_bytes="
                                        f"{self.max_response_bytes} ({exc}); refused") from None
-            except (httpx.TimeoutException, httpx.TransportError) as exc:
+            except httpx.RequestError as exc:  # timeouts, connection / protocol / content-decoding errors
                 kind = "Timeout" if isinstance(exc, httpx.TimeoutException) else type(exc).__name__
                 last = f"{kind} ({type(exc).__name__}, timeout={self.timeout:g}s per request): {exc}"
                 self._sleep(attempt, None)
