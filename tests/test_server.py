@@ -391,3 +391,21 @@ def test_serve_command_help_and_host_warning(monkeypatch, capsys, tiny_clip_dir)
     assert seen["host"] == "0.0.0.0" and "WARNING" in err and "WITHOUT authentication" in err
     assert main(["serve", "-r", "clipscore", "-m", str(tiny_clip_dir), "--port", "0"]) == 0
     assert seen["host"] == "127.0.0.1" and "WARNING" not in capsys.readouterr().err
+
+
+def test_app_factory_for_external_asgi_servers(monkeypatch, tiny_clip_dir, clip):
+    from starlette.testclient import TestClient
+
+    from rewardkit.server import app_from_env
+
+    cfg = tiny_clip_dir.parent / "serve-clip.yaml"
+    cfg.write_text(f"model: {tiny_clip_dir}\nconvention: cosine\n")
+    monkeypatch.setenv("REWARDKIT_SERVE_REWARD", "clipscore")
+    monkeypatch.setenv("REWARDKIT_SERVE_CONFIG", str(cfg))
+    monkeypatch.setenv("REWARDKIT_SERVE_TOKEN", "tok")
+    images = random_images(2, seed=11)
+    with TestClient(app_from_env()) as tc:
+        body = {"images": [_png(im) for im in images], "prompt": "a cat"}
+        assert tc.post("/score", json=body).status_code == 401
+        res = tc.post("/score", json=body, headers={"Authorization": "Bearer tok"}).json()
+    torch.testing.assert_close(torch.tensor(res["scores"]), clip(images, "a cat").scores, atol=1e-6, rtol=0)
