@@ -148,6 +148,8 @@ def run(args: argparse.Namespace) -> int:
           file=sys.stderr)
     n_bad = 0
     results = []
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
     out_fh = args.output.open("w", encoding="utf-8") if args.output else None
     try:
         bar = tqdm(total=len(items), desc=f"scoring with {args.reward}", unit="img", delay=1.0,
