@@ -7,6 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from . import EXIT_CODES_HELP, UsageError
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
@@ -62,7 +64,7 @@ def _data_dir(items: list[str] | None):
     out = {}
     for it in items:
         if "=" not in it:
-            raise SystemExit(f"rewardkit bench: --data-dir: give one DIR or NAME=DIR entries, got {it!r}")
+            raise UsageError(f"--data-dir: give one DIR or NAME=DIR entries, got {it!r}")
         k, v = it.split("=", 1)
         out[k.strip()] = v
     return out
@@ -92,16 +94,16 @@ def run(args: argparse.Namespace) -> int:
             print(f"wrote {plot_records(records, args.plot)}", file=sys.stderr)
         return 0
     if not args.reward:
-        raise SystemExit("rewardkit bench: --reward is required (or --list / --report)")
+        raise UsageError("--reward is required (or --list / --report)")
     benches = [b.strip() for b in args.benchmark.split(",") if b.strip()]
     if not benches:
-        raise SystemExit("rewardkit bench: --benchmark is required, e.g. --benchmark mmrb2/t2i (see --list)")
+        raise UsageError("--benchmark is required, e.g. --benchmark mmrb2/t2i (see --list)")
     for b in benches:
         get_spec(b)  # fail on a typo before loading any model
     if args.limit is not None and args.limit < 1:
-        raise SystemExit("rewardkit bench: --limit must be >= 1")
+        raise UsageError("--limit must be >= 1")
     if args.batch_size is not None and args.batch_size < 1:
-        raise SystemExit("rewardkit bench: --batch-size must be >= 1")
+        raise UsageError("--batch-size must be >= 1")
 
     from ..bench.data import BenchDataError
     from ..bench.harness import evaluate

@@ -12,6 +12,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from . import EXIT_CODES_HELP, UsageError
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
@@ -53,11 +55,11 @@ def run(args: argparse.Namespace) -> int:
     if args.config is not None:
         _from_config(args)
     if not args.adapters:
-        raise SystemExit("rewardkit soup: give adapter directories (or --config with soup.adapters)")
+        raise UsageError("give adapter directories (or --config with soup.adapters)")
     if args.output is None:
-        raise SystemExit("rewardkit soup: --output is required (or soup.output in --config)")
+        raise UsageError("--output is required (or soup.output in --config)")
     if args.weights is not None and len(args.weights) != len(args.adapters):
-        raise SystemExit(f"rewardkit soup: {len(args.weights)} weights for {len(args.adapters)} adapters")
+        raise UsageError(f"{len(args.weights)} weights for {len(args.adapters)} adapters")
     out = lora_soup(args.adapters, args.output, args.weights, base=args.base)
     kind = "merged weights" if args.base else "adapter"
     print(f"wrote the {kind} averaging {len(args.adapters)} adapters to {out}", file=sys.stderr)
