@@ -26,6 +26,9 @@ def add_parser(sub) -> None:
     p.add_argument("--benchmark", "-b", default="",
                    help="comma-separated benchmark names (see --list), e.g. mmrb2/t2i,genaibench/edit")
     p.add_argument("--list", action="store_true", help="list the shipped benchmark specs and exit")
+    p.add_argument("--write-synthetic", type=Path, metavar="DIR",
+                   help="write tiny synthetic benchmark files with the real schemas and layout to DIR and exit "
+                        "(for trying the harness without downloads; the scores mean nothing)")
     p.add_argument("--data-dir", nargs="+", metavar="[NAME=]DIR",
                    help="local data instead of the hub: one directory (dataset files, or one sub-folder per "
                         "family: mmrb2/, genaibench/, editreward/), or NAME=DIR per benchmark or family")
@@ -86,6 +89,14 @@ def run(args: argparse.Namespace) -> int:
                     (f" files {s.data_files}" if s.data_files else "")
             gated = " (gated)" if s.gated else ""
             print(f"{name:18s} v{s.version:5s} {where}{gated}; primary: {'/'.join(s.primary)}")
+        return 0
+    if args.write_synthetic is not None:
+        from ..bench.synthetic import write_synthetic_benchmarks
+
+        written = write_synthetic_benchmarks(args.write_synthetic)
+        for name, path in written.items():
+            print(f"{name:18s} {path}")
+        print(f"use: --data-dir {args.write_synthetic}", file=sys.stderr)
         return 0
     from ..bench.report import load_records, markdown_report, plot_records
 
