@@ -56,4 +56,10 @@ def run(args: argparse.Namespace) -> int:
         args.overrides = [*args.overrides, "progress=false"]
     if args.config is not None and not Path(args.config).is_file():
         raise UsageError(f"--config {args.config}: no such file")
+    if not args.print_config:
+        import sys
+
+        print(f"train {kind}: config {args.config or '(defaults)'}"
+              + (f" + {' '.join(args.overrides)}" if args.overrides else "")
+              + "; loading the trainer and the backbone ...", file=sys.stderr, flush=True)
     return int(importlib.import_module(KINDS[kind][0]).run_cli(args) or 0)
