@@ -6,7 +6,6 @@ Standard library only at module level (``rewardkit --help`` imports the command 
 from __future__ import annotations
 
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,6 @@ from typing import Any
 from . import UsageError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 
 
 def add_progress_flag(p) -> None:
@@ -44,8 +42,10 @@ def check_device(device: str | None) -> None:
 
 def looks_like_path(model: str) -> bool:
     """A ``--model`` value meant as a local directory rather than a hub id ``org/name``."""
-    return (model.startswith((".", "/", "~")) or os.sep in model.replace("/", "", 1) or "\\" in model
-            or not _HUB_ID.match(model))
+    if ":" in model and not model.startswith((".", "/", "~")):
+        return False  # a backend spec such as transformers:/path: the reward parses it
+    return (model.startswith((".", "/", "~")) or model.endswith("/") or model.count("/") >= 2 or "\\" in model
+            or (os.sep != "/" and os.sep in model))
 
 
 def check_model(model: str | None) -> None:
