@@ -28,10 +28,12 @@ def invalid_summary(n_bad: int, n_total: int, what: str = "samples") -> int:
         print(f"no {what} to score", file=sys.stderr)
         return EXIT_USAGE
     if n_bad == 0:
-        print(f"all {n_total} {what} scored", file=sys.stderr)
+        print(f"all {n_total} {what} scored" if n_total > 1 else f"the one {what.rstrip('s')} was scored",
+              file=sys.stderr)
         return EXIT_OK
     if n_bad == n_total:
-        print(f"error: none of the {n_total} {what} could be scored (every one invalid; reasons above)",
+        print(f"error: none of the {n_total} {what} could be scored (every one invalid; reasons above)"
+              if n_total > 1 else f"error: the one {what.rstrip('s')} could not be scored (reason above)",
               file=sys.stderr)
     else:
         print(f"{n_bad} of {n_total} {what} invalid (could not be scored; reasons above)", file=sys.stderr)
