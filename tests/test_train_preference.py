@@ -255,7 +255,7 @@ def test_cli_train_needs_a_kind(capsys):
     from rewardkit.cli import main
 
     assert main(["train"]) == 2
-    assert "preference" in capsys.readouterr().out
+    assert "preference" in capsys.readouterr().err  # a usage error, on stderr
 
 
 def test_bf16_autocast_and_gradient_checkpointing_step(tmp_path):
