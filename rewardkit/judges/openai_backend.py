@@ -4,11 +4,24 @@ Images are sent inline as base64 PNG data URLs, in conversation order. Requests 
 (``concurrency`` at a time) over one ``httpx.Client``; 429, 5xx, timeouts and connection errors are retried
 with exponential backoff (``Retry-After`` honoured), other 4xx fail at once with the server's message.
 
-``choice_probs`` asks for one token with ``logprobs`` / ``top_logprobs`` and renormalises the probabilities
-of the choice tokens found among the top alternatives. A choice absent from the top list gets probability
-0 (its true log-prob is below the smallest listed one: the error is bounded by that value, see
-``describe()["top_logprobs"]``); a row where no choice is listed is NaN. A server that returns no
-log-probabilities raises :class:`JudgeServerError` saying so.
+``choice_probs`` asks for one token with log-probabilities and renormalises over the choices:
+
+- on a **vLLM** server (detected from its ``/version`` endpoint, or ``server="vllm"``), the choices' exact
+  token ids come from its ``/tokenize`` endpoint and are requested with ``logprob_token_ids`` (answers keyed
+  by id through ``return_tokens_as_token_ids``): every choice's probability is exact whatever its rank; a
+  row where the server reports no log-probability for a choice is NaN;
+- elsewhere, from the ``top_logprobs`` alternatives, matched by the exact token text (``"Yes"`` is never
+  read from ``" Yes"``). A choice absent from the top list gets probability 0 (its true log-prob is below
+  the smallest listed one: the error is bounded by that value, see ``describe()["top_logprobs"]``); a row
+  where no choice is listed is NaN.
+
+A server that returns no log-probabilities raises :class:`JudgeServerError` saying so.
+
+Sampling: every field is sent explicitly (``temperature``, ``top_p=1``, no penalties; on vLLM also
+``top_k=-1``, ``min_p=0``, ``repetition_penalty=1``), because ``vllm serve`` fills omitted fields from the
+checkpoint's ``generation_config`` (some Qwen-VL configs set ``top_k=1``, which makes every sample
+identical). Start vLLM with ``--generation-config vllm`` as well. Greedy requests (temperature 0) with
+``n > 1`` ask for one completion and replicate it: vLLM refuses ``n > 1`` at temperature 0.
 
 Prefix reuse is the server's job (vLLM: ``--enable-prefix-caching``, on by default in recent versions).
 """
@@ -30,6 +43,7 @@ from .base import ChoiceError, Conversation, JudgeBackend
 __all__ = ["OpenAIJudge", "JudgeServerError", "to_openai_messages"]
 
 _RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+_GREEDY_EPS = 1e-5  # vLLM treats temperatures below this as greedy
 
 
 class JudgeServerError(RuntimeError):
@@ -86,13 +100,16 @@ class OpenAIJudge(JudgeBackend):
         top_logprobs: alternatives requested for ``choice_probs`` (servers cap it, often at 20).
         check_tokens: ask the server's ``/tokenize`` endpoint (vLLM, sglang) that each choice is one token;
             skipped silently when the server has no such endpoint.
+        server: ``"auto"`` (ask ``/version``: a vLLM server answers it), ``"vllm"`` or ``"openai"`` (any
+            other OpenAI-compatible API: only standard fields are sent).
     """
 
     kind = "openai"
 
     def __init__(self, base_url: str, *, model: str | None = None, api_key: str | None = None,
                  concurrency: int = 8, timeout: float = 120.0, max_retries: int = 4, backoff: float = 0.5,
-                 top_logprobs: int = 20, check_tokens: bool = True, extra_body: dict[str, Any] | None = None) -> None:
+                 top_logprobs: int = 20, check_tokens: bool = True, extra_body: dict[str, Any] | None = None,
+                 server: str = "auto") -> None:
         from .._imports import require
 
         httpx = require("httpx", "judge")
@@ -110,12 +127,38 @@ class OpenAIJudge(JudgeBackend):
         self._httpx = httpx
         self._client = httpx.Client(timeout=httpx.Timeout(timeout), headers=headers,
                                     limits=httpx.Limits(max_connections=concurrency))
-        self._checked: dict[tuple[str, ...], bool] = {}
+        if server not in ("auto", "vllm", "openai"):
+            raise ValueError(f"server must be 'auto', 'vllm' or 'openai', got {server!r}")
+        self._server = server
+        self._checked: dict[tuple[str, ...], list[int] | None] = {}
         self._lock = threading.Lock()
         self.stats: dict[str, int] = {"requests": 0, "retries": 0}
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "base_url": self.base_url, "model": self.model, "top_logprobs": self.top_logprobs}
+        return {"kind": self.kind, "base_url": self.base_url, "model": self.model, "top_logprobs": self.top_logprobs,
+                "server": self._server}
+
+    @property
+    def is_vllm(self) -> bool:
+        """True for a vLLM server (``server="vllm"``, or ``"auto"`` and ``GET /version`` answers a version)."""
+        if self._server == "auto":
+            kind = "openai"
+            try:
+                resp = self._client.get(self.base_url.rsplit("/v1", 1)[0] + "/version")
+                if resp.status_code == 200 and isinstance(resp.json(), dict) and "version" in resp.json():
+                    kind = "vllm"
+            except (self._httpx.HTTPError, ValueError):
+                pass
+            self._server = kind
+        return self._server == "vllm"
+
+    def _sampling_fields(self, temperature: float) -> dict[str, Any]:
+        """Every field that changes sampling, explicitly: servers fill omitted ones from their own defaults
+        (``vllm serve``: the checkpoint's generation_config)."""
+        body = {"temperature": temperature, "top_p": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+        if self.is_vllm:
+            body.update(top_k=-1, min_p=0.0, repetition_penalty=1.0)
+        return body
 
     def close(self) -> None:
         self._client.close()
@@ -188,14 +231,18 @@ class OpenAIJudge(JudgeBackend):
         cache: dict[int, str] = {}
         msgs = [to_openai_messages(c, cache) for c in conversations]
 
+        greedy = temperature < _GREEDY_EPS
+        sampling = self._sampling_fields(0.0 if greedy else temperature)
+        want = 1 if greedy else n  # vLLM refuses n > 1 at temperature 0; greedy gives one answer anyway
+
         def one(m):
             texts: list[str] = []
-            for _ in range(n):  # servers that ignore n return fewer choices: ask again for the rest
-                body = {"model": self.model, "messages": m, "n": n - len(texts), "temperature": temperature,
+            for _ in range(want):  # servers that ignore n return fewer choices: ask again for the rest
+                body = {"model": self.model, "messages": m, "n": want - len(texts), **sampling,
                         "max_tokens": max_new_tokens, **self.extra_body}
                 if stop:
                     body["stop"] = list(stop)
-                if seed is not None:
+                if seed is not None and not greedy:
                     body["seed"] = seed + len(texts)
                 data = self._post("/chat/completions", body)
                 try:
@@ -205,9 +252,9 @@ class OpenAIJudge(JudgeBackend):
                 if not got:
                     raise JudgeServerError(f"completion with no choices: {json.dumps(data)[:300]}")
                 texts += got
-                if len(texts) >= n:
+                if len(texts) >= want:
                     break
-            return texts[:n]
+            return texts[:want] * n if greedy else texts[:n]
 
         return self._map(one, msgs)
 
@@ -216,13 +263,17 @@ class OpenAIJudge(JudgeBackend):
 
         if not choices or len(set(choices)) != len(choices):
             raise ChoiceError(f"choices must be distinct and non-empty, got {list(choices)}")
-        self._check_single_tokens(tuple(choices))
+        ids = self._check_single_tokens(tuple(choices))
+        exact_ids = ids is not None and self.is_vllm
+        sampling = self._sampling_fields(0.0)
         cache: dict[int, str] = {}
         msgs = [to_openai_messages(c, cache) for c in conversations]
 
         def one(m):
-            body = {"model": self.model, "messages": m, "max_tokens": 1, "temperature": 0.0, "logprobs": True,
-                    "top_logprobs": self.top_logprobs, **self.extra_body}
+            body = {"model": self.model, "messages": m, "max_tokens": 1, **sampling,
+                    "logprobs": True, "top_logprobs": self.top_logprobs, **self.extra_body}
+            if exact_ids:  # vLLM: the exact log-prob of each choice id, keyed by id in the answer
+                body.update(top_logprobs=len(ids), logprob_token_ids=list(ids), return_tokens_as_token_ids=True)
             data = self._post("/chat/completions", body)
             try:
                 lp = data["choices"][0].get("logprobs")
@@ -232,12 +283,14 @@ class OpenAIJudge(JudgeBackend):
                         f"{self.base_url} returned no log-probabilities: the server (or model) does not support "
                         "logprobs/top_logprobs, which choice_probs needs")
                 top = content[0].get("top_logprobs") or []
-                table = {}
-                for alt in top:
-                    table.setdefault(alt["token"], float(alt["logprob"]))
-                    table.setdefault(alt["token"].strip(), float(alt["logprob"]))
-            except (KeyError, TypeError, IndexError, AttributeError) as exc:
+                table: dict[str, float] = {}
+                for alt in top:  # exact token text (or "token_id:N"): never merge " Yes" into "Yes"
+                    table.setdefault(str(alt["token"]), float(alt["logprob"]))
+            except (KeyError, TypeError, IndexError, AttributeError, ValueError) as exc:
                 raise JudgeServerError(f"unreadable logprobs in {json.dumps(data)[:300]}") from exc
+            if exact_ids:
+                row = [table.get(f"token_id:{t}") for t in ids]
+                return row if all(x is not None for x in row) else [None] * len(ids)  # missing: NaN row
             return [table.get(c) for c in choices]
 
         rows = self._map(one, msgs)
@@ -250,24 +303,39 @@ class OpenAIJudge(JudgeBackend):
             out[i] = torch.softmax(lps, dim=0).float()
         return out
 
-    def _check_single_tokens(self, choices: tuple[str, ...]) -> None:
-        if not self.check_tokens or choices in self._checked:
-            return
-        bad = []
+    def _check_single_tokens(self, choices: tuple[str, ...]) -> list[int] | None:
+        """Each choice's token id per the server's ``/tokenize`` (vLLM, sglang); :class:`ChoiceError` when a
+        choice is not one token; None when the server has no such endpoint (or ``check_tokens=False``)."""
+        if not self.check_tokens:
+            return None
+        if choices in self._checked:
+            return self._checked[choices]
+        bad, ids = [], []
         for c in choices:
             try:
                 resp = self._client.post(self.base_url.rsplit("/v1", 1)[0] + "/tokenize",
                                          json={"model": self.model, "prompt": c, "add_special_tokens": False})
             except self._httpx.HTTPError:
+                ids = None
                 break
             if resp.status_code != 200:
+                ids = None
                 break  # no tokenize endpoint: cannot check
             try:
                 toks = resp.json().get("tokens")
-            except ValueError:
+            except (ValueError, AttributeError):
+                ids = None
                 break
-            if isinstance(toks, list) and len(toks) != 1:
+            if not isinstance(toks, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in toks):
+                ids = None
+                break
+            if len(toks) != 1:
                 bad.append((c, len(toks)))
+            else:
+                ids.append(toks[0])
         if bad:
             raise ChoiceError(f"choices {bad} are not single tokens for {self.model} (per the server's /tokenize)")
-        self._checked[choices] = True
+        if ids is not None and len(set(ids)) != len(ids):
+            raise ChoiceError(f"choices {list(choices)} map to repeated token ids {ids}")
+        self._checked[choices] = ids
+        return ids
