@@ -10,13 +10,27 @@ read gets only the time left before the request's deadline, so a server that dri
 cannot hold a call past ``timeout``. Response bodies larger than ``max_response_bytes`` (after content
 decoding; default 8 MiB) are refused at once (not retried).
 
-``choice_probs`` asks for one token with ``logprobs`` / ``top_logprobs`` and renormalises the probabilities
-of the choice tokens found among the top alternatives (:func:`read_choice_logprobs`). A choice absent from
-the top list gets probability 0 (its true log-prob is below the smallest listed one: the error is bounded by
-that value, see ``describe()["top_logprobs"]``); a row where no choice is listed, where a listed choice's
-log-prob is NaN / +inf / positive (off-scale), or where every listed choice is ``-inf`` is NaN (no usable
-probability: the rewards report that question unanswered). A server that returns no log-probabilities at
-all, or a malformed log-prob structure, raises :class:`JudgeServerError` saying so.
+``choice_probs`` asks for one token with log-probabilities and renormalises over the choices
+(:func:`read_choice_logprobs`):
+
+- on a **vLLM** server (detected from its ``/version`` endpoint, or ``server="vllm"``), the choices' exact
+  token ids come from its ``/tokenize`` endpoint and are requested with ``logprob_token_ids`` (answers keyed
+  by id through ``return_tokens_as_token_ids``): every choice's probability is exact whatever its rank; a
+  row where the server reports no usable log-probability for a choice is NaN;
+- elsewhere, from the ``top_logprobs`` alternatives, matched by the exact token text (``"Yes"`` is never
+  read from ``" Yes"``). A choice absent from the top list gets probability 0 (its true log-prob is below
+  the smallest listed one: the error is bounded by that value, see ``describe()["top_logprobs"]``).
+
+A row where no choice is listed, where a listed choice's log-prob is NaN / +inf / positive (off-scale), or
+where every listed choice is ``-inf`` is NaN (no usable probability: the rewards report that question
+unanswered). A server that returns no log-probabilities at all, or a malformed log-prob structure, raises
+:class:`JudgeServerError` saying so.
+
+Sampling: every field is sent explicitly (``temperature``, ``top_p=1``, no penalties; on vLLM also
+``top_k=-1``, ``min_p=0``, ``repetition_penalty=1``), because ``vllm serve`` fills omitted fields from the
+checkpoint's ``generation_config`` (some Qwen-VL configs set ``top_k=1``, which makes every sample
+identical). Start vLLM with ``--generation-config vllm`` as well. Greedy requests (temperature 0) with
+``n > 1`` ask for one completion and replicate it: vLLM refuses ``n > 1`` at temperature 0.
 
 Prefix reuse is the server's job (vLLM: ``--enable-prefix-caching``, on by default in recent versions).
 """
@@ -41,6 +55,7 @@ __all__ = ["OpenAIJudge", "JudgeServerError", "to_openai_messages", "read_choice
 
 _RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 _MAX_LOGPROB = 1e-4  # a log-probability above this (rounding aside) is off-scale
+_GREEDY_EPS = 1e-5  # vLLM treats temperatures below this as greedy
 
 
 class JudgeServerError(JudgeError):
@@ -116,13 +131,17 @@ def _deadline_transport(httpx: Any, limits: Any) -> Any:
     return transport
 
 
-def read_choice_logprobs(data: Any, choices: Sequence[str]) -> list[float] | None:
+def read_choice_logprobs(data: Any, choices: Sequence[str], *,
+                         token_ids: Sequence[int] | None = None) -> list[float] | None:
     """The log-probabilities of ``choices`` in one chat-completion response with ``top_logprobs``.
 
-    Returns one value per choice (``-inf`` for a choice absent from the top alternatives), or None when the
-    response has no usable probability for the choices (none listed, all ``-inf``, or a listed choice's
-    log-prob NaN / +inf / above 0). Raises :class:`JudgeServerError` when the response has no log-probs at
-    all or they are malformed (not a list of ``{"token": str, "logprob": number}``).
+    Alternatives are matched by their exact token text (``" Yes"`` is not ``"Yes"``); with ``token_ids`` (a
+    vLLM server asked with ``logprob_token_ids`` and ``return_tokens_as_token_ids``) by ``"token_id:<id>"``,
+    and every choice must then be present. Returns one value per choice (``-inf`` for a choice absent from
+    the top alternatives), or None when the response has no usable probability for the choices (none listed,
+    all ``-inf``, a listed choice's log-prob NaN / +inf / above 0, or an exact id missing). Raises
+    :class:`JudgeServerError` when the response has no log-probs at all or they are malformed (not a list of
+    ``{"token": str, "logprob": number}``).
     """
     def bad(why: str) -> JudgeServerError:
         return JudgeServerError(f"unreadable logprobs ({why}) in {json.dumps(data, default=str)[:300]}")
@@ -149,10 +168,13 @@ def read_choice_logprobs(data: Any, choices: Sequence[str]) -> list[float] | Non
         v = alt.get("logprob")
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise bad(f"logprob {v!r} is not a number")
-        v = float(v)
-        for key in (alt["token"], alt["token"].strip()):
-            table.setdefault(key, v)
-    row = [table.get(c) for c in choices]
+        table.setdefault(alt["token"], float(v))  # exact text: never merge " Yes" into "Yes"
+    if token_ids is not None:
+        row = [table.get(f"token_id:{t}") for t in token_ids]
+        if any(x is None for x in row):
+            return None  # the server gave no value for a choice it was asked about: no guess
+    else:
+        row = [table.get(c) for c in choices]
     present = [x for x in row if x is not None]
     if not present or any(math.isnan(x) or x > _MAX_LOGPROB for x in present):
         return None
@@ -212,6 +234,8 @@ class OpenAIJudge(JudgeBackend):
         top_logprobs: alternatives requested for ``choice_probs`` (servers cap it, often at 20).
         check_tokens: ask the server's ``/tokenize`` endpoint (vLLM, sglang) that each choice is one token;
             skipped silently when the server has no such endpoint.
+        server: ``"auto"`` (ask ``/version``: a vLLM server answers it), ``"vllm"`` or ``"openai"`` (any
+            other OpenAI-compatible API: only standard fields are sent).
     """
 
     kind = "openai"
@@ -219,7 +243,7 @@ class OpenAIJudge(JudgeBackend):
     def __init__(self, base_url: str, *, model: str | None = None, api_key: str | None = None,
                  concurrency: int = 8, timeout: float = 120.0, max_retries: int = 4, backoff: float = 0.5,
                  top_logprobs: int = 20, check_tokens: bool = True, extra_body: dict[str, Any] | None = None,
-                 max_response_bytes: int = 8 * 1024 * 1024) -> None:
+                 max_response_bytes: int = 8 * 1024 * 1024, server: str = "auto") -> None:
         from .._imports import require
 
         httpx = require("httpx", "judge")
@@ -239,12 +263,38 @@ class OpenAIJudge(JudgeBackend):
         limits = httpx.Limits(max_connections=concurrency)
         self._client = httpx.Client(timeout=httpx.Timeout(timeout), headers=headers, limits=limits,
                                     transport=_deadline_transport(httpx, limits))
-        self._checked: dict[tuple[str, ...], bool] = {}
+        if server not in ("auto", "vllm", "openai"):
+            raise ValueError(f"server must be 'auto', 'vllm' or 'openai', got {server!r}")
+        self._server = server
+        self._checked: dict[tuple[str, ...], list[int] | None] = {}
         self._lock = threading.Lock()
         self.stats: dict[str, int] = {"requests": 0, "retries": 0}
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "base_url": self.base_url, "model": self.model, "top_logprobs": self.top_logprobs}
+        return {"kind": self.kind, "base_url": self.base_url, "model": self.model, "top_logprobs": self.top_logprobs,
+                "server": self._server}
+
+    @property
+    def is_vllm(self) -> bool:
+        """True for a vLLM server (``server="vllm"``, or ``"auto"`` and ``GET /version`` answers a version)."""
+        if self._server == "auto":
+            kind = "openai"
+            try:
+                resp = self._client.get(self.base_url.rsplit("/v1", 1)[0] + "/version")
+                if resp.status_code == 200 and isinstance(resp.json(), dict) and "version" in resp.json():
+                    kind = "vllm"
+            except (self._httpx.HTTPError, ValueError):
+                pass
+            self._server = kind
+        return self._server == "vllm"
+
+    def _sampling_fields(self, temperature: float) -> dict[str, Any]:
+        """Every field that changes sampling, explicitly: servers fill omitted ones from their own defaults
+        (``vllm serve``: the checkpoint's generation_config)."""
+        body = {"temperature": temperature, "top_p": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+        if self.is_vllm:
+            body.update(top_k=-1, min_p=0.0, repetition_penalty=1.0)
+        return body
 
     def close(self) -> None:
         self._client.close()
@@ -367,14 +417,18 @@ class OpenAIJudge(JudgeBackend):
         cache: dict[int, str] = {}
         msgs = [to_openai_messages(c, cache) for c in conversations]
 
+        greedy = temperature < _GREEDY_EPS
+        sampling = self._sampling_fields(0.0 if greedy else temperature)
+        want = 1 if greedy else n  # vLLM refuses n > 1 at temperature 0; greedy gives one answer anyway
+
         def one(m):
             texts: list[str] = []
-            for _ in range(n):  # servers that ignore n return fewer choices: ask again for the rest
-                body = {"model": self.model, "messages": m, "n": n - len(texts), "temperature": temperature,
+            for _ in range(want):  # servers that ignore n return fewer choices: ask again for the rest
+                body = {"model": self.model, "messages": m, "n": want - len(texts), **sampling,
                         "max_tokens": max_new_tokens, **self.extra_body}
                 if stop:
                     body["stop"] = list(stop)
-                if seed is not None:
+                if seed is not None and not greedy:
                     body["seed"] = seed + len(texts)
                 data = self._post("/chat/completions", body)
                 try:
@@ -386,9 +440,9 @@ class OpenAIJudge(JudgeBackend):
                 if not got:
                     raise JudgeServerError(f"completion with no choices: {json.dumps(data)[:300]}")
                 texts += got
-                if len(texts) >= n:
+                if len(texts) >= want:
                     break
-            return texts[:n]
+            return texts[:want] * n if greedy else texts[:n]
 
         return [r if r is not None else [] for r in self._map(one, msgs, row_errors)]
 
@@ -400,16 +454,20 @@ class OpenAIJudge(JudgeBackend):
 
         if not choices or len(set(choices)) != len(choices):
             raise ChoiceError(f"choices must be distinct and non-empty, got {list(choices)}")
-        self._check_single_tokens(tuple(choices))
+        ids = self._check_single_tokens(tuple(choices))
+        exact_ids = ids is not None and self.is_vllm
+        sampling = self._sampling_fields(0.0)
         cache: dict[int, str] = {}
         msgs = [to_openai_messages(c, cache) for c in conversations]
 
         def one(m):
-            body = {"model": self.model, "messages": m, "max_tokens": 1, "temperature": 0.0, "logprobs": True,
-                    "top_logprobs": self.top_logprobs, **self.extra_body}
+            body = {"model": self.model, "messages": m, "max_tokens": 1, **sampling,
+                    "logprobs": True, "top_logprobs": self.top_logprobs, **self.extra_body}
+            if exact_ids:  # vLLM: the exact log-prob of each choice id, keyed by id in the answer
+                body.update(top_logprobs=len(ids), logprob_token_ids=list(ids), return_tokens_as_token_ids=True)
             data = self._post("/chat/completions", body)
             try:
-                return read_choice_logprobs(data, choices)
+                return read_choice_logprobs(data, choices, token_ids=ids if exact_ids else None)
             except JudgeServerError as exc:
                 raise JudgeServerError(f"{self.base_url}: {exc}") from None
 
@@ -421,25 +479,40 @@ class OpenAIJudge(JudgeBackend):
             out[i] = torch.softmax(torch.tensor(row, dtype=torch.float64), dim=0).float()
         return out
 
-    def _check_single_tokens(self, choices: tuple[str, ...]) -> None:
-        if not self.check_tokens or choices in self._checked:
-            return
-        bad = []
+    def _check_single_tokens(self, choices: tuple[str, ...]) -> list[int] | None:
+        """Each choice's token id per the server's ``/tokenize`` (vLLM, sglang); :class:`ChoiceError` when a
+        choice is not one token; None when the server has no such endpoint (or ``check_tokens=False``)."""
+        if not self.check_tokens:
+            return None
+        if choices in self._checked:
+            return self._checked[choices]
+        bad, ids = [], []
         for c in choices:
             try:  # bounded like every request (total timeout, body cap); any failure: cannot check
                 status, _, raw = self._send(self.base_url.rsplit("/v1", 1)[0] + "/tokenize",
                                             {"model": self.model, "prompt": c, "add_special_tokens": False})
             except (self._httpx.HTTPError, _TooLarge):
+                ids = None
                 break
             if status != 200:
+                ids = None
                 break  # no tokenize endpoint: cannot check
             try:
                 data = json.loads(raw)
                 toks = data.get("tokens") if isinstance(data, dict) else None
             except (ValueError, RecursionError):
+                ids = None
                 break
-            if isinstance(toks, list) and len(toks) != 1:
+            if not isinstance(toks, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in toks):
+                ids = None
+                break
+            if len(toks) != 1:
                 bad.append((c, len(toks)))
+            else:
+                ids.append(toks[0])
         if bad:
             raise ChoiceError(f"choices {bad} are not single tokens for {self.model} (per the server's /tokenize)")
-        self._checked[choices] = True
+        if ids is not None and len(set(ids)) != len(ids):
+            raise ChoiceError(f"choices {list(choices)} map to repeated token ids {ids}")
+        self._checked[choices] = ids
+        return ids
