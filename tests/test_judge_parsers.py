@@ -187,7 +187,8 @@ def alt(tok, lp):
 GOOD_LOGPROBS = [
     (_resp([alt("Yes", math.log(0.6)), alt("No", math.log(0.3)), alt("Maybe", math.log(0.1))]),
      [math.log(0.6), math.log(0.3)]),
-    (_resp([alt(" Yes", -0.1), alt("No", -2.0)]), [-0.1, -2.0]),                      # leading space
+    (_resp([alt(" Yes", -0.1), alt("No", -2.0)]), [-math.inf, -2.0]),                 # " Yes" is not "Yes"
+    (_resp([alt(" Yes", -0.1), alt("Yes", -1.5), alt("No", -2.0)]), [-1.5, -2.0]),     # exact token wins
     (_resp([alt("Yes", -0.1)]), [-0.1, -math.inf]),                                   # No below the top list
     (_resp([alt("Yes", -math.inf), alt("No", -0.5)]), [-math.inf, -0.5]),            # an exact zero
     (_resp([alt("Yes", 0.0), alt("No", -30.0)]), [0.0, -30.0]),
