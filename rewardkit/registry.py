@@ -35,6 +35,9 @@ BUILTIN: dict[str, str] = {
     "pickscore": "rewardkit.rewards.pickscore:PickScore",
     "preference": "rewardkit.rewards.preference:PreferenceReward",
     "evr": "rewardkit.rewards.evr:EVR",
+    "hpsv2": "rewardkit.rewards.hpsv2:HPSv2",
+    "aesthetic": "rewardkit.rewards.aesthetic:Aesthetic",
+    "imagereward": "rewardkit.rewards.imagereward:ImageReward",
 }
 
 # Alternative names -> canonical name.
@@ -46,6 +49,10 @@ ALIASES: dict[str, str] = {
     "anti-hacking": "detectors",
     "dsg": "faithfulness",
     "arena-rm": "preference",
+    "hps": "hpsv2",
+    "hpsv2.1": "hpsv2",
+    "laion-aesthetic": "aesthetic",
+    "image-reward": "imagereward",
 }
 
 _lock = threading.Lock()
