@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "score": "rewardkit.commands.score",
     "soup": "rewardkit.commands.soup",
     "compose": "rewardkit.commands.compose",
+    "convert": "rewardkit.commands.convert",
     "train": "rewardkit.commands.train",
     # (other issues add: bench, train, soup, calibrate)
 }

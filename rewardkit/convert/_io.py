@@ -111,14 +111,19 @@ def sha256_of(path: str | Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
+def check_dst(dst: str | Path, overwrite: bool) -> None:
+    """Fail before any work when ``dst`` exists and ``overwrite`` is off."""
+    if Path(dst).exists() and not overwrite:
+        raise FileExistsError(f"{dst} exists; pass --overwrite (overwrite=True) to replace it")
+
+
 def write_converted(dst: str | Path, reward: str, writer: Callable[[Path], dict[str, Any] | None], *,
                     source: str | Path | None = None, overwrite: bool = False, **manifest: Any) -> Path:
     """Write a converted directory atomically: ``writer(tmp_dir)`` writes the weights and processor files and
     may return extra manifest entries; then ``rewardkit.json`` names the reward. Readers never see half a
     directory; an existing ``dst`` is replaced only with ``overwrite``."""
     dst = Path(dst)
-    if dst.exists() and not overwrite:
-        raise FileExistsError(f"{dst} exists; pass --overwrite to replace it")
+    check_dst(dst, overwrite)
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
     try:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from .._imports import require
-from ._io import read_checkpoint, state_dict_from, write_converted
+from ._io import check_dst, read_checkpoint, state_dict_from, write_converted
 
 __all__ = ["convert_aesthetic", "mlp_from_state_dict", "DEFAULT_CLIP", "HEAD_FILE"]
 
@@ -41,6 +41,7 @@ def convert_aesthetic(src: str | Path, dst: str | Path, *, clip: str = DEFAULT_C
     from ..models.vlm import from_pretrained_safetensors
 
     src = Path(src)
+    check_dst(dst, overwrite)
     sd = state_dict_from(read_checkpoint(src))
     act, in_features, widths = mlp_from_state_dict(sd)
     head = {k: v.float().contiguous() for k, v in sd.items() if k.startswith("layers.")}

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from .._imports import require
-from ._io import read_checkpoint, state_dict_from, write_converted
+from ._io import check_dst, read_checkpoint, state_dict_from, write_converted
 from .openclip import clip_config_from_openclip, openclip_to_hf
 
 __all__ = ["convert_hpsv2", "DEFAULT_TOKENIZER", "check_against_class"]
@@ -51,6 +51,7 @@ def convert_hpsv2(src: str | Path, dst: str | Path, *, tokenizer: str = DEFAULT_
     transformers = require("transformers", "hf", purpose="rewardkit convert hpsv2")
     st = require("safetensors.torch", "hf")
     src = Path(src)
+    check_dst(dst, overwrite)
     sd = state_dict_from(read_checkpoint(src), "state_dict")
     tok = transformers.AutoTokenizer.from_pretrained(tokenizer)
     cfg = clip_config_from_openclip(sd, vision_heads=vision_heads, text_heads=text_heads,
