@@ -267,3 +267,99 @@ def test_convert_cli(hps, tmp_path):
     assert main(["convert", "hpsv2", str(tmp_path / "missing.pt"), str(tmp_path / "x"), "--tokenizer", str(tok)]) == 2
     with pytest.raises(SystemExit):
         main(["convert", "nope", str(src), str(tmp_path / "x")])
+
+
+# ------------------------------------------------------------------ ImageReward: BLIP ViT + med BERT, by hand
+def _ln(x, sd, name, eps):
+    return nn.functional.layer_norm(x, x.shape[-1:], sd[name + ".weight"], sd[name + ".bias"], eps)
+
+
+def _lin(x, sd, name):
+    return x @ sd[name + ".weight"].T + sd[name + ".bias"]
+
+
+def _mha(q, k, v, heads, add_mask=None):
+    b, tq, d = q.shape
+    hd = d // heads
+    q, k, v = (t.reshape(b, -1, heads, hd).transpose(1, 2) for t in (q, k, v))
+    att = q @ k.transpose(-1, -2) / hd ** 0.5
+    if add_mask is not None:
+        att = att + add_mask
+    return (att.softmax(-1) @ v).transpose(1, 2).reshape(b, tq, d)
+
+
+def _blip_vit(sd, x, heads):
+    p = "blip.visual_encoder."
+    w = sd[p + "patch_embed.proj.weight"]
+    x = nn.functional.conv2d(x, w, sd[p + "patch_embed.proj.bias"], stride=w.shape[-1]).flatten(2).transpose(1, 2)
+    x = torch.cat([sd[p + "cls_token"].expand(x.shape[0], 1, -1), x], 1) + sd[p + "pos_embed"]
+    i = 0
+    while f"{p}blocks.{i}.norm1.weight" in sd:
+        b = f"{p}blocks.{i}."
+        h = _ln(x, sd, b + "norm1", 1e-6)
+        q, k, v = _lin(h, sd, b + "attn.qkv").chunk(3, -1)
+        x = x + _lin(_mha(q, k, v, heads), sd, b + "attn.proj")
+        x = x + _lin(nn.functional.gelu(_lin(_ln(x, sd, b + "norm2", 1e-6), sd, b + "mlp.fc1")), sd, b + "mlp.fc2")
+        i += 1
+    return _ln(x, sd, p + "norm", 1e-6)
+
+
+def _med_bert(sd, ids, mask, img, heads):
+    t = "blip.text_encoder."
+    x = sd[t + "embeddings.word_embeddings.weight"][ids] + sd[t + "embeddings.position_embeddings.weight"][: ids.shape[1]]
+    x = _ln(x, sd, t + "embeddings.LayerNorm", 1e-12)
+    add = (1.0 - mask[:, None, None, :].float()) * -1e9  # padding keys masked, bidirectional
+    i = 0
+    while f"{t}encoder.layer.{i}.attention.self.query.weight" in sd:
+        L = f"{t}encoder.layer.{i}."
+        for att, kv, m in (("attention", None, add), ("crossattention", img, None)):
+            src = x if kv is None else kv
+            a = _mha(_lin(x, sd, L + att + ".self.query"), _lin(src, sd, L + att + ".self.key"),
+                     _lin(src, sd, L + att + ".self.value"), heads, m)
+            x = _ln(_lin(a, sd, L + att + ".output.dense") + x, sd, L + att + ".output.LayerNorm", 1e-12)
+        h = nn.functional.gelu(_lin(x, sd, L + "intermediate.dense"))
+        x = _ln(_lin(h, sd, L + "output.dense") + x, sd, L + "output.LayerNorm", 1e-12)
+        i += 1
+    return x
+
+
+def test_imagereward_conversion_parity(tmp_path):
+    from transformers import AutoTokenizer
+
+    from rewardkit.convert import convert
+    from rewardkit.convert.tiny import save_tiny_bert_tokenizer, write_tiny_imagereward
+    from rewardkit.rewards.imagereward import ImageReward
+
+    tok_dir = save_tiny_bert_tokenizer(tmp_path / "tok")
+    src = write_tiny_imagereward(tmp_path / "ir" / "ImageReward.pt", tokenizer_dir=tok_dir, seed=6)
+    out = convert("imagereward", src, tmp_path / "out", tokenizer=str(tok_dir), vision_heads=2,
+                  med_config=tmp_path / "ir" / "med_config.json")
+    sd = torch.load(src, weights_only=True)
+    # BLIP's tokenizer: bert + [DEC] (bos) + [ENC]; ImageReward pads / truncates to 35 tokens
+    tok = AutoTokenizer.from_pretrained(str(tok_dir))
+    tok.add_special_tokens({"bos_token": "[DEC]"})
+    tok.add_special_tokens({"additional_special_tokens": ["[ENC]"]})
+    assert len(tok) == sd["blip.text_encoder.embeddings.word_embeddings.weight"].shape[0]
+    prompts = ["a cat on a mat", "two birds on a branch " * 8, "a red car", "a dog", "good image", "a green bowl"]
+    ims = random_images(len(SIZES), sizes=SIZES, seed=8)
+    enc = tok(prompts, padding="max_length", truncation=True, max_length=35, return_tensors="pt")
+    assert enc["input_ids"].shape == (6, 35) and (enc["input_ids"][:, 0] == tok.cls_token_id).all()
+    with torch.no_grad():
+        img = _blip_vit(sd, torch.stack([_openai_clip_reference(im, 32) for im in ims]), heads=2)
+        x = _med_bert(sd, enc["input_ids"], enc["attention_mask"], img, heads=2)[:, 0]
+        for k in (0, 2, 4, 6, 7):
+            x = _lin(x, sd, f"mlp.layers.{k}")
+    raw = x[:, 0]
+    want = (raw - 0.16717362830052426) / 1.0333394966054072
+    reward = ImageReward(model=str(out), device="cpu")
+    got = reward(ims, prompts)
+    torch.testing.assert_close(got.dimensions["raw"], raw, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(got.scores, want, atol=1e-5, rtol=1e-4)
+    # the padding really is masked (bidirectional encoder): a prompt alone gives the same score as in a batch
+    alone = reward([ims[0]], [prompts[0]])
+    torch.testing.assert_close(alone.scores, got.scores[:1], atol=1e-5, rtol=1e-4)
+    assert not ImageReward(model=str(out), device="cpu", normalize=False)(ims[:2], prompts[:2]).scores.allclose(got.scores[:2])
+    with pytest.raises(ValueError, match="converted for reward 'imagereward'"):
+        from rewardkit.rewards.hpsv2 import HPSv2
+
+        HPSv2(model=str(out))

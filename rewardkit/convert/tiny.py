@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 __all__ = ["openclip_state_dict", "write_tiny_hpsv2", "rating_mlp_state_dict", "write_tiny_aesthetic",
+           "save_tiny_bert_tokenizer", "imagereward_state_dict", "write_tiny_imagereward",
            "save_tiny_clip_tokenizer"]
 
 
@@ -98,4 +99,102 @@ def write_tiny_aesthetic(path: str | Path, *, in_features: int, activation: str 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(rating_mlp_state_dict(in_features, activation, seed=seed), path)
+    return path
+
+
+def save_tiny_bert_tokenizer(path: str | Path) -> Path:
+    """A tiny uncased WordPiece tokenizer with BERT's specials (``[PAD]`` = 0, ``[CLS]``, ``[SEP]``, ...), trained
+    in-process; the converter adds BLIP's ``[DEC]`` / ``[ENC]`` like it does to ``bert-base-uncased``."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from ..testing import _CORPUS
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    tok.train_from_iterator(_CORPUS * 20, trainers.WordPieceTrainer(vocab_size=200, special_tokens=specials,
+                                                                     show_progress=False))
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
+                                                       special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
+                                 sep_token="[SEP]", mask_token="[MASK]", model_max_length=512)
+    path = Path(path)
+    hf.save_pretrained(path)
+    return path
+
+
+def imagereward_state_dict(*, vocab: int, vision_width: int = 32, vision_layers: int = 2, patch: int = 8,
+                           image_size: int = 32, text_width: int = 32, text_layers: int = 2, max_positions: int = 40,
+                           seed: int = 0) -> "OrderedDict[str, torch.Tensor]":
+    """A random ``ImageReward.pt`` state dict (BLIP ViT + med BERT with cross-attention + MLP), original names."""
+    gen = torch.Generator().manual_seed(seed)
+    sd: OrderedDict[str, torch.Tensor] = OrderedDict()
+    v = "blip.visual_encoder."
+    grid = image_size // patch
+    sd[v + "cls_token"] = _g(gen, 1, 1, vision_width, std=0.5)
+    sd[v + "pos_embed"] = _g(gen, 1, grid * grid + 1, vision_width, std=0.5)
+    sd[v + "patch_embed.proj.weight"] = _g(gen, vision_width, 3, patch, patch, std=0.05)
+    sd[v + "patch_embed.proj.bias"] = _g(gen, vision_width, std=0.1)
+    for i in range(vision_layers):
+        p = f"{v}blocks.{i}."
+        sd[p + "norm1.weight"], sd[p + "norm1.bias"] = _ln(gen, vision_width)
+        sd[p + "attn.qkv.weight"] = _g(gen, 3 * vision_width, vision_width, std=vision_width ** -0.5)
+        sd[p + "attn.qkv.bias"] = _g(gen, 3 * vision_width, std=0.1)
+        sd[p + "attn.proj.weight"] = _g(gen, vision_width, vision_width, std=vision_width ** -0.5)
+        sd[p + "attn.proj.bias"] = _g(gen, vision_width, std=0.1)
+        sd[p + "norm2.weight"], sd[p + "norm2.bias"] = _ln(gen, vision_width)
+        sd[p + "mlp.fc1.weight"] = _g(gen, 4 * vision_width, vision_width, std=vision_width ** -0.5)
+        sd[p + "mlp.fc1.bias"] = _g(gen, 4 * vision_width, std=0.1)
+        sd[p + "mlp.fc2.weight"] = _g(gen, vision_width, 4 * vision_width, std=(4 * vision_width) ** -0.5)
+        sd[p + "mlp.fc2.bias"] = _g(gen, vision_width, std=0.1)
+    sd[v + "norm.weight"], sd[v + "norm.bias"] = _ln(gen, vision_width)
+    t = "blip.text_encoder."
+    sd[t + "embeddings.position_ids"] = torch.arange(max_positions)[None]
+    sd[t + "embeddings.word_embeddings.weight"] = _g(gen, vocab, text_width, std=0.5)
+    sd[t + "embeddings.position_embeddings.weight"] = _g(gen, max_positions, text_width, std=0.5)
+    sd[t + "embeddings.LayerNorm.weight"], sd[t + "embeddings.LayerNorm.bias"] = _ln(gen, text_width)
+
+    def lin(name: str, o: int, i: int) -> None:
+        sd[name + ".weight"] = _g(gen, o, i, std=i ** -0.5)
+        sd[name + ".bias"] = _g(gen, o, std=0.1)
+
+    for i in range(text_layers):
+        p = f"{t}encoder.layer.{i}."
+        for att, kv_in in (("attention", text_width), ("crossattention", vision_width)):
+            lin(p + att + ".self.query", text_width, text_width)
+            lin(p + att + ".self.key", text_width, kv_in)
+            lin(p + att + ".self.value", text_width, kv_in)
+            lin(p + att + ".output.dense", text_width, text_width)
+            sd[p + att + ".output.LayerNorm.weight"], sd[p + att + ".output.LayerNorm.bias"] = _ln(gen, text_width)
+        lin(p + "intermediate.dense", 4 * text_width, text_width)
+        lin(p + "output.dense", text_width, 4 * text_width)
+        sd[p + "output.LayerNorm.weight"], sd[p + "output.LayerNorm.bias"] = _ln(gen, text_width)
+    lin("blip.vision_proj", 16, vision_width)
+    lin("blip.text_proj", 16, text_width)
+    for k, val in rating_mlp_state_dict(text_width, None, prefix="mlp.layers.", seed=seed + 1).items():
+        sd[k] = val
+    return sd
+
+
+def write_tiny_imagereward(path: str | Path, *, tokenizer_dir: str | Path, seed: int = 0) -> Path:
+    """``ImageReward.pt``-style file (flat fp32 ``OrderedDict``; vocabulary = tokenizer + ``[DEC]``, ``[ENC]``)
+    and a ``med_config.json`` beside it (BERT config of the text encoder, tiny widths)."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    vocab = len(AutoTokenizer.from_pretrained(str(tokenizer_dir))) + 2
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(imagereward_state_dict(vocab=vocab, seed=seed), path)
+    med = {"architectures": ["BertModel"], "attention_probs_dropout_prob": 0.1, "hidden_act": "gelu",
+           "hidden_dropout_prob": 0.1, "hidden_size": 32, "initializer_range": 0.02, "intermediate_size": 128,
+           "layer_norm_eps": 1e-12, "max_position_embeddings": 40, "model_type": "bert", "num_attention_heads": 2,
+           "num_hidden_layers": 2, "pad_token_id": 0, "type_vocab_size": 2, "vocab_size": vocab,
+           "encoder_width": 32, "add_cross_attention": True}
+    (path.parent / "med_config.json").write_text(json.dumps(med, indent=2), encoding="utf-8")
     return path
