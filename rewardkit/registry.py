@@ -38,6 +38,7 @@ BUILTIN: dict[str, str] = {
     "hpsv2": "rewardkit.rewards.hpsv2:HPSv2",
     "aesthetic": "rewardkit.rewards.aesthetic:Aesthetic",
     "imagereward": "rewardkit.rewards.imagereward:ImageReward",
+    "hpsv3": "rewardkit.rewards.hpsv3:HPSv3",
 }
 
 # Alternative names -> canonical name.

@@ -16,7 +16,7 @@ def data_root(tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("name", ["hpsv2", "aesthetic", "imagereward"])
+@pytest.mark.parametrize("name", ["hpsv2", "aesthetic", "imagereward", "hpsv3"])
 def test_bench_runs_zoo_reward(name, data_root, tmp_path, capsys):
     from rewardkit.cli import main
     from rewardkit.registry import get_reward_class

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import argparse
 
-KINDS = ("hpsv2", "aesthetic", "imagereward")
+KINDS = ("hpsv2", "aesthetic", "imagereward", "hpsv3")
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("convert", help="convert an official reward checkpoint (HPSv2, aesthetic, ImageReward)",
+    p = sub.add_parser("convert", help="convert an official reward checkpoint (HPSv2, aesthetic, ImageReward, HPSv3)",
                        description="Convert an official reward checkpoint to a rewardkit directory. Pickled "
                                    "sources are read with torch's weights-only unpickler; anything but tensors is "
                                    "refused. See docs/zoo.md.")
@@ -23,6 +23,7 @@ def add_parser(sub) -> None:
     p.add_argument("--version", help="hpsv2: v2.0 or v2.1 (default: from the file name)")
     p.add_argument("--dtype", help="hpsv2: cast weights to float16 / float32 (default: keep)")
     p.add_argument("--clip", help="aesthetic: CLIP ViT-L/14 checkpoint (default openai/clip-vit-large-patch14)")
+    p.add_argument("--base", help="hpsv3: base model for config + processor (default Qwen/Qwen2-VL-7B-Instruct)")
     p.add_argument("--med-config", help="imagereward: med_config.json of the BLIP text encoder (default: "
                                         "the published values)")
 
@@ -51,6 +52,9 @@ def run(args: argparse.Namespace) -> int:
             opts["tokenizer"] = args.tokenizer
         if args.med_config:
             opts["med_config"] = args.med_config
+    elif args.kind == "hpsv3":
+        if args.base:
+            opts["base"] = args.base
     out = convert(args.kind, args.src, args.dst, **opts)
     print(f"wrote {out}  (load it with load_reward({args.kind!r}, model={str(out)!r}))")
     return 0

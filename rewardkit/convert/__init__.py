@@ -21,6 +21,7 @@ CONVERTERS: dict[str, str] = {
     "hpsv2": ".hpsv2:convert_hpsv2",
     "aesthetic": ".aesthetic:convert_aesthetic",
     "imagereward": ".imagereward:convert_imagereward",
+    "hpsv3": ".hpsv3:convert_hpsv3",
 }
 
 

@@ -198,3 +198,58 @@ def write_tiny_imagereward(path: str | Path, *, tokenizer_dir: str | Path, seed:
            "encoder_width": 32, "add_cross_attention": True}
     (path.parent / "med_config.json").write_text(json.dumps(med, indent=2), encoding="utf-8")
     return path
+
+
+def tiny_qwen2_vl(seed: int = 0, hidden_size: int = 32, num_layers: int = 1):
+    """Tiny ``Qwen2VLForConditionalGeneration`` + image-only processor (HPSv3's backbone family)."""
+    import transformers
+
+    from ..testing import _qwen_ids, _qwen_text_config, _qwen_vision_ids, _tiny_qwen, build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer(300)
+    ids = _qwen_ids(tok)
+    cfg = dict(text_config=_qwen_text_config(tok, ids, hidden_size, num_layers),
+               vision_config=dict(depth=1, embed_dim=32, hidden_size=hidden_size, num_heads=2, mlp_ratio=2,
+                                  patch_size=14, spatial_merge_size=2, temporal_patch_size=2),
+               **_qwen_vision_ids(ids))
+    return _tiny_qwen(transformers, tok, transformers.Qwen2VLConfig, transformers.Qwen2VLForConditionalGeneration,
+                      transformers.Qwen2VLProcessor, cfg, patch=14, seed=seed)
+
+
+def _to_legacy_qwen2_vl(name: str) -> str:
+    if name.startswith("model.visual."):
+        return name[len("model."):]
+    if name.startswith("model.language_model."):
+        return "model." + name[len("model.language_model."):]
+    return name
+
+
+def write_tiny_hpsv3(root: str | Path, *, seed: int = 0) -> tuple[Path, Path]:
+    """An ``HPSv3.safetensors``-style file (bare full state dict, transformers-4.45 Qwen2-VL key names,
+    embeddings resized to len(tokenizer) + 1 for ``<|Reward|>``, ``rm_head.{0,3,5}``) and a tiny "base model"
+    directory (config + tokenizer + image processor, like ``Qwen/Qwen2-VL-7B-Instruct`` minus its weights).
+    Returns ``(checkpoint, base_dir)``."""
+    from safetensors.torch import save_file
+
+    from ..models.preference import RankNetHead
+
+    root = Path(root)
+    base = root / "base"
+    model, proc = tiny_qwen2_vl(seed=seed)
+    model.config.save_pretrained(base)
+    proc.tokenizer.save_pretrained(base)
+    proc.image_processor.save_pretrained(base)
+    n = len(proc.tokenizer) + 1  # + <|Reward|>
+    model.resize_token_embeddings(n, mean_resizing=False)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        model.get_input_embeddings().weight[-1] = _g(gen, model.config.text_config.hidden_size, std=0.5)
+    sd = {_to_legacy_qwen2_vl(k): v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed + 2)
+        head = RankNetHead(model.config.text_config.hidden_size, hidden=1024)
+    for k, v in head.state_dict().items():
+        sd[f"rm_head.{k}"] = v.detach().clone().contiguous()
+    ckpt = root / "HPSv3.safetensors"
+    save_file(sd, str(ckpt))
+    return ckpt, base
