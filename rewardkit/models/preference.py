@@ -2,9 +2,10 @@
 
 A :class:`PreferenceModel` is any Hugging Face image-text-to-text backbone (Qwen2-VL, Qwen2.5-VL, Qwen3-VL,
 Qwen3.5, ...) plus a new special token, ``<|reward|>``, appended after the assistant prompt, and a head on that
-token's final hidden state, computed in fp32. The head is ``linear`` (default), ``mlp``, ``uncertainty``
-(mean and log-sigma) or ``ranknet`` (HPSv3's two-hidden-layer head, mean and log-sigma). The language-model output layer is never computed: the backbone's inner model
-(``vlm.model``) gives the hidden states.
+token's final hidden state, computed in fp32. The head is ``linear`` (default), ``mlp``,
+``uncertainty`` (mean and log-sigma) or ``ranknet`` (HPSv3's two-hidden-layer head, mean and log-sigma). The
+language-model output layer is never computed: the backbone's inner model (``vlm.model``) gives the hidden
+states.
 
 Input template (versioned, saved with the model): one user turn holding the source image(s) first (edits),
 then the candidate image, then the prompt text; then the assistant prefix and the reward token.

@@ -2,7 +2,7 @@
 token and a ranknet head trained with an uncertainty-aware ranking loss on HPDv3.
 
 ``score = mu``, the first output of the head on the hidden state of ``<|Reward|>`` (what HPSv3's
-``reward(...)[:, 0]`` gives; roughly 0-15 on real images, unbounded). ``sigma = exp(log_sigma)`` (the head's
+``reward(...)[:, 0]`` gives; unbounded, model averages on the HPSv3 leaderboard are roughly 1-11). ``sigma = exp(log_sigma)`` (the head's
 second output) is reported as a dimension: the model's own uncertainty. Input: HPSv3's instruction with the
 prompt, the reward token inside the user text, images resized to exactly 256*28*28 pixels (qwen-vl
 ``smart_resize``, bicubic). ``compare()`` is ``sigmoid(mu_a - mu_b)``.
