@@ -39,6 +39,7 @@ BUILTIN: dict[str, str] = {
     "aesthetic": "rewardkit.rewards.aesthetic:Aesthetic",
     "imagereward": "rewardkit.rewards.imagereward:ImageReward",
     "hpsv3": "rewardkit.rewards.hpsv3:HPSv3",
+    "editreward": "rewardkit.rewards.editreward:EditReward",
 }
 
 # Alternative names -> canonical name.
@@ -54,6 +55,7 @@ ALIASES: dict[str, str] = {
     "hpsv2.1": "hpsv2",
     "laion-aesthetic": "aesthetic",
     "image-reward": "imagereward",
+    "edit-reward": "editreward",
 }
 
 _lock = threading.Lock()

@@ -16,19 +16,22 @@ def data_root(tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("name", ["hpsv2", "aesthetic", "imagereward", "hpsv3"])
-def test_bench_runs_zoo_reward(name, data_root, tmp_path, capsys):
+@pytest.mark.parametrize("name,benchmarks", [
+    ("hpsv2", ("mmrb2/t2i", "genaibench/t2i")), ("aesthetic", ("mmrb2/t2i", "genaibench/t2i")),
+    ("imagereward", ("mmrb2/t2i", "genaibench/t2i")), ("hpsv3", ("mmrb2/t2i",)),
+    ("editreward", ("genaibench/edit", "editreward/2pair"))])
+def test_bench_runs_zoo_reward(name, benchmarks, data_root, tmp_path, capsys):
     from rewardkit.cli import main
     from rewardkit.registry import get_reward_class
 
     reward = get_reward_class(name).tiny(str(tmp_path))
     out = tmp_path / "out"
-    rc = main(["bench", "--reward", name, "--model", reward.config.model, "--benchmark", "mmrb2/t2i,genaibench/t2i",
+    rc = main(["bench", "--reward", name, "--model", reward.config.model, "--benchmark", ",".join(benchmarks),
                "--data-dir", str(data_root), "--no-cache", "--output-dir", str(out), "--bootstrap", "0",
                "--no-progress", "--device", "cpu"])
     assert rc == 0, capsys.readouterr().err
     rec = json.loads(next(out.glob("*.json")).read_text())
-    for b in ("mmrb2/t2i", "genaibench/t2i"):
+    for b in benchmarks:
         res = rec["benchmarks"][b]
         assert res["counts"]["n_invalid_samples"] == 0 and res["counts"]["n_scored_now"] > 0
         primary = res["metrics"][res["primary"]]

@@ -122,3 +122,66 @@ def test_hpsv3_converter_checks(hpsv3_dirs, tmp_path):
     save_file(sd2, str(bad_vocab))
     with pytest.raises(ValueError, match="rows but the tokenizer"):
         convert("hpsv3", bad_vocab, tmp_path / "o2", base=str(base))
+
+
+def _ranknet(sd, prefix, h):
+    x = torch.relu(h @ sd[prefix + "0.weight"].T + sd[prefix + "0.bias"])
+    x = torch.relu(x @ sd[prefix + "3.weight"].T + sd[prefix + "3.bias"])
+    return x @ sd[prefix + "5.weight"].T + sd[prefix + "5.bias"]
+
+
+def test_editreward_conversion_parity(tmp_path):
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    from rewardkit.convert import convert
+    from rewardkit.convert._editreward_prompts import INSTRUCTION_EDIT_FOLLOWING, INSTRUCTION_EDIT_QUALITY
+    from rewardkit.convert.hpsv3 import SUFFIX
+    from rewardkit.convert.tiny import write_tiny_editreward
+    from rewardkit.models.vlm import image_only_processor
+    from rewardkit.rewards.editreward import EditReward
+
+    assert INSTRUCTION_EDIT_FOLLOWING.count("  \n") == 11 and "score from 1 to 4" in INSTRUCTION_EDIT_QUALITY
+    ckpt, base = write_tiny_editreward(tmp_path / "src", seed=2)
+    out = convert("editreward", ckpt, tmp_path / "out", base=str(base), pixels=56 * 56)
+    sd = load_file(str(ckpt))
+    tok = transformers.AutoTokenizer.from_pretrained(str(base))
+    tok.add_special_tokens({"additional_special_tokens": ["<|Reward|>"]}, replace_extra_special_tokens=False)
+    cfg = transformers.AutoConfig.from_pretrained(str(base))
+    cfg.text_config.vocab_size = len(tok)
+    ref_dir = tmp_path / "ref"
+    cfg.save_pretrained(ref_dir)
+    save_file({k: v for k, v in sd.items() if not k.startswith("rm_heads.")}, str(ref_dir / "model.safetensors"))
+    ref = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(str(ref_dir), dtype=torch.float32).eval()
+    ip = transformers.Qwen2VLImageProcessorPil.from_pretrained(str(base))
+    ip.size = {"shortest_edge": 56 * 56, "longest_edge": 56 * 56}
+    proc = image_only_processor(transformers.Qwen2_5_VLProcessor)(image_processor=ip, tokenizer=tok,
+                                                                  chat_template=tok.chat_template)
+    rid = tok.convert_tokens_to_ids("<|Reward|>")
+    edits = random_images(2, sizes=[(40, 40), (64, 36)], seed=3)
+    srcs = random_images(2, sizes=[(40, 40), (64, 36)], seed=4)
+    prompts = ["add a green bowl", "make the sky red"]
+    want, dims = [], {"f": [], "q": []}
+    with torch.no_grad():
+        for src, ed, p in zip(srcs, edits, prompts):
+            mus = []
+            for key, instr, prefix in (("f", INSTRUCTION_EDIT_FOLLOWING, "rm_heads.head_0."),
+                                       ("q", INSTRUCTION_EDIT_QUALITY, "rm_heads.head_1.")):
+                msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "image"},
+                                                     {"type": "text", "text": instr.format(text_prompt=p) + SUFFIX}]}]
+                text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+                enc = proc(text=[text], images=[src, ed], return_tensors="pt")
+                h = ref(**enc, output_hidden_states=True).hidden_states[-1][0]
+                y = _ranknet(sd, prefix, h[(enc["input_ids"][0] == rid).nonzero().item()])
+                mus.append(y[0])
+                dims[key].append(y[0])
+            want.append((mus[0] + mus[1]) / 2)
+    reward = EditReward(model=str(out), device="cpu")
+    got = reward(edits, prompts, sources=[[s] for s in srcs])
+    torch.testing.assert_close(got.scores, torch.stack(want), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got.dimensions["instruction_following"], torch.stack(dims["f"]), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got.dimensions["visual_quality"], torch.stack(dims["q"]), atol=1e-4, rtol=1e-4)
+    from rewardkit.errors import RewardInputError
+
+    with pytest.raises(RewardInputError, match="sources"):
+        reward(edits, prompts)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-KINDS = ("hpsv2", "aesthetic", "imagereward", "hpsv3")
+KINDS = ("hpsv2", "aesthetic", "imagereward", "hpsv3", "editreward")
 
 
 def add_parser(sub) -> None:
@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
     p.add_argument("--version", help="hpsv2: v2.0 or v2.1 (default: from the file name)")
     p.add_argument("--dtype", help="hpsv2: cast weights to float16 / float32 (default: keep)")
     p.add_argument("--clip", help="aesthetic: CLIP ViT-L/14 checkpoint (default openai/clip-vit-large-patch14)")
-    p.add_argument("--base", help="hpsv3: base model for config + processor (default Qwen/Qwen2-VL-7B-Instruct)")
+    p.add_argument("--base", help="hpsv3 / editreward: base model for config + processor (default Qwen/Qwen2-VL-7B-Instruct / Qwen/Qwen2.5-VL-7B-Instruct)")
     p.add_argument("--med-config", help="imagereward: med_config.json of the BLIP text encoder (default: "
                                         "the published values)")
 
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
             opts["tokenizer"] = args.tokenizer
         if args.med_config:
             opts["med_config"] = args.med_config
-    elif args.kind == "hpsv3":
+    elif args.kind in ("hpsv3", "editreward"):
         if args.base:
             opts["base"] = args.base
     out = convert(args.kind, args.src, args.dst, **opts)

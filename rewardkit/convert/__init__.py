@@ -22,6 +22,7 @@ CONVERTERS: dict[str, str] = {
     "aesthetic": ".aesthetic:convert_aesthetic",
     "imagereward": ".imagereward:convert_imagereward",
     "hpsv3": ".hpsv3:convert_hpsv3",
+    "editreward": ".editreward:convert_editreward",
 }
 
 

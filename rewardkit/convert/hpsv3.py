@@ -77,7 +77,8 @@ def hpsv3_template() -> dict[str, Any]:
             "reward_token": REWARD_TOKEN, "reward_token_in_text": True}
 
 
-def remap_legacy_qwen2_vl(sd: dict[str, Any], head_prefix: str = "rm_head.") -> tuple[dict, dict]:
+def remap_legacy_qwen2_vl(sd: dict[str, Any], head_prefix: str = "rm_head.", *,
+                          require_head: bool = True) -> tuple[dict, dict]:
     """Split a legacy (transformers 4.45) Qwen2-VL reward-model state dict into (backbone in current names,
     head without its prefix). Already-current names pass through unchanged."""
     backbone, head = {}, {}
@@ -90,7 +91,7 @@ def remap_legacy_qwen2_vl(sd: dict[str, Any], head_prefix: str = "rm_head.") -> 
             backbone["model.language_model." + k[len("model."):]] = v
         else:
             backbone[k] = v
-    if not head:
+    if require_head and not head:
         raise ValueError(f"no {head_prefix}* tensors: not an HPSv3 checkpoint")
     return backbone, head
 
@@ -109,10 +110,20 @@ def _image_processor(transformers: Any, base: str, pixels: int) -> Any:
     return ip
 
 
-def convert_hpsv3(src: str | Path, dst: str | Path, *, base: str = DEFAULT_BASE, overwrite: bool = False,
-                  pixels: int = PIXELS) -> Path:
-    """Convert an HPSv3 checkpoint to a preference-model directory loadable by ``load_reward("hpsv3", ...)``."""
-    transformers = require("transformers", "hf", purpose="rewardkit convert hpsv3")
+_CLASSES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+            "qwen3_vl": "Qwen3VLForConditionalGeneration"}
+
+
+def convert_qwen_reward(src: str | Path, dst: str | Path, *, reward: str, base: str, heads: dict[str, str],
+                        templates: dict[str, dict[str, Any]], model_types: tuple[str, ...], pixels: int,
+                        overwrite: bool = False, **manifest: Any) -> Path:
+    """Shared by ``hpsv3`` and ``editreward``: a Qwen-VL reward checkpoint (legacy or current key names) with
+    ranknet head(s) -> a preference-model directory (backbone + ``head.safetensors`` for the first head and
+    template) plus ``head_<name>.safetensors`` for further heads, their templates in ``rewardkit.json``.
+
+    ``heads``: name -> key prefix in the checkpoint (first = the preference model's own head).
+    """
+    transformers = require("transformers", "hf", purpose=f"rewardkit convert {reward}")
     st = require("safetensors.torch", "hf")
     hub = require("huggingface_hub", "hf")
     from .._version import __version__
@@ -120,10 +131,17 @@ def convert_hpsv3(src: str | Path, dst: str | Path, *, base: str = DEFAULT_BASE,
 
     src = Path(src)
     check_dst(dst, overwrite)
-    backbone, head = remap_legacy_qwen2_vl(state_dict_from(read_checkpoint(src)))
+    sd = state_dict_from(read_checkpoint(src))
+    head_states: dict[str, dict] = {}
+    for name, prefix in heads.items():
+        head_states[name] = {k[len(prefix):]: v.float() for k, v in sd.items() if k.startswith(prefix)}
+        if not head_states[name]:
+            raise ValueError(f"no {prefix}* tensors: not a {reward} checkpoint")
+    rest = {k: v for k, v in sd.items() if not any(k.startswith(p) for p in heads.values())}
+    backbone, _ = remap_legacy_qwen2_vl(rest, require_head=False)
     config = transformers.AutoConfig.from_pretrained(base)
-    if config.model_type != "qwen2_vl":
-        raise ValueError(f"--base {base!r} is a {config.model_type!r} model; HPSv3 is built on Qwen2-VL")
+    if config.model_type not in model_types:
+        raise ValueError(f"--base {base!r} is a {config.model_type!r} model; {reward} is built on {model_types}")
     tok = transformers.AutoTokenizer.from_pretrained(base)
     if REWARD_TOKEN not in tok.get_vocab():
         tok.add_special_tokens({"additional_special_tokens": [REWARD_TOKEN]}, replace_extra_special_tokens=False)
@@ -132,22 +150,24 @@ def convert_hpsv3(src: str | Path, dst: str | Path, *, base: str = DEFAULT_BASE,
     if rows != len(tok):
         raise ValueError(f"the checkpoint's embedding has {rows} rows but the tokenizer (+{REWARD_TOKEN}) has "
                          f"{len(tok)} tokens: wrong --base tokenizer")
-    config.text_config.vocab_size = len(tok)  # pinned: HPSv3 resized the embeddings to len(tokenizer)
+    config.text_config.vocab_size = len(tok)  # pinned: the embeddings were resized to len(tokenizer)
     if hasattr(config, "vocab_size"):
         config.vocab_size = len(tok)
-    check_against_class(transformers.Qwen2VLForConditionalGeneration, config, backbone)
+    check_against_class(getattr(transformers, _CLASSES[config.model_type]), config, backbone)
     hidden = int(config.text_config.hidden_size)
-    hw = head["0.weight"].shape[0] if "0.weight" in head else None
-    ref = RankNetHead(hidden, hidden=int(hw or 1024))
-    want = {k: tuple(v.shape) for k, v in ref.state_dict().items()}
-    if {k: tuple(v.shape) for k, v in head.items()} != want:
-        raise ValueError(f"rm_head does not match HPSv3's ranknet head: {sorted(head)} vs {sorted(want)}")
+    hw = None
+    for name, hs in head_states.items():
+        hw = int(hs["0.weight"].shape[0]) if "0.weight" in hs else 1024
+        want = {k: tuple(v.shape) for k, v in RankNetHead(hidden, hidden=hw).state_dict().items()}
+        if {k: tuple(v.shape) for k, v in hs.items()} != want:
+            raise ValueError(f"{heads[name]}* does not match the ranknet head: {sorted(hs)} vs {sorted(want)}")
     ip = _image_processor(transformers, base, pixels)
+    first = next(iter(heads))
     pref_cfg = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "rewardkit_version": __version__,
-        "head": {"type": "ranknet", "hidden": int(hw), "in_features": hidden},
-        "reward_token": REWARD_TOKEN, "reward_token_id": rid, "template": hpsv3_template(), "weights": "full",
-        "base_model": base, "backbone_class": "Qwen2VLForConditionalGeneration", "model_type": "qwen2_vl",
+        "head": {"type": "ranknet", "hidden": hw, "in_features": hidden},
+        "reward_token": REWARD_TOKEN, "reward_token_id": rid, "template": templates[first], "weights": "full",
+        "base_model": base, "backbone_class": _CLASSES[config.model_type], "model_type": config.model_type,
     }
 
     def write(tmp: Path) -> dict[str, Any]:
@@ -155,11 +175,23 @@ def convert_hpsv3(src: str | Path, dst: str | Path, *, base: str = DEFAULT_BASE,
         config.save_pretrained(tmp / "backbone")
         hub.save_torch_state_dict({k: v.contiguous() for k, v in backbone.items()}, tmp / "backbone",
                                   max_shard_size="5GB")
-        st.save_file({k: v.contiguous() for k, v in head.items()}, str(tmp / HEAD_NAME), metadata={"format": FORMAT})
+        extra = {}
+        for name, hs in head_states.items():
+            fname = HEAD_NAME if name == first else f"head_{name}.safetensors"
+            st.save_file({k: v.contiguous() for k, v in hs.items()}, str(tmp / fname), metadata={"format": FORMAT})
+            extra[name] = {"file": fname, "template": templates[name]}
         (tmp / "processor").mkdir()
         tok.save_pretrained(tmp / "processor")
         ip.save_pretrained(tmp / "processor")
         (tmp / CONFIG_NAME).write_text(json.dumps(pref_cfg, indent=2), encoding="utf-8")
-        return {"pixels": pixels, "reward_token": REWARD_TOKEN}
+        return {"pixels": pixels, "reward_token": REWARD_TOKEN, "heads": extra}
 
-    return write_converted(dst, "hpsv3", write, source=src, overwrite=overwrite, variant="HPSv3", base=base)
+    return write_converted(dst, reward, write, source=src, overwrite=overwrite, base=base, **manifest)
+
+
+def convert_hpsv3(src: str | Path, dst: str | Path, *, base: str = DEFAULT_BASE, overwrite: bool = False,
+                  pixels: int = PIXELS) -> Path:
+    """Convert an HPSv3 checkpoint to a preference-model directory loadable by ``load_reward("hpsv3", ...)``."""
+    return convert_qwen_reward(src, dst, reward="hpsv3", base=base, heads={"mu": "rm_head."},
+                               templates={"mu": hpsv3_template()}, model_types=("qwen2_vl",), pixels=pixels,
+                               overwrite=overwrite, variant="HPSv3")

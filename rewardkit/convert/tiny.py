@@ -253,3 +253,33 @@ def write_tiny_hpsv3(root: str | Path, *, seed: int = 0) -> tuple[Path, Path]:
     ckpt = root / "HPSv3.safetensors"
     save_file(sd, str(ckpt))
     return ckpt, base
+
+
+def write_tiny_editreward(root: str | Path, *, seed: int = 0) -> tuple[Path, Path]:
+    """An EditReward-style ``model.safetensors`` (tiny Qwen2.5-VL in current key names, embeddings resized to
+    len(tokenizer) + 1, ``rm_heads.head_{0,1}.{0,3,5}``) and a tiny base directory. Returns (file, base_dir)."""
+    from safetensors.torch import save_file
+
+    from ..models.preference import RankNetHead
+    from ..testing import tiny_qwen2_5_vl
+
+    root = Path(root)
+    base = root / "base"
+    model, proc = tiny_qwen2_5_vl(seed=seed)
+    model.config.save_pretrained(base)
+    proc.tokenizer.save_pretrained(base)
+    proc.image_processor.save_pretrained(base)
+    model.resize_token_embeddings(len(proc.tokenizer) + 1, mean_resizing=False)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        model.get_input_embeddings().weight[-1] = _g(gen, model.config.text_config.hidden_size, std=0.5)
+    sd = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    for h in range(2):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed + 2 + h)
+            head = RankNetHead(model.config.text_config.hidden_size, hidden=1024)
+        for k, v in head.state_dict().items():
+            sd[f"rm_heads.head_{h}.{k}"] = v.detach().clone().contiguous()
+    ckpt = root / "model.safetensors"
+    save_file(sd, str(ckpt))
+    return ckpt, base
