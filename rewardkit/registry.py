@@ -40,6 +40,8 @@ BUILTIN: dict[str, str] = {
     "imagereward": "rewardkit.rewards.imagereward:ImageReward",
     "hpsv3": "rewardkit.rewards.hpsv3:HPSv3",
     "editreward": "rewardkit.rewards.editreward:EditReward",
+    "vqascore": "rewardkit.rewards.vqascore:VQAScore",
+    "unifiedreward": "rewardkit.rewards.unifiedreward:UnifiedReward",
 }
 
 # Alternative names -> canonical name.
@@ -56,6 +58,8 @@ ALIASES: dict[str, str] = {
     "laion-aesthetic": "aesthetic",
     "image-reward": "imagereward",
     "edit-reward": "editreward",
+    "vqa-score": "vqascore",
+    "unified-reward": "unifiedreward",
 }
 
 _lock = threading.Lock()
