@@ -19,14 +19,15 @@ def data_root(tmp_path_factory):
 @pytest.mark.parametrize("name,benchmarks", [
     ("hpsv2", ("mmrb2/t2i", "genaibench/t2i")), ("aesthetic", ("mmrb2/t2i", "genaibench/t2i")),
     ("imagereward", ("mmrb2/t2i", "genaibench/t2i")), ("hpsv3", ("mmrb2/t2i",)),
-    ("editreward", ("genaibench/edit", "editreward/2pair"))])
+    ("editreward", ("genaibench/edit", "editreward/2pair")), ("vqascore", ("mmrb2/t2i",))])
 def test_bench_runs_zoo_reward(name, benchmarks, data_root, tmp_path, capsys):
     from rewardkit.cli import main
     from rewardkit.registry import get_reward_class
 
     reward = get_reward_class(name).tiny(str(tmp_path))
+    model = reward.config.model or reward.config.judge.partition(":")[2]  # judge rewards: the judge checkpoint
     out = tmp_path / "out"
-    rc = main(["bench", "--reward", name, "--model", reward.config.model, "--benchmark", ",".join(benchmarks),
+    rc = main(["bench", "--reward", name, "--model", model, "--benchmark", ",".join(benchmarks),
                "--data-dir", str(data_root), "--no-cache", "--output-dir", str(out), "--bootstrap", "0",
                "--no-progress", "--device", "cpu"])
     assert rc == 0, capsys.readouterr().err

@@ -83,6 +83,10 @@ class UnifiedRewardConfig(RewardConfig):
     #: judge spec for :func:`rewardkit.judges.load_judge`; or pass a backend object as ``judge=``
     judge: str = ""
     judge_kwargs: dict[str, Any] = field(default_factory=dict)
+    #: shorthand for ``judge="transformers:<model>"``; device / dtype merged into judge_kwargs
+    model: str = ""
+    device: str | None = None
+    dtype: str | None = None
     #: template under rewardkit/templates/unifiedreward/ (or a YAML path): pointwise, pairwise, score range
     template: str = "t2i"
     max_new_tokens: int = 512  # UnifiedReward's inference scripts
@@ -102,7 +106,8 @@ class UnifiedReward(Reward):
     Config = UnifiedRewardConfig
 
     def __init__(self, config=None, /, *, judge: Any = None, **overrides: Any) -> None:
-        from ..judges import load_template, resolve_judge
+        from ..judges import load_template
+        from .vqascore import judge_from_config
 
         if isinstance(judge, str):
             overrides["judge"] = judge
@@ -113,7 +118,7 @@ class UnifiedReward(Reward):
         self.template = load_template("unifiedreward", cfg.template)
         self.score_range = (float(self.template["score_min"]), float(self.template["score_max"]))
         self.compare_is_symmetric = bool(cfg.both_orders)
-        self.judge = resolve_judge(judge, cfg.judge, cfg.judge_kwargs, owner=self.name)
+        self.judge = judge_from_config(judge, cfg, owner=self.name)
         self.default_batch_size = cfg.batch_size
 
     def _call_scope(self):

@@ -23,11 +23,34 @@ import torch
 from ..reward import Reward, RewardBatch, RewardConfig, RewardOutput
 
 
+def judge_from_config(judge: Any, cfg: Any, *, owner: str):
+    """The judge backend of a judge reward: ``judge`` (a backend / ``(model, processor)`` / spec), else the
+    config's ``judge`` spec or ``model`` shorthand, with ``device`` / ``dtype`` merged into ``judge_kwargs``."""
+    from ..judges import BACKENDS, resolve_judge
+
+    spec = cfg.judge or cfg.model
+    if spec and spec.partition(":")[0] not in BACKENDS:
+        spec = f"transformers:{spec}"
+    kind = spec.partition(":")[0] if spec else ""
+    kw = dict(cfg.judge_kwargs)
+    if cfg.device is not None and kind in ("transformers", "hf"):
+        kw.setdefault("device", cfg.device)
+    if cfg.dtype is not None and kind in ("transformers", "hf", "vllm"):
+        kw.setdefault("dtype", cfg.dtype)
+    return resolve_judge(judge, spec, kw, owner=owner)
+
+
 @dataclass
 class VQAScoreConfig(RewardConfig):
     #: judge spec for :func:`rewardkit.judges.load_judge`; or pass a backend object as ``judge=``
     judge: str = ""
     judge_kwargs: dict[str, Any] = field(default_factory=dict)
+    #: shorthand for ``judge="transformers:<model>"`` (what ``rewardkit score / bench --model`` set); a string
+    #: with a backend prefix ("vllm:...", "openai:...") is used as is
+    model: str = ""
+    #: device / dtype of a transformers (dtype: also vLLM) judge, merged into judge_kwargs
+    device: str | None = None
+    dtype: str | None = None
     #: template under rewardkit/templates/vqascore/ (or a YAML path): question, answer, negative
     template: str = "default"
     batch_size: int = 16
@@ -44,7 +67,7 @@ class VQAScore(Reward):
     Config = VQAScoreConfig
 
     def __init__(self, config=None, /, *, judge: Any = None, **overrides: Any) -> None:
-        from ..judges import load_template, resolve_judge
+        from ..judges import load_template
 
         if isinstance(judge, str):
             overrides["judge"] = judge
@@ -54,7 +77,7 @@ class VQAScore(Reward):
             raise ValueError(f"batch_size must be >= 1, got {cfg.batch_size}")
         self.template = load_template("vqascore", cfg.template)
         self.labels = [str(self.template["answer"]), str(self.template["negative"])]
-        self.judge = resolve_judge(judge, cfg.judge, cfg.judge_kwargs, owner=self.name)
+        self.judge = judge_from_config(judge, cfg, owner=self.name)
         self.default_batch_size = cfg.batch_size
 
     def _call_scope(self):
