@@ -185,3 +185,17 @@ def test_editreward_conversion_parity(tmp_path):
 
     with pytest.raises(RewardInputError, match="sources"):
         reward(edits, prompts)
+
+
+def test_hub_ids_only_fetch_safetensors(tmp_path, hpsv3_dirs):
+    from rewardkit.cli import main
+    from rewardkit.convert import convert
+    from rewardkit.convert._io import resolve_source
+
+    _, base, _ = hpsv3_dirs
+    with pytest.raises(FileNotFoundError, match="no safetensors file could be downloaded"):
+        convert("hpsv3", "no-such-org/HPSv3", tmp_path / "o", base=str(base))  # offline in the tests
+    with pytest.raises(FileNotFoundError, match="no candidates"):
+        resolve_source("org/name", ("weights.pt",))  # a pickle is never downloaded
+    assert main(["convert", "hpsv3", str(hpsv3_dirs[0]), str(tmp_path / "cli"), "--base", str(base)]) == 0
+    assert (tmp_path / "cli" / "preference_config.json").is_file()

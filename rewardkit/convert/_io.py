@@ -100,6 +100,29 @@ def state_dict_from(obj: Any, *keys: str) -> dict[str, torch.Tensor]:
     return out
 
 
+def resolve_source(src: str | Path, hub_files: tuple[str, ...] = ()) -> Path:
+    """A local checkpoint file as is; else, for ``org/name`` hub ids, the first of ``hub_files`` (safetensors
+    only: pickles are never downloaded here) fetched with ``huggingface_hub``."""
+    import re
+
+    p = Path(src).expanduser()
+    if p.exists():
+        return p
+    if hub_files and re.fullmatch(r"[\w.-]+/[\w.-]+", str(src)):
+        hub = __import__("huggingface_hub")
+        errors = []
+        for fname in hub_files:
+            if not fname.endswith(".safetensors"):
+                continue
+            try:
+                return Path(hub.hf_hub_download(str(src), fname))
+            except Exception as exc:  # try the next name; report all at the end
+                errors.append(f"{fname}: {type(exc).__name__}: {exc}")
+        raise FileNotFoundError(f"{src!r} is not a local file and no safetensors file could be downloaded from "
+                                f"the hub ({'; '.join(errors) or 'no candidates'})")
+    raise FileNotFoundError(f"checkpoint not found: {src}")
+
+
 def sha256_of(path: str | Path, chunk: int = 1 << 22) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -29,10 +29,11 @@ def editreward_template(dimension: str) -> dict[str, Any]:
 
 def convert_editreward(src: str | Path, dst: str | Path, *, base: str = DEFAULT_BASE, overwrite: bool = False,
                        pixels: int = PIXELS) -> Path:
-    """Convert an EditReward checkpoint for ``load_reward("editreward", model=dst)``."""
+    """Convert an EditReward checkpoint (a local file, or a hub id whose ``model.safetensors`` is downloaded)
+    for ``load_reward("editreward", model=dst)``."""
     return convert_qwen_reward(
         src, dst, reward="editreward", base=base,
         heads={"following": "rm_heads.head_0.", "quality": "rm_heads.head_1."},
         templates={"following": editreward_template("following"), "quality": editreward_template("quality")},
         model_types=("qwen2_5_vl", "qwen2_vl", "qwen3_vl"), pixels=pixels, overwrite=overwrite,
-        variant="EditReward")
+        variant="EditReward", hub_files=("model.safetensors",))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .._imports import require
-from ._io import check_dst, read_checkpoint, state_dict_from, write_converted
+from ._io import check_dst, read_checkpoint, resolve_source, state_dict_from, write_converted
 from .hpsv2 import check_against_class
 
 __all__ = ["convert_hpsv3", "remap_legacy_qwen2_vl", "hpsv3_template", "REWARD_TOKEN", "PIXELS", "INSTRUCTION",
@@ -116,7 +116,7 @@ _CLASSES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_
 
 def convert_qwen_reward(src: str | Path, dst: str | Path, *, reward: str, base: str, heads: dict[str, str],
                         templates: dict[str, dict[str, Any]], model_types: tuple[str, ...], pixels: int,
-                        overwrite: bool = False, **manifest: Any) -> Path:
+                        overwrite: bool = False, hub_files: tuple[str, ...] = (), **manifest: Any) -> Path:
     """Shared by ``hpsv3`` and ``editreward``: a Qwen-VL reward checkpoint (legacy or current key names) with
     ranknet head(s) -> a preference-model directory (backbone + ``head.safetensors`` for the first head and
     template) plus ``head_<name>.safetensors`` for further heads, their templates in ``rewardkit.json``.
@@ -129,8 +129,8 @@ def convert_qwen_reward(src: str | Path, dst: str | Path, *, reward: str, base: 
     from .._version import __version__
     from ..models.preference import CONFIG_NAME, FORMAT, FORMAT_VERSION, HEAD_NAME, RankNetHead
 
-    src = Path(src)
     check_dst(dst, overwrite)
+    src = resolve_source(src, hub_files)
     sd = state_dict_from(read_checkpoint(src))
     head_states: dict[str, dict] = {}
     for name, prefix in heads.items():
@@ -191,7 +191,8 @@ def convert_qwen_reward(src: str | Path, dst: str | Path, *, reward: str, base: 
 
 def convert_hpsv3(src: str | Path, dst: str | Path, *, base: str = DEFAULT_BASE, overwrite: bool = False,
                   pixels: int = PIXELS) -> Path:
-    """Convert an HPSv3 checkpoint to a preference-model directory loadable by ``load_reward("hpsv3", ...)``."""
+    """Convert an HPSv3 checkpoint (a local file, or the hub id ``MizzenAI/HPSv3``, whose ``HPSv3.safetensors``
+    is downloaded) to a preference-model directory loadable by ``load_reward("hpsv3", ...)``."""
     return convert_qwen_reward(src, dst, reward="hpsv3", base=base, heads={"mu": "rm_head."},
                                templates={"mu": hpsv3_template()}, model_types=("qwen2_vl",), pixels=pixels,
-                               overwrite=overwrite, variant="HPSv3")
+                               overwrite=overwrite, variant="HPSv3", hub_files=("HPSv3.safetensors",))
