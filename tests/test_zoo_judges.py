@@ -151,3 +151,46 @@ def test_vqascore_matches_a_direct_forward(tiny_qwen2_5_vl_dir):
             logits = model(**enc).logits[0, -1].float()
         want = torch.softmax(logits[[yes, no]], 0)[0]
         assert got.scores[i].item() == pytest.approx(want.item(), abs=1e-4)
+
+
+class _Deterministic(JudgeBackend):
+    """Answers from the pixels: pointwise 'Final Score' = 1 + 4 * brightness; pairwise: the brighter image."""
+
+    kind = "deterministic"
+
+    @staticmethod
+    def _b(im) -> float:
+        import numpy as np
+
+        return float(np.asarray(im, dtype=np.float32).mean() / 255.0)
+
+    def generate(self, conversations, *, n=1, temperature=0.0, max_new_tokens=256, stop=None, seed=None):
+        out = []
+        for conv in conversations:
+            ims = [c["image"] for c in conv[-1]["content"] if c.get("type") == "image"]
+            if len(ims) == 1:
+                out.append([f"Final Score: {1 + 4 * self._b(ims[0]):.3f}"])
+            else:
+                out.append(["Image 1 is better." if self._b(ims[0]) >= self._b(ims[1]) else "Image 2 is better."])
+        return out
+
+    def choice_probs(self, conversations, choices):
+        raise NotImplementedError
+
+
+def test_bench_runs_unifiedreward_natively(tmp_path):
+    from rewardkit.bench import evaluate
+    from rewardkit.bench.synthetic import write_synthetic_benchmarks
+    from rewardkit.rewards.unifiedreward import UnifiedReward
+
+    write_synthetic_benchmarks(tmp_path / "data", n_pairs=6, n_groups=2)
+    res = evaluate(UnifiedReward(judge=_Deterministic()), ["mmrb2/t2i", "genaibench/t2i"], data_dir=tmp_path / "data",
+                   cache_dir=None, n_boot=0, progress=False)
+    assert res.reward["mode"] == "pairwise"
+    for b in ("mmrb2/t2i", "genaibench/t2i"):
+        r = res.benchmarks[b]
+        assert r.counts["n_invalid_judgements"] == 0 and r.counts["symmetric_compare"]
+        assert 0.0 <= r.metrics[r.primary].value <= 1.0 and r.metrics["order_agreement"].value == 1.0
+    scalar = evaluate(UnifiedReward(judge=_Deterministic()), ["mmrb2/t2i"], data_dir=tmp_path / "data",
+                      cache_dir=None, n_boot=0, progress=False, mode="scalar")
+    assert scalar.benchmarks["mmrb2/t2i"].counts["n_invalid_samples"] == 0
