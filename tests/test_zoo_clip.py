@@ -224,12 +224,12 @@ def test_pickle_reader_refuses_non_tensor_objects(tmp_path, capsys):
 
     bad = tmp_path / "evil.pt"
     torch.save({"state_dict": {"w": torch.zeros(2)}, "x": _Evil()}, bad)
-    with pytest.raises(UnsafeCheckpointError, match="refused"):
+    with pytest.raises(UnsafeCheckpointError, match="print"):  # protocol 2 names it __builtin__.print
         read_checkpoint(bad)
     assert "pwned" not in capsys.readouterr().out
     np_ckpt = tmp_path / "HPS_v2.pt"
     torch.save({"state_dict": {"w": torch.zeros(2)}, "arr": np.zeros(3)}, np_ckpt)
-    with pytest.raises(UnsafeCheckpointError):
+    with pytest.raises(UnsafeCheckpointError, match="numpy"):
         convert("hpsv2", np_ckpt, tmp_path / "o", tokenizer="unused")
     raw = tmp_path / "raw.pth"
     raw.write_bytes(pickle.dumps(_Evil()))
@@ -239,6 +239,18 @@ def test_pickle_reader_refuses_non_tensor_objects(tmp_path, capsys):
     ok = tmp_path / "ok.pth"
     torch.save(OrderedDict(w=torch.ones(2)), ok)
     assert torch.equal(read_checkpoint(ok)["w"], torch.ones(2))
+    legacy = tmp_path / "legacy.pth"  # torch's pre-1.6 (non-zip) format
+    torch.save({"state_dict": OrderedDict(w=torch.ones(2).half())}, legacy, _use_new_zipfile_serialization=False)
+    assert read_checkpoint(legacy)["state_dict"]["w"].dtype == torch.float16
+    plain = tmp_path / "plain.pth"  # not written by torch.save: passes the scan, refused by torch's loader
+    plain.write_bytes(pickle.dumps(OrderedDict(a=1)))
+    with pytest.raises(UnsafeCheckpointError, match="refused"):
+        read_checkpoint(plain)
+    # a STACK_GLOBAL whose operands are rearranged on the stack (POP) cannot be followed: refused
+    sneaky = (b"\x80\x04\x8c\x02os\x8c\x06system\x8c\x0bcollections\x8c\x0bOrderedDict0\x93)R." )
+    (tmp_path / "sneaky.pth").write_bytes(sneaky)
+    with pytest.raises(UnsafeCheckpointError):
+        read_checkpoint(tmp_path / "sneaky.pth")
 
 
 def test_runtime_refuses_pickles_and_wrong_dirs(hps, tmp_path):

@@ -1,9 +1,9 @@
 """Reading official checkpoints safely and writing converted rewardkit directories.
 
-Pickled checkpoints (``.pt`` / ``.pth``) are read **only** by the converters, and only through
-``torch.load(weights_only=True)`` (torch's allow-list unpickler: tensors, storages, ordered dicts and plain
-containers; any other global is refused before it is constructed). The result is then checked to hold nothing
-but tensors in (nested) dicts. The runtime rewards never read pickles: they load the safetensors written here.
+Pickled checkpoints (``.pt`` / ``.pth``) are read **only** by the converters, in three layers: the pickle
+opcodes are scanned first and any global beyond tensors, storages and ordered dicts (:data:`ALLOWED_GLOBALS`)
+refuses the file with its name; then ``torch.load(weights_only=True)`` (torch's own allow-list unpickler)
+loads it; then the result is checked to hold nothing but tensors in (nested) dicts. The runtime rewards never read pickles: they load the safetensors written here.
 """
 
 from __future__ import annotations
@@ -34,6 +34,86 @@ class UnsafeCheckpointError(ValueError):
     """A pickled checkpoint holds something other than tensors / storages / ordered dicts."""
 
 
+_STORAGES = ("Float", "Half", "BFloat16", "Double", "Long", "Int", "Short", "Char", "Byte", "Bool")
+#: the only globals a weights pickle may name: tensors (and parameters), storages, ordered dicts
+ALLOWED_GLOBALS = frozenset({("collections", "OrderedDict"), ("torch._utils", "_rebuild_tensor_v2"),
+                             ("torch._utils", "_rebuild_parameter")}
+                            | {("torch", f"{t}Storage") for t in _STORAGES})
+_STR_OPS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "SHORT_BINSTRING", "BINSTRING", "STRING"}
+
+
+def _pickle_globals(stream: Any) -> list[tuple[str, str] | None]:
+    """The globals one pickle names, read from its opcodes without executing anything (``None`` for a
+    ``STACK_GLOBAL`` whose operands cannot be followed statically: treated as refused)."""
+    import pickletools
+
+    found: list[tuple[str, str] | None] = []
+    memo: dict[int, Any] = {}
+    last: list[Any] = []  # values of the most recent pushes we can follow (strings, else None)
+    for op, arg, _ in pickletools.genops(stream):
+        name = op.name
+        if name == "GLOBAL":
+            mod, _, attr = str(arg).partition(" ")
+            found.append((mod, attr))
+            last.append(None)
+        elif name == "STACK_GLOBAL":
+            pair = (last[-2], last[-1]) if len(last) >= 2 else (None, None)
+            found.append(pair if all(isinstance(x, str) for x in pair) else None)
+            del last[-2:]
+            last.append(None)
+        elif name in _STR_OPS:
+            last.append(arg)
+        elif name == "MEMOIZE":
+            memo[len(memo)] = last[-1] if last else None
+        elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
+            memo[int(arg)] = last[-1] if last else None
+        elif name in ("GET", "BINGET", "LONG_BINGET"):
+            last.append(memo.get(int(arg)))
+        elif name in ("POP", "POP_MARK", "DUP"):
+            last.append(None)  # the stack changed shape: stop trusting earlier pushes
+            last.append(None)
+        elif name == "STOP":
+            break
+        else:
+            last.append(None)
+        if len(last) > 64:
+            del last[:-8]
+    return found
+
+
+def scan_pickle(path: Path) -> None:
+    """Refuse a ``.pt`` / ``.pth`` whose pickle(s) name anything beyond :data:`ALLOWED_GLOBALS` (checked from
+    the opcodes before torch's weights-only unpickler runs; both must accept the file)."""
+    import io
+    import zipfile
+
+    def check(names: list, where: str) -> None:
+        bad = sorted({"?" if n is None else f"{n[0]}.{n[1]}" for n in names if n not in ALLOWED_GLOBALS})
+        if bad:
+            raise UnsafeCheckpointError(
+                f"{path}: refused to read this pickle: {where} references {', '.join(bad[:5])}; a weights file "
+                "may only hold tensors, storages and ordered dicts. rewardkit never unpickles anything else "
+                "(convert a weights-only checkpoint, e.g. HPS_v2.1_compressed.pt, not HPS_v2.pt).")
+
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as zf:
+            pkls = [n for n in zf.namelist() if n.endswith(".pkl")]
+            if not pkls:
+                raise UnsafeCheckpointError(f"{path}: a zip file without a pickle: not a torch checkpoint")
+            for n in pkls:
+                check(_pickle_globals(io.BytesIO(zf.read(n))), n)
+        return
+    with open(path, "rb") as f:  # legacy format: magic, protocol, sys info, data, storage keys (5 pickles)
+        for i in range(5):
+            try:
+                names = _pickle_globals(f)
+            except Exception as exc:  # the end of a plain pickle file, or raw storage bytes after the pickles
+                if i == 0:
+                    raise UnsafeCheckpointError(f"{path}: not a readable pickle ({exc})") from None
+                break
+            check(names, f"pickle {i}")
+
+
 def _check_plain(obj: Any, where: str = "checkpoint") -> None:
     """Only tensors, numbers, strings and None inside dicts / lists / tuples."""
     if isinstance(obj, torch.Tensor) or obj is None or isinstance(obj, (bool, int, float, str)):
@@ -55,7 +135,8 @@ def read_checkpoint(path: str | Path) -> Any:
     """Load a ``.safetensors`` file, or a pickled ``.pt`` / ``.pth`` through torch's allow-list unpickler.
 
     Pickles that reference anything beyond tensors, storages and ordered dicts (numpy arrays, optimiser
-    objects, arbitrary classes) are refused with :class:`UnsafeCheckpointError`; nothing in them is executed.
+    objects, arbitrary classes) are refused with :class:`UnsafeCheckpointError` naming the offending globals;
+    nothing in them is executed.
     Tensors saved on a GPU are mapped to the CPU.
     """
     path = Path(path)
@@ -69,6 +150,7 @@ def read_checkpoint(path: str | Path) -> Any:
         head = f.read(4)
     if path.suffix not in _PICKLE_SUFFIXES and head[:2] != b"PK":
         raise ValueError(f"{path}: unknown checkpoint format (expected .safetensors, .pt or .pth)")
+    scan_pickle(path)
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True, mmap=head[:2] == b"PK")
     except Exception as exc:  # torch raises UnpicklingError naming the refused global
