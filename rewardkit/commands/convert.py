@@ -11,8 +11,9 @@ KINDS = ("hpsv2", "aesthetic", "imagereward", "hpsv3", "editreward")
 def add_parser(sub) -> None:
     p = sub.add_parser("convert", help="convert an official reward checkpoint (HPSv2, aesthetic, ImageReward, HPSv3)",
                        description="Convert an official reward checkpoint to a rewardkit directory. Pickled "
-                                   "sources are read with torch's weights-only unpickler; anything but tensors is "
-                                   "refused. See docs/zoo.md.")
+                                   "sources are scanned against an allow-list (tensors, storages, ordered dicts) and "
+                                   "read with torch's weights-only unpickler; anything else is refused. See "
+                                   "docs/zoo.md.")
     p.add_argument("kind", choices=KINDS, help="which reward the checkpoint belongs to")
     p.add_argument("src", help="the official checkpoint file (.pt / .pth / .safetensors)")
     p.add_argument("dst", help="output directory (created atomically)")

@@ -35,6 +35,7 @@ class HPSv3(PreferenceReward):
 
     name: ClassVar[str] = "hpsv3"
     tasks = frozenset({"t2i"})
+    dimensions = ("sigma", "log_sigma")
     Config = HPSv3Config
 
     def __init__(self, config=None, /, **overrides):
@@ -48,7 +49,7 @@ class HPSv3(PreferenceReward):
         super().__init__(cfg)
         if self.model.head_type != "ranknet":
             raise ValueError(f"{cfg.model}: expected HPSv3's ranknet head, found {self.model.head_type!r}")
-        self.dimensions = tuple(self.dimensions) + ("sigma",)
+        self.dimensions = tuple(d for d in self.dimensions if d != "log_sigma") + ("sigma", "log_sigma")
 
     def _score(self, batch: RewardBatch) -> RewardOutput:
         out = super()._score(batch)
