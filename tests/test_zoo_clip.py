@@ -193,14 +193,12 @@ def _openai_clip_reference(img, size):
     from PIL import Image
 
     w, h = img.size
-    s = size / min(w, h)
     nw, nh = (size, int(size * h / w)) if w <= h else (int(size * w / h), size)
     im = img.resize((nw, nh), Image.BICUBIC) if (nw, nh) != (w, h) else img
     left, top = int(round((nw - size) / 2.0)), int(round((nh - size) / 2.0))
     arr = np.asarray(im, dtype=np.float32)[top:top + size, left:left + size] / 255.0
     mean = np.array([0.48145466, 0.4578275, 0.40821073], dtype=np.float32)
     std = np.array([0.26862954, 0.26130258, 0.27577711], dtype=np.float32)
-    assert s > 0
     return torch.from_numpy(((arr - mean) / std).transpose(2, 0, 1).copy())
 
 
