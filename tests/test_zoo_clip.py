@@ -373,3 +373,89 @@ def test_imagereward_conversion_parity(tmp_path):
         from rewardkit.rewards.hpsv2 import HPSv2
 
         HPSv2(model=str(out))
+
+
+def test_hpsv2_real_size_mapping_on_meta():
+    """The published ViT-H-14 shapes (meta tensors, no memory): config read off the shapes and the mapped
+    names / shapes fit transformers' CLIPModel exactly."""
+    from transformers import CLIPConfig, CLIPModel
+
+    from rewardkit.convert.hpsv2 import check_against_class
+    from rewardkit.convert.openclip import clip_config_from_openclip, openclip_to_hf
+
+    def m(*shape):
+        return torch.empty(*shape, device="meta")
+
+    sd = {"positional_embedding": m(77, 1024), "text_projection": m(1024, 1024), "logit_scale": m(()),
+          "token_embedding.weight": m(49408, 1024), "ln_final.weight": m(1024), "ln_final.bias": m(1024),
+          "visual.class_embedding": m(1280), "visual.positional_embedding": m(257, 1280), "visual.proj": m(1280, 1024),
+          "visual.conv1.weight": m(1280, 3, 14, 14)}
+    for p in ("visual.ln_pre", "visual.ln_post"):
+        sd[p + ".weight"], sd[p + ".bias"] = m(1280), m(1280)
+    for prefix, n, w in (("visual.transformer.resblocks.", 32, 1280), ("transformer.resblocks.", 24, 1024)):
+        for i in range(n):
+            b = f"{prefix}{i}."
+            sd.update({b + "ln_1.weight": m(w), b + "ln_1.bias": m(w), b + "ln_2.weight": m(w), b + "ln_2.bias": m(w),
+                       b + "attn.in_proj_weight": m(3 * w, w), b + "attn.in_proj_bias": m(3 * w),
+                       b + "attn.out_proj.weight": m(w, w), b + "attn.out_proj.bias": m(w),
+                       b + "mlp.c_fc.weight": m(4 * w, w), b + "mlp.c_fc.bias": m(4 * w),
+                       b + "mlp.c_proj.weight": m(w, 4 * w), b + "mlp.c_proj.bias": m(w)})
+    cfg = clip_config_from_openclip(sd, eos_token_id=49407)
+    assert (cfg["vision_config"]["num_attention_heads"], cfg["text_config"]["num_attention_heads"]) == (16, 16)
+    assert cfg["vision_config"]["image_size"] == 224 and cfg["vision_config"]["patch_size"] == 14
+    assert cfg["vision_config"]["hidden_act"] == cfg["text_config"]["hidden_act"] == "gelu"
+    assert (cfg["vision_config"]["num_hidden_layers"], cfg["text_config"]["num_hidden_layers"]) == (32, 24)
+    hf = openclip_to_hf(sd, cfg)
+    check_against_class(CLIPModel, CLIPConfig(**cfg), hf)
+    assert hf["visual_projection.weight"].shape == (1024, 1280)
+
+
+def test_imagereward_real_size_mapping_on_meta():
+    """ImageReward's published shapes (BLIP ViT-L/16 at 224, med BERT-base with 1024-wide cross-attention,
+    vocab 30524) as meta tensors: renamed, configured, and fitting transformers' BLIP modules exactly."""
+    import transformers
+
+    from rewardkit.convert.hpsv2 import check_against_class
+    from rewardkit.convert.imagereward import MED_CONFIG, _split, blip_configs
+
+    def m(*shape):
+        return torch.empty(*shape, device="meta")
+
+    v, t = "blip.visual_encoder.", "blip.text_encoder."
+    sd = {v + "cls_token": m(1, 1, 1024), v + "pos_embed": m(1, 197, 1024), v + "patch_embed.proj.weight": m(1024, 3, 16, 16),
+          v + "patch_embed.proj.bias": m(1024), v + "norm.weight": m(1024), v + "norm.bias": m(1024),
+          t + "embeddings.word_embeddings.weight": m(30524, 768), t + "embeddings.position_embeddings.weight": m(512, 768),
+          t + "embeddings.LayerNorm.weight": m(768), t + "embeddings.LayerNorm.bias": m(768),
+          t + "embeddings.position_ids": m(1, 512), "blip.vision_proj.weight": m(256, 1024), "blip.vision_proj.bias": m(256),
+          "blip.text_proj.weight": m(256, 768), "blip.text_proj.bias": m(256)}
+    for i in range(24):
+        b = f"{v}blocks.{i}."
+        for n in ("norm1", "norm2"):
+            sd[b + n + ".weight"], sd[b + n + ".bias"] = m(1024), m(1024)
+        for n, o, i_ in (("attn.qkv", 3072, 1024), ("attn.proj", 1024, 1024), ("mlp.fc1", 4096, 1024), ("mlp.fc2", 1024, 4096)):
+            sd[b + n + ".weight"], sd[b + n + ".bias"] = m(o, i_), m(o)
+    for i in range(12):
+        b = f"{t}encoder.layer.{i}."
+        for att, kv in (("attention", 768), ("crossattention", 1024)):
+            for n, o, i_ in (("self.query", 768, 768), ("self.key", 768, kv), ("self.value", 768, kv), ("output.dense", 768, 768)):
+                sd[f"{b}{att}.{n}.weight"], sd[f"{b}{att}.{n}.bias"] = m(o, i_), m(o)
+            sd[f"{b}{att}.output.LayerNorm.weight"], sd[f"{b}{att}.output.LayerNorm.bias"] = m(768), m(768)
+        for n, o, i_ in (("intermediate.dense", 3072, 768), ("output.dense", 768, 3072)):
+            sd[b + n + ".weight"], sd[b + n + ".bias"] = m(o, i_), m(o)
+        sd[b + "output.LayerNorm.weight"], sd[b + "output.LayerNorm.bias"] = m(768), m(768)
+    for k, (o, i_) in zip((0, 2, 4, 6, 7), ((1024, 768), (128, 1024), (64, 128), (16, 64), (1, 16))):
+        sd[f"mlp.layers.{k}.weight"], sd[f"mlp.layers.{k}.bias"] = m(o, i_), m(o)
+
+    class Tok:  # bert-base-uncased + [DEC] + [ENC]
+        pad_token_id, bos_token_id, sep_token_id = 0, 30522, 102
+
+        def __len__(self):
+            return 30524
+
+    vision, text, head = _split(sd)
+    assert sorted(head) == sorted(f"layers.{k}.{p}" for k in (0, 2, 4, 6, 7) for p in ("weight", "bias"))
+    vcfg, tcfg = blip_configs(transformers, vision, text, MED_CONFIG, Tok())
+    assert (vcfg.num_attention_heads, vcfg.image_size, vcfg.layer_norm_eps) == (16, 224, 1e-6)
+    assert (tcfg.num_attention_heads, tcfg.encoder_hidden_size, tcfg.vocab_size) == (12, 1024, 30524)
+    check_against_class(transformers.BlipVisionModel, vcfg, vision)
+    check_against_class(lambda c: transformers.BlipTextModel(c, add_pooling_layer=False), tcfg, text)

@@ -83,6 +83,36 @@ def _prepare_tokenizer(transformers: Any, name: str) -> Any:
     return tok
 
 
+def blip_configs(transformers: Any, vision: dict, text: dict, med: dict, tok: Any, *, vision_heads: int | None = None,
+                 tokenizer_name: str = "") -> tuple[Any, Any]:
+    """(``BlipVisionConfig``, ``BlipTextConfig``) read off the (renamed) tensor shapes, ``med_config`` for what
+    shapes cannot say (heads, eps, activation); the text vocabulary checked against ``tok``."""
+    vw = vision["embeddings.patch_embedding.weight"].shape[0]
+    patch = vision["embeddings.patch_embedding.weight"].shape[-1]
+    n_pos = vision["embeddings.position_embedding"].shape[1]
+    grid = int(round((n_pos - 1) ** 0.5))
+    n_vl = 1 + max(int(k.split(".")[2]) for k in vision if k.startswith("encoder.layers."))
+    vcfg = transformers.BlipVisionConfig(
+        hidden_size=int(vw), intermediate_size=int(vision["encoder.layers.0.mlp.fc1.weight"].shape[0]),
+        num_hidden_layers=n_vl, num_attention_heads=int(vision_heads or vw // 64), image_size=int(grid * patch),
+        patch_size=int(patch), layer_norm_eps=1e-6, hidden_act="gelu")
+
+    vocab, tw = text["embeddings.word_embeddings.weight"].shape
+    if len(tok) != vocab:
+        raise ValueError(f"tokenizer {tokenizer_name!r} (+[DEC], [ENC]) has {len(tok)} tokens but the checkpoint's "
+                         f"embedding has {vocab}: wrong tokenizer")
+    n_tl = 1 + max(int(k.split(".")[2]) for k in text if k.startswith("encoder.layer."))
+    tcfg = transformers.BlipTextConfig(
+        vocab_size=int(vocab), hidden_size=int(tw),
+        intermediate_size=int(text["encoder.layer.0.intermediate.dense.weight"].shape[0]),
+        num_hidden_layers=n_tl, num_attention_heads=int(med["num_attention_heads"]),
+        max_position_embeddings=int(text["embeddings.position_embeddings.weight"].shape[0]),
+        layer_norm_eps=float(med["layer_norm_eps"]), hidden_act=med["hidden_act"], encoder_hidden_size=int(vw),
+        is_decoder=True,  # builds the cross-attention modules; the reward calls forward(is_decoder=False)
+        pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, sep_token_id=tok.sep_token_id)
+    return vcfg, tcfg
+
+
 def convert_imagereward(src: str | Path, dst: str | Path, *, med_config: str | Path | None = None,
                         tokenizer: str = DEFAULT_TOKENIZER, vision_heads: int | None = None,
                         overwrite: bool = False) -> Path:
@@ -104,30 +134,10 @@ def convert_imagereward(src: str | Path, dst: str | Path, *, med_config: str | P
     if act is not None:
         raise ValueError("ImageReward's MLP has no activations; this head has ReLUs")
 
-    vw = vision["embeddings.patch_embedding.weight"].shape[0]
-    patch = vision["embeddings.patch_embedding.weight"].shape[-1]
-    n_pos = vision["embeddings.position_embedding"].shape[1]
-    grid = int(round((n_pos - 1) ** 0.5))
-    n_vl = 1 + max(int(k.split(".")[2]) for k in vision if k.startswith("encoder.layers."))
-    vcfg = transformers.BlipVisionConfig(
-        hidden_size=int(vw), intermediate_size=int(vision["encoder.layers.0.mlp.fc1.weight"].shape[0]),
-        num_hidden_layers=n_vl, num_attention_heads=int(vision_heads or vw // 64), image_size=int(grid * patch),
-        patch_size=int(patch), layer_norm_eps=1e-6, hidden_act="gelu")
-
     tok = _prepare_tokenizer(transformers, tokenizer)
-    vocab, tw = text["embeddings.word_embeddings.weight"].shape
-    if len(tok) != vocab:
-        raise ValueError(f"tokenizer {tokenizer!r} (+[DEC], [ENC]) has {len(tok)} tokens but the checkpoint's "
-                         f"embedding has {vocab}: wrong tokenizer")
-    n_tl = 1 + max(int(k.split(".")[2]) for k in text if k.startswith("encoder.layer."))
-    tcfg = transformers.BlipTextConfig(
-        vocab_size=int(vocab), hidden_size=int(tw),
-        intermediate_size=int(text["encoder.layer.0.intermediate.dense.weight"].shape[0]),
-        num_hidden_layers=n_tl, num_attention_heads=int(med["num_attention_heads"]),
-        max_position_embeddings=int(text["embeddings.position_embeddings.weight"].shape[0]),
-        layer_norm_eps=float(med["layer_norm_eps"]), hidden_act=med["hidden_act"], encoder_hidden_size=int(vw),
-        is_decoder=True,  # builds the cross-attention modules; the reward calls forward(is_decoder=False)
-        pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, sep_token_id=tok.sep_token_id)
+    vcfg, tcfg = blip_configs(transformers, vision, text, med, tok, vision_heads=vision_heads, tokenizer_name=tokenizer)
+    tw = tcfg.hidden_size
+    grid_size = vcfg.image_size
     if in_features != tw:
         raise ValueError(f"MLP takes {in_features} features but the text encoder width is {tw}")
     check_against_class(transformers.BlipVisionModel, vcfg, vision)
@@ -143,6 +153,6 @@ def convert_imagereward(src: str | Path, dst: str | Path, *, med_config: str | P
         st.save_file({k: v.contiguous() for k, v in head.items()}, str(tmp / HEAD_FILE), metadata={"format": "pt"})
         return {"head": {"file": HEAD_FILE, "activation": None, "in_features": in_features, "widths": widths},
                 "normalization": {"mean": MEAN, "std": STD}, "max_length": MAX_LENGTH,
-                "image_size": int(grid * patch)}
+                "image_size": int(grid_size)}
 
     return write_converted(dst, "imagereward", write, source=src, overwrite=overwrite, variant="ImageReward-v1.0")
