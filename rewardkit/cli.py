@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "bench": "rewardkit.commands.bench",
     "calibrate": "rewardkit.commands.calibrate",
     "compose": "rewardkit.commands.compose",
+    "convert": "rewardkit.commands.convert",
     "train": "rewardkit.commands.train",
     "soup": "rewardkit.commands.soup",
     "serve": "rewardkit.commands.serve",
