@@ -13,6 +13,7 @@ import math
 import threading
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from collections.abc import Mapping, Set as AbstractSet
 from typing import Any, ClassVar, Sequence
 
 import torch
@@ -566,7 +567,7 @@ class Reward(abc.ABC):
             return [prompt] * n
         if isinstance(prompt, bytes):
             raise RewardInputError("prompt must be str, got bytes (decode it first)")
-        if isinstance(prompt, (dict, set, frozenset)) or hasattr(prompt, "keys"):
+        if isinstance(prompt, (Mapping, AbstractSet)):
             # a dict would give its keys and a set an arbitrary order: never what the caller meant
             raise RewardInputError(f"prompt must be a string or a list of strings, got {type(prompt).__name__} "
                                    "(unordered or keyed; pass a list in the order of the images)")
