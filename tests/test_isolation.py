@@ -207,3 +207,22 @@ def test_cuda_on_a_cpu_torch_is_a_clear_message(tiny_clip_dir):
         load_reward("clipscore", model=str(tiny_clip_dir), device="cuda")
     with pytest.raises(ValueError, match="pass device='cpu'"):
         MeanPixel().to("cuda")
+
+
+# ------------------------------------------------------------------ item 9: decode per chunk
+def test_images_are_decoded_per_chunk(monkeypatch):
+    """Memory follows batch_size: when a chunk is scored, only that chunk's images have been decoded."""
+    decoded = []
+    real = media._to_pil
+    monkeypatch.setattr(media, "_to_pil", lambda x: decoded.append(1) or real(x))
+    at_score = []
+
+    class Spy(MeanPixel):
+        def _score(self, batch):
+            at_score.append(len(decoded))
+            return super()._score(batch)
+
+    paths = [GOOD] * 9 + [_closed()] + [GOOD] * 3
+    out = Spy()(paths, "p", batch_size=4, on_error="nan")
+    assert at_score == [4, 8, 13]  # chunk 3 refilled past the bad sample: 9th, 11th, 12th, 13th
+    assert out.valid.sum() == 12 and not out.valid[9]
