@@ -97,6 +97,8 @@ class LossArgs:
     center_coef: float = 0.0                     # reward-centering coefficient (bt)
     theta: float = 2.0                           # Rao-Kupper tie parameter (> 1)
     nu: float = 1.0                              # Davidson tie parameter (> 0)
+    uncertainty_form: str = "hpsv3"              # hpsv3 (Monte-Carlo, HPSv3's objective) | probit (closed form)
+    uncertainty_samples: int = 32                # Monte-Carlo draws per pair (hpsv3 form), seeded per micro-batch
 
 
 @dataclass
@@ -131,6 +133,10 @@ class PreferenceTrainConfig:
 def _validate(cfg: PreferenceTrainConfig) -> None:
     if cfg.loss.kind not in ("bt", "rao_kupper", "davidson", "uncertainty"):
         raise ValueError(f"loss.kind must be bt, rao_kupper, davidson or uncertainty, got {cfg.loss.kind!r}")
+    if cfg.loss.uncertainty_form not in L.UNCERTAINTY_FORMS:
+        raise ValueError(f"loss.uncertainty_form must be one of {L.UNCERTAINTY_FORMS}, got {cfg.loss.uncertainty_form!r}")
+    if cfg.loss.uncertainty_samples < 1:
+        raise ValueError(f"loss.uncertainty_samples must be >= 1, got {cfg.loss.uncertainty_samples}")
     if (cfg.loss.kind == "uncertainty") != (cfg.model.head == "uncertainty"):
         raise ValueError("loss.kind=uncertainty and model.head=uncertainty go together")
     if cfg.mixed_precision not in ("no", "bf16", "fp16"):
@@ -407,7 +413,13 @@ class PreferenceTrainer:
         _write_text_atomic(path, "".join(ln + "\n" for ln in keep))
 
     # ------------------------------------------------------------------ loss
-    def _loss(self, r: torch.Tensor, ls: torch.Tensor | None, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _mc_seed(self, step: int, micro: int, split: int = 0) -> int:
+        """Seed of the uncertainty loss's Monte-Carlo draws: a pure function of (seed, split, step, micro-batch,
+        rank), so a resumed run draws exactly what the uninterrupted one did."""
+        return (((self.cfg.seed * 1_000_003 + split) * 1_000_033 + step) * 1031 + micro) * 131 + self.rank
+
+    def _loss(self, r: torch.Tensor, ls: torch.Tensor | None, batch: dict[str, Any],
+              mc_seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """r: ``[2B]`` rewards for ``[a..., b...]``; returns (loss, r_a [B], r_b [B])."""
         c = self.cfg.loss
         b = r.shape[0] // 2
@@ -421,7 +433,8 @@ class PreferenceTrainer:
         elif c.kind == "uncertainty":
             r_w, r_l = L.winner_loser(r_a, r_b, labels)
             s_w, s_l = L.winner_loser(ls[:b], ls[b:], labels)
-            loss = L.uncertainty_loss(r_w, s_w, r_l, s_l, margin=margin, weight=weight)
+            loss = L.uncertainty_loss(r_w, s_w, r_l, s_l, margin=margin, weight=weight, form=c.uncertainty_form,
+                                      samples=c.uncertainty_samples, seed=mc_seed)
         elif c.kind == "rao_kupper":
             loss = L.rao_kupper_loss(r_a, r_b, labels, theta=c.theta, weight=weight)
         else:
@@ -469,7 +482,7 @@ class PreferenceTrainer:
                          "weight": None if batch["weight"] is None else batch["weight"][non_tie]}
             if r.numel() == 0:
                 continue
-            loss, a, b = self._loss(r, ls, batch)
+            loss, a, b = self._loss(r, ls, batch, mc_seed=self._mc_seed(self.step, s, split=1))
             ra.append(a.cpu())
             rb.append(b.cpu())
             labs.append(batch["labels"])
@@ -602,7 +615,8 @@ class PreferenceTrainer:
                     with ctx:
                         with self.acc.autocast():
                             r, ls = self.model(**inputs)
-                        loss, r_a, r_b = self._loss(r.float(), None if ls is None else ls.float(), batch)
+                        loss, r_a, r_b = self._loss(r.float(), None if ls is None else ls.float(), batch,
+                                                    mc_seed=self._mc_seed(self.step, k))
                         self.acc.backward(loss / self.accum)
                     ra.append(r_a.detach()); rb.append(r_b.detach()); labs.append(batch["labels"].to(r_a.device))
                     losses.append(loss.detach())
