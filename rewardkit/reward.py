@@ -38,6 +38,10 @@ def _device_arg(device: Any) -> Any:
         raise ConfigError(str(exc)) from None
 
 
+def _meta_entry_error(m: Any) -> str:
+    return f"metadata entries must be dicts (or None), got {type(m).__name__}"
+
+
 def _json_float(x: float) -> float | None:
     return None if (x is None or math.isnan(x) or math.isinf(x)) else float(x)
 
@@ -379,14 +383,14 @@ class Reward(abc.ABC):
         n = len(raw)
         prompts = self._prompts(prompt, n)
         srcs = self._sources(sources, n)
-        metas = self._metadata(metadata, n)
+        metas, meta_errors = self._metadata_entries(metadata, n)
 
         # Pass 1 (cheap, nothing decoded): prompts, and every image's size from its header / shape, checked
         # against the pixel limit, the aspect-ratio bound and the size after this model's own resize. Most bad
         # inputs are caught here, before any chunk is scored.
         errors: list[str | None] = [None] * n
         for i in range(n):
-            errors[i] = self._precheck(prompts[i], raw[i], None if srcs is None else srcs[i])
+            errors[i] = meta_errors[i] or self._precheck(prompts[i], raw[i], None if srcs is None else srcs[i])
             if errors[i] is not None and on_error == "raise":
                 raise RewardInputError(errors[i], index=i)
         todo = [i for i in range(n) if errors[i] is None]
@@ -646,9 +650,20 @@ class Reward(abc.ABC):
         if len(metas) != n:
             raise RewardInputError(f"got {n} images but {len(metas)} metadata entries")
         for i, m in enumerate(metas):
-            if m is not None and not isinstance(m, dict):
-                raise RewardInputError(f"metadata entries must be dicts, got {type(m).__name__}", index=i)
+            if m is not None and not isinstance(m, Mapping):
+                raise RewardInputError(_meta_entry_error(m), index=i)
         return [dict(m) if m else {} for m in metas]
+
+    def _metadata_entries(self, metadata: Any, n: int) -> tuple[list[dict[str, Any]], list[str | None]]:
+        """Like :meth:`_metadata`, but an entry that is not a dict is that sample's error (``{}`` in its place)
+        instead of the call's: call-level problems (wrong container, wrong length) still raise."""
+        if metadata is None or isinstance(metadata, (dict, str, bytes, set, frozenset)) \
+                or not isinstance(metadata, (list, tuple)):
+            return self._metadata(metadata, n), [None] * n
+        metas = list(metadata)
+        errs = [None if (m is None or isinstance(m, Mapping)) else _meta_entry_error(m) for m in metas]
+        clean = [None if e else m for m, e in zip(metas, errs)]
+        return self._metadata(clean, n), errs
 
     # ------------------------------------------------------------------ pairwise
     def compare(

@@ -154,6 +154,14 @@ def test_metadata_of_the_wrong_type_is_a_clear_error():
             MeanPixel()([GOOD], "p", metadata=bad)
 
 
+def test_a_bad_metadata_entry_is_that_samples_error():
+    out = MeanPixel()([GOOD, GOOD, GOOD], "p", metadata=[{}, 7, None], on_error="nan")
+    assert out.valid.tolist() == [True, False, True] and "metadata entries must be dicts" in out.errors[1]
+    with pytest.raises(RewardInputError) as info:
+        MeanPixel()([GOOD, GOOD], "p", metadata=[{}, "x"])
+    assert info.value.index == 1
+
+
 @pytest.mark.parametrize("prompt", [{"a": 1}, {"a cat"}, frozenset({"a cat"}), {"a": "x"}.keys()])
 def test_prompt_as_dict_or_set_is_refused(prompt):
     with pytest.raises(RewardInputError, match="prompt must be a string or a list"):
