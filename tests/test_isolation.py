@@ -234,3 +234,22 @@ def test_images_are_decoded_per_chunk(monkeypatch):
     out = Spy()(paths, "p", batch_size=4, on_error="nan")
     assert at_score == [4, 8, 13]  # chunk 3 refilled past the bad sample: 9th, 11th, 12th, 13th
     assert out.valid.sum() == 12 and not out.valid[9]
+
+
+def test_real_clip_reward_refuses_what_its_resize_would_blow_up(tiny_clip_dir):
+    """End to end through a registered reward: the image passes the raw pixel limit, its resized size does not."""
+    from rewardkit import load_reward
+
+    r = load_reward("clipscore", model=str(tiny_clip_dir), device="cpu")
+    ip = r._image_processors()[0]
+    w, h = media.resized_size(ip, 1, 20000)
+    assert w * h > 20000
+    try:
+        media.set_max_aspect_ratio(None)
+        media.set_max_pixels(max(20000, w * h - 1))
+        out = r([GOOD, Image.new("RGB", (1, 20000), (9, 9, 9))], "a photo", on_error="nan")
+        assert out.valid.tolist() == [True, False]
+        assert f"{w}x{h}" in out.errors[1] and "aspect-ratio bomb" in out.errors[1]
+    finally:
+        media.set_max_aspect_ratio()
+        media.set_max_pixels(None)
