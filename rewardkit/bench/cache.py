@@ -35,7 +35,7 @@ _COLUMNS = {"scores": ["key", "score", "valid", "error"], "pairs": ["key", "prob
             "verdicts": ["key", "verdict", "error"], "meta": ["key", "value"]}
 
 
-class CacheFileError(RewardkitError, RuntimeError):
+class CacheFileError(RewardkitError, OSError):
     """The score-cache file is not a valid rewardkit cache (garbage, another program's, a newer schema)."""
 
     def __init__(self, path: Any, problem: str):
