@@ -370,7 +370,7 @@ class Reward(abc.ABC):
             batch_size: chunk size for the model; default ``default_batch_size``.
             on_error: ``"raise"`` raises :class:`RewardInputError` naming the first bad sample;
                 ``"nan"`` scores the rest and marks bad samples invalid with a reason.
-            progress: show a progress bar over chunks.
+            progress: show a progress bar (over images) when the call spans several chunks.
 
         Returns:
             RewardOutput with B entries.
@@ -418,6 +418,7 @@ class Reward(abc.ABC):
                     ok.extend(sub.indices)
                     if bar is not None:
                         bar.update(len(sub))
+                    del sub  # release this chunk's images before the next chunk is decoded
         finally:
             if bar is not None:
                 bar.close()
@@ -451,6 +452,7 @@ class Reward(abc.ABC):
             imgs.append(img)
             src_lists.append(src)
             idx.append(i)
+            img = src = None  # only the chunk's lists hold decoded images
             if len(idx) == chunk:
                 yield batch()
                 imgs, src_lists, idx = [], [], []  # drop our references: the chunk's images can be freed

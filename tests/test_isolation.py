@@ -253,3 +253,28 @@ def test_real_clip_reward_refuses_what_its_resize_would_blow_up(tiny_clip_dir):
     finally:
         media.set_max_aspect_ratio()
         media.set_max_pixels(None)
+
+
+def test_a_scored_chunk_is_released_before_the_next_is_decoded(monkeypatch):
+    """While the next chunk is decoded, no image of an already scored chunk is alive (peak = one chunk)."""
+    import gc
+    import weakref
+
+    refs: list = []
+    real = media._to_pil
+
+    def decode(x):
+        gc.collect()
+        alive = sum(r() is not None for r in refs)
+        assert alive == 0, f"{alive} images of scored chunks still alive while decoding the next chunk"
+        return real(x)
+
+    monkeypatch.setattr(media, "_to_pil", decode)
+
+    class Spy(MeanPixel):
+        def _score(self, batch):
+            refs.extend(weakref.ref(im) for im in batch.images)
+            return super()._score(batch)
+
+    out = Spy()([np.full((8, 8, 3), i, dtype=np.uint8) for i in range(10)], "p", batch_size=3)
+    assert out.valid.all() and len(refs) == 10
