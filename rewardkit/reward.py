@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import math
 import threading
 from contextlib import nullcontext
@@ -283,6 +284,22 @@ class Reward(abc.ABC):
     #: the base then never chunks the call; ``RewardBatch.chunk_size`` carries the caller's ``batch_size``.
     batch_relative: bool = False
     Config: ClassVar[type] = RewardConfig
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass's own ``to(device)`` receives a resolved ``torch.device``: ints (GPU index),
+        ``torch.device`` and strings are accepted, and an unusable device (``"cuda"`` on a CPU-only torch, an
+        index past the visible GPUs) is a clear ``ValueError`` before any module moves."""
+        super().__init_subclass__(**kwargs)
+        to = cls.__dict__.get("to")
+        if to is not None and not getattr(to, "_rk_resolves_device", False):
+            @functools.wraps(to)
+            def to_checked(self, device, *args, **kw):
+                from .models.vlm import resolve_device
+
+                return to(self, resolve_device(device), *args, **kw)
+
+            to_checked._rk_resolves_device = True  # type: ignore[attr-defined]
+            cls.to = to_checked  # type: ignore[method-assign]
 
     def __init__(self, config: Any = None, /, **overrides: Any) -> None:
         # RL trainers pass torch.device objects and integer GPU indices: store them as the string configs hold

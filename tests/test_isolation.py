@@ -215,6 +215,24 @@ def test_cuda_on_a_cpu_torch_is_a_clear_message(tiny_clip_dir):
         load_reward("clipscore", model=str(tiny_clip_dir), device="cuda")
     with pytest.raises(ValueError, match="pass device='cpu'"):
         MeanPixel().to("cuda")
+    clip = load_reward("clipscore", model=str(tiny_clip_dir), device="cpu")  # overrides to() itself
+    for dev in ("cuda", 0, torch.device("cuda:0")):
+        with pytest.raises(ValueError, match="pass device='cpu'"):
+            clip.to(dev)
+    assert clip.to(torch.device("cpu")).device == torch.device("cpu")
+
+
+def test_subclass_to_receives_a_resolved_device():
+    seen = []
+
+    class Mover(MeanPixel):
+        def to(self, device):
+            seen.append(device)
+            return self
+
+    Mover().to("cpu")
+    Mover().to(torch.device("cpu"))
+    assert seen == [torch.device("cpu")] * 2
 
 
 # ------------------------------------------------------------------ item 9: decode per chunk
