@@ -134,13 +134,25 @@ def _check_size(w: int, h: int) -> None:
 
 
 def check_resized_size(w: int, h: int, image_processor: Any) -> None:
-    """Refuse (``_Bad``) an image whose size after ``image_processor``'s own resize exceeds the pixel limit."""
+    """Refuse (``_Bad``) an image whose size after ``image_processor``'s own resize exceeds the pixel limit,
+    or that the processor itself would refuse (Qwen-VL's smart_resize: aspect ratio over 200), so one such
+    image cannot fail the processor call of a whole chunk."""
+    if _is_qwen_processor(image_processor) and max(w, h) > _QWEN_MAX_RATIO * min(w, h):
+        raise _Bad(f"image is {w}x{h}: aspect ratio {max(w, h) / min(w, h):,.1f} is over {_QWEN_MAX_RATIO}, which "
+                   "the model's (Qwen-VL) image processor refuses")
     out = resized_size(image_processor, w, h)
     if out is not None and out[0] * out[1] > _max_pixels:
         raise _Bad(
             f"image is {w}x{h}; the model's processor would resize it to {out[0]}x{out[1]} = "
             f"{out[0] * out[1]:,} pixels, over the limit of {_max_pixels:,} (aspect-ratio bomb guard)"
         )
+
+
+_QWEN_MAX_RATIO = 200  # transformers' smart_resize raises above this
+
+
+def _is_qwen_processor(ip: Any) -> bool:
+    return hasattr(ip, "merge_size") and hasattr(ip, "patch_size")
 
 
 def _size_get(size: Any, key: str) -> int | None:
@@ -160,7 +172,7 @@ def resized_size(image_processor: Any, w: int, h: int) -> tuple[int, int] | None
         return None
     if getattr(image_processor, "do_resize", True) is False:
         return (w, h)
-    if hasattr(image_processor, "merge_size") and hasattr(image_processor, "patch_size"):
+    if _is_qwen_processor(image_processor):
         return None  # Qwen-VL smart_resize: total pixels within max_pixels whatever the shape
     size = getattr(image_processor, "size", None)
     if size is None:

@@ -139,6 +139,21 @@ def test_size_after_the_models_resize_is_refused(clip_224):
         media.set_max_aspect_ratio()
 
 
+def test_qwen_processor_limit_is_checked_per_sample():
+    """Above Qwen-VL's own aspect limit (200) its processor raises for the whole chunk: refused per sample
+    even when rewardkit's bound is raised."""
+    transformers = pytest.importorskip("transformers")
+    ip = transformers.Qwen2VLImageProcessorPil()
+    try:
+        media.set_max_aspect_ratio(1000)
+        r = MeanPixel(image_processor=ip)
+        out = r([GOOD, Image.new("RGB", (500, 2)), Image.new("RGB", (300, 2))], "p", on_error="nan")
+        assert out.valid.tolist() == [True, False, True]
+        assert "Qwen-VL" in out.errors[1]
+    finally:
+        media.set_max_aspect_ratio()
+
+
 def test_real_clip_reward_finds_its_processor(tiny_clip_dir):
     from rewardkit import load_reward
 
