@@ -292,8 +292,11 @@ def _without_decoding(ds: Any) -> Any:
     feats = getattr(ds, "features", None)
     if not feats:
         return ds
-    new = datasets.Features({k: nd(v) for k, v in feats.items()})
-    return ds if new == feats else ds.cast(new)
+    for k, v in feats.items():
+        f = nd(v)
+        if f != v:  # cast_column only relabels the feature (same Arrow storage); cast() would rewrite the data
+            ds = ds.cast_column(k, f)
+    return ds
 
 
 def preflight_pairs(ds: Any, base_dir: Path | None = None, *, workers: int = 8, batch: int = 256,
