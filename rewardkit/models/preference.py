@@ -208,8 +208,9 @@ def _load_backbone(spec: str, *, dtype: Any, trust_remote_code: bool, processor_
 def load_processor_from(path: str, model_config: Any, *, trust_remote_code: bool = False):
     """Processor from a saved ``processor/`` folder (which carries no model config.json)."""
     transformers = require("transformers", "hf")
-    from .vlm import _processor_class_for, image_only_processor
+    from .vlm import _processor_class_for, image_only_processor, refuse_pickled_side_files
 
+    refuse_pickled_side_files(path)
     first_error: Exception | None = None
     try:
         proc = transformers.AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
@@ -589,7 +590,7 @@ class PreferenceModel(nn.Module):
 
         ``base_model`` overrides where a LoRA model's base weights come from (e.g. a local copy).
         """
-        from .vlm import resolve_device
+        from .vlm import require_safetensors, resolve_device
 
         root = resolve_model_dir(path_or_id, revision=revision)
         cfg_path = root / CONFIG_NAME
@@ -600,6 +601,11 @@ class PreferenceModel(nn.Module):
             raise ValueError(f"{path_or_id}: unsupported format {cfg.get('format')!r} v{cfg.get('format_version')}")
         template = PreferenceTemplate.from_dict(cfg["template"])
         rid = int(cfg["reward_token_id"])
+        # safetensors only: check the head and the adapter before loading anything heavy
+        head_file = require_safetensors(root, HEAD_NAME, "reward head")
+        if cfg["weights"] != "full":
+            # peft itself would fall back to torch.load(adapter_model.bin) when the safetensors file is missing
+            require_safetensors(root / "adapter", "adapter_model.safetensors", "LoRA adapter")
         if cfg["weights"] == "full":
             vlm, proc = _load_backbone(str(root / "backbone"), dtype=dtype, trust_remote_code=trust_remote_code,
                                        processor_dir=str(root / "processor"))
@@ -618,7 +624,7 @@ class PreferenceModel(nn.Module):
             raise ValueError(f"{path_or_id}: tokenizer's id for {template.reward_token!r} does not match the config")
         hc = cfg["head"]
         head = build_head(hc["type"], int(hc["in_features"]), int(hc.get("hidden", 1024)))
-        state = require("safetensors.torch", "hf").load_file(str(root / HEAD_NAME))
+        state = require("safetensors.torch", "hf").load_file(str(head_file))
         head.load_state_dict(state)
         model = cls(vlm, proc, head=hc["type"], head_hidden=int(hc.get("hidden", 1024)), template=template,
                     base_model=cfg.get("base_model", ""), reward_token_id=rid, head_module=head)
