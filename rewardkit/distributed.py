@@ -154,3 +154,104 @@ def gather_in_order(items: Sequence[Any], group: Any = None) -> list[Any]:
     for part in gather_objects(list(items), group):
         out.extend(part)
     return out
+
+
+def shard_by_chunks(n: int, chunk: int, rank_: int | None = None, world: int | None = None) -> list[int]:
+    """Like :func:`shard_indices`, but each rank gets whole chunks of ``chunk`` consecutive items (a
+    contiguous block of chunks), so every model call sees exactly the batch a single process would give it:
+    sharded scores are bit-identical to an unsharded run on the same kind of device."""
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    n_chunks = -(-n // chunk)
+    mine = shard_indices(n_chunks, rank_, world)
+    if not mine:
+        return []
+    return list(range(mine[0] * chunk, min((mine[-1] + 1) * chunk, n)))
+
+
+def local_device(requested: Any = None) -> Any:
+    """The device a rank should use: ``cuda:LOCAL_RANK`` when CUDA is available and the user asked for
+    "cuda" or nothing; anything explicit (``cpu``, ``cuda:1``) is kept."""
+    import torch
+
+    if requested not in (None, "cuda") or not torch.cuda.is_available():
+        return requested
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+
+
+class ScoreShards:
+    """Sharded ``rewardkit score``: which items this rank scores, where it writes them, and the merge.
+
+    Each rank writes its rows as it scores them to ``OUTPUT.rank<r>-of-<w>.part`` (nothing is lost on
+    interruption); at the end every rank's rows are gathered in input order, rank 0 writes ``OUTPUT``
+    atomically and prints the table, and the part files are removed.
+    """
+
+    def __init__(self, n: int, chunk: int):
+        self.rank, self.world = rank(), world_size()
+        self.indices = shard_by_chunks(n, chunk)
+
+    @classmethod
+    def from_env(cls, n: int, chunk: int) -> "ScoreShards | None":
+        """None unless launched by torchrun / accelerate launch with more than one process."""
+        if launched_world_size() <= 1:
+            return None
+        init_from_env()
+        return cls(n, chunk) if is_distributed() else None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def select(self, items: Sequence[Any]) -> list[Any]:
+        return [items[i] for i in self.indices]
+
+    def part_path(self, output: Any) -> Any:
+        from pathlib import Path
+
+        if output is None:
+            return None
+        output = Path(output)
+        return output.with_name(f"{output.name}.rank{self.rank}-of-{self.world}.part")
+
+    def merge(self, rows: list[Any], output: Any = None) -> list[Any] | None:
+        """All ranks' rows in input order on rank 0 (None on the others); rank 0 writes ``output``."""
+        import json
+        from pathlib import Path
+
+        merged = gather_in_order(rows)
+        if self.is_main and output is not None:
+            output = Path(output)
+            tmp = output.with_name(output.name + ".tmp")
+            with tmp.open("w", encoding="utf-8") as fh:
+                for row in merged:
+                    fh.write(json.dumps(row) + "\n")
+            os.replace(tmp, output)
+        barrier()
+        part = self.part_path(output)
+        if part is not None and part.exists():
+            part.unlink()
+        return merged if self.is_main else None
+
+
+def shard_keys(keys: Sequence[Any], chunk: int) -> list[Any]:
+    """This rank's whole-chunk block of ``keys`` (all of them without a process group)."""
+    if not is_distributed():
+        return list(keys)
+    return [keys[i] for i in shard_by_chunks(len(keys), chunk)]
+
+
+def merge_rows(found: dict, rows: Sequence[tuple]) -> int:
+    """Add every rank's freshly computed ``(key, *values)`` rows to ``found`` as ``{key: values}`` (a no-op
+    without a process group, where ``found`` already holds them). Returns how many rows all ranks computed."""
+    if not is_distributed():
+        return len(rows)
+    merged = gather_in_order(list(rows))
+    for row in merged:
+        found[row[0]] = tuple(row[1:])
+    return len(merged)
+
+
+def sum_over_ranks(x: int | float) -> int | float:
+    """``x`` summed over every rank (``x`` itself without a process group)."""
+    return sum(gather_objects(x)) if is_distributed() else x

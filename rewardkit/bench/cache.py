@@ -64,7 +64,8 @@ class ScoreCache:
             self.path = d / f"{fingerprint}.sqlite"
             target = str(self.path)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(target, check_same_thread=False)
+        # timeout: several processes (a torchrun-sharded bench) write one file; SQLite serialises the writers
+        self._db = sqlite3.connect(target, check_same_thread=False, timeout=120.0)
         if self.path is not None:
             # WAL + NORMAL: a commit survives the process being killed (what resuming needs) without an
             # fsync per chunk; only an OS crash can lose the last chunks, which are then simply re-scored.

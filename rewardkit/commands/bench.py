@@ -112,6 +112,13 @@ def run(args: argparse.Namespace) -> int:
     for key in ("model", "device", "dtype"):
         if getattr(args, key) is not None:
             kwargs[key] = getattr(args, key)
+    from .. import distributed
+
+    if distributed.init_from_env():  # torchrun / accelerate launch: score shards, rank 0 writes the report
+        device = distributed.local_device(kwargs.get("device"))
+        if device is not None:
+            kwargs["device"] = device
+        args.no_progress = args.no_progress or distributed.rank() != 0
     reward = load_reward(args.reward, str(args.config) if args.config else None, **kwargs)
     cache_dir = None if args.no_cache else (args.cache_dir if args.cache_dir else "default")
     try:
@@ -123,6 +130,8 @@ def run(args: argparse.Namespace) -> int:
     except BenchDataError as exc:
         print(f"rewardkit bench: error: {exc}", file=sys.stderr)
         return 2
+    if distributed.rank() != 0:
+        return 0
     result.reward["name"] = args.reward
     out = args.output_dir
     out.mkdir(parents=True, exist_ok=True)
