@@ -273,16 +273,16 @@ def test_ddpo_shape_and_nan(pick):
 
 # ---------------------------------------------------------------- shared behaviour
 def test_lazy_loading_by_name_once_behind_a_lock(tiny_clip_dir, monkeypatch):
-    import rewardkit.registry as registry
+    from rewardkit.rewards.pickscore import PickScore
 
     built = []
-    real = registry.load_reward
+    real_init = PickScore.__init__
 
-    def counting(name, *a, **k):
-        built.append(name)
-        return real(name, *a, **k)
+    def counting(self, *a, **k):
+        built.append(k.get("device"))
+        real_init(self, *a, **k)
 
-    monkeypatch.setattr(registry, "load_reward", counting)
+    monkeypatch.setattr(PickScore, "__init__", counting)
     fn = flow_grpo_scorer("pick-score", torch.device("cpu"), model=str(tiny_clip_dir))
     assert not fn.handle.loaded and built == []                    # nothing loads at construction
     imgs = float_batch()
@@ -294,7 +294,7 @@ def test_lazy_loading_by_name_once_behind_a_lock(tiny_clip_dir, monkeypatch):
 
     with ThreadPoolExecutor(4) as ex:
         outs = [f.result() for f in [ex.submit(go) for _ in range(4)]]
-    assert built == ["pickscore"] and all(np.array_equal(o, outs[0]) for o in outs)
+    assert built == ["cpu"] and all(np.array_equal(o, outs[0]) for o in outs)   # once, on the given device
     pickle.loads(pickle.dumps(fn.handle))                          # picklable (lock dropped and rebuilt)
     with pytest.raises(Exception, match="unknown reward"):
         flow_grpo_scorer("pikscore")                               # a typo fails at build time

@@ -147,9 +147,16 @@ class LazyReward:
             return r
         with self._lock:
             if self._reward is None:
-                from ..registry import load_reward
+                import dataclasses
 
-                r = load_reward(self._name, **self._kwargs)
+                from ..registry import get_reward_class
+
+                cls = get_reward_class(self._name)
+                kwargs = dict(self._kwargs)
+                fields = {f.name for f in dataclasses.fields(cls.Config)} if dataclasses.is_dataclass(cls.Config) else set()
+                if self._device is not None and "device" in fields and "device" not in kwargs:
+                    kwargs["device"] = str(self._device)   # load straight onto this rank's device
+                r = cls(None, **kwargs)
                 if self._device is not None:
                     r.to(self._device)
                 self._reward = r
