@@ -171,12 +171,13 @@ def shard_by_chunks(n: int, chunk: int, rank_: int | None = None, world: int | N
 
 def local_device(requested: Any = None) -> Any:
     """The device a rank should use: ``cuda:LOCAL_RANK`` when CUDA is available and the user asked for
-    "cuda" or nothing; anything explicit (``cpu``, ``cuda:1``) is kept."""
+    "cuda" or nothing (ranks beyond the GPU count share GPUs round-robin); anything explicit (``cpu``,
+    ``cuda:1``) is kept."""
     import torch
 
     if requested not in (None, "cuda") or not torch.cuda.is_available():
         return requested
-    return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', '0')) % torch.cuda.device_count()}"
 
 
 class ScoreShards:

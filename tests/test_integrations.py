@@ -76,6 +76,30 @@ def test_flow_grpo_scorer_float_nchw_equals_direct(pick, dtype):
     assert torch.as_tensor(scores).float().shape == (6,)                # what the host does with it
 
 
+def test_flow_grpo_scorer_channels_last_and_requires_grad(pick):
+    base = float_batch()
+    direct = pick(base, list(PROMPTS)).scores.numpy()
+    cl = base.contiguous(memory_format=torch.channels_last)
+    np.testing.assert_array_equal(flow_grpo_scorer(pick)(cl, PROMPTS, None)[0], direct)
+    g = base.clone().requires_grad_(True)
+    np.testing.assert_array_equal(flow_grpo_scorer(pick)(g, PROMPTS, None)[0], direct)
+
+
+def test_adapters_import_light():
+    """Building every adapter by name imports no model library (loading waits for the first call)."""
+    import subprocess
+    import sys
+
+    code = ("from rewardkit.integrations import *\n"
+            "from rewardkit.integrations import flow_grpo_scorer, multi_score, trl_reward_func, "
+            "verl_compute_score, ddpo_reward_fn\n"
+            "flow_grpo_scorer('pickscore'); multi_score(0, {'pickscore': 1.0}); trl_reward_func('clipscore')\n"
+            "verl_compute_score('pickscore', micro_batch=8); ddpo_reward_fn('pickscore')\n"
+            "import sys; print(' '.join(sys.modules))")
+    mods = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+    assert not {"transformers", "trl", "diffusers", "peft", "datasets", "accelerate"} & mods
+
+
 def test_flow_grpo_scorer_uint8_nhwc_numpy_equals_direct(pick):
     imgs = (float_batch() * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()   # NHWC uint8
     scores, _ = flow_grpo_scorer(pick)(imgs, list(PROMPTS), {})      # flow_grpo's own example passes {}
