@@ -9,7 +9,7 @@ direct ``reward(...)`` call. This is robust to a loaded machine, where two wall-
 calls differ by tens of percent from noise alone; the side-by-side wall-clock ratio is printed too.
 Target: under 2% of the direct call.
 
-    python benchmarks/adapter_overhead.py [--n 32] [--size 256] [--repeats 15]
+    python benchmarks/adapter_overhead.py [--n 32] [--size 256] [--repeats 15] [--threads 1]
 """
 
 from __future__ import annotations
@@ -39,9 +39,14 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=32, help="images per call (default 32)")
     ap.add_argument("--size", type=int, default=256, help="image side (default 256)")
     ap.add_argument("--repeats", type=int, default=15, help="timed pairs per adapter (median reported)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch intra-op threads (default 1: on a shared, oversubscribed CPU, OpenMP thread "
+                         "pools make single-call times vary 5x; one thread keeps them within ~10%%)")
     args = ap.parse_args()
 
     import torch
+
+    torch.set_num_threads(args.threads)
 
     from rewardkit.integrations import (ddpo_reward_fn, flow_grpo_scorer, multi_score, trl_reward_func,
                                         verl_compute_score)
@@ -112,6 +117,29 @@ def main() -> int:
             md, ma, mo = statistics.median(td), statistics.median(ta), statistics.median(outside)
             print(f"| {name} | {md * 1e3:.1f} ms | {ma * 1e3:.1f} ms | {mo * 1e3:.3f} ms | "
                   f"**{mo / md * 100:.3f}%** (wall-clock ratio {(ma / md - 1) * 100:+.1f}%) |")
+        # verl-omni calls compute_score per sample from many threads: micro-batching turns 32 concurrent
+        # single-image calls into batched reward calls.
+        from concurrent.futures import ThreadPoolExecutor
+
+        batched = verl_compute_score(reward, micro_batch=n, max_wait_s=0.05)
+
+        def threaded(fn):
+            with ThreadPoolExecutor(max_workers=n) as ex:
+                futs = [ex.submit(fn, data_source="x", solution_image=u8[i], ground_truth=prompts[i], extra_info={})
+                        for i in range(n)]
+                return [f.result()["score"] for f in futs]
+
+        threaded(batched), threaded(verl)
+        tb, tp, calls = [], [], []
+        for r in range(max(3, args.repeats // 3)):
+            inside.clear()
+            tb.append(_timed(lambda: threaded(batched)))
+            calls.append(len(inside))
+            tp.append(_timed(lambda: threaded(verl)))
+        mb, mp = statistics.median(tb), statistics.median(tp)
+        print(f"\nverl, {n} concurrent per-sample calls from {n} threads: per-sample {mp * 1e3:.0f} ms, "
+              f"micro_batch={n} {mb * 1e3:.0f} ms ({statistics.median(calls):.0f} reward calls instead of {n}): "
+              f"**{mp / mb:.1f}x**")
     return 0
 
 

@@ -13,11 +13,12 @@ gets its own sample's result. A sample's NaN policy is applied in its own call o
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from typing import Any, Mapping
 
-from ._common import LazyReward, _check_policy, apply_nan_policy, refuse_batch_relative
+from ._common import LazyReward, NonFiniteRewardError, _check_policy, refuse_batch_relative
 
 __all__ = ["verl_compute_score", "VerlComputeScore"]
 
@@ -112,16 +113,16 @@ class VerlComputeScore:
             sources = [s[2] if isinstance(s[2], (list, tuple)) else [s[2]] for s in samples]
         out = reward([s[0] for s in samples], [s[1] for s in samples], sources=sources,
                      batch_size=self.batch_size, on_error="nan")
-        results = []
-        for i in range(len(samples)):
-            sub = _select(out, i)
-            results.append(sub)
-        return results
+        # plain Python per sample: this path runs once per sample, so it avoids per-call tensor work
+        return list(zip(out.scores.detach().float().cpu().tolist(), out.valid.tolist(), out.errors))
 
-    def _finish(self, sub: Any) -> dict[str, float]:
-        values, report = apply_nan_policy(sub, host=_HOST, name=self.handle.name, nan_policy=self.nan_policy,
-                                          fill_value=self.fill_value)
-        return {"score": float(values[0]), "valid": float(report["n_invalid"] == 0)}
+    def _finish(self, result: tuple[float, bool, str | None]) -> dict[str, float]:
+        score, valid, error = result
+        if valid and math.isfinite(score):
+            return {"score": score, "valid": 1.0}
+        if self.nan_policy == "raise":
+            raise NonFiniteRewardError(_HOST, self.handle.name, [0], [error], 1)
+        return {"score": self.fill_value, "valid": 0.0}
 
     def _batched(self, sample: tuple) -> Any:
         slot = _Slot()
@@ -162,17 +163,8 @@ class VerlComputeScore:
     def __call__(self, data_source: Any = None, solution_image: Any = None, ground_truth: Any = None,
                  extra_info: Any = None, **kwargs: Any) -> dict[str, float]:
         sample = self._sample(solution_image, ground_truth, extra_info)
-        if self.micro_batch > 1:
-            sub = self._batched(sample)
-        else:
-            sub = self._score_many([sample])[0]
-        return self._finish(sub)
-
-
-def _select(out: Any, i: int) -> Any:
-    from ..reward import RewardOutput
-
-    return RewardOutput(scores=out.scores[i:i + 1], valid=out.valid[i:i + 1], errors=[out.errors[i]])
+        result = self._batched(sample) if self.micro_batch > 1 else self._score_many([sample])[0]
+        return self._finish(result)
 
 
 def verl_compute_score(reward: Any, device: Any = None, *, prompt_key: str = "auto", source_key: str | None = None,
