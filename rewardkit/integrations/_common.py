@@ -153,7 +153,8 @@ class LazyReward:
 
                 cls = get_reward_class(self._name)
                 kwargs = dict(self._kwargs)
-                fields = {f.name for f in dataclasses.fields(cls.Config)} if dataclasses.is_dataclass(cls.Config) else set()
+                cfg_cls = cls.Config
+                fields = {f.name for f in dataclasses.fields(cfg_cls)} if dataclasses.is_dataclass(cfg_cls) else set()
                 if self._device is not None and "device" in fields and "device" not in kwargs:
                     kwargs["device"] = str(self._device)   # load straight onto this rank's device
                 r = cls(None, **kwargs)

@@ -59,7 +59,8 @@ class TRLRewardFunction:
                  metadata_columns: Sequence[str], nan_policy: str, fill_value: float | None,
                  batch_size: int | None, allow_batch_relative: bool, name: str):
         if not (callable(text) or text in ("completion", "prompt")):
-            raise ValueError(f"text must be 'completion', 'prompt' or a callable(prompt, completion) -> str, got {text!r}")
+            raise ValueError("text must be 'completion', 'prompt' or a callable(prompt, completion) -> str, "
+                             f"got {text!r}")
         if image_column not in ("auto", "image", "images"):
             raise ValueError(f"image_column must be 'auto', 'image' or 'images', got {image_column!r}")
         self.handle = handle
