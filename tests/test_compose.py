@@ -19,6 +19,15 @@ from rewardkit.reward import Reward, RewardBatch, RewardConfig, RewardOutput
 NAN = float("nan")
 
 
+def zr(x, mask=None):
+    """The composite default: the RL convention (x - mean) / (std + 1e-4)."""
+    return zscore(x, mask, mode="rl")
+
+
+def gzr(x, keys, mask=None):
+    return group_zscore(x, keys, mask, mode="rl")
+
+
 def close(a, b, tol=1e-5):
     a = torch.as_tensor(a, dtype=torch.float32)
     b = torch.as_tensor(b, dtype=torch.float32)
@@ -140,9 +149,9 @@ META = [{"intent": "strict"}, {"intent": "neutral"}, {"intent": "open"}, {"inten
 def test_composite_matches_formula_by_hand():
     comp = _composite(detectors={"mode": "veto", "target": "preference"})
     out = comp(IMGS, "p", metadata=META)
-    zp = zscore(RED)
-    zf = zscore(BLUE)
-    zc = zscore(BLUE[[0, 3]])                    # constraint statistics over the strict samples only
+    zp = zr(RED)
+    zf = zr(BLUE)
+    zc = zr(BLUE[[0, 3]])                    # constraint statistics over the strict samples only
     fired = torch.tensor([0.0, 1.0, 0.0, 1.0])   # green > 0.5 on images 1 and 3
     zp_v = zp - fired * zp.clamp(min=0)
     expect = zp_v + zf + torch.tensor([zc[0], 0.0, 0.0, zc[1]])
@@ -161,19 +170,19 @@ def test_composite_matches_formula_by_hand():
 def test_composite_ablations_additive_and_ungated():
     fired = torch.tensor([0.0, 1.0, 0.0, 1.0])
     add = _composite(detectors={"mode": "additive", "penalty": 1.0})(IMGS, "p", metadata=META)
-    zp, zf = zscore(RED), zscore(BLUE)
-    zc = zscore(BLUE[[0, 3]])
+    zp, zf = zr(RED), zr(BLUE)
+    zc = zr(BLUE[[0, 3]])
     assert close(add.scores, zp - fired + zf + torch.tensor([zc[0], 0, 0, zc[1]]))
     ungated = _composite(gating="none")(IMGS, "p", metadata=META)
-    assert close(ungated.scores, zp + zf + zscore(BLUE))
+    assert close(ungated.scores, zp + zf + zr(BLUE))
     assert close(ungated.dimensions["constraint/gate"], [1, 1, 1, 1])
 
 
 def test_composite_missing_intent_gates_off_and_group_normalisation():
     comp = _composite(normalize="group")
     out = comp(IMGS, ["a", "a", "b", "b"], metadata=[{"intent": "strict"}, {}, {}, {"intent": "strict"}])
-    zp = group_zscore(RED, ["a", "a", "b", "b"])
-    zf = group_zscore(BLUE, ["a", "a", "b", "b"])
+    zp = gzr(RED, ["a", "a", "b", "b"])
+    zf = gzr(BLUE, ["a", "a", "b", "b"])
     # constraint: strict samples 0 (group a) and 3 (group b) are each alone in their group -> z = 0
     assert close(out.scores, zp + zf)
 
@@ -191,7 +200,7 @@ def test_composite_invalid_axis_makes_sample_invalid_with_reason():
     out = comp(IMGS, "p")
     assert not out.valid[2] and "axis 'preference': too dark" in out.errors[2]
     # statistics exclude the invalid sample
-    assert close(out.dimensions["preference/z"][[0, 1, 3]], zscore(RED[[0, 1, 3]]))
+    assert close(out.dimensions["preference/z"][[0, 1, 3]], zr(RED[[0, 1, 3]]))
     assert torch.isnan(out.scores[2])
 
 

@@ -70,8 +70,13 @@ reward:
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     raw = [r["dimensions"]["text/raw"] for r in rows]
     assert raw[:2] == [1.0, 1.0] and raw[2] < 1.0
-    # z over the batch of three: two equal maxima and one lower value -> (+1/sqrt2, +1/sqrt2, -sqrt2)
-    assert [round(r["score"], 4) for r in rows] == [0.7071, 0.7071, -1.4142]
+    # z over the batch of three: two equal maxima and one lower value -> (+1/sqrt2, +1/sqrt2, -sqrt2) * s/(s+eps)
+    # (the composite default is the RL convention (x - mean) / (std + 1e-4))
+    mean = sum(raw) / 3
+    std = (sum((x - mean) ** 2 for x in raw) / 3) ** 0.5
+    shrink = std / (std + 1e-4)
+    assert [r["score"] for r in rows] == pytest.approx([0.70710678 * shrink, 0.70710678 * shrink, -1.41421356 * shrink],
+                                                       abs=1e-5)
     assert main(["compose", "score", "--config", str(cfg), "--jsonl", str(tmp_path / "items.jsonl"),
                  "-o", str(out), "--no-progress", "--set", "normalize=none"]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]

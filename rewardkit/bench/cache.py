@@ -94,7 +94,8 @@ class ScoreCache:
         self._range = (float(rng[0]), float(rng[1])) if isinstance(rng, (list, tuple)) and len(rng) == 2 else None
         self._n_bad = 0
         try:
-            self._db = sqlite3.connect(target, check_same_thread=False)
+            # timeout: several processes (a torchrun-sharded bench) write one file; SQLite serialises the writers
+            self._db = sqlite3.connect(target, check_same_thread=False, timeout=120.0)
         except sqlite3.Error as exc:
             raise CacheFileError(target, f"cannot be opened ({exc})") from None
         try:

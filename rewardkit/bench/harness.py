@@ -35,6 +35,7 @@ import numpy as np
 from .._version import __version__
 from ..reward import Reward, config_dict
 from . import metrics as M
+from ..distributed import merge_rows, shard_keys, sum_over_ranks
 from .cache import ScoreCache, default_cache_dir, pair_key, reward_fingerprint, sample_key
 from .data import BenchDataError, Comparison, load_comparisons
 from .spec import BenchmarkSpec, get_spec
@@ -215,8 +216,10 @@ class _Scorer:
     def _fill(self, keys: list[str], found: dict[str, tuple], compute, put, desc: str) -> dict[str, tuple]:
         """Compute the missing (or, with ``retry_invalid``, invalid) keys in chunks; each chunk's rows
         ``(key, value, valid, error)`` are committed to the cache before the next chunk starts."""
-        todo = self._todo(keys, found)
+        cached0 = self.n_cached
+        todo = self._todo(shard_keys(keys, self.batch_size), found)  # under torchrun: this rank's chunks
         bar = self._bar(len(todo), desc)
+        mine = []
         try:
             for s in range(0, len(todo), self.batch_size):
                 chunk = todo[s:s + self.batch_size]
@@ -225,10 +228,13 @@ class _Scorer:
                 self.model_seconds += time.perf_counter() - t0
                 put(rows)
                 found.update({k: (x, v, e) for k, x, v, e in rows})
+                mine.extend(rows)
                 self.n_computed += len(chunk)
                 bar.update(len(chunk))
         finally:
             bar.close()
+        self.n_computed += merge_rows(found, mine) - len(mine)  # every rank's rows (no-op in one process)
+        self.n_cached = cached0 + sum_over_ranks(self.n_cached - cached0)
         return found
 
     def scores(self, samples: dict[str, tuple[bytes, str | None, list[bytes]]], use_sources: bool, desc: str
@@ -258,8 +264,10 @@ class _Scorer:
                   desc: str) -> dict[str, tuple[str | None, str | None]]:
         keys = list(pairs)
         found = self.cache.get_verdicts(keys)
-        todo = [k for k in keys if k not in found or (self.retry_invalid and found[k][0] is None)]
+        todo = [k for k in shard_keys(keys, self.batch_size)
+                if k not in found or (self.retry_invalid and found[k][0] is None)]
         bar = self._bar(len(todo), desc)
+        mine = []
         try:
             for s in range(0, len(todo), self.batch_size):
                 chunk = todo[s:s + self.batch_size]
@@ -273,9 +281,11 @@ class _Scorer:
                 rows = [(k, a, None if a else "no verdict") for k, a in zip(chunk, answers)]
                 self.cache.put_verdicts(rows)
                 found.update({k: (a, e) for k, a, e in rows})
+                mine.extend(rows)
                 bar.update(len(chunk))
         finally:
             bar.close()
+        merge_rows(found, mine)
         return found
 
 

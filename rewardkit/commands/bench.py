@@ -132,6 +132,13 @@ def run(args: argparse.Namespace) -> int:
         _check_local_data(benches, data_dir)  # wrong or shared files: say so before any model loads
     except BenchDataError as exc:
         raise UsageError(str(exc)) from None
+    from .. import distributed
+
+    if distributed.init_from_env():  # torchrun / accelerate launch: score shards, rank 0 writes the report
+        device = distributed.local_device(kwargs.get("device"))
+        if device is not None:
+            kwargs["device"] = device
+        args.no_progress = args.no_progress or distributed.rank() != 0
     reward = load_reward_cli(args.reward, args.config, kwargs)
     cache_dir = None if args.no_cache else (args.cache_dir if args.cache_dir else "default")
     try:
@@ -142,6 +149,8 @@ def run(args: argparse.Namespace) -> int:
                           progress=not args.no_progress)
     except BenchDataError as exc:
         raise UsageError(str(exc)) from None
+    if distributed.rank() != 0:
+        return 0
     result.reward["name"] = args.reward
     out = args.output_dir
     out.mkdir(parents=True, exist_ok=True)

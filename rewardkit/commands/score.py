@@ -140,17 +140,26 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--batch-size must be >= 1")
     kwargs = reward_kwargs(args)  # first: a file name swallowed by --set gets its hint before anything else
     items = _items(args)
+    has_sources = any(it["sources"] for it in items)
+    from ..distributed import ScoreShards, local_device
+
+    shards = ScoreShards.from_env(len(items), args.batch_size)  # torchrun / accelerate launch: this rank's part
+    if shards is not None:
+        items, device = shards.select(items), local_device(kwargs.get("device"))
+        if device is not None:
+            kwargs["device"] = device
+        args.no_progress = args.no_progress or not shards.is_main
     reward = load_reward_cli(args.reward, args.config, kwargs)
     from tqdm.auto import tqdm
 
-    has_sources = any(it["sources"] for it in items)
     print(f"scoring {len(items)} image(s) with {args.reward}" + (" (with source images)" if has_sources else ""),
           file=sys.stderr)
     n_bad = 0
     results = []
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-    out_fh = args.output.open("w", encoding="utf-8") if args.output else None
+    out_path = shards.part_path(args.output) if shards is not None else args.output
+    if out_path:
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_fh = out_path.open("w", encoding="utf-8") if out_path else None
     try:
         bar = tqdm(total=len(items), desc=f"scoring with {args.reward}", unit="img", delay=1.0,
                    disable=args.no_progress, file=sys.stderr)
@@ -180,6 +189,11 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if out_fh:
             out_fh.close()
+    if shards is not None:  # rows of every rank, in input order; rank 0 writes the output and prints
+        results = shards.merge(results, args.output)
+        if results is None:
+            return 0
+        n_bad = sum(not r["valid"] for r in results)
     width = max((len(r["image"]) for r in results), default=5)
     print(f"{'image'.ljust(width)}  score")
     for r in results:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Mapping, Sequence
@@ -32,9 +33,12 @@ from ..config import _read_yaml, build_config, parse_overrides
 from ..errors import ConfigError
 from ..judges.policy import JUDGE_ERROR_POLICIES, JudgePolicyMixin
 from ..reward import Reward, RewardBatch, RewardConfig, RewardOutput
-from .functions import additive_penalty, combine, group_zscore, intent_gate, veto, zscore
+from .functions import DEFAULT_EPS, ZSCORE_MODES, additive_penalty, combine, group_zscore, intent_gate, veto, zscore
 
-__all__ = ["Composite", "CompositeConfig", "WeightedSum", "WeightedSumConfig", "AxisSpec", "build_composite"]
+__all__ = ["Composite", "CompositeConfig", "WeightedSum", "WeightedSumConfig", "AxisSpec", "AxisScores",
+           "build_composite"]
+
+_CAPTURE = threading.local()   # Composite.axis_scores: collects the formula's inputs of the running call
 
 _NORMALIZE = ("batch", "group", "fixed", "none")
 _GATES = ("none", "intent")
@@ -92,6 +96,100 @@ class AxisSpec:
 
 
 @dataclass
+class AxisScores:
+    """The per-sample inputs of a :class:`Composite`'s formula, before any batch statistic.
+
+    All tensors are ``[B]``; keys of ``raw`` / ``valid`` / ``errors`` are the axis names plus ``"detectors"``
+    when detectors are on (its raw score is 1 when an applicable detector fired).
+
+    Attributes:
+        raw: float32 sub-reward scores (NaN where invalid).
+        valid: bool validity per axis.
+        errors: per axis, B reasons (None when valid).
+        gates: per axis, float 0/1 gate (all ones for an ungated axis).
+        intents: B intent labels (None when unknown).
+        group_keys: B keys for ``normalize="group"``.
+        input_errors: B reasons a sample's input could not be read (None when it could).
+        detector_dims: per-detector float ``[B]`` verdicts (NaN where not enabled).
+    """
+
+    raw: dict[str, torch.Tensor]
+    valid: dict[str, torch.Tensor]
+    errors: dict[str, list[str | None]]
+    gates: dict[str, torch.Tensor]
+    intents: list[str | None]
+    group_keys: list[Any]
+    input_errors: list[str | None]
+    detector_dims: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.input_errors)
+
+    @classmethod
+    def empty(cls, n: int, names: Sequence[str], axes: Sequence[str], dims: Sequence[str] = ()) -> "AxisScores":
+        nan = lambda: torch.full((n,), float("nan"))  # noqa: E731
+        return cls(raw={k: nan() for k in names}, valid={k: torch.zeros(n, dtype=torch.bool) for k in names},
+                   errors={k: ["not scored"] * n for k in names}, gates={k: torch.zeros(n) for k in axes},
+                   intents=[None] * n, group_keys=[None] * n, input_errors=[None] * n,
+                   detector_dims={d: nan() for d in dims})
+
+    def _place(self, indices: Sequence[int], part: "AxisScores") -> None:
+        idx = torch.tensor(list(indices), dtype=torch.long)
+        for k in self.raw:
+            self.raw[k][idx] = part.raw[k]
+            self.valid[k][idx] = part.valid[k]
+            for j, i in enumerate(indices):
+                self.errors[k][i] = part.errors[k][j]
+        for k in self.gates:
+            self.gates[k][idx] = part.gates[k]
+        for d, v in part.detector_dims.items():
+            self.detector_dims[d][idx] = v
+        for j, i in enumerate(indices):
+            self.intents[i] = part.intents[j]
+            self.group_keys[i] = part.group_keys[j]
+
+    @classmethod
+    def cat(cls, parts: Sequence["AxisScores"]) -> "AxisScores":
+        """Concatenate along the batch (e.g. every rank's slice, in rank order)."""
+        parts = list(parts)
+        if not parts:
+            raise ValueError("AxisScores.cat needs at least one part")
+        first = parts[0]
+        for p in parts[1:]:
+            if set(p.raw) != set(first.raw) or set(p.gates) != set(first.gates):
+                raise ValueError("AxisScores from different composites cannot be concatenated")
+        dims = sorted({d for p in parts for d in p.detector_dims})
+        cat = lambda get, n_of=None: torch.cat([get(p) for p in parts])  # noqa: E731
+        return cls(raw={k: cat(lambda p: p.raw[k]) for k in first.raw},
+                   valid={k: cat(lambda p: p.valid[k]) for k in first.raw},
+                   errors={k: [e for p in parts for e in p.errors[k]] for k in first.raw},
+                   gates={k: cat(lambda p: p.gates[k]) for k in first.gates},
+                   intents=[x for p in parts for x in p.intents],
+                   group_keys=[x for p in parts for x in p.group_keys],
+                   input_errors=[x for p in parts for x in p.input_errors],
+                   detector_dims={d: cat(lambda p: p.detector_dims.get(d, torch.full((len(p),), float("nan"))))
+                                  for d in dims})
+
+    def to_payload(self) -> dict[str, Any]:
+        """Plain Python lists (exact: float32 -> float is lossless), for ``all_gather_object``."""
+        return {"raw": {k: v.tolist() for k, v in self.raw.items()},
+                "valid": {k: v.tolist() for k, v in self.valid.items()},
+                "errors": self.errors, "gates": {k: v.tolist() for k, v in self.gates.items()},
+                "intents": self.intents, "group_keys": self.group_keys, "input_errors": self.input_errors,
+                "detector_dims": {k: v.tolist() for k, v in self.detector_dims.items()}}
+
+    @classmethod
+    def from_payload(cls, d: Mapping[str, Any]) -> "AxisScores":
+        f32 = lambda x: torch.tensor(x, dtype=torch.float32).reshape(-1)  # noqa: E731
+        return cls(raw={k: f32(v) for k, v in d["raw"].items()},
+                   valid={k: torch.tensor(v, dtype=torch.bool).reshape(-1) for k, v in d["valid"].items()},
+                   errors={k: list(v) for k, v in d["errors"].items()},
+                   gates={k: f32(v) for k, v in d["gates"].items()}, intents=list(d["intents"]),
+                   group_keys=list(d["group_keys"]), input_errors=list(d["input_errors"]),
+                   detector_dims={k: f32(v) for k, v in d["detector_dims"].items()})
+
+
+@dataclass
 class CompositeConfig(RewardConfig):
     """Configuration of :class:`Composite` (YAML-friendly: plain lists and dicts).
 
@@ -110,7 +208,10 @@ class CompositeConfig(RewardConfig):
         gating: "intent" (gates as configured) or "none" (every gate open: the ungated ablation).
         judge: optional judge spec (``load_judge`` argument) shared by every judge-based sub-reward, so one
             judge model is loaded once.
-        eps: std below which an axis counts as zero-variance (its z-scores are 0).
+        zscore: ``"rl"`` (default): ``(x - mean) / (std + eps)``, the advantage formula of flow_grpo /
+            DiffusionNFT, continuous in the scores; ``"cutoff"``: ``(x - mean) / std``, and 0 when
+            ``std < eps``. See ``docs/compose.md``.
+        eps: ``None`` = 1e-4 for ``zscore="rl"`` (flow_grpo's value), 1e-6 for ``"cutoff"``.
         on_judge_error: a failing judge call in a judge-based axis: "auto" (follow this call's ``on_error``),
             "nan" or "raise" (see :mod:`rewardkit.judges.policy`); given to every judge-based sub-reward built
             from the config whose options do not set it.
@@ -124,7 +225,8 @@ class CompositeConfig(RewardConfig):
     gate_on: list = field(default_factory=lambda: ["strict"])
     gating: str = "intent"
     judge: str | None = None
-    eps: float = 1e-6
+    zscore: str = "rl"
+    eps: float | None = None
     on_judge_error: str = "auto"
 
 
@@ -148,6 +250,10 @@ class Composite(JudgePolicyMixin, Reward):
         cfg = self.config
         if cfg.normalize not in _NORMALIZE:
             raise ConfigError(f"normalize must be one of {_NORMALIZE}, got {cfg.normalize!r}")
+        if cfg.zscore not in ZSCORE_MODES:
+            raise ConfigError(f"zscore must be one of {ZSCORE_MODES}, got {cfg.zscore!r}")
+        if cfg.eps is not None and not (0 < float(cfg.eps) < math.inf):
+            raise ConfigError(f"eps must be a finite number > 0, got {cfg.eps!r}")
         if cfg.gating not in _GATING:
             raise ConfigError(f"gating must be one of {_GATING}, got {cfg.gating!r}")
         if cfg.on_judge_error not in JUDGE_ERROR_POLICIES:
@@ -232,17 +338,20 @@ class Composite(JudgePolicyMixin, Reward):
         return self
 
     # ------------------------------------------------------------------ scoring
-    def _normalise(self, x: torch.Tensor, mask: torch.Tensor, batch: RewardBatch, axis: AxisSpec) -> torch.Tensor:
+    def _zmode(self) -> tuple[str, float]:
+        cfg = self.config
+        return cfg.zscore, (DEFAULT_EPS[cfg.zscore] if cfg.eps is None else float(cfg.eps))
+
+    def _normalise(self, x: torch.Tensor, mask: torch.Tensor, keys: Sequence[Any], axis: AxisSpec) -> torch.Tensor:
         cfg = self.config
         if cfg.normalize in ("none", "fixed"):
             if cfg.normalize == "fixed":
                 x = (x - axis.mean) / axis.std
             return torch.where(mask & torch.isfinite(x), x, torch.full_like(x, float("nan")))
+        mode, eps = self._zmode()
         if cfg.normalize == "group":
-            keys = [p if cfg.group_by == "prompt" else repr(m.get(cfg.group_by))
-                    for p, m in zip(batch.prompts, batch.metadata)]
-            return group_zscore(x, keys, mask, cfg.eps)
-        return zscore(x, mask, cfg.eps)
+            return group_zscore(x, list(keys), mask, eps, mode=mode)
+        return zscore(x, mask, eps, mode=mode)
 
     def _intents(self, batch: RewardBatch) -> list[str | None]:
         key = self.config.intent_key
@@ -257,7 +366,12 @@ class Composite(JudgePolicyMixin, Reward):
                     break
         return labels
 
-    def _score(self, batch: RewardBatch) -> RewardOutput:
+    def _group_keys(self, batch: RewardBatch) -> list[str]:
+        by = self.config.group_by
+        return [p if by == "prompt" else repr(m.get(by)) for p, m in zip(batch.prompts, batch.metadata)]
+
+    def _axis_scores_batch(self, batch: RewardBatch) -> "AxisScores":
+        """Every per-sample input of the formula (sub-reward scores, validity, gates, detector verdicts)."""
         cfg = self.config
         n = len(batch)
         sub_bs = batch.chunk_size
@@ -266,54 +380,131 @@ class Composite(JudgePolicyMixin, Reward):
             outs[name] = r(batch.images, batch.prompts if r.uses_prompt else None,
                            sources=batch.sources if (r.accepts_sources and batch.sources is not None) else None,
                            metadata=batch.metadata, batch_size=sub_bs, on_error="nan")
-
         intents = self._intents(batch) if any(a.gate == "intent" for a in self.axes) else [None] * n
+        gates = {}
+        for a in self.axes:
+            gated = a.gate == "intent" and cfg.gating == "intent"
+            gates[a.name] = intent_gate(intents, cfg.gate_on) if gated else torch.ones(n)
+        det_dims = {}
+        if "detectors" in outs:
+            det_dims = {k: v.clone() for k, v in outs["detectors"].dimensions.items()}
+        return AxisScores(
+            raw={k: o.scores.detach().float().clone() for k, o in outs.items()},
+            valid={k: o.valid.clone() for k, o in outs.items()},
+            errors={k: list(o.errors) for k, o in outs.items()},
+            gates=gates, intents=list(intents), group_keys=self._group_keys(batch),
+            input_errors=[None] * n, detector_dims=det_dims)
+
+    def _score(self, batch: RewardBatch) -> RewardOutput:
+        axes = self._axis_scores_batch(batch)
+        slot = getattr(_CAPTURE, "slot", None)
+        if slot is not None and slot[0] is self:   # axis_scores(): keep the inputs of the formula
+            slot[1].append((list(batch.indices), axes))
+        return self.combine(axes)
+
+    def axis_scores(self, images: Any, prompt: Any = None, *, sources: Any = None, metadata: Any = None,
+                    batch_size: int | None = None, on_error: str = "nan") -> "AxisScores":
+        """The per-sample inputs of the formula, without the batch statistics: each axis's raw score and
+        validity, the intent gates, the detector verdicts, and each sample's group key.
+
+        Use it where the samples of one z-score batch are spread over processes (an RL trainer's ranks)::
+
+            axes = comp.axis_scores(images, prompts, metadata=meta)      # this rank's slice
+            out = rewardkit.distributed.gather_combine(comp, axes)      # all ranks, in rank order
+
+        ``combine(AxisScores.cat([a_0, ..., a_R]))`` equals one call over all the samples. Arguments are as in
+        ``__call__``; with ``on_error="nan"`` (default) a bad input is an invalid sample, not an exception.
+        """
+        slot = (self, [])
+        prev = getattr(_CAPTURE, "slot", None)
+        _CAPTURE.slot = slot
+        try:
+            out = self(images, prompt, sources=sources, metadata=metadata, batch_size=batch_size, on_error=on_error)
+        finally:
+            _CAPTURE.slot = prev
+        n = len(out)
+        names = list(self.rewards)
+        full = AxisScores.empty(n, names, [a.name for a in self.axes],
+                                dims=sorted({d for _, ax in slot[1] for d in ax.detector_dims}))
+        for indices, ax in slot[1]:
+            full._place(indices, ax)
+        for i in range(n):
+            if all(i not in idx for idx, _ in slot[1]):
+                full.input_errors[i] = out.errors[i] or "input could not be read"
+        return full
+
+    def combine(self, axis_scores: "AxisScores", group_keys: Sequence[Any] | None = None) -> RewardOutput:
+        """The composite formula over ``axis_scores`` (e.g. gathered from every rank): z-scores, veto, gates.
+
+        Args:
+            axis_scores: from :meth:`axis_scores` (or several concatenated with :meth:`AxisScores.cat`).
+            group_keys: B hashable keys for ``normalize="group"`` (e.g. the host's prompt ids); default the
+                keys recorded by :meth:`axis_scores` (the prompt, or ``metadata[group_by]``).
+
+        Each axis's statistics use only samples valid on *every* axis that is on for them (and on the
+        detectors): a sample whose score will be NaN anyway does not move anyone else's z-score.
+        """
+        cfg = self.config
+        ax = axis_scores
+        if not isinstance(ax, AxisScores):
+            raise TypeError(f"combine takes AxisScores (from Composite.axis_scores), got {type(ax).__name__}")
+        missing = set(self.rewards) - set(ax.raw)
+        if missing:
+            raise ValueError(f"axis scores lack {sorted(missing)}; they were made by a different composite")
+        n = len(ax)
+        keys = list(ax.group_keys if group_keys is None else group_keys)
+        if len(keys) != n:
+            raise ValueError(f"got {len(keys)} group keys for {n} samples")
+        errors: list[list[str]] = [[e] if e else [] for e in ax.input_errors]
+        for a in self.axes:
+            g, v = ax.gates[a.name], ax.valid[a.name]
+            for i in range(n):
+                if not ax.input_errors[i] and g[i] > 0 and not bool(v[i]):
+                    errors[i].append(f"axis {a.name!r}: {ax.errors[a.name][i]}")
+        has_det = "detectors" in self.rewards
+        if has_det:
+            for i in range(n):
+                if not ax.input_errors[i] and not bool(ax.valid["detectors"][i]):
+                    errors[i].append(f"detectors: {ax.errors['detectors'][i]}")
+        usable = torch.tensor([not e for e in errors], dtype=torch.bool)   # valid on every enabled axis
+
         dims: dict[str, torch.Tensor] = {}
         terms, weights, gates = [], [], []
-        errors: list[list[str]] = [[] for _ in range(n)]
         for a in self.axes:
-            out = outs[a.name]
-            if a.gate == "intent" and cfg.gating == "intent":
-                g = intent_gate(intents, cfg.gate_on)
-            else:
-                g = torch.ones(n)
-            z = self._normalise(out.scores, out.valid & (g > 0), batch, a)
-            dims[f"{a.name}/raw"] = out.scores
+            g, raw = ax.gates[a.name], ax.raw[a.name]
+            z = self._normalise(raw, ax.valid[a.name] & (g > 0) & usable, keys, a)
+            dims[f"{a.name}/raw"] = torch.where(ax.valid[a.name], raw, torch.full_like(raw, float("nan")))
             dims[f"{a.name}/z"] = z
             if a.gate == "intent":
                 dims[f"{a.name}/gate"] = g
             terms.append(z)
             weights.append(a.weight)
             gates.append(g)
-            for i in range(n):
-                if g[i] > 0 and not bool(out.valid[i]):
-                    errors[i].append(f"axis {a.name!r}: {out.errors[i]}")
-
+        mode, eps = self._zmode()
         info: dict[str, Any] = {"normalize": cfg.normalize, "gating": cfg.gating,
                                 "weights": {a.name: a.weight for a in self.axes}}
-        if "detectors" in self.rewards:
-            det = outs["detectors"]
-            fired = torch.where(det.valid, det.scores, torch.zeros(n))
-            for i in range(n):
-                if not bool(det.valid[i]):
-                    errors[i].append(f"detectors: {det.errors[i]}")
+        if cfg.normalize in ("batch", "group"):
+            info["zscore"] = {"mode": mode, "eps": eps}
+        if has_det:
+            det_ok = ax.valid["detectors"]
+            fired = torch.where(det_ok, ax.raw["detectors"], torch.zeros(n))
             k = [a.name for a in self.axes].index(self.det["target"])
             if self.det["mode"] == "veto":
                 terms[k] = veto(terms[k], fired, float(self.det.get("strength", 1.0)))
             else:
                 terms[k] = additive_penalty(terms[k], fired, float(self.det.get("penalty", 1.0)))
-            dims["detectors/fired"] = torch.where(det.valid, det.scores, torch.full((n,), float("nan")))
+            dims["detectors/fired"] = torch.where(det_ok, ax.raw["detectors"], torch.full((n,), float("nan")))
             dims[f"{self.det['target']}/z_vetoed"] = terms[k]
-            for dname, v in det.dimensions.items():
+            for dname, v in ax.detector_dims.items():
                 dims[f"detectors/{dname}"] = v
             info["detectors"] = {"mode": self.det["mode"], "target": self.det["target"]}
 
         scores = combine(terms, weights, gates)
-        valid = torch.tensor([not errs for errs in errors], dtype=torch.bool) & torch.isfinite(scores)
+        valid = usable & torch.isfinite(scores)
         scores = torch.where(valid, scores, torch.full_like(scores, float("nan")))
         errs = ["; ".join(e) if e else (None if bool(valid[i]) else "non-finite composite score")
                 for i, e in enumerate(errors)]
-        details = [{"intent": lab} for lab in intents] if any(lab is not None for lab in intents) else None
+        details = [{"intent": lab} for lab in ax.intents] if any(lab is not None for lab in ax.intents) else None
         return RewardOutput(scores=scores, valid=valid, errors=errs, dimensions=dims, info=info, details=details)
 
     @classmethod

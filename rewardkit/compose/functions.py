@@ -13,24 +13,41 @@ from typing import Hashable, Sequence
 
 import torch
 
-__all__ = ["zscore", "group_zscore", "intent_gate", "veto", "additive_penalty", "combine", "INTENT_LABELS"]
+__all__ = ["zscore", "group_zscore", "intent_gate", "veto", "additive_penalty", "combine", "INTENT_LABELS",
+           "ZSCORE_MODES", "DEFAULT_EPS"]
 
 INTENT_LABELS = ("strict", "neutral", "open")
 
+#: ``"cutoff"``: ``std < eps -> 0`` else ``(x - mean) / std``; ``"rl"``: ``(x - mean) / (std + eps)`` (flow_grpo /
+#: DiffusionNFT advantages). The RL form is continuous in the data: scores that differ only by float rounding give
+#: z close to 0, where the cut-off form jumps to +-1 as soon as the std crosses ``eps``.
+ZSCORE_MODES = ("cutoff", "rl")
+#: default ``eps`` per mode (flow_grpo adds 1e-4 to the group std).
+DEFAULT_EPS = {"cutoff": 1e-6, "rl": 1e-4}
 
-def zscore(x: torch.Tensor, mask: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
-    """``(x - mean) / std`` over the entries where ``mask`` is True and ``x`` is finite.
+
+def zscore(x: torch.Tensor, mask: torch.Tensor | None = None, eps: float | None = None, *,
+           mode: str = "cutoff") -> torch.Tensor:
+    """Z-scores over the entries where ``mask`` is True and ``x`` is finite.
 
     Args:
         x: float tensor ``[B]``.
         mask: optional bool tensor ``[B]``; False entries are excluded from the statistics and return NaN.
-        eps: an axis whose population std is below ``eps`` (zero variance, or a single sample) yields 0 for
-            every included entry, never NaN or Inf: the axis carries no ranking information in this batch.
+        eps: ``None`` = ``DEFAULT_EPS[mode]``.
+        mode: ``"cutoff"``: ``(x - mean) / std``, and an axis whose population std is below ``eps`` (zero
+            variance, or a single sample) yields 0 for every included entry. ``"rl"``: ``(x - mean) / (std +
+            eps)`` everywhere (flow_grpo's advantage formula, eps 1e-4): zero variance gives 0 as well, and
+            near-zero variance gives values near 0 instead of +-1. Never NaN or Inf in either mode.
 
     Returns:
         float32 ``[B]``: z-scores where included, NaN elsewhere. The std is the population std (ddof=0),
         as in flow_grpo / DiffusionNFT's group advantages.
     """
+    if mode not in ZSCORE_MODES:
+        raise ValueError(f"mode must be one of {ZSCORE_MODES}, got {mode!r}")
+    eps = DEFAULT_EPS[mode] if eps is None else float(eps)
+    if not (eps >= 0 and eps < float("inf")) or (mode == "rl" and eps == 0):
+        raise ValueError(f"eps must be finite and {'> 0' if mode == 'rl' else '>= 0'}, got {eps}")
     x = torch.as_tensor(x, dtype=torch.float32).reshape(-1)
     keep = torch.isfinite(x)
     if mask is not None:
@@ -42,7 +59,9 @@ def zscore(x: torch.Tensor, mask: torch.Tensor | None = None, eps: float = 1e-6)
     vals = x[keep].double()
     mean = vals.mean()
     std = vals.std(unbiased=False) if n > 1 else vals.new_zeros(())
-    if float(std) < eps:
+    if mode == "rl":
+        out[keep] = ((vals - mean) / (std + eps)).float()
+    elif float(std) < eps:
         out[keep] = 0.0
     else:
         out[keep] = ((vals - mean) / std).float()
@@ -50,13 +69,14 @@ def zscore(x: torch.Tensor, mask: torch.Tensor | None = None, eps: float = 1e-6)
 
 
 def group_zscore(x: torch.Tensor, groups: Sequence[Hashable], mask: torch.Tensor | None = None,
-                 eps: float = 1e-6) -> torch.Tensor:
+                 eps: float | None = None, *, mode: str = "cutoff") -> torch.Tensor:
     """:func:`zscore` computed separately inside each group (e.g. the K rollouts of one prompt).
 
     Args:
         x: float tensor ``[B]``.
         groups: B hashable group keys (samples with equal keys are normalised together).
         mask: optional bool ``[B]`` as in :func:`zscore`.
+        eps, mode: as in :func:`zscore`.
     """
     x = torch.as_tensor(x, dtype=torch.float32).reshape(-1)
     if len(groups) != x.shape[0]:
@@ -68,7 +88,7 @@ def group_zscore(x: torch.Tensor, groups: Sequence[Hashable], mask: torch.Tensor
         index.setdefault(g, []).append(i)
     for idx in index.values():
         t = torch.tensor(idx, dtype=torch.long)
-        out[t] = zscore(x[t], mask_t[t], eps)
+        out[t] = zscore(x[t], mask_t[t], eps, mode=mode)
     return out
 
 
