@@ -498,3 +498,33 @@ def test_bench_modules_import_no_heavy_libraries():
             "if m in sys.modules]\nprint(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_failed_judge_calls_are_reported_but_never_cached(tmp_path, data_root):
+    """A judge call that failed (server down) is not an answer: the run reports it invalid, a re-run asks
+    again; an invalid answer the judge did give is cached like any score."""
+    from rewardkit.judges.policy import JUDGE_FAILURE_PREFIX
+
+    class FlakyJudge(MeanPixel):
+        name = "test-flaky-judge"
+        down = True
+
+        def _score(self, batch):
+            self.n_scored += len(batch)
+            if self.down:
+                return RewardOutput(scores=torch.full((len(batch),), float("nan")),
+                                    errors=[f"{JUDGE_FAILURE_PREFIX}: connection refused"] * len(batch))
+            return RewardOutput(scores=torch.tensor([_brightness(im) for im in batch.images]))
+
+    first = FlakyJudge()
+    _run(first, "genaibench/t2i", data_root, cache_dir=tmp_path)
+    assert first.n_scored > 0
+    again = FlakyJudge()
+    again.down = False
+    res = _run(again, "genaibench/t2i", data_root, cache_dir=tmp_path)
+    assert again.n_scored == first.n_scored  # nothing of the failed run was reused
+    assert res["genaibench/t2i"].metrics["accuracy_without_ties"].value is not None
+    third = FlakyJudge()
+    third.down = False
+    _run(third, "genaibench/t2i", data_root, cache_dir=tmp_path)
+    assert third.n_scored == 0  # real answers are cached

@@ -36,6 +36,7 @@ from .._version import __version__
 from ..reward import Reward, config_dict
 from . import metrics as M
 from ..distributed import merge_rows, shard_keys, sum_over_ranks
+from ..judges.policy import JUDGE_FAILURE_PREFIX
 from .cache import ScoreCache, default_cache_dir, pair_key, reward_fingerprint, sample_key
 from .data import BenchDataError, Comparison, load_comparisons
 from .spec import BenchmarkSpec, get_spec
@@ -226,7 +227,9 @@ class _Scorer:
                 t0 = time.perf_counter()
                 rows = compute(chunk)
                 self.model_seconds += time.perf_counter() - t0
-                put(rows)
+                # A failed judge call (server down, timeout) is not an answer: report it, never cache it, so
+                # the next run asks again (an invalid answer the judge did give is cached like any score).
+                put([r for r in rows if r[2] or not str(r[3] or "").startswith(JUDGE_FAILURE_PREFIX)])
                 found.update({k: (x, v, e) for k, x, v, e in rows})
                 mine.extend(rows)
                 self.n_computed += len(chunk)
@@ -501,7 +504,9 @@ def evaluate(
     root = default_cache_dir() if cache_dir == "default" else cache_dir
     bs = batch_size or reward.default_batch_size or 32
     reward_info = {"name": reward_name, "class": cls, "config": cfg, "higher_is_better": reward.higher_is_better,
-                   "tasks": sorted(reward.tasks), "mode": mode, "mode_reason": mode_reason, "fingerprint": fp}
+                   "tasks": sorted(reward.tasks), "mode": mode, "mode_reason": mode_reason, "fingerprint": fp,
+                   # the cache refuses rows read back outside the reward's declared range
+                   "score_range": None if reward.score_range is None else list(reward.score_range)}
     results: dict[str, BenchmarkResult] = {}
     # Load (read + hash) the next benchmark in a background thread while the reward scores the current one:
     # parquet reading and hashing release the GIL, so data loading overlaps model time.
