@@ -1,4 +1,5 @@
-"""``rewardkit ls``: every registered reward with its tasks, dimensions, extras and whether they are installed."""
+"""``rewardkit ls``: every registered reward with its tasks, dimensions, extras, whether it gives gradients to
+pixels (``grad``: ``reward.score_tensor``) and whether its extras are installed."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ def describe_rewards() -> list[dict]:
         row.update(
             tasks=sorted(cls.tasks), dimensions=list(cls.dimensions), extras=extras,
             installed=all(extra_installed(e) for e in extras), higher_is_better=cls.higher_is_better,
+            differentiable=bool(cls.differentiable),
             score_range=list(cls.score_range) if cls.score_range else None,
             summary=(cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else "",
         )
@@ -45,18 +47,19 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    header = ("reward", "tasks", "dimensions", "extras", "installed", "range")
+    header = ("reward", "tasks", "dimensions", "extras", "grad", "installed", "range")
     table = [header]
     for r in rows:
         if "error" in r:
-            table.append((r["name"], "-", "-", "-", "ERROR", r["error"]))
+            table.append((r["name"], "-", "-", "-", "-", "ERROR", r["error"]))
             continue
         rng = "-" if r["score_range"] is None else f"[{r['score_range'][0]:g}, {r['score_range'][1]:g}]"
         dims = ",".join(r["dimensions"]) or "-"
         extras = ",".join(r["extras"]) or "-"
         name = r["name"] + (f" ({', '.join(r['aliases'])})" if r["aliases"] else "")
         inst = "yes" if r["installed"] else f"no: pip install 'rewardkit-vision[{extras}]'"
-        table.append((name, ",".join(r["tasks"]), dims, extras, inst, rng))
+        grad = "yes" if r["differentiable"] else "-"  # reward.score_tensor gives gradients to pixels
+        table.append((name, ",".join(r["tasks"]), dims, extras, grad, inst, rng))
     widths = [max(len(str(row[i])) for row in table) for i in range(len(header) - 1)]
     for row in table:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)) + "  " + str(row[-1]))
