@@ -37,7 +37,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "CLIPPreprocess", "QwenPreprocess", "clip_params", "qwen_params", "clip_pixel_values", "qwen_pixel_values",
-    "clip_resize_shape", "smart_resize", "resize", "check_pixels", "is_float_batch", "tensor_call", "score_tensor",
+    "clip_resize_shape", "smart_resize", "resize", "check_pixels", "pixel_stats", "is_float_batch", "tensor_call",
+    "score_tensor",
 ]
 
 # PIL resampling codes -> torch interpolate modes the torch path reproduces (antialiased, like PIL).
@@ -200,12 +201,16 @@ def resize(x: torch.Tensor, hw: tuple[int, int], mode: str = "bicubic") -> torch
     # image between the passes, which matters where cubic overshoot meets high-contrast detail (max per-pixel
     # difference on noise images 0.09 with one joint pass, 0.006 this way).
     if w != hw[1]:
-        x = torch.nn.functional.interpolate(x, size=(h, hw[1]), mode=mode, align_corners=False,
-                                            antialias=True).clamp(0.0, 1.0)
+        x = _saturate(torch.nn.functional.interpolate(x, size=(h, hw[1]), mode=mode, align_corners=False,
+                                                      antialias=True))
     if h != hw[0]:
-        x = torch.nn.functional.interpolate(x, size=(hw[0], hw[1]), mode=mode, align_corners=False,
-                                            antialias=True).clamp(0.0, 1.0)
+        x = _saturate(torch.nn.functional.interpolate(x, size=(hw[0], hw[1]), mode=mode, align_corners=False,
+                                                      antialias=True))
     return x  # same size: unchanged, as PIL
+
+
+def _saturate(y: torch.Tensor) -> torch.Tensor:
+    return y.clamp(0.0, 1.0) if y.requires_grad else y.clamp_(0.0, 1.0)  # in place when no graph needs y
 
 
 def _center_crop(x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
@@ -275,15 +280,19 @@ def range_reason(lo: float, hi: float) -> str:
     return f"float image values must lie in [0, 1], got [{lo:.4g}, {hi:.4g}]{hint}"
 
 
-def check_pixels(x: torch.Tensor) -> list[str | None]:
-    """One vectorised check of ``x`` ``[B, C, H, W]`` on its device: per sample, None or the reason it is
-    refused (NaN / Inf, values outside [0, 1] beyond a 1e-3 tolerance). One ``[B, 3]`` transfer to the host."""
+def pixel_stats(x: torch.Tensor) -> list[tuple[bool, float, float]]:
+    """Per sample of ``x`` ``[B, ...]``: (all finite, min, max), computed on ``x``'s device in one vectorised
+    pass and brought to the host as one ``[B, 3]`` transfer."""
     if x.shape[0] == 0:
         return []
     with torch.no_grad():
         flat = x.detach().flatten(1)
         finite = torch.isfinite(flat).all(1)
         stats = torch.stack([finite.to(flat.dtype), flat.amin(1), flat.amax(1)], 1).float().cpu().tolist()
+    return [(bool(ok), lo, hi) for ok, lo, hi in stats]
+
+
+def _reasons(stats: list[tuple[bool, float, float]]) -> list[str | None]:
     out: list[str | None] = []
     for ok, lo, hi in stats:
         if not ok:
@@ -293,6 +302,24 @@ def check_pixels(x: torch.Tensor) -> list[str | None]:
         else:
             out.append(None)
     return out
+
+
+def check_pixels(x: torch.Tensor) -> list[str | None]:
+    """One vectorised check of ``x`` ``[B, C, H, W]`` on its device: per sample, None or the reason it is
+    refused (NaN / Inf, values outside [0, 1] beyond a 1e-3 tolerance). One ``[B, 3]`` transfer to the host."""
+    return _reasons(pixel_stats(x))
+
+
+def _validate(images: torch.Tensor) -> tuple[list[str | None], bool]:
+    """(per-sample reasons, whether accepted values stray outside [0, 1] within the tolerance: clamp them)."""
+    n = int(images.shape[0])
+    size_err = _size_reason(int(images.shape[-2]), int(images.shape[-1])) if n else None
+    if size_err is not None:
+        return [size_err] * n, False
+    stats = pixel_stats(images)
+    reasons = _reasons(stats)
+    clamp = any(r is None and (lo < 0.0 or hi > 1.0) for r, (_, lo, hi) in zip(reasons, stats))
+    return reasons, clamp
 
 
 # ---------------------------------------------------------------------------------------------- plumbing
@@ -318,8 +345,7 @@ def tensor_call(reward: "Reward", images: torch.Tensor, prompt: Any, *, metadata
     n = int(images.shape[0])
     prompts = reward._prompts(prompt, n)
     metas = reward._metadata(metadata, n)
-    size_err = _size_reason(int(images.shape[-2]), int(images.shape[-1])) if n else None
-    pix_err = check_pixels(images) if size_err is None else [size_err] * n
+    pix_err, clamp = _validate(images)
     errors: list[str | None] = []
     for i in range(n):
         err = reward._check_prompt(prompts[i]) or pix_err[i]
@@ -340,7 +366,8 @@ def tensor_call(reward: "Reward", images: torch.Tensor, prompt: Any, *, metadata
             sel = ok[s:s + chunk]
             # a slice is a view (no copy); only a batch with refused samples gathers the good ones
             pix = images[s:s + chunk] if contiguous else images[torch.tensor(sel, device=images.device)]
-            parts.append(reward._run(RewardBatch(images=pix.clamp(0.0, 1.0), prompts=[prompts[i] for i in sel],
+            pix = pix.clamp(0.0, 1.0) if clamp else pix  # (a copy: only when some value strays, within 1e-3)
+            parts.append(reward._run(RewardBatch(images=pix, prompts=[prompts[i] for i in sel],
                                                  metadata=[metas[i] for i in sel], indices=sel)))
     scored = RewardOutput.concat(parts) if parts else RewardOutput(scores=torch.zeros(0))
     return reward._scatter(scored, ok, errors, n)
@@ -364,8 +391,7 @@ def score_tensor(reward: "Reward", images: torch.Tensor, prompt: Any, *, batch_s
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     n = int(images.shape[0])
     prompts = reward._prompts(prompt, n)
-    size_err = _size_reason(int(images.shape[-2]), int(images.shape[-1])) if n else None
-    pix_err = check_pixels(images) if size_err is None else [size_err] * n
+    pix_err, clamp = _validate(images)
     for i in range(n):
         err = reward._check_prompt(prompts[i]) or pix_err[i]
         if err is not None:  # a NaN score would poison a loss: refuse loudly instead
@@ -376,7 +402,8 @@ def score_tensor(reward: "Reward", images: torch.Tensor, prompt: Any, *, batch_s
     outs = []
     lock = reward._lock if not reward.thread_safe else None
     for s in range(0, n, chunk):
-        batch = RewardBatch(images=images[s:s + chunk].clamp(0.0, 1.0), prompts=prompts[s:s + chunk])
+        pix = images[s:s + chunk]
+        batch = RewardBatch(images=pix.clamp(0.0, 1.0) if clamp else pix, prompts=prompts[s:s + chunk])
         with torch.enable_grad():
             if lock is not None:
                 with lock:
