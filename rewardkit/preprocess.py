@@ -230,9 +230,9 @@ def _center_crop(x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
 def _normalise(x: torch.Tensor, mean: tuple | None, std: tuple | None) -> torch.Tensor:
     if mean is None:
         return x
-    m = torch.tensor(mean, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
-    s = torch.tensor(std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
-    return (x - m) / s
+    scale = torch.tensor([1.0 / v for v in std], dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+    shift = torch.tensor([-m / v for m, v in zip(mean, std)], dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+    return torch.addcmul(shift, x, scale)  # (x - mean) / std in one pass
 
 
 # ---------------------------------------------------------------------------------------------- pipelines
@@ -286,10 +286,10 @@ def pixel_stats(x: torch.Tensor) -> list[tuple[bool, float, float]]:
     if x.shape[0] == 0:
         return []
     with torch.no_grad():
-        flat = x.detach().flatten(1)
-        finite = torch.isfinite(flat).all(1)
-        stats = torch.stack([finite.to(flat.dtype), flat.amin(1), flat.amax(1)], 1).float().cpu().tolist()
-    return [(bool(ok), lo, hi) for ok, lo, hi in stats]
+        # min / max propagate NaN and show +-Inf, so one aminmax pass is also the finiteness check
+        lo, hi = torch.aminmax(x.detach().reshape(x.shape[0], -1), dim=1)
+        stats = torch.stack([lo, hi], 1).float().cpu().tolist()
+    return [(math.isfinite(a) and math.isfinite(b), a, b) for a, b in stats]
 
 
 def _reasons(stats: list[tuple[bool, float, float]]) -> list[str | None]:
