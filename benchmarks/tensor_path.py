@@ -152,7 +152,7 @@ def main(argv=None) -> dict:
         qp = fast.model.tensor_params()
         qip = slow.model.processor.image_processor
         results["rewards"].append(bench_pair(
-            "preference (tiny Qwen2.5-VL, 504² per image)", fast, slow, x, prompts,
+            "preference (tiny Qwen2.5-VL, default pixel budget)", fast, slow, x, prompts,
             lambda: preprocess.qwen_pixel_values(x, qp),
             lambda: qip(images=[media._to_pil(t) for t in media.split_batch(x)],
                         return_tensors="pt")["pixel_values"].to(device),
