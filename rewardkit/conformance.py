@@ -127,6 +127,27 @@ def check_input_kinds(reward: Reward) -> None:
     _same_output(pil, reward(t8, x["prompt"], sources=x["sources"]), "PIL vs torch uint8 CHW")
 
 
+def check_tensor_batch(reward: Reward) -> None:
+    """Rewards with ``supports_tensor_input`` (torch pre-processing of float ``[B, 3, H, W]`` tensors on their
+    device) agree with their processor path on the same pixels: same validity, scores within 1% of the larger
+    of 1 and the largest score (resampling kernels differ slightly; see docs/tensors-and-gradients.md), and
+    the tensor path follows the reward's ``batch_size`` chunking exactly."""
+    if not reward.supports_tensor_input or reward.requires_sources:
+        return
+    from .testing import random_images
+
+    imgs = random_images(3, seed=5, sizes=[(48, 40)])
+    x = torch.stack([torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1) for im in imgs]).float() / 255.0
+    prompts = _PROMPTS[:3]
+    tensor = reward(x, prompts)
+    ref = reward(imgs, prompts)
+    assert tensor.valid.tolist() == ref.valid.tolist(), "tensor path and processor path disagree on validity"
+    tol = 0.01 * max(1.0, float(ref.scores[ref.valid].abs().max()) if bool(ref.valid.any()) else 1.0)
+    diff = (tensor.scores - ref.scores)[ref.valid].abs()
+    assert bool((diff <= tol).all()), f"tensor path {tensor.scores.tolist()} vs processor path {ref.scores.tolist()}"
+    _same_output(tensor, reward(x, prompts, batch_size=1), "tensor path: whole batch vs batch_size=1")
+
+
 def check_thread_safety(reward: Reward, threads: int = THREADS, rounds: int | None = None) -> None:
     """Concurrent calls give the serial results.
 
@@ -231,6 +252,7 @@ CHECKS: dict[str, Callable[[Reward], Any]] = {
     "deterministic": check_deterministic,
     "chunking": check_chunking,
     "input_kinds": check_input_kinds,
+    "tensor_batch": check_tensor_batch,
     "thread_safety": check_thread_safety,
     "config_pickle": check_config_pickle,
     "bad_sample_isolated": check_bad_sample_isolated,
