@@ -35,6 +35,7 @@ BUILTIN: dict[str, str] = {
     "pickscore": "rewardkit.rewards.pickscore:PickScore",
     "preference": "rewardkit.rewards.preference:PreferenceReward",
     "evr": "rewardkit.rewards.evr:EVR",
+    "remote": "rewardkit.client:RemoteReward",
 }
 
 # Alternative names -> canonical name.

@@ -233,3 +233,15 @@ def test_tensor_path_refuses_oversized_images(clip_pair):
     finally:
         media.set_max_pixels(old)
     assert not out.valid.any() and "over the limit" in out.errors[0]
+
+
+def test_gpu_benchmark_script_dry_run(capsys):
+    """benchmarks/gpu/tensor_path.py runs unchanged; --dry-run takes the same code path on the CPU."""
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "tensor_path.py"
+    ns = runpy.run_path(str(script), run_name="bench")
+    assert ns["main"](["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert '"ratio"' in out and '"input_ratio"' in out and "max_abs_score_diff" in out

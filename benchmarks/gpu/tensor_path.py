@@ -5,6 +5,8 @@ geometry) and the tiny Qwen2.5-VL preference model at Qwen2.5-VL's default pixel
 512² already on the GPU. Prints one JSON object per configuration. Needs nothing from the network; finishes in
 well under 5 minutes on one GPU (a watchdog stops it at 280 s, printing what it has).
 
+``--dry-run`` runs the same code on the CPU at toy sizes (CI runs it, so the GPU run has no surprises).
+
 What to read: ``ratio`` (tensor path vs processor path, input + model) and ``input_ratio`` (input path alone);
 ``max_abs_score_diff`` is the agreement of the two paths.
 """
@@ -23,18 +25,31 @@ import torch  # noqa: E402
 import tensor_path  # noqa: E402  (benchmarks/tensor_path.py)
 
 
-def main() -> int:
-    if not torch.cuda.is_available():
-        print("no CUDA device: run benchmarks/tensor_path.py for the CPU figures")
+CONFIGS = (
+    ["--device", "cuda", "--clip", "large", "--dtype", "bfloat16", "--repeats", "5", "--threads", "0"],
+    ["--device", "cuda", "--clip", "large", "--dtype", "float32", "--repeats", "5", "--threads", "0",
+     "--skip-preference"],
+)
+DRY_RUN = (["--device", "cpu", "--clip", "small", "--dtype", "bfloat16", "--images", "2", "--side", "64",
+            "--repeats", "1", "--threads", "0"],)
+
+
+def main(argv: list[str] | None = None) -> int:
+    dry = "--dry-run" in (sys.argv[1:] if argv is None else argv)
+    if not dry and not torch.cuda.is_available():
+        print("no CUDA device: run benchmarks/tensor_path.py for the CPU figures (or --dry-run)")
         return 1
-    faulthandler.dump_traceback_later(280, exit=True)
+    if not dry:  # the watchdog: a GPU run never exceeds its 5-minute slot
+        faulthandler.dump_traceback_later(280, exit=True)
     t0 = time.time()
-    for argv in (["--device", "cuda", "--clip", "large", "--dtype", "bfloat16", "--repeats", "5", "--threads", "0"],
-                 ["--device", "cuda", "--clip", "large", "--dtype", "float32", "--repeats", "5", "--threads", "0",
-                  "--skip-preference"]):
-        print("# args:", " ".join(argv), flush=True)
-        tensor_path.main(argv)
-        print(f"# elapsed {time.time() - t0:.1f} s", flush=True)
+    try:
+        for args in (DRY_RUN if dry else CONFIGS):
+            print("# args:", " ".join(args), flush=True)
+            tensor_path.main(list(args))
+            print(f"# elapsed {time.time() - t0:.1f} s", flush=True)
+    finally:
+        if not dry:
+            faulthandler.cancel_dump_traceback_later()
     return 0
 
 
