@@ -42,8 +42,8 @@ def apply_calibration(scores: torch.Tensor, stats: dict[str, Any], mode: str) ->
         pairs = sorted((float(q), float(v)) for q, v in stats["quantiles"].items())
         if len(pairs) < 2:
             raise ValueError("quantile normalisation needs at least 2 saved quantiles")
-        qs = torch.tensor([p[0] for p in pairs], dtype=torch.float64)
-        vs = torch.tensor([p[1] for p in pairs], dtype=torch.float64)
+        qs = torch.tensor([p[0] for p in pairs], dtype=torch.float64, device=s.device)
+        vs = torch.tensor([p[1] for p in pairs], dtype=torch.float64, device=s.device)
         idx = torch.searchsorted(vs, s.clamp(vs[0], vs[-1]), right=True).clamp(1, len(vs) - 1)
         lo_v, hi_v, lo_q, hi_q = vs[idx - 1], vs[idx], qs[idx - 1], qs[idx]
         t = torch.where(hi_v > lo_v, (s.clamp(vs[0], vs[-1]) - lo_v) / (hi_v - lo_v).clamp_min(1e-300), torch.zeros_like(s))

@@ -10,6 +10,7 @@ images of different sizes, distinct prompts and, for editing rewards, source ima
 from __future__ import annotations
 
 import pickle
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -25,15 +26,30 @@ RTOL = 1e-4
 
 _PROMPTS = ["a red apple on a table", "two birds on a branch", "a green bowl", "a city street at night",
             "a cat sleeping on a mat", "a blue car"]
+# Longer than any text window (CLIP's 77 tokens; tiny test tokenizers' 32): exercises truncation paths.
+_LONG_PROMPT = ("a very detailed photograph of a red apple on an old wooden table next to a tall window with soft "
+                "morning light, a blue ceramic bowl, two birds on a branch outside, a cat sleeping on a striped mat, "
+                "and a city street at night reflected in the glass, shot on film with a shallow depth of field")
+
+#: ``check_thread_safety``: worker threads, and calls per thread (each call scores 2 samples) for rewards that
+#: declare ``thread_safe`` (others are serialised by the base class: one round checks the plumbing around them).
+#: 8 x 16 calls caught the shared-tokenizer race of issue 9 (about 1 call in 20 failed) in every one of 20 runs.
+THREADS = 8
+THREAD_ROUNDS = 16
 
 
-def sample_inputs(reward: Reward, n: int = 4, seed: int = 0) -> dict[str, Any]:
-    """Deterministic (images, prompts, sources) suited to the reward's tasks."""
+def sample_inputs(reward: Reward, n: int = 4, seed: int = 0, long_prompts: bool = False) -> dict[str, Any]:
+    """Deterministic (images, prompts, sources) suited to the reward's tasks.
+
+    ``long_prompts=True`` makes every odd-indexed prompt longer than any text window (distinct per sample).
+    """
     from .testing import random_images
 
     sizes = [(32, 32), (48, 40), (40, 56), (64, 64), (36, 30), (56, 48)]
     images = random_images(n, seed=seed, sizes=sizes)
     prompts = [_PROMPTS[i % len(_PROMPTS)] for i in range(n)]
+    if long_prompts:
+        prompts = [f"{_LONG_PROMPT}, variant {i}" if i % 2 else p for i, p in enumerate(prompts)]
     sources = None
     if reward.accepts_sources and (reward.requires_sources or "t2i" not in reward.tasks):
         k = 2 if "multi_ref" in reward.tasks and "edit" not in reward.tasks else 1
@@ -111,16 +127,70 @@ def check_input_kinds(reward: Reward) -> None:
     _same_output(pil, reward(t8, x["prompt"], sources=x["sources"]), "PIL vs torch uint8 CHW")
 
 
-def check_thread_safety(reward: Reward) -> None:
-    x = sample_inputs(reward, n=6)
-    ref = [reward([x["images"][i]], [x["prompt"][i]], sources=None if x["sources"] is None else [x["sources"][i]])
-           for i in range(6)]
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        futs = [pool.submit(reward, [x["images"][i]], [x["prompt"][i]],
-                            sources=None if x["sources"] is None else [x["sources"][i]]) for i in range(6)]
-        got = [f.result() for f in futs]
-    for i, (a, b) in enumerate(zip(ref, got)):
-        _same_output(a, b, f"threaded call {i}")
+def check_tensor_batch(reward: Reward) -> None:
+    """Rewards with ``supports_tensor_input`` (torch pre-processing of float ``[B, 3, H, W]`` tensors on their
+    device) agree with their processor path on the same pixels: same validity, scores within 1% of the larger
+    of 1 and the largest score (resampling kernels differ slightly; see docs/tensors-and-gradients.md), and
+    the tensor path follows the reward's ``batch_size`` chunking exactly."""
+    if not reward.supports_tensor_input or reward.requires_sources:
+        return
+    from .testing import random_images
+
+    imgs = random_images(3, seed=5, sizes=[(48, 40)])
+    x = torch.stack([torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1) for im in imgs]).float() / 255.0
+    prompts = _PROMPTS[:3]
+    tensor = reward(x, prompts)
+    ref = reward(imgs, prompts)
+    assert tensor.valid.tolist() == ref.valid.tolist(), "tensor path and processor path disagree on validity"
+    tol = 0.01 * max(1.0, float(ref.scores[ref.valid].abs().max()) if bool(ref.valid.any()) else 1.0)
+    diff = (tensor.scores - ref.scores)[ref.valid].abs()
+    assert bool((diff <= tol).all()), f"tensor path {tensor.scores.tolist()} vs processor path {ref.scores.tolist()}"
+    _same_output(tensor, reward(x, prompts, batch_size=1), "tensor path: whole batch vs batch_size=1")
+
+
+def check_thread_safety(reward: Reward, threads: int = THREADS, rounds: int | None = None) -> None:
+    """Concurrent calls give the serial results.
+
+    ``threads`` workers make ``threads * rounds`` calls of 2 samples each, one prompt short and one longer
+    than any text window, so a tokenizer's truncation path runs beside its plain path (shared tokenizer
+    state is the usual culprit). The interpreter's thread switch interval is shortened for the duration, so
+    threads interleave often enough to expose such races in a few dozen calls.
+    """
+    n = threads
+    rounds = rounds if rounds is not None else (THREAD_ROUNDS if reward.thread_safe else 1)
+    x = sample_inputs(reward, n=n, long_prompts=True)
+    calls = [[i, (i + 1) % n] for i in range(n)]  # each call: one short and one long prompt
+
+    def call(j: int) -> RewardOutput:
+        idx = calls[j]
+        return reward([x["images"][i] for i in idx], [x["prompt"][i] for i in idx],
+                      sources=None if x["sources"] is None else [x["sources"][i] for i in idx])
+
+    ref = [call(j) for j in range(n)]
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            futs = [(j, pool.submit(call, j)) for _ in range(rounds) for j in range(n)]
+            got = []
+            for j, f in futs:
+                try:
+                    got.append((j, f.result()))
+                except Exception as exc:  # noqa: BLE001 -- a raised call is a failure to report, with the others
+                    got.append((j, exc))
+    finally:
+        sys.setswitchinterval(old)
+    failures = []
+    for j, out in got:
+        if isinstance(out, Exception):
+            failures.append(f"call {j} raised {type(out).__name__}: {out}")
+            continue
+        try:
+            _same_output(ref[j], out, f"threaded call {j}")
+        except AssertionError as exc:
+            failures.append(str(exc))
+    assert not failures, (f"{len(failures)} of {len(got)} concurrent calls ({threads} threads) differ from serial "
+                          f"calls; first: {failures[0]}")
 
 
 def check_config_pickle(reward: Reward) -> None:
@@ -182,6 +252,7 @@ CHECKS: dict[str, Callable[[Reward], Any]] = {
     "deterministic": check_deterministic,
     "chunking": check_chunking,
     "input_kinds": check_input_kinds,
+    "tensor_batch": check_tensor_batch,
     "thread_safety": check_thread_safety,
     "config_pickle": check_config_pickle,
     "bad_sample_isolated": check_bad_sample_isolated,

@@ -74,7 +74,7 @@ class RewardOutput:
             if not (isinstance(self.scores, torch.Tensor) and self.scores.requires_grad) \
             else self.scores.float().reshape(-1)
         n = self.scores.shape[0]
-        finite = torch.isfinite(self.scores.detach())
+        finite = torch.isfinite(self.scores.detach()).cpu()  # one transfer when scores stay on a device (grad)
         self.valid = finite.clone() if self.valid is None else torch.as_tensor(self.valid, dtype=torch.bool).cpu().reshape(-1) & finite
         if self.errors is None:
             self.errors = [None] * n
@@ -212,7 +212,8 @@ class RewardBatch:
     """A validated, normalised batch handed to :meth:`Reward._score`.
 
     Attributes:
-        images: B canonical RGB PIL images.
+        images: B canonical RGB PIL images; or, for rewards with ``supports_tensor_input`` called with a float
+            ``[B, 3, H, W]`` tensor, that tensor (values in [0, 1], on the caller's device, not converted).
         prompts: B non-empty strings (or None entries when the reward has ``uses_prompt = False``).
         sources: B lists of canonical RGB PIL source / reference images ([] for text-to-image samples), or
             None when the call passed no sources.
@@ -222,7 +223,7 @@ class RewardBatch:
             whole call as one batch and should forward this to the models / sub-rewards it runs).
     """
 
-    images: list[Image.Image]
+    images: list[Image.Image] | torch.Tensor
     prompts: list[str | None]
     sources: list[list[Image.Image]] | None = None
     metadata: list[dict[str, Any]] = field(default_factory=list)
@@ -241,7 +242,8 @@ class RewardBatch:
 
     def select(self, idx: Sequence[int]) -> "RewardBatch":
         return RewardBatch(
-            images=[self.images[i] for i in idx],
+            images=(self.images[torch.as_tensor(list(idx), dtype=torch.long, device=self.images.device)]
+                    if isinstance(self.images, torch.Tensor) else [self.images[i] for i in idx]),
             prompts=[self.prompts[i] for i in idx],
             sources=None if self.sources is None else [self.sources[i] for i in idx],
             metadata=[self.metadata[i] for i in idx],
@@ -361,9 +363,35 @@ class Reward(abc.ABC):
         return "t2i" not in self.tasks
 
     def _grad_context(self):
-        if self.differentiable and torch.is_grad_enabled():
-            return nullcontext()
+        # Calls never build autograd graphs, even for differentiable rewards: gradients go through
+        # score_tensor (an RL rollout scoring images that came out of a graph must not keep it alive).
         return torch.inference_mode()
+
+    # ------------------------------------------------------------------ tensor fast path / gradients (issue 12)
+    @property
+    def supports_tensor_input(self) -> bool:
+        """True when ``_score`` takes a float ``[B, 3, H, W]`` tensor batch and pre-processes it in torch on its
+        device (see :mod:`rewardkit.preprocess`). ``__call__`` then passes such tensors through unconverted."""
+        return False
+
+    def score_tensor(self, images: torch.Tensor, prompt: str | Sequence[str] | None = None, *,
+                     batch_size: int | None = None) -> torch.Tensor:
+        """Scores with gradients to the pixels, for reward-guided fine-tuning (ReFL, DRaFT, AlignProp).
+
+        Args:
+            images: float tensor ``[B, 3, H, W]`` in [0, 1], any float dtype, on any device; may require grad.
+            prompt: one string or B strings.
+            batch_size: chunk size (default: the whole batch in one forward).
+
+        Returns:
+            float32 tensor ``[B]`` on ``images.device``, differentiable w.r.t. ``images``. The reward's own
+            weights are frozen: they never receive gradients. Bad input (NaN, out of range, empty prompt)
+            raises :class:`RewardInputError` naming the sample, since a NaN would poison the loss.
+            Raises TypeError for rewards that are not ``differentiable``.
+        """
+        from . import preprocess
+
+        return preprocess.score_tensor(self, images, prompt, batch_size=batch_size)
 
     def __call__(
         self,
@@ -396,6 +424,12 @@ class Reward(abc.ABC):
             raise ValueError(f"on_error must be one of {_ON_ERROR}, got {on_error!r}")
         if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1):
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if sources is None and self.supports_tensor_input:  # issue 12: on-device fast path for float tensors
+            from . import preprocess
+
+            if preprocess.is_float_batch(images):
+                return preprocess.tensor_call(self, images, prompt, metadata=metadata, batch_size=batch_size,
+                                              on_error=on_error, progress=progress)
         raw = media.split_batch(images)
         n = len(raw)
         prompts = self._prompts(prompt, n)

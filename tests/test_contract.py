@@ -103,7 +103,9 @@ def test_wrong_length_from_score_is_a_bug_not_a_score():
         Broken()(random_images(2), "p")
 
 
-def test_inference_mode_unless_differentiable():
+def test_calls_run_in_inference_mode_even_when_differentiable():
+    """Gradients go through score_tensor only: a call never builds a graph (an RL rollout scoring images that
+    came out of a graph must not keep it alive), differentiable or not."""
     seen = {}
 
     class Probe(Brightness):
@@ -123,7 +125,7 @@ def test_inference_mode_unless_differentiable():
             return RewardOutput(scores=torch.zeros(len(batch)))
 
     Diff()(random_images(1), "p")
-    assert seen["inference"] is False
+    assert seen["inference"] is True
 
 
 def test_calls_are_serialised_unless_thread_safe():

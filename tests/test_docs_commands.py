@@ -161,7 +161,7 @@ def test_ls_agrees_with_readme_table_and_fits_100_columns(capsys):
     rows = describe_rewards()
     ours = {r["name"]: r for r in rows}
     assert set(readme) == set(ours)
-    for (name, tasks, rng, extras, _inst, _what), r in zip(table_rows(rows), rows):
+    for (name, tasks, rng, extras, _grad, _inst, _what), r in zip(table_rows(rows), rows):
         want = readme[r["name"]]
         assert r["aliases"] == want["aliases"], name
         assert (tasks, rng, extras) == (want["tasks"], want["range"], want["extras"]), name

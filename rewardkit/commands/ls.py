@@ -1,4 +1,5 @@
-"""``rewardkit ls``: every registered reward with its tasks, dimensions, extras and whether they are installed."""
+"""``rewardkit ls``: every registered reward with its tasks, dimensions, extras, whether it gives gradients to
+pixels (``grad``: ``reward.score_tensor``) and whether its extras are installed."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ def describe_rewards() -> list[dict]:
         row.update(
             tasks=sorted(cls.tasks), dimensions=list(cls.dimensions), extras=extras,
             installed=all(extra_installed(e) for e in extras), higher_is_better=cls.higher_is_better,
+            differentiable=bool(cls.differentiable),
             score_range=list(cls.score_range) if cls.score_range else None,
             summary=(cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else "",
         )
@@ -41,7 +43,8 @@ def describe_rewards() -> list[dict]:
     return rows
 
 
-COLUMNS = ("reward (aliases)", "tasks", "range", "extras", "installed", "what")  # "what": an indented line
+# "grad": reward.score_tensor gives gradients to pixels; "what": an indented line
+COLUMNS = ("reward (aliases)", "tasks", "range", "extras", "grad", "installed", "what")
 WIDTH = 100  # the table fits a 100-column terminal; --json has everything (dimensions, full summaries)
 
 
@@ -51,11 +54,11 @@ def table_rows(rows: list[dict]) -> list[tuple[str, ...]]:
     for r in rows:
         name = r["name"] + (f" ({', '.join(r['aliases'])})" if r.get("aliases") else "")
         if "error" in r:
-            out.append((name, "-", "-", "-", "ERROR", r["error"]))
+            out.append((name, "-", "-", "-", "-", "ERROR", r["error"]))
             continue
         rng = "-" if r["score_range"] is None else f"[{r['score_range'][0]:g}, {r['score_range'][1]:g}]"
         out.append((name, ",".join(r["tasks"]), rng, ",".join(r["extras"]) or "-",
-                    "yes" if r["installed"] else "no", r["summary"]))
+                    "yes" if r["differentiable"] else "-", "yes" if r["installed"] else "no", r["summary"]))
     return out
 
 

@@ -6,6 +6,7 @@ local directory, so the tiny test checkpoints exercise exactly the path real wei
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Sequence
 
 from .._imports import require
@@ -21,6 +22,10 @@ class CLIPBackbone:
         model: hub id or local directory of a ``CLIPModel`` checkpoint.
         processor: hub id or directory of its processor (default: ``model``).
         device, dtype: where and in which precision the encoders run; similarities are computed in fp32.
+
+    The weights are frozen (``requires_grad=False``): gradients only ever flow to input pixels. Safe to use
+    from several threads: the shared fast tokenizer (whose truncation / padding settings are mutable state)
+    is only used under a lock; the forward passes run concurrently.
     """
 
     def __init__(self, model: str, processor: str | None = None, *, device: Any = None, dtype: Any = None,
@@ -31,12 +36,27 @@ class CLIPBackbone:
         self.model = from_pretrained_safetensors(transformers.CLIPModel, model, dtype=self.dtype,
                                                  trust_remote_code=trust_remote_code)
         self.model.to(self.device).eval()
+        self.model.requires_grad_(False)  # a reward: never trained through, gradients go to pixels only
         refuse_pickled_side_files(processor or model)
         self.processor = transformers.AutoProcessor.from_pretrained(processor or model,
                                                                     trust_remote_code=trust_remote_code)
         tok = self.processor.tokenizer
         self.max_length = min(int(getattr(tok, "model_max_length", 77) or 77),
                               int(self.model.config.text_config.max_position_embeddings))
+        self._tok_lock = threading.Lock()
+        from ..preprocess import clip_params
+
+        #: the image processor as torch pre-processing parameters (None: float tensors take the processor path)
+        self.tensor_params = clip_params(self.processor.image_processor)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(vars(self))
+        state.pop("_tok_lock", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._tok_lock = threading.Lock()
 
     @property
     def logit_scale(self) -> float:
@@ -49,32 +69,50 @@ class CLIPBackbone:
         self.model.to(self.device)
         return self
 
-    def embed_images(self, images: Sequence[Any]):
-        """``images``: B RGB PIL images -> L2-normalised fp32 embeddings ``[B, D]``."""
+    def embed_images(self, images: Any):
+        """``images``: B RGB PIL images, or a float tensor ``[B, 3, H, W]`` in [0, 1] (pre-processed in torch on
+        its device, differentiable) -> L2-normalised fp32 embeddings ``[B, D]``."""
         import torch
 
-        pix = self.processor.image_processor(images=list(images), return_tensors="pt")["pixel_values"]
+        if isinstance(images, torch.Tensor):
+            from ..preprocess import clip_pixel_values
+
+            if self.tensor_params is None:
+                raise ValueError("this CLIP image processor's settings are not reproduced by the torch path")
+            pix = clip_pixel_values(images.to(self.device), self.tensor_params)
+        else:
+            pix = self.processor.image_processor(images=list(images), return_tensors="pt")["pixel_values"]
         feats = self.model.get_image_features(pixel_values=pix.to(self.device, self.dtype))
         feats = getattr(feats, "pooler_output", feats)  # transformers 5 may return an output object
         return torch.nn.functional.normalize(feats.float(), dim=-1)
+
+    def tokenize(self, texts: Sequence[str]):
+        """``texts``: T strings -> (``input_ids``, ``attention_mask``) ``[T, L]`` (truncated to the text window,
+        padded), number of texts that were truncated. Holds the tokenizer lock: a fast tokenizer keeps its
+        truncation / padding settings as shared mutable state, so two threads tokenizing with different
+        settings (here: the counting pass) would corrupt each other's batches."""
+        tok = self.processor.tokenizer
+        with self._tok_lock:
+            enc = tok(list(texts), padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
+            truncated = 0
+            if enc["input_ids"].shape[1] >= self.max_length:  # some text filled the window: count the cut ones
+                full = tok(list(texts), truncation=False)["input_ids"]
+                truncated = sum(len(ids) > self.max_length for ids in full)
+        return enc["input_ids"], enc["attention_mask"], truncated
 
     def embed_texts(self, texts: Sequence[str]):
         """``texts``: T strings -> (L2-normalised fp32 embeddings ``[T, D]``, number truncated)."""
         import torch
 
-        enc = self.processor.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_length,
-                                       return_tensors="pt")
-        truncated = 0
-        if enc["input_ids"].shape[1] >= self.max_length:  # some text filled the window: count the cut ones
-            full = self.processor.tokenizer(list(texts), truncation=False)["input_ids"]
-            truncated = sum(len(ids) > self.max_length for ids in full)
-        feats = self.model.get_text_features(input_ids=enc["input_ids"].to(self.device),
-                                             attention_mask=enc["attention_mask"].to(self.device))
+        input_ids, attention_mask, truncated = self.tokenize(texts)
+        feats = self.model.get_text_features(input_ids=input_ids.to(self.device),
+                                             attention_mask=attention_mask.to(self.device))
         feats = getattr(feats, "pooler_output", feats)
         return torch.nn.functional.normalize(feats.float(), dim=-1), truncated
 
-    def cosine(self, images: Sequence[Any], prompts: Sequence[str]):
-        """Cosine similarity of each image with its prompt -> (``[B]`` fp32, number of truncated prompts).
+    def cosine(self, images: Any, prompts: Sequence[str]):
+        """Cosine similarity of each image with its prompt -> (``[B]`` fp32 on the model's device, number of
+        truncated prompts). ``images``: as :meth:`embed_images`.
 
         Each distinct prompt is encoded once per call (a broadcast prompt costs one text forward).
         """

@@ -317,6 +317,7 @@ class InputEncoder:
     _parts: dict = dataclasses.field(default_factory=dict, repr=False)
     _tok_cache: dict = dataclasses.field(default_factory=dict, repr=False)
     _fast: bool | None = dataclasses.field(default=None, repr=False)  # None: not yet verified
+    _tensor_ok: bool | None = dataclasses.field(default=None, repr=False)  # tensor path; None: not yet verified
 
     def render(self, prompt: str, n_sources: int) -> str:
         parts = self._parts.get(n_sources)
@@ -361,15 +362,22 @@ class InputEncoder:
         """
         proc = self.processor
         tok = proc.tokenizer
-        pad_token = getattr(proc, "image_token", None)
-        if pad_token is None or not hasattr(proc, "image_processor"):
+        if getattr(proc, "image_token", None) is None or not hasattr(proc, "image_processor"):
             return None
-        pad_id = tok.convert_tokens_to_ids(pad_token)
         merge = int(getattr(proc.image_processor, "merge_size", 0) or 0)
         if not merge or tok.pad_token_id is None:
             return None
         img = dict(proc.image_processor(images=flat, return_tensors="pt"))
         counts = (img["image_grid_thw"].prod(-1) // merge ** 2).tolist()
+        text = self._expand_ids(texts, counts)
+        return None if text is None else {**text, **img}
+
+    def _expand_ids(self, texts: list[str], counts: list[int]) -> dict[str, torch.Tensor] | None:
+        """Token ids of ``texts`` with the k-th image placeholder (in text order) repeated ``counts[k]`` times,
+        padded on the tokenizer's side: ``input_ids``, ``attention_mask``, ``mm_token_type_ids`` ``[B, T]``.
+        None when the placeholders and ``counts`` do not line up."""
+        tok = self.processor.tokenizer
+        pad_id = tok.convert_tokens_to_ids(self.processor.image_token)
         cache = self._tok_cache
         rows, k = [], 0
         for t in texts:
@@ -382,6 +390,8 @@ class InputEncoder:
             row: list[int] = []
             for tid in ids:
                 if tid == pad_id:
+                    if k >= len(counts):
+                        return None
                     row.extend([pad_id] * counts[k])
                     k += 1
                 else:
@@ -396,9 +406,50 @@ class InputEncoder:
             sl = slice(width - len(r), width) if tok.padding_side == "left" else slice(0, len(r))
             input_ids[i, sl] = torch.tensor(r, dtype=torch.long)
             mask[i, sl] = 1
-        out = {"input_ids": input_ids, "attention_mask": mask, **img}
-        out["mm_token_type_ids"] = (input_ids == pad_id).long()
-        return out
+        return {"input_ids": input_ids, "attention_mask": mask, "mm_token_type_ids": (input_ids == pad_id).long()}
+
+    # ---------------------------------------------------------------- tensor path (issue 12)
+    def tensor_params(self):
+        """The image processor as torch pre-processing parameters, or None when the torch path cannot
+        reproduce it (or an earlier check against the processor found a difference)."""
+        from ..preprocess import qwen_params
+
+        if self._tensor_ok is False or getattr(self.processor, "image_token", None) is None \
+                or self.processor.tokenizer.pad_token_id is None:
+            return None
+        return qwen_params(self.processor.image_processor)
+
+    def encode_tensor(self, images: torch.Tensor, prompts: Sequence[str]) -> dict[str, torch.Tensor] | None:
+        """B text-to-image samples from a float tensor ``[B, 3, H, W]`` in [0, 1] -> the processor's keys, with
+        ``pixel_values`` computed in torch on ``images``' device (differentiable) and token ids on the CPU.
+
+        The first call checks token ids, masks and ``image_grid_thw`` against the processor run on blank PIL
+        images of the same size; any difference retires the tensor path (returns None, now and later).
+        """
+        from ..preprocess import qwen_pixel_values
+
+        params = self.tensor_params()
+        if params is None:
+            return None
+        pixel_values, grid = qwen_pixel_values(images, params)
+        counts = (grid.prod(-1) // params.merge_size ** 2).tolist()
+        texts = [self.render(p, 0) for p in prompts]
+        text = self._expand_ids(texts, counts)
+        if self._tensor_ok is None:
+            from PIL import Image
+
+            h, w = int(images.shape[-2]), int(images.shape[-1])
+            blank = [Image.new("RGB", (w, h)) for _ in texts]
+            ref = dict(self.processor(text=texts, images=blank, padding=True, return_tensors="pt"))
+            ref.pop("pixel_values", None)
+            mine = {} if text is None else {**text, "image_grid_thw": grid}
+            self._tensor_ok = (text is not None and set(mine) == set(ref)
+                               and all(torch.equal(mine[k], ref[k]) for k in ref))
+            if not self._tensor_ok:
+                return None
+        if text is None:
+            return None
+        return {**text, "pixel_values": pixel_values, "image_grid_thw": grid}
 
 
 # ---------------------------------------------------------------------------------------------- the model
@@ -453,10 +504,22 @@ class PreferenceModel(nn.Module):
         Returns the processor's tensors (``input_ids`` ``[B, T]``, ``attention_mask``, ``pixel_values``,
         ``image_grid_thw``, ...) on CPU.
         """
+        return self._input_encoder().encode(images, prompts, sources)
+
+    def encode_tensor(self, images: torch.Tensor, prompts: Sequence[str]) -> dict[str, torch.Tensor] | None:
+        """Text-to-image inputs from a float tensor ``[B, 3, H, W]`` in [0, 1], pre-processed in torch on its
+        device (see :meth:`InputEncoder.encode_tensor`); None when the torch path does not apply."""
+        return self._input_encoder().encode_tensor(images, prompts)
+
+    def tensor_params(self):
+        """Torch pre-processing parameters of this model's image processor, or None (processor path only)."""
+        return self._input_encoder().tensor_params()
+
+    def _input_encoder(self) -> "InputEncoder":
         enc = self.__dict__.get("_encoder")
         if enc is None or enc.processor is not self.processor or enc.template is not self.template:
             enc = self.__dict__["_encoder"] = InputEncoder(self.processor, self.template)
-        return enc.encode(images, prompts, sources)
+        return enc
 
     def input_encoder(self, *, private: bool = False) -> "InputEncoder":
         """The template + processor as a standalone encoder; ``private=True`` gives it its own copy of the

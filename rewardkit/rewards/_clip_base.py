@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from ..reward import Reward, RewardConfig
 
+PREPROCESS = ("auto", "processor")
+
 
 @dataclass
 class CLIPRewardConfig(RewardConfig):
@@ -15,6 +17,9 @@ class CLIPRewardConfig(RewardConfig):
     dtype: str = "float32"
     batch_size: int = 32
     trust_remote_code: bool = False
+    # "auto": float [B, 3, H, W] tensors are pre-processed in torch on their device (no PIL, no host copy);
+    # "processor": every input goes through PIL and the Hugging Face image processor (the reference path)
+    preprocess: str = "auto"
 
 
 class CLIPReward(Reward):
@@ -22,7 +27,8 @@ class CLIPReward(Reward):
 
     tasks = frozenset({"t2i"})
     extras = ("hf",)
-    thread_safe = True  # stateless forward passes under inference_mode
+    thread_safe = True  # stateless forward passes; the backbone serialises its tokenizer
+    differentiable = True  # score_tensor: gradients to pixels through the torch pre-processing
     #: short names -> hub ids
     VARIANTS: dict[str, str] = {}
 
@@ -33,12 +39,18 @@ class CLIPReward(Reward):
         cfg = self.config
         if cfg.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {cfg.batch_size}")
+        if cfg.preprocess not in PREPROCESS:
+            raise ValueError(f"preprocess must be one of {PREPROCESS}, got {cfg.preprocess!r}")
         self._check_config()  # before loading any weights
         model = self.VARIANTS.get(cfg.model, cfg.model)
         self.backbone = CLIPBackbone(model, self._processor_for(model), device=cfg.device, dtype=cfg.dtype,
                                      trust_remote_code=cfg.trust_remote_code)
         self._device = self.backbone.device
         self.default_batch_size = cfg.batch_size
+
+    @property
+    def supports_tensor_input(self) -> bool:
+        return self.config.preprocess == "auto" and self.backbone.tensor_params is not None
 
     def _check_config(self) -> None:
         """Reward-specific option checks (subclasses)."""

@@ -56,7 +56,7 @@ class CLIPScore(CLIPReward):
             scores = cos * self.backbone.logit_scale / 100.0
         else:
             scores = cos
-        return RewardOutput(scores=scores.cpu(), dimensions={"cosine": cos.cpu()},
+        return RewardOutput(scores=scores, dimensions={"cosine": cos},
                             info={"model": self.config.model, "convention": self.config.convention,
                                   "prompts_truncated": truncated})
 

@@ -45,7 +45,7 @@ class PickScore(CLIPReward):
     def _score(self, batch: RewardBatch) -> RewardOutput:
         cos, truncated = self.backbone.cosine(batch.images, batch.prompts)
         scores = self.backbone.logit_scale * cos * self.config.scale
-        return RewardOutput(scores=scores.cpu(), info={"model": self.config.model, "prompts_truncated": truncated})
+        return RewardOutput(scores=scores, info={"model": self.config.model, "prompts_truncated": truncated})
 
     @classmethod
     def tiny(cls, workdir: str) -> "PickScore":

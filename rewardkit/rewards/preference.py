@@ -35,6 +35,9 @@ class PreferenceRewardConfig(RewardConfig):
     batch_size: int = 16
     normalize: str = "none"         # none | calibration | quantile
     trust_remote_code: bool = False
+    # "auto": text-to-image calls with a float [B, 3, H, W] tensor are pre-processed in torch on its device
+    # (resize, normalise, patchify; no PIL, no host copy); "processor": always PIL + the HF processor
+    preprocess: str = "auto"
 
 
 class PreferenceReward(Reward):
@@ -45,6 +48,7 @@ class PreferenceReward(Reward):
     score_range = None
     extras = ("hf",)
     thread_safe = False  # one processor + model; the base class serialises calls
+    differentiable = True  # score_tensor: gradients to pixels through the torch pre-processing
     Config = PreferenceRewardConfig
 
     def __init__(self, config=None, /, **overrides):
@@ -56,11 +60,14 @@ class PreferenceReward(Reward):
             raise ValueError(f"normalize must be one of {NORMALIZE}, got {cfg.normalize!r}")
         if cfg.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {cfg.batch_size}")
+        if cfg.preprocess not in ("auto", "processor"):
+            raise ValueError(f"preprocess must be 'auto' or 'processor', got {cfg.preprocess!r}")
         from ..models.preference import PreferenceModel
 
         self.model = PreferenceModel.from_pretrained(cfg.model, device=cfg.device, dtype=cfg.dtype,
                                                      trust_remote_code=cfg.trust_remote_code,
                                                      revision=cfg.revision, base_model=cfg.base_model)
+        self.model.requires_grad_(False)  # a reward: gradients go to input pixels only (score_tensor)
         if cfg.normalize != "none" and not self.model.calibration:
             raise ValueError(f"normalize={cfg.normalize!r} needs calibration statistics; run "
                              f"`rewardkit calibrate --model {cfg.model} --data ...` first")
@@ -74,19 +81,37 @@ class PreferenceReward(Reward):
         self._device = self.model.device
         return self
 
+    @property
+    def supports_tensor_input(self) -> bool:
+        return self.config.preprocess == "auto" and self.model.tensor_params() is not None
+
+    def _encode(self, batch: RewardBatch) -> dict[str, torch.Tensor]:
+        if isinstance(batch.images, torch.Tensor):  # tensor path (base class: float [B, 3, H, W], no sources)
+            enc = self.model.encode_tensor(batch.images, batch.prompts)
+            if enc is not None:
+                return enc
+            if torch.is_grad_enabled() and batch.images.requires_grad:
+                raise RuntimeError("the torch pre-processing does not reproduce this model's processor "
+                                   "(checked on the first call), so score_tensor cannot give gradients")
+            from .. import media  # the check just retired the tensor path: this call takes the processor path
+
+            batch = RewardBatch(images=[media.to_pil(x) for x in batch.images.detach().cpu()],
+                                prompts=batch.prompts, metadata=batch.metadata, indices=batch.indices)
+        return self.model.encode(batch.images, batch.prompts, batch.sources)
+
     def _score(self, batch: RewardBatch) -> RewardOutput:
         from ..models.preference import apply_calibration
 
-        enc = self.model.encode(batch.images, batch.prompts, batch.sources)
+        enc = self._encode(batch)
         r, log_sigma = self.model(**{k: v.to(self._device) for k, v in enc.items()})
-        raw = r.float().cpu()
+        raw = r.float()
         if self.config.normalize == "none":
             scores = raw
         else:
             scores = apply_calibration(raw, self.model.calibration, self.config.normalize)
         dims = {"raw": raw} if self.config.normalize != "none" else {}
         if log_sigma is not None:
-            dims["log_sigma"] = log_sigma.float().cpu()
+            dims["log_sigma"] = log_sigma.float()
         info = {"model": self.config.model, "template": self.model.template.version,
                 "normalize": self.config.normalize}
         return RewardOutput(scores=scores, dimensions=dims, info=info)
