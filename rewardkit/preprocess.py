@@ -310,10 +310,10 @@ def check_pixels(x: torch.Tensor) -> list[str | None]:
     return _reasons(pixel_stats(x))
 
 
-def _validate(images: torch.Tensor) -> tuple[list[str | None], bool]:
+def _validate(images: torch.Tensor, reward: Any = None) -> tuple[list[str | None], bool]:
     """(per-sample reasons, whether accepted values stray outside [0, 1] within the tolerance: clamp them)."""
     n = int(images.shape[0])
-    size_err = _size_reason(int(images.shape[-2]), int(images.shape[-1])) if n else None
+    size_err = _size_reason(int(images.shape[-2]), int(images.shape[-1]), reward) if n else None
     if size_err is not None:
         return [size_err] * n, False
     stats = pixel_stats(images)
@@ -323,11 +323,15 @@ def _validate(images: torch.Tensor) -> tuple[list[str | None], bool]:
 
 
 # ---------------------------------------------------------------------------------------------- plumbing
-def _size_reason(h: int, w: int) -> str | None:
+def _size_reason(h: int, w: int, reward: Any = None) -> str | None:
+    """The PIL path's size checks for a ``[.., H, W]`` batch: pixel limit, aspect ratio and, with ``reward``,
+    the size after each of its image processors' resize (the same rules as ``Reward._check_image_size``)."""
     from . import media
 
     try:
         media._check_size(w, h)
+        for ip in (reward._image_processors() if reward is not None else ()):
+            media.check_resized_size(w, h, ip)
     except media._Bad as exc:
         return str(exc)
     return None
@@ -345,7 +349,7 @@ def tensor_call(reward: "Reward", images: torch.Tensor, prompt: Any, *, metadata
     n = int(images.shape[0])
     prompts = reward._prompts(prompt, n)
     metas = reward._metadata(metadata, n)
-    pix_err, clamp = _validate(images)
+    pix_err, clamp = _validate(images, reward)
     errors: list[str | None] = []
     for i in range(n):
         err = reward._check_prompt(prompts[i]) or pix_err[i]
@@ -391,7 +395,7 @@ def score_tensor(reward: "Reward", images: torch.Tensor, prompt: Any, *, batch_s
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     n = int(images.shape[0])
     prompts = reward._prompts(prompt, n)
-    pix_err, clamp = _validate(images)
+    pix_err, clamp = _validate(images, reward)
     for i in range(n):
         err = reward._check_prompt(prompts[i]) or pix_err[i]
         if err is not None:  # a NaN score would poison a loss: refuse loudly instead

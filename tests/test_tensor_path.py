@@ -245,3 +245,21 @@ def test_gpu_benchmark_script_dry_run(capsys):
     assert ns["main"](["--dry-run"]) == 0
     out = capsys.readouterr().out
     assert '"ratio"' in out and '"input_ratio"' in out and "max_abs_score_diff" in out
+
+
+def test_tensor_path_refuses_what_the_processor_path_refuses_for_size(tiny_clip_dir):
+    """The aspect-ratio bound and the size after the model's own resize apply to float tensors too."""
+    from rewardkit import load_reward, media
+
+    reward = load_reward("clipscore", model=str(tiny_clip_dir), convention="cosine")
+    wide = torch.rand(2, 3, 4, 1200)  # aspect 300 > the default bound of 200
+    out = reward(wide, "a cat", on_error="nan")
+    assert not out.valid.any() and "aspect" in out.errors[0]
+    old = media.get_max_pixels()
+    try:
+        # 32-px shortest-edge resize of 16 x 400 -> 32 x 800 = 25,600 pixels; the input itself is 6,400
+        media.set_max_pixels(10_000)
+        out = reward(torch.rand(1, 3, 16, 400), "a cat", on_error="nan")
+        assert not out.valid[0] and "resize" in out.errors[0].lower(), out.errors[0]
+    finally:
+        media.set_max_pixels(old)
