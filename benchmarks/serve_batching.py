@@ -31,6 +31,7 @@ def main() -> None:
     ap.add_argument("--device", default=None)
     ap.add_argument("--max-batch", type=int, default=64)
     ap.add_argument("--max-wait-ms", type=float, default=5.0)
+    ap.add_argument("--image-size", type=int, default=32, help="input size of the random tiny CLIP")
     args = ap.parse_args()
 
     import os
@@ -43,7 +44,7 @@ def main() -> None:
     from rewardkit.client import RemoteReward
     from rewardkit.testing import random_images, save_tiny_checkpoint
 
-    model = args.model or str(save_tiny_checkpoint("clip", tempfile.mkdtemp()))
+    model = args.model or str(save_tiny_checkpoint("clip", tempfile.mkdtemp(), image_size=args.image_size))
     images = random_images(args.clients, size=args.size, seed=0)
     prompt = "a photo of a cat on a mat"
 

@@ -23,3 +23,13 @@ def test_vllm_smoke_dry_run():
     assert [ln.split()[1].rstrip(":") for ln in lines] == [
         "label-probs", "order-independence", "seeded-sampling", "greedy-n>1", "prefix-caching"]
     assert all(ln.startswith("PASS") for ln in lines)
+
+
+@pytest.mark.slow
+def test_serve_batching_gpu_script_dry_run():
+    pytest.importorskip("uvicorn")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "serve_batching.py"), "--dry-run"],
+                         capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "ratio batching / no batching:" in res.stdout and "req/s" in res.stdout
