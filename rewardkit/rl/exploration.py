@@ -31,11 +31,9 @@ interpolated; "Pool" is the encoder's projected pooled output (CLIP's ``text_emb
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -201,9 +199,14 @@ class Perturbations:
 
 
 def _init_delta(mask: torch.Tensor, num_var: int, dim: int, sigma_init: float,
-                generator: torch.Generator | None) -> list[torch.Tensor]:
-    """Per prompt, ``[V, L_p, d]`` draws in prompt order (the loop and the batched version share them)."""
-    return [torch.randn(num_var, int(m.sum()), dim, generator=generator) * sigma_init for m in mask]
+                generator: torch.Generator | list[torch.Generator] | None) -> list[torch.Tensor]:
+    """Per prompt, ``[V, L_p, d]`` draws in prompt order (the loop and the batched version share them).
+    ``generator`` may be one per prompt: a prompt's perturbation then does not depend on its batch mates
+    (processes of a distributed run optimise disjoint shares of the prompts and get the same result)."""
+    gens = generator if isinstance(generator, (list, tuple)) else [generator] * len(mask)
+    if len(gens) != len(mask):
+        raise ValueError(f"{len(gens)} generators for {len(mask)} prompts")
+    return [torch.randn(num_var, int(m.sum()), dim, generator=g) * sigma_init for m, g in zip(mask, gens)]
 
 
 def _scatter(parts: list[torch.Tensor], mask: torch.Tensor, num_var: int, dim: int) -> torch.Tensor:
@@ -215,7 +218,7 @@ def _scatter(parts: list[torch.Tensor], mask: torch.Tensor, num_var: int, dim: i
 
 
 def optimize_perturbations(encoder: torch.nn.Module, input_ids: torch.Tensor, mask: torch.Tensor,
-                           cfg: E2POConfig, *, generator: torch.Generator | None = None,
+                           cfg: E2POConfig, *, generator: torch.Generator | list[torch.Generator] | None = None,
                            log_every: int = 0, eos_token_id: int | None = None) -> Perturbations:
     """Batched E²PO optimisation for P prompts: one encoder call on ``P * (K - 1)`` rows per step.
 

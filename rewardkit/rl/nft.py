@@ -90,8 +90,8 @@ def _mean_chw(x: torch.Tensor) -> torch.Tensor:
 
 def nft_loss(v_theta: torch.Tensor, v_old: torch.Tensor, v_ref: torch.Tensor | None, x0: torch.Tensor,
              xt: torch.Tensor, t: torch.Tensor, r: torch.Tensor, *, beta: float = 1.0, adv_clip_max: float = 5.0,
-             kl_coef: float = 1e-4, weight_floor: float = 1e-5, self_normalize: bool = True
-             ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+             kl_coef: float = 1e-4, weight_floor: float = 1e-5, self_normalize: bool = True,
+             mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """DiffusionNFT's loss for one micro-batch at one timestep per sample.
 
     Implicit policies ``v+ = beta v_theta + (1 - beta) v_old`` and ``v- = (1 + beta) v_old - beta v_theta``;
@@ -108,6 +108,8 @@ def nft_loss(v_theta: torch.Tensor, v_old: torch.Tensor, v_ref: torch.Tensor | N
         xt: ``[B, C, H, W]`` ``(1 - t) x0 + t eps``.
         t: ``[B]`` noise levels in (0, 1].
         r: ``[B]`` optimality probabilities in [0, 1].
+        mask: optional ``[B]`` 0/1 sample weights (0 for a sample without a valid reward; the mean still
+            divides by B, so every process does the same amount of work and scale).
 
     Returns:
         ``(loss, metrics)``: a scalar and detached diagnostics (``policy_loss`` without the KL term,
@@ -135,15 +137,16 @@ def nft_loss(v_theta: torch.Tensor, v_old: torch.Tensor, v_ref: torch.Tensor | N
         w_pos = w_neg = torch.ones(b, dtype=torch.float64, device=v_theta.device)
     l_pos = _mean_chw(err_pos ** 2) / w_pos
     l_neg = _mean_chw(err_neg ** 2) / w_neg
-    rr = r.to(l_pos.dtype)
-    policy = ((rr * l_pos + (1 - rr) * l_neg) / beta).mean() * adv_clip_max
+    w = torch.ones(b, dtype=torch.float64, device=v_theta.device) if mask is None else mask.to(torch.float64)
+    rr = torch.where(w > 0, r.to(l_pos.dtype), torch.full_like(r, 0.5, dtype=l_pos.dtype))  # NaN-free
+    policy = (w * (rr * l_pos + (1 - rr) * l_neg) / beta).mean() * adv_clip_max
     loss = policy
     kl = torch.zeros((), dtype=torch.float64, device=v_theta.device)
     if v_ref is not None:
-        kl = _mean_chw((v_theta - v_ref.detach().float()) ** 2).mean()
+        kl = (w * _mean_chw((v_theta - v_ref.detach().float()) ** 2)).mean()
         loss = policy + kl_coef * kl
     with torch.no_grad():
-        unweighted = ((rr * _mean_chw(err_pos ** 2) + (1 - rr) * _mean_chw(err_neg ** 2)) / beta).mean() * adv_clip_max
+        unweighted = (w * (rr * _mean_chw(err_pos ** 2) + (1 - rr) * _mean_chw(err_neg ** 2)) / beta).mean() * adv_clip_max
         metrics = {"policy_loss": policy.detach(), "unweighted_policy_loss": unweighted, "kl": kl.detach(),
                    "old_deviation": _mean_chw((v_theta.detach() - v_old) ** 2).mean(),
                    "x0_norm": _mean_chw(x0 ** 2).mean()}
