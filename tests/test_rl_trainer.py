@@ -257,19 +257,19 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path, tiny_dirs):
 
     from rewardkit.rl.trainer import latest_checkpoint
 
-    ref = _run_cli(_common(tiny_dirs, tmp_path / "ref"))
+    ref = _run_cli(_common(tiny_dirs, tmp_path / "ref") + ["num_epochs=4"])
     assert ref.returncode == 0, ref.stderr[-3000:]
-    killed = _run_cli(_common(tiny_dirs, tmp_path / "k") + ["save_every=2"],
+    killed = _run_cli(_common(tiny_dirs, tmp_path / "k") + ["save_every=2", "num_epochs=4"],
                       env_extra={"REWARDKIT_TEST_KILL_AFTER_EPOCH": "3"})
     assert killed.returncode == -9, killed.stderr[-3000:]
     assert latest_checkpoint(tmp_path / "k").name == "epoch-000002"  # epoch 3 was lost with the process
-    resumed = _run_cli(_common(tiny_dirs, tmp_path / "k"))
+    resumed = _run_cli(_common(tiny_dirs, tmp_path / "k") + ["save_every=2", "num_epochs=4"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     a = load_file(str(latest_checkpoint(tmp_path / "ref") / "adapters.safetensors"))
     b = load_file(str(latest_checkpoint(tmp_path / "k") / "adapters.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     epochs = [json.loads(ln)["epoch"] for ln in (tmp_path / "k" / "metrics.jsonl").read_text().splitlines()]
-    assert epochs == [1, 2, 3, 3]  # epochs 1-3 once each, then the final summary
+    assert epochs == [1, 2, 3, 4, 4]  # epochs 1-4 once each (3 dropped and replayed), then the final summary
 
 
 @pytest.mark.slow
