@@ -676,12 +676,12 @@ class NFTTrainer:
                                 kl=f"{last.get('kl', float('nan')):.2g}")
                 if self.epoch % max(cfg.log_every, 1) == 0 or self.epoch == cfg.num_epochs:
                     self._log(last)
+                if kill_after and self.epoch == kill_after:
+                    os.kill(os.getpid(), signal.SIGKILL)  # test hook: die like a preempted job, before saving
                 if (cfg.save_every and self.epoch % cfg.save_every == 0) or self.epoch == cfg.num_epochs:
                     self.save_checkpoint()
                     if self.dist.main:
                         self.plot()
-                if kill_after and self.epoch == kill_after:
-                    os.kill(os.getpid(), signal.SIGKILL)  # test hook: die like a preempted job
         finally:
             bar.close()
         summary: dict[str, Any] = {"final": True, "epoch": self.epoch, "global_step": self.global_step,
