@@ -183,6 +183,11 @@ def pooled_embeddings(encoder: torch.nn.Module, input_ids: torch.Tensor, offset:
     return pooled
 
 
+def _work_dtype(encoder: torch.nn.Module) -> torch.dtype:
+    """float64 for a float64 encoder (exactness checks), float32 otherwise (the loss in fp32 under any AMP)."""
+    return torch.float64 if next(encoder.parameters()).dtype == torch.float64 else torch.float32
+
+
 @dataclass
 class Perturbations:
     """Result of an optimisation for P prompts.
@@ -235,7 +240,8 @@ def optimize_perturbations(encoder: torch.nn.Module, input_ids: torch.Tensor, ma
     dim = encoder.get_input_embeddings().embedding_dim
     p, s = input_ids.shape
     mask = mask.bool().cpu()
-    delta = _scatter(_init_delta(mask, num_var, dim, cfg.sigma_init, generator), mask, num_var, dim).to(device)
+    wd = _work_dtype(encoder)
+    delta = _scatter(_init_delta(mask, num_var, dim, cfg.sigma_init, generator), mask, num_var, dim).to(device, wd)
     if cfg.truncate_after_eos and eos_token_id is not None:
         is_eos = input_ids == eos_token_id
         if bool(is_eos.any(1).all()):  # every row has an EOS: cut after the last first-EOS of the batch
@@ -247,10 +253,10 @@ def optimize_perturbations(encoder: torch.nn.Module, input_ids: torch.Tensor, ma
     opt = torch.optim.AdamW([delta_param], lr=cfg.lr, weight_decay=cfg.weight_decay)
     rows = ids.repeat_interleave(num_var, dim=0)                        # [P*V, s]
     with torch.no_grad():
-        anchor = pooled_embeddings(encoder, ids).float()                 # [P, D]
+        anchor = pooled_embeddings(encoder, ids).to(wd)                  # [P, D]
     history: list[dict[str, float]] = []
     for step in range(cfg.steps + 1):
-        e = pooled_embeddings(encoder, rows, (delta_param * m).reshape(p * num_var, s, dim)).float()
+        e = pooled_embeddings(encoder, rows, (delta_param * m).reshape(p * num_var, s, dim)).to(wd)
         e = e.reshape(p, num_var, -1)
         div = diversity_loss(e)
         anc_sim = anchor_similarity(e, anchor)
@@ -263,9 +269,9 @@ def optimize_perturbations(encoder: torch.nn.Module, input_ids: torch.Tensor, ma
         with torch.no_grad():
             delta_param.clamp_(-cfg.delta_max, cfg.delta_max)
         if log_every and step % log_every == 0:
-            history.append({"step": step, "loss": float(loss) / p, "anchor_sim": float(anc_sim.mean()),
-                            "pairwise_sim": float(div.mean())})
-    out = torch.zeros(p, num_var, input_ids.shape[1], dim, device=device)
+            history.append({"step": step, "loss": float(loss.detach()) / p, "anchor_sim": float(anc_sim.detach().mean()),
+                            "pairwise_sim": float(div.detach().mean())})
+    out = torch.zeros(p, num_var, input_ids.shape[1], dim, device=device, dtype=wd)
     out[:, :, :s] = (delta_param.detach() * m)
     return Perturbations(delta=out, anchor_sim=anc_sim.detach(), pairwise_sim=div.detach(), history=history)
 
@@ -280,19 +286,20 @@ def optimize_perturbations_loop(encoder: torch.nn.Module, input_ids: torch.Tenso
     dim = encoder.get_input_embeddings().embedding_dim
     mask = mask.bool().cpu()
     inits = _init_delta(mask, num_var, dim, cfg.sigma_init, generator)
+    wd = _work_dtype(encoder)
     deltas, anc_all, div_all = [], [], []
     for i in range(input_ids.shape[0]):
         ids = input_ids[i: i + 1].to(device)
         idx = mask[i].nonzero().flatten().to(device)
-        delta = torch.nn.Parameter(inits[i].to(device))
+        delta = torch.nn.Parameter(inits[i].to(device, wd))
         opt = torch.optim.AdamW([delta], lr=cfg.lr, weight_decay=cfg.weight_decay)
         with torch.no_grad():
-            anchor = pooled_embeddings(encoder, ids).float()[0]
+            anchor = pooled_embeddings(encoder, ids).to(wd)[0]
         for step in range(cfg.steps + 1):
             variants = []
             for k in range(num_var):
-                off = torch.zeros(1, ids.shape[1], dim, device=device).index_add(1, idx, delta[k][None])
-                variants.append(pooled_embeddings(encoder, ids, off).float())
+                off = torch.zeros(1, ids.shape[1], dim, device=device, dtype=wd).index_add(1, idx, delta[k][None])
+                variants.append(pooled_embeddings(encoder, ids, off).to(wd))
             e = torch.cat(variants)
             div = diversity_loss(e)
             anc_sim = anchor_similarity(e, anchor)
@@ -304,7 +311,7 @@ def optimize_perturbations_loop(encoder: torch.nn.Module, input_ids: torch.Tenso
             opt.step()
             with torch.no_grad():
                 delta.clamp_(-cfg.delta_max, cfg.delta_max)
-        dense = torch.zeros(num_var, ids.shape[1], dim, device=device)
+        dense = torch.zeros(num_var, ids.shape[1], dim, device=device, dtype=wd)
         dense[:, idx] = delta.detach()
         deltas.append(dense)
         anc_all.append(anc_sim.detach())
