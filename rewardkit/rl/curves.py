@@ -77,7 +77,7 @@ def plot_curves(metrics: str | Path, out: str | Path, e2po: Any = None) -> Path 
         mat = mat / np.maximum(mat.sum(0, keepdims=True), 1)
         ax[3].imshow(mat, aspect="auto", origin="lower", extent=(hists[0][0] - .5, hists[-1][0] + .5, 0, 1),
                      cmap="viridis")
-    ax[3].set_title("optimality probability r (histogram per epoch)")
+    ax[3].set_title("r histogram per epoch")
     ax[3].set_ylabel("r")
     if e2po_keys:
         for k in e2po_keys:
