@@ -10,6 +10,14 @@ transformers = pytest.importorskip("transformers")
 from rewardkit.rl import exploration as X  # noqa: E402
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny encoders: one thread is fastest on a shared CPU
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="module")
 def encoder():
     from rewardkit.testing import build_tiny_tokenizer

@@ -99,7 +99,7 @@ class SD3Policy:
     def truncated(self, prompts: list[str]) -> list[str]:
         """The prompts longer than the CLIP tokenizer's window (their tail does not reach CLIP)."""
         tok = self.pipe.tokenizer
-        return [p for p in prompts if len(tok(p, truncation=False).input_ids) > tok.model_max_length]
+        return [p for p in prompts if len(tok(p, truncation=False, verbose=False).input_ids) > tok.model_max_length]
 
     # ------------------------------------------------------------------ transformer
     def velocity(self, module: torch.nn.Module, x: torch.Tensor, sigma: torch.Tensor, cond: Cond) -> torch.Tensor:
