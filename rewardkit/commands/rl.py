@@ -1,7 +1,7 @@
-"""``rewardkit rl nft --config recipes/nft/<name>.yaml [key=value ...]``: the bundled DiffusionNFT trainer.
+"""rewardkit rl nft --config recipes/nft/NAME.yaml [key=value ...]: the bundled DiffusionNFT trainer.
 
 DiffusionNFT (online RL on the forward process) for SD3 / SD3.5 with LoRA, on any rewardkit reward, with
-optional E²PO embedding-perturbed exploration (``e2po.enabled=true``). Examples:
+optional E²PO embedding-perturbed exploration (e2po.enabled=true). Examples:
 
     rewardkit rl nft --config recipes/nft/tiny.yaml                       # CPU, under 2 minutes
     rewardkit rl nft --config recipes/nft/tiny_e2po.yaml
@@ -18,13 +18,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from . import EXIT_CODES_HELP, UsageError
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("rl", help="reinforcement learning of image generators on rewardkit rewards (DiffusionNFT)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__, epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     algos = p.add_subparsers(dest="rl_algo", metavar="ALGO")
     n = algos.add_parser("nft", help="DiffusionNFT with optional E²PO exploration (SD3 / SD3.5, LoRA)",
-                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                         description=__doc__, epilog=EXIT_CODES_HELP,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
     n.add_argument("--config", "-c", type=Path, help="recipe YAML (see recipes/nft/)")
     n.add_argument("--preset", help="start from a named preset (geneval, pickscore, hpsv2, ocr, multi_reward, "
                                     "e2po_geneval_k12, e2po_geneval_k4, e2po_pickscore_k3); --config and "
@@ -39,8 +42,9 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "rl_algo", None) != "nft":
-        print("usage: rewardkit rl nft --config recipe.yaml [key=value ...]  (see rewardkit rl nft --help)")
-        return 2
+        raise UsageError("give an algorithm: rewardkit rl nft --config recipe.yaml [key=value ...]")
+    if args.config is not None and not Path(args.config).is_file():
+        raise UsageError(f"--config {args.config}: no such file")
     import dataclasses
     import json
     import math
