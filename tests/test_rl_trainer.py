@@ -50,7 +50,7 @@ def tiny_cfg(out, tiny_dirs, **over) -> NFTConfig:
         "sample": {"num_steps": 2, "resolution": 32, "batch_size": 4, "num_groups": 2, "group_size": 4},
         "train": {"batch_size": 4, "lr": 1e-3},
         "rewards": {"pickscore": 1.0}, "reward_kwargs": {"pickscore": {"model": tiny_dirs["clip"], "device": "cpu"}},
-        "reward_workers": 2, "num_epochs": 2, "mixed_precision": "no", "cpu": True, "save_every": 1,
+        "reward_workers": 2, "num_epochs": 2, "mixed_precision": "no", "cpu": True, "save_every": 1, "eval_every": 0,
         "progress": False, "resume": "never",
     }
     from rewardkit.config import _merge
@@ -124,7 +124,8 @@ def test_plan_is_rank_independent_and_groups_are_complete(trainer):
 def test_two_epoch_run_changes_lora_and_writes_outputs(tmp_path, tiny_dirs):
     from rewardkit.rl.trainer import NFTTrainer
 
-    tr = NFTTrainer(tiny_cfg(tmp_path / "run", tiny_dirs))
+    tr = NFTTrainer(tiny_cfg(tmp_path / "run", tiny_dirs, eval_every=2, eval_prompts=4,
+                             sample={"eval_num_steps": 3}))
     before = [p.detach().clone() for p in tr.trainable]
     summary = tr.train()
     assert summary["global_step"] == 2 and summary["epoch"] == 2
@@ -137,6 +138,7 @@ def test_two_epoch_run_changes_lora_and_writes_outputs(tmp_path, tiny_dirs):
         assert sum(r["r/hist"]) == 8 and 0 <= r["zero_std_group_ratio"] <= 1
         assert "reward/pickscore/mean" in r and r["reward/pickscore/std"] > 0
     assert epochs[1]["kl"] > 0  # the trained adapter moved away from the base model after step 1
+    assert "eval/reward/total/mean" not in epochs[0] and math.isfinite(epochs[1]["eval/reward/pickscore/mean"])
     assert (tmp_path / "run" / "curves.png").stat().st_size > 1000
     # the LoRA loads into a plain diffusers pipeline and equals our EMA weights
     import diffusers

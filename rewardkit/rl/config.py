@@ -88,6 +88,8 @@ class NFTConfig:
     num_epochs: int = 1000
     mixed_precision: str = "fp16"         # no | fp16 (autocast + GradScaler) | bf16
     cpu: bool = False
+    eval_every: int = 10                  # epochs; 0: never. Euler ODE, sample.eval_num_steps, EMA weights
+    eval_prompts: int = 16                # the first N prompts, fixed noise
     save_every: int = 30                  # epochs (and at the end)
     save_total_limit: int = 2
     resume: str = "auto"                  # auto | never | a checkpoint directory

@@ -51,6 +51,10 @@ def plot_curves(metrics: str | Path, out: str | Path, e2po: Any = None) -> Path 
             if len(sd) == len(m):
                 ax[0].fill_between(xs, [a - b for a, b in zip(m, sd)], [a + b for a, b in zip(m, sd)],
                                    color=line.get_color(), alpha=0.15)
+    for c in comps:
+        xs, m = _series(recs, f"eval/reward/{c}/mean")
+        if xs:
+            ax[0].plot(xs, m, "s--", label=f"eval {c} (EMA)")
     ax[0].set_title("reward (mean ± std)")
     ax[0].legend(fontsize=7)
     for key, label in (("zero_std_group_ratio", "zero-std groups"), ("r/mean", "mean r")):

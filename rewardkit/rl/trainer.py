@@ -109,7 +109,7 @@ def _gen(*parts: int) -> torch.Generator:
     return torch.Generator().manual_seed(_seed(*parts))
 
 
-_SAMPLE, _TRAIN, _PLAN, _E2PO = 1, 2, 3, 4
+_SAMPLE, _TRAIN, _PLAN, _E2PO, _EVAL = 1, 2, 3, 4, 5
 
 
 def resolve_tiny(spec: Any, root: Path, dist: "_Dist | None" = None) -> Any:
@@ -529,6 +529,42 @@ class NFTTrainer:
                **e_logs, "time/e2po_s": t1 - t0, "time/sample_s": t2 - t1, "time/train_s": t3 - t2}
         return rec
 
+    # ------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Rewards of the EMA weights (the trained adapter when EMA is off) on the first ``eval_prompts`` prompts:
+        ``sample.eval_solver`` with ``sample.eval_num_steps`` steps, the same noise every time."""
+        cfg, s = self.cfg, self.cfg.sample
+        idx = list(range(min(cfg.eval_prompts, len(self.prompts))))[self.dist.rank::self.dist.world]
+        gen = _gen(cfg.seed, _EVAL, self.dist.rank)
+        backup = [p.detach().clone() for p in self.trainable]
+        if self.ema is not None:
+            for p, e in zip(self.trainable, self.ema):
+                p.copy_(e)
+        totals, comps = [], {}
+        try:
+            for start in range(0, len(idx), s.batch_size):
+                texts = [self.prompts[i] for i in idx[start:start + s.batch_size]]
+                cond = self.policy.encode(texts)
+                noise = torch.randn(self.policy.latent_shape(len(texts), s.resolution), generator=gen).to(self.device)
+                x0 = self._rollout(cond, cond, noise, gen, steps=s.eval_num_steps, solver=s.eval_solver, use_old=False)
+                res = self.scorer(self.policy.decode(x0).cpu(), texts)
+                totals.append(res["total"])
+                for k, v in res["components"].items():
+                    comps.setdefault(k, []).append(v)
+        finally:
+            for p, b in zip(self.trainable, backup):
+                p.copy_(b)
+        keys = ["total"] + sorted(comps)
+        cols = [torch.cat(totals) if totals else torch.zeros(0, dtype=torch.float64)] + \
+               [torch.cat(comps[k]) for k in sorted(comps)]
+        # per key: (sum of finite values, count) summed over processes
+        stats = torch.tensor([[float(c[torch.isfinite(c)].sum()), float(torch.isfinite(c).sum())] for c in cols],
+                             dtype=torch.float64, device=self.device)
+        if self.dist.world > 1:
+            torch.distributed.all_reduce(stats)
+        return {f"eval/reward/{k}/mean": (float(a / n) if n else float("nan")) for k, (a, n) in zip(keys, stats.tolist())}
+
     # ------------------------------------------------------------------ checkpoints
     def _state_tensors(self) -> dict[str, torch.Tensor]:
         out = {}
@@ -674,6 +710,8 @@ class NFTTrainer:
                 bar.update(1)
                 bar.set_postfix(reward=f"{last['reward/total/mean']:.4g}", loss=f"{last.get('loss', float('nan')):.4g}",
                                 kl=f"{last.get('kl', float('nan')):.2g}")
+                if cfg.eval_every and (self.epoch % cfg.eval_every == 0 or self.epoch == cfg.num_epochs):
+                    last.update(self.evaluate())
                 if self.epoch % max(cfg.log_every, 1) == 0 or self.epoch == cfg.num_epochs:
                     self._log(last)
                 if kill_after and self.epoch == kill_after:
