@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "compose": "rewardkit.commands.compose",
     "convert": "rewardkit.commands.convert",
     "train": "rewardkit.commands.train",
+    "rl": "rewardkit.commands.rl",
     "soup": "rewardkit.commands.soup",
     "serve": "rewardkit.commands.serve",
 }

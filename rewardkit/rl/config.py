@@ -1,0 +1,150 @@
+"""``NFTConfig``: DiffusionNFT's official defaults (SD3.5-M, GenEval setting) and named presets.
+
+Sizes follow the official 8-GPU setup: 48 prompts x 24 images per epoch, 9 images per GPU per batch, one
+optimizer step per epoch. On fewer GPUs keep ``num_groups * group_size`` and raise ``sample.num_batches``.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from .exploration import E2POConfig
+
+__all__ = ["NFTConfig", "ModelArgs", "LoraArgs", "SampleArgs", "TrainArgs", "PRESETS", "preset"]
+
+
+@dataclass
+class ModelArgs:
+    pretrained: str = "stabilityai/stable-diffusion-3.5-medium"  # hub id or local diffusers directory
+    revision: str | None = None
+    max_sequence_length: int = 128        # T5 tokens (CLIP: the tokenizers' 77)
+    text_encoder_dtype: str = "auto"      # auto (the mixed-precision dtype on GPU, float32 on CPU) | float32 | ...
+    trust_remote_code: bool = False
+
+
+@dataclass
+class LoraArgs:
+    r: int = 32
+    alpha: float = 64.0
+    init: str = "gaussian"                # PEFT init_lora_weights ("gaussian": B = 0, so the start is the base)
+    target_modules: list[str] = field(default_factory=lambda: [
+        "attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out",
+        "attn.to_k", "attn.to_out.0", "attn.to_q", "attn.to_v"])
+
+
+@dataclass
+class SampleArgs:
+    num_steps: int = 10                   # rollout steps
+    solver: str = "dpm2"                  # dpm2 | euler | flow_sde
+    eta: float = 0.7                      # flow_sde noise level (unused by the ODE solvers)
+    shift: float = 3.0                    # flow-matching sigma shift (SD3 / SD3.5: 3)
+    resolution: int = 512
+    batch_size: int = 9                   # images per process per rollout batch
+    num_groups: int = 48                  # prompts per epoch (over all processes)
+    group_size: int = 24                  # images per prompt (with E²PO: G x K, K = e2po.num_variants)
+    eval_num_steps: int = 40              # evaluation: Euler ODE
+    eval_solver: str = "euler"
+
+
+@dataclass
+class TrainArgs:
+    batch_size: int = 9                   # samples per process per training forward
+    steps_per_epoch: int = 1              # optimizer steps per epoch
+    timestep_fraction: float = 0.99       # 9 of 10 rollout timesteps per sample
+    beta: float = 1.0                     # NFT mixing strength (0.1 for OCR / multi-reward)
+    kl_coef: float = 1e-4                 # KL to the base model (official train.beta)
+    adv_clip_max: float = 5.0
+    adv_mode: str = "all"                 # all | positive_only | negative_only
+    global_std: bool = True               # one std over the epoch (official) or one per prompt group
+    lr: float = 3e-4
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    weight_decay: float = 1e-4
+    adam_eps: float = 1e-8
+    max_grad_norm: float = 1.0
+    decay_type: str = "linear_to_0_5"     # old-policy soft update: copy | linear_to_0_5 | delayed_linear_to_0_999
+    ema: bool = True
+    ema_decay: float = 0.9
+
+
+@dataclass
+class NFTConfig:
+    output_dir: str = "runs/nft"
+    seed: int = 42
+    model: ModelArgs = field(default_factory=ModelArgs)
+    lora: LoraArgs = field(default_factory=LoraArgs)
+    sample: SampleArgs = field(default_factory=SampleArgs)
+    train: TrainArgs = field(default_factory=TrainArgs)
+    e2po: E2POConfig = field(default_factory=E2POConfig)
+    # rewards: registry name -> weight; the training reward is the weighted SUM (flow_grpo's "avg")
+    rewards: dict[str, float] = field(default_factory=lambda: {"pickscore": 1.0})
+    # per-reward constructor options, e.g. {"clipscore": {"model": "path/to/clip"}}
+    reward_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    reward_workers: int = 4               # threads scoring finished batches while the next batch samples
+    invalid_rewards: str = "drop"         # drop (left out of statistics and loss; counted and warned) | raise
+    prompts: str = "builtin:geneval_tiny"  # a .txt file (one prompt a line), a .jsonl with "prompt", or builtin:...
+    num_epochs: int = 1000
+    mixed_precision: str = "fp16"         # no | fp16 (autocast + GradScaler) | bf16
+    cpu: bool = False
+    eval_every: int = 10                  # epochs; 0: never. Euler ODE, sample.eval_num_steps, EMA weights
+    eval_prompts: int = 16                # the first N prompts, fixed noise
+    save_every: int = 30                  # epochs (and at the end)
+    save_total_limit: int = 2
+    resume: str = "auto"                  # auto | never | a checkpoint directory
+    log_every: int = 1
+    progress: bool = True
+    allow_tf32: bool = True
+    torch_threads: int = 0                # CPU threads for torch (0: torch's default; 1 is fastest for tiny models)
+
+    def validate(self) -> None:
+        s, t = self.sample, self.train
+        if s.solver not in ("dpm2", "euler", "flow_sde") or s.eval_solver not in ("dpm2", "euler", "flow_sde"):
+            raise ValueError(f"sample.solver must be dpm2, euler or flow_sde, got {s.solver!r}")
+        if self.mixed_precision not in ("no", "fp16", "bf16"):
+            raise ValueError(f"mixed_precision must be no, fp16 or bf16, got {self.mixed_precision!r}")
+        if self.invalid_rewards not in ("drop", "raise"):
+            raise ValueError(f"invalid_rewards must be drop or raise, got {self.invalid_rewards!r}")
+        if not self.rewards:
+            raise ValueError("rewards: give at least one {name: weight}")
+        for name, w in self.rewards.items():
+            if not isinstance(w, (int, float)) or w != w:
+                raise ValueError(f"rewards.{name}: weight must be a number, got {w!r}")
+        if min(s.batch_size, s.num_groups, s.group_size, t.batch_size, t.steps_per_epoch, s.num_steps) < 1:
+            raise ValueError("batch sizes, num_groups, group_size, steps and steps_per_epoch must be >= 1")
+        if s.group_size < 2:
+            raise ValueError("sample.group_size must be >= 2: advantages are relative to the group")
+        if s.resolution % 16:
+            raise ValueError(f"sample.resolution must be a multiple of 16, got {s.resolution}")
+        if self.e2po.enabled:
+            self.e2po.validate()
+            if s.group_size % self.e2po.num_variants:
+                raise ValueError(f"with E²PO, sample.group_size (G x K) must be a multiple of e2po.num_variants "
+                                 f"(K = {self.e2po.num_variants}), got {s.group_size}")
+
+
+# Official variants (config/nft.py) and the E²PO paper's three settings. Values not listed are the defaults.
+PRESETS: dict[str, dict[str, Any]] = {
+    "geneval": {"rewards": {"geneval": 1.0}},
+    "pickscore": {"rewards": {"pickscore": 1.0}},
+    "hpsv2": {"rewards": {"hpsv2": 1.0}},
+    "ocr": {"rewards": {"ocr": 1.0}, "train": {"beta": 0.1, "decay_type": "delayed_linear_to_0_999",
+                                               "steps_per_epoch": 2}},
+    "multi_reward": {"rewards": {"pickscore": 1.0, "hpsv2": 1.0, "clipscore": 1.0},
+                     "sample": {"num_steps": 25}, "train": {"beta": 0.1}},
+    # E²PO (seed paper, section 4): GenEval G=4 K=12; GenEval G=2 K=4 (lambda_div 100); PickScore G=8 K=3
+    "e2po_geneval_k12": {"rewards": {"geneval": 1.0}, "sample": {"group_size": 48},
+                         "e2po": {"enabled": True, "num_variants": 12}},
+    "e2po_geneval_k4": {"rewards": {"geneval": 1.0}, "sample": {"group_size": 8},
+                        "e2po": {"enabled": True, "num_variants": 4, "lambda_div": 100.0}},
+    "e2po_pickscore_k3": {"rewards": {"pickscore": 1.0}, "sample": {"group_size": 24},
+                          "e2po": {"enabled": True, "num_variants": 3}},
+}
+
+
+def preset(name: str) -> dict[str, Any]:
+    """A copy of ``PRESETS[name]`` (a mapping for :func:`rewardkit.config.build_config`)."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
+    return copy.deepcopy(PRESETS[name])

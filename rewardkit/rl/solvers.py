@@ -1,0 +1,117 @@
+"""Rollout solvers for flow-matching models, as pure functions of a velocity function.
+
+``velocity(x, sigma, i) -> v`` predicts ``v = eps - x0`` at noise level ``sigma`` (a Python float; ``i`` is the
+step index, for callers whose conditioning changes along the trajectory, e.g. E²PO's noise-aware schedule).
+``sigmas`` is a decreasing schedule ending at 0 (:func:`rewardkit.rl.schedule.flow_sigmas`). The state is
+updated in float32 whatever the model's dtype.
+
+- :func:`euler_ode`: ``x <- x + (sigma' - sigma) v`` (DiffusionNFT's evaluation sampler).
+- :func:`flow_sde`: Flow-GRPO's SDE with noise level ``eta`` (``eta = 0`` is exactly :func:`euler_ode`).
+- :func:`dpm2`: deterministic second-order multistep DPM-Solver++ in data prediction (DiffusionNFT's
+  training rollouts); the first and the last steps are first order (DDIM), which at ``sigma' = 0`` returns
+  the data prediction itself.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import torch
+
+__all__ = ["euler_ode", "flow_sde", "dpm2", "sample", "SOLVERS"]
+
+VelocityFn = Callable[[torch.Tensor, float, int], torch.Tensor]
+
+
+def _sig(sigmas: Sequence[float] | torch.Tensor) -> list[float]:
+    s = [float(v) for v in (sigmas.tolist() if isinstance(sigmas, torch.Tensor) else sigmas)]
+    if len(s) < 2 or any(not math.isfinite(v) for v in s) or any(b >= a for a, b in zip(s, s[1:])):
+        raise ValueError(f"sigmas must be a finite, strictly decreasing list of >= 2 values, got {s}")
+    return s
+
+
+def euler_ode(velocity: VelocityFn, x: torch.Tensor, sigmas) -> torch.Tensor:
+    """Euler steps of the probability-flow ODE. x: ``[B, C, H, W]`` noise at ``sigmas[0]``; returns x at the end."""
+    s = _sig(sigmas)
+    x = x.float()
+    for i in range(len(s) - 1):
+        x = x + (s[i + 1] - s[i]) * velocity(x, s[i], i).float()
+    return x
+
+
+def flow_sde(velocity: VelocityFn, x: torch.Tensor, sigmas, eta: float = 0.7,
+             generator: torch.Generator | None = None) -> torch.Tensor:
+    """Flow-GRPO's SDE sampler: per step, with ``dt = sigma' - sigma < 0`` and
+    ``std = eta * sqrt(sigma / (1 - sigma))`` (at sigma = 1 the denominator uses ``1 - sigmas[1]``),
+    ``mean = x (1 + std^2 dt / (2 sigma)) + v (1 + std^2 (1 - sigma) / (2 sigma)) dt``,
+    ``x' = mean + std sqrt(-dt) z``. ``eta = 0`` is :func:`euler_ode`."""
+    s = _sig(sigmas)
+    if eta < 0:
+        raise ValueError(f"eta must be >= 0, got {eta}")
+    x = x.float()
+    for i in range(len(s) - 1):
+        sig, dt = s[i], s[i + 1] - s[i]
+        v = velocity(x, sig, i).float()
+        denom = 1 - (s[1] if sig >= 1 else sig)
+        std = eta * math.sqrt(sig / denom) if eta > 0 else 0.0
+        mean = x * (1 + std ** 2 / (2 * sig) * dt) + v * (1 + std ** 2 * (1 - sig) / (2 * sig)) * dt
+        if std > 0:
+            z = torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device) \
+                if generator is None or generator.device == x.device else \
+                torch.randn(x.shape, generator=generator, dtype=x.dtype).to(x.device)
+            mean = mean + std * math.sqrt(-dt) * z
+        x = mean
+    return x
+
+
+def _lam(sigma: float) -> float:
+    """log-SNR ``log((1 - sigma) / sigma)``; -inf at sigma = 1, +inf at sigma = 0."""
+    if sigma >= 1:
+        return -math.inf
+    if sigma <= 0:
+        return math.inf
+    return math.log((1 - sigma) / sigma)
+
+
+def dpm2(velocity: VelocityFn, x: torch.Tensor, sigmas) -> torch.Tensor:
+    """Deterministic DPM-Solver++(2M) with data prediction ``x0 = x - sigma v``.
+
+    Step ``sigma -> sigma'`` (``alpha = 1 - sigma``, ``h = lambda' - lambda``):
+    first order ``x' = (sigma'/sigma) x + (alpha' - alpha sigma'/sigma) x0``; second order adds
+    ``0.5 (alpha' - alpha sigma'/sigma) D1`` with ``D1 = (x0 - x0_prev) / r``, ``r = h_prev / h``. The first step
+    (no previous prediction) and the last step (sigma' = 0, where it returns ``x0``) are first order. A
+    previous step from sigma = 1 has ``h_prev = inf``, hence ``D1 = 0``: the second step is also first order.
+    """
+    s = _sig(sigmas)
+    x = x.float()
+    prev_x0, prev_h = None, None
+    n = len(s) - 1
+    for i in range(n):
+        sig, nxt = s[i], s[i + 1]
+        x0 = x - sig * velocity(x, sig, i).float()
+        if nxt <= 0:
+            x = x0
+            break
+        ratio = nxt / sig
+        coef = (1 - nxt) - (1 - sig) * ratio
+        h = _lam(nxt) - _lam(sig)
+        out = ratio * x + coef * x0
+        if prev_x0 is not None and i < n - 1 and math.isfinite(prev_h):
+            r = prev_h / h
+            out = out + 0.5 * coef * (x0 - prev_x0) / r
+        x, prev_x0, prev_h = out, x0, h
+    return x
+
+
+SOLVERS = {"euler": euler_ode, "flow_sde": flow_sde, "dpm2": dpm2}
+
+
+def sample(solver: str, velocity: VelocityFn, x: torch.Tensor, sigmas, *, eta: float = 0.7,
+           generator: torch.Generator | None = None) -> torch.Tensor:
+    """Dispatch by name: ``"dpm2"`` | ``"euler"`` | ``"flow_sde"`` (the only one that uses ``eta`` / ``generator``)."""
+    if solver == "flow_sde":
+        return flow_sde(velocity, x, sigmas, eta=eta, generator=generator)
+    if solver not in SOLVERS:
+        raise ValueError(f"solver must be one of {sorted(SOLVERS)}, got {solver!r}")
+    return SOLVERS[solver](velocity, x, sigmas)

@@ -1,0 +1,298 @@
+"""The DiffusionNFT trainer on the tiny SD3 pipeline: adapters, a 2-epoch run, E²PO conditioning, mixed precision,
+LoRA loadable by diffusers, the CLI; kill-and-resume and 2-process gloo runs are slow / distributed."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("diffusers")
+pytest.importorskip("peft")
+
+from rewardkit.rl.config import NFTConfig  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread on a shared CPU; restore the session's setting afterwards."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+SMALL = {"sample": {"num_steps": 2, "resolution": 32, "batch_size": 4, "num_groups": 2, "group_size": 2}}
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory):
+    from rewardkit.testing import save_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("rl_tiny")
+    return {"sd3": str(save_tiny_checkpoint("sd3", root / "sd3")), "clip": str(save_tiny_checkpoint("clip", root / "clip"))}
+
+
+def tiny_cfg(out, tiny_dirs, **over) -> NFTConfig:
+    from rewardkit.config import build_config
+
+    base = {
+        "output_dir": str(out), "seed": 3, "model": {"pretrained": tiny_dirs["sd3"], "max_sequence_length": 8},
+        "lora": {"r": 4, "alpha": 8},
+        "sample": {"num_steps": 2, "resolution": 32, "batch_size": 4, "num_groups": 2, "group_size": 4},
+        "train": {"batch_size": 4, "lr": 1e-3},
+        "rewards": {"pickscore": 1.0}, "reward_kwargs": {"pickscore": {"model": tiny_dirs["clip"], "device": "cpu"}},
+        "reward_workers": 2, "num_epochs": 2, "mixed_precision": "no", "cpu": True, "save_every": 1, "eval_every": 0,
+        "progress": False, "resume": "never",
+    }
+    from rewardkit.config import _merge
+
+    return build_config(NFTConfig, _merge(base, over))
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory, tiny_dirs):
+    from rewardkit.rl.trainer import NFTTrainer
+
+    return NFTTrainer(tiny_cfg(tmp_path_factory.mktemp("rl_unit"), tiny_dirs))
+
+
+def _inputs(tr, b=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tr.policy.latent_shape(b, 32), generator=g)
+    cond = tr.policy.encode(["a photo of a cat", "a dog"][:b])
+    return x, torch.tensor([0.9, 0.4])[:b], cond
+
+
+def test_old_equals_reference_at_init_and_requires_grad_restored(trainer):
+    pol = trainer.policy
+    x, sig, cond = _inputs(trainer)
+    with torch.no_grad():
+        v_def = pol.velocity(pol.transformer, x, sig, cond)
+        with pol.use_old():
+            v_old = pol.velocity(pol.transformer, x, sig, cond)
+        with pol.use_reference():
+            v_ref = pol.velocity(pol.transformer, x, sig, cond)
+    assert torch.equal(v_def, v_old) and torch.equal(v_old, v_ref)  # gaussian init: B = 0 in both adapters
+    assert all(p.requires_grad for p in pol.adapter_params("default"))
+    assert not any(p.requires_grad for p in pol.adapter_params("old"))
+    assert not any(p.requires_grad for n, p in pol.transformer.named_parameters() if "lora_" not in n)
+    # an exception inside a switch still restores the trained adapter
+    with pytest.raises(RuntimeError):
+        with pol.use_reference():
+            raise RuntimeError("boom")
+    assert all(p.requires_grad for p in pol.adapter_params("default"))
+    assert pol.transformer.active_adapters() == ["default"]
+    assert len(trainer.trainable) == len(trainer.old_params) > 0
+
+
+def test_soft_update_on_real_adapters(trainer):
+    from rewardkit.rl import nft
+
+    with torch.no_grad():
+        saved = [p.clone() for p in trainer.trainable], [p.clone() for p in trainer.old_params]
+        for p in trainer.trainable:
+            p.fill_(2.0)
+        for p in trainer.old_params:
+            p.fill_(1.0)
+        nft.soft_update_(trainer.old_params, trainer.trainable, 0.25)
+        assert all(torch.allclose(p, torch.full_like(p, 1.75)) for p in trainer.old_params)
+        for p, s in zip(trainer.trainable, saved[0]):
+            p.copy_(s)
+        for p, s in zip(trainer.old_params, saved[1]):
+            p.copy_(s)
+
+
+def test_plan_is_rank_independent_and_groups_are_complete(trainer):
+    chosen, batches = trainer._plan(5)
+    chosen2, batches2 = trainer._plan(5)
+    assert chosen == chosen2 and batches == batches2
+    members = [m for b in batches for m in b]
+    assert len(members) == trainer.cfg.sample.num_groups * trainer.cfg.sample.group_size
+    assert all(sum(1 for p, _ in members if p == c) == trainer.cfg.sample.group_size for c in chosen)
+    assert trainer._plan(6)[0] != chosen or trainer._plan(6)[1] != batches
+
+
+def test_two_epoch_run_changes_lora_and_writes_outputs(tmp_path, tiny_dirs):
+    from rewardkit.rl.trainer import NFTTrainer
+
+    tr = NFTTrainer(tiny_cfg(tmp_path / "run", tiny_dirs, eval_every=2, eval_prompts=4,
+                             sample={"eval_num_steps": 3}))
+    before = [p.detach().clone() for p in tr.trainable]
+    summary = tr.train()
+    assert summary["global_step"] == 2 and summary["epoch"] == 2
+    assert any(not torch.equal(a, b) for a, b in zip(before, tr.trainable))
+    recs = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r for r in recs if "final" not in r]
+    assert [r["epoch"] for r in epochs] == [1, 2]
+    for r in epochs:
+        assert math.isfinite(r["loss"]) and math.isfinite(r["policy_loss"]) and r["invalid_rewards"] == 0
+        assert sum(r["r/hist"]) == 8 and 0 <= r["zero_std_group_ratio"] <= 1
+        assert "reward/pickscore/mean" in r and r["reward/pickscore/std"] > 0
+    assert epochs[1]["kl"] > 0  # the trained adapter moved away from the base model after step 1
+    assert "eval/reward/total/mean" not in epochs[0] and math.isfinite(epochs[1]["eval/reward/pickscore/mean"])
+    assert (tmp_path / "run" / "curves.png").stat().st_size > 1000
+    # the LoRA loads into a plain diffusers pipeline and equals our EMA weights
+    import diffusers
+    from safetensors.torch import load_file
+
+    lora = tmp_path / "run" / "lora" / "pytorch_lora_weights.safetensors"
+    sd = load_file(str(lora))
+    assert sd and all(k.startswith("transformer.") for k in sd)
+    pipe = diffusers.StableDiffusion3Pipeline.from_pretrained(tiny_dirs["sd3"])
+    pipe.load_lora_weights(str(lora.parent))
+    loaded = {n: p for n, p in pipe.transformer.named_parameters() if "lora_B" in n}
+    assert loaded and any(float(p.abs().max()) > 0 for p in loaded.values())
+    ema_b = [e for (n, _), e in zip(tr.policy.adapter_named_params("default"), tr.ema) if "lora_B" in n]
+    assert sorted(float(e.abs().sum()) for e in ema_b) == pytest.approx(sorted(float(p.abs().sum()) for p in loaded.values()), rel=1e-6)
+    ck = tmp_path / "run" / "checkpoints"
+    assert (ck / "latest").read_text() == "epoch-000002" and not list(ck.glob("*.tmp"))
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_mixed_precision_step_on_cpu(tmp_path, tiny_dirs, precision):
+    from rewardkit.rl.trainer import NFTTrainer
+
+    tr = NFTTrainer(tiny_cfg(tmp_path, tiny_dirs, mixed_precision=precision, num_epochs=1,
+                             train={"ema": False}, **SMALL))
+    before = [p.detach().clone() for p in tr.trainable]
+    rec = tr.run_epoch()
+    assert math.isfinite(rec["loss"]) and math.isfinite(rec["grad_norm"])
+    assert all(p.dtype == torch.float32 for p in tr.trainable)  # fp32 master weights
+    assert any(not torch.equal(a, b) for a, b in zip(before, tr.trainable))
+    if precision == "fp16":
+        assert tr.scaler.is_enabled() and rec["grad_scale"] > 0
+
+
+def test_e2po_conditions_keep_reference_member_unperturbed(tmp_path, tiny_dirs):
+    from rewardkit.rl.trainer import NFTTrainer
+
+    tr = NFTTrainer(tiny_cfg(tmp_path, tiny_dirs, e2po={"enabled": True, "num_variants": 2, "steps": 5},
+                             num_epochs=1, **SMALL))
+    deltas, logs = tr._explore(0)
+    chosen, batches = tr._plan(0)
+    assert set(deltas) == set(chosen)
+    assert math.isfinite(logs["e2po/clip_l/anchor_sim_mean"])
+    batch = [(chosen[0], 0), (chosen[0], 1), (chosen[1], 1), (chosen[1], 0)]
+    c_orig, c_opt = tr._conditions(batch, deltas)
+    assert torch.equal(c_orig.embeds[0], c_opt.embeds[0]) and torch.equal(c_orig.pooled[3], c_opt.pooled[3])
+    assert not torch.equal(c_orig.embeds[1], c_opt.embeds[1]) and not torch.equal(c_orig.pooled[2], c_opt.pooled[2])
+    # only CLIP-L (the first 16 features of the CLIP part, the first 16 pooled features) moves; T5 rows never
+    d = (c_opt.embeds[1] - c_orig.embeds[1]).abs()
+    assert float(d[:16, :16].max()) > 0 and float(d[:16, 16:].max()) == 0 and float(d[16:].max()) == 0
+    assert float((c_opt.pooled[1] - c_orig.pooled[1])[16:].abs().max()) == 0
+    # delta is zero outside the content tokens
+    ids = tr.policy.tokenize_clip([tr.prompts[chosen[0]]])
+    from rewardkit.rl.exploration import content_token_mask
+
+    mask = content_token_mask(ids, *tr.policy.clip_ids("clip_l"))[0]
+    dl = deltas[chosen[0]]["clip_l"][0]
+    assert float(dl[~mask].abs().max()) == 0 and float(dl[mask].abs().max()) > 0
+    assert float(dl.abs().max()) <= tr.cfg.e2po.delta_max
+    rec = tr.run_epoch()  # a full E²PO epoch: perturbed rollouts, training on C_orig
+    assert math.isfinite(rec["loss"]) and "reward/total/mean_perturbed" in rec
+
+
+def test_invalid_rewards_raise_or_drop(trainer, monkeypatch):
+    buf = {"prompt": torch.tensor([0, 0, 1, 1, 0, 0, 1, 1]), "variant": torch.zeros(8, dtype=torch.long),
+           "rewards": [{"total": torch.tensor([1.0, float("nan"), 2.0, 3.0, 0.5, 1.5, 2.5, 2.0], dtype=torch.float64),
+                        "components": {}, "dimensions": {}, "errors": [None, "bad image", None, None, None, None, None, None]}]}
+    with pytest.warns(UserWarning, match="left out"):
+        r, valid, logs = trainer._advantages(buf)
+    assert logs["invalid_rewards"] == 1 and not bool(valid[1]) and int(valid.sum()) == 7
+    monkeypatch.setattr(trainer.cfg, "invalid_rewards", "raise")
+    with pytest.raises(RuntimeError, match="bad image"):
+        trainer._advantages(buf)
+
+
+def test_config_validation_and_presets():
+    from rewardkit.errors import ConfigError
+    from rewardkit.config import build_config
+    from rewardkit.rl.config import PRESETS, preset
+
+    cfg = NFTConfig()
+    assert (cfg.train.lr, cfg.train.beta, cfg.train.kl_coef, cfg.lora.r, cfg.sample.num_steps) == (3e-4, 1.0, 1e-4, 32, 10)
+    e = build_config(NFTConfig, preset("e2po_geneval_k4")).e2po
+    assert (e.enabled, e.num_variants, e.lambda_div, e.steps, e.mu, e.rho) == (True, 4, 100.0, 300, 0.8, 0.4)
+    for name in PRESETS:
+        build_config(NFTConfig, preset(name)).validate()
+    bad = build_config(NFTConfig, {"e2po": {"enabled": True, "num_variants": 5}})
+    with pytest.raises(ValueError, match="multiple of e2po.num_variants"):
+        bad.validate()
+    with pytest.raises(ConfigError):
+        build_config(NFTConfig, {"train": {"lrr": 1.0}})
+
+
+def test_cli_help_and_print_config(capsys):
+    from rewardkit.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["rl", "nft", "--help"])
+    assert "DiffusionNFT" in capsys.readouterr().out
+    assert main(["rl", "nft", "--config", str(ROOT / "recipes/nft/tiny.yaml"), "--print-config",
+                 "train.lr=0.01"]) == 0
+    out = capsys.readouterr().out
+    assert "lr: 0.01" in out and "pretrained: tiny:sd3" in out
+    assert main(["rl", "nft", "--preset", "e2po_pickscore_k3", "--print-config"]) == 0
+    assert "num_variants: 3" in capsys.readouterr().out
+
+
+def test_recipe_headers_are_launch_commands():
+    for path in sorted((ROOT / "recipes" / "nft").glob("*.yaml")):
+        first = path.read_text().splitlines()[0]
+        assert first.startswith("#"), path
+        text = path.read_text()
+        assert f"--config recipes/nft/{path.name}" in text, path
+
+
+def _run_cli(args, env_extra=None, timeout=600):
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(env_extra or {}))
+    return subprocess.run([sys.executable, "-m", "rewardkit.cli", "rl", "nft", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _common(tiny_dirs, out):
+    return ["--config", str(ROOT / "recipes/nft/tiny.yaml"), f"output_dir={out}", f"model.pretrained={tiny_dirs['sd3']}",
+            f"reward_kwargs.pickscore.model={tiny_dirs['clip']}", "sample.num_steps=2", "num_epochs=3",
+            "save_every=1", "progress=false"]
+
+
+@pytest.mark.slow
+def test_kill_and_resume_is_bitwise_identical(tmp_path, tiny_dirs):
+    from safetensors.torch import load_file
+
+    from rewardkit.rl.trainer import latest_checkpoint
+
+    ref = _run_cli(_common(tiny_dirs, tmp_path / "ref"))
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    killed = _run_cli(_common(tiny_dirs, tmp_path / "k"), env_extra={"REWARDKIT_TEST_KILL_AFTER_EPOCH": "2"})
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert latest_checkpoint(tmp_path / "k").name == "epoch-000001"  # epoch 2 died before its checkpoint
+    resumed = _run_cli(_common(tiny_dirs, tmp_path / "k"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a = load_file(str(latest_checkpoint(tmp_path / "ref") / "adapters.safetensors"))
+    b = load_file(str(latest_checkpoint(tmp_path / "k") / "adapters.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    epochs = [json.loads(ln)["epoch"] for ln in (tmp_path / "k" / "metrics.jsonl").read_text().splitlines()]
+    assert epochs == [1, 2, 3, 3]  # epochs 1-3 once each (2 dropped and replayed), then the final summary
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_process_gloo_run_keeps_replicas_identical(tmp_path, tiny_dirs):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "rewardkit.cli", "rl", "nft", *_common(tiny_dirs, tmp_path / "ddp"), "num_epochs=1",
+           "sample.batch_size=2", "train.batch_size=2"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
+    assert summary["world_size"] == 2 and summary["replicas_in_sync"] is True and summary["global_step"] == 1
