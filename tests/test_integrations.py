@@ -289,7 +289,18 @@ def test_ddpo_shape_and_nan(pick):
     with pytest.raises(NonFiniteRewardError):
         ddpo_reward_fn(DarkIsNaN())(with_dark(imgs), PROMPTS, tuple({} for _ in PROMPTS))
     with pytest.raises(TypeError, match="not differentiable"):
-        ddpo_reward_fn(pick, alignprop=True)(imgs, PROMPTS, ())
+        ddpo_reward_fn(DarkIsNaN(), alignprop=True)(imgs, PROMPTS, ())
+
+
+def test_alignprop_backpropagates_the_reward_into_the_pixels(pick):
+    """AlignProp's loss is 10 - rewards.mean(): the rewards must carry the graph back to the images."""
+    imgs = float_batch(n=3).requires_grad_(True)
+    rewards, meta = ddpo_reward_fn(pick, alignprop=True)(imgs, PROMPTS[:3], ({}, {}, {}))
+    assert rewards.requires_grad and meta["valid_fraction"] == 1.0
+    torch.testing.assert_close(rewards.detach(), pick.score_tensor(imgs.detach(), list(PROMPTS[:3])).detach())
+    (10 - rewards.mean()).backward()
+    assert imgs.grad is not None and torch.isfinite(imgs.grad).all() and imgs.grad.abs().sum() > 0
+    assert all(p.grad is None for p in pick.backbone.model.parameters())  # the reward's weights stay frozen
 
 
 # ---------------------------------------------------------------- shared behaviour

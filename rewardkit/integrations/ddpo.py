@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..reward import RewardOutput
 from ._common import LazyReward, _check_policy, apply_nan_policy, refuse_batch_relative
 
 __all__ = ["ddpo_reward_fn"]
@@ -45,18 +46,19 @@ class _DDPOReward:
             if not any(metas):
                 metas = None
         if self.alignprop:
-            with torch.enable_grad():
-                out = reward(images, list(prompts), metadata=metas, batch_size=self.batch_size, on_error="nan")
-        else:
-            out = reward(images, list(prompts), metadata=metas, batch_size=self.batch_size, on_error="nan")
+            # Gradients to pixels go through Reward.score_tensor (ordinary calls run in inference mode);
+            # it refuses bad inputs loudly, and a non-finite score follows the NaN policy below.
+            scores = reward.score_tensor(images, list(prompts), batch_size=self.batch_size)
+            out = RewardOutput(scores=scores.detach().float().cpu())
+            _, report = apply_nan_policy(out, host=_HOST, name=self.handle.name, nan_policy=self.nan_policy,
+                                         fill_value=self.fill_value)
+            ok = torch.isfinite(scores.detach())
+            rewards = torch.where(ok, scores, torch.full_like(scores, float(self.fill_value or 0.0)))
+            return rewards, report
+        out = reward(images, list(prompts), metadata=metas, batch_size=self.batch_size, on_error="nan")
         values, report = apply_nan_policy(out, host=_HOST, name=self.handle.name, nan_policy=self.nan_policy,
                                           fill_value=self.fill_value)
-        if self.alignprop:   # keep the graph: replace invalid entries without touching the valid ones
-            ok = out.valid.to(out.scores.device)
-            fill = torch.full_like(out.scores, float(self.fill_value or 0.0))
-            rewards = torch.where(ok, out.scores, fill)
-        else:
-            rewards = torch.tensor(values, dtype=torch.float32)
+        rewards = torch.tensor(values, dtype=torch.float32)
         return rewards, report
 
 
