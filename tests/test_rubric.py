@@ -329,7 +329,7 @@ def test_composite_stage2_recipe_on_tiny_judge(tiny_judge, tiny_clip_dir, tmp_pa
     out = comp(imgs, prompts, metadata=meta)
     assert out.valid.all(), out.errors
     d = out.dimensions
-    zp = zscore(d["preference/raw"])
+    zp = zscore(d["preference/raw"], mode="rl")  # composites default to the RL convention (std + 1e-4)
     assert torch.allclose(d["preference/z"], zp, atol=1e-5)
     zpv = veto(zp, d["detectors/fired"])
     zc = torch.where(d["constraint/gate"] > 0, d["constraint/z"], torch.zeros(4))
