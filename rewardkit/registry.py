@@ -35,6 +35,7 @@ BUILTIN: dict[str, str] = {
     "pickscore": "rewardkit.rewards.pickscore:PickScore",
     "preference": "rewardkit.rewards.preference:PreferenceReward",
     "evr": "rewardkit.rewards.evr:EVR",
+    "rational": "rewardkit.rewards.rational:RationalReward",
 }
 
 # Alternative names -> canonical name.
@@ -46,6 +47,7 @@ ALIASES: dict[str, str] = {
     "anti-hacking": "detectors",
     "dsg": "faithfulness",
     "arena-rm": "preference",
+    "rationalrewards": "rational",
 }
 
 _lock = threading.Lock()
