@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "soup": "rewardkit.commands.soup",
     "compose": "rewardkit.commands.compose",
     "train": "rewardkit.commands.train",
+    "parrot": "rewardkit.commands.parrot",
     # (other issues add: bench, train, soup, calibrate)
 }
 

@@ -154,3 +154,37 @@ def test_tiny_qwen_teacher_garbage_dropped_with_reasons(tmp_path, tiny_qwen2_5_v
     for r in pipe.rationales.records.values():
         assert r["status"] == "unparseable" and r["rationale"] is None and r["raw"] is not None and r["reason"]
     assert len(pipe.projected) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lora", [False, True])
+def test_sft_tiny_student_trains_and_loads_as_rational(tmp_path, lora):
+    """Stages 1-4 with the scripted teacher; the tiny student's weights change after a few TRL steps and the
+    saved model loads as ``rational`` and scores (NaN + reason: a tiny model's critique does not parse)."""
+    import torch
+
+    import rewardkit
+    from rewardkit.parrot.pipeline import SFTCfg
+    from rewardkit.parrot.sft import load_student, train_sft
+
+    cfg = ParrotConfig(output_dir=str(tmp_path / "out"), data=DataCfg(train="synthetic:brightness", synthetic_size=3),
+                       teacher=TeacherCfg(judge="scripted"), batch_size=4,
+                       sft=SFTCfg(student="tiny:qwen2_5_vl", dtype="float32", use_cpu=True, max_steps=2,
+                                  per_device_train_batch_size=2, gradient_accumulation_steps=1, learning_rate=5e-3,
+                                  logging_steps=1, save_steps=100, lora=lora, lora_r=4, lora_alpha=8,
+                                  gradient_checkpointing=not lora))
+    pipe = Pipeline(cfg, progress=False)
+    pipe.run_stages()
+    summary = train_sft(pipe)
+    assert summary["examples"] == 9 and summary["pairwise"] == 3 and summary["steps"] == 2
+    base = load_student("tiny:qwen2_5_vl")[0].state_dict()
+    new = load_student(str(tmp_path / "out" / "student"))[0].state_dict()  # the loader users go through
+    assert set(new) == set(base)
+    changed = [k for k, v in base.items() if k in new and not torch.equal(v, new[k])]
+    assert changed, "no parameter changed"
+    if lora:  # merged LoRA deltas touch only the language model's projections
+        assert all("language_model" in k and "proj" in k for k in changed)
+        assert not any("lora" in k for k in new)
+    r = rewardkit.load_reward("rational", model=str(tmp_path / "out" / "student"), device="cpu", max_new_tokens=8)
+    out = r([Image.new("RGB", (32, 32), "red")], "a cat")
+    assert len(out) == 1 and not out.valid[0] and out.errors[0]

@@ -86,7 +86,6 @@ class SFTCfg:
     lora_alpha: float = 32.0
     lora_dropout: float = 0.05
     lora_target_modules: list[str] | str | None = None
-    max_length: int | None = 4096
     logging_steps: int = 10
     save_steps: int = 500
     seed: int = 0
