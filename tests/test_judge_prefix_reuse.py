@@ -29,7 +29,7 @@ def test_prefix_reused_across_calls_equals_fresh(kind):
               conv(sys, [src, a, b], "Is the claim about image B supported? Yes or No."),
               conv(sys, [src, c, b], "Is the claim about image B supported? Yes or No."),
               conv("Another system prompt entirely.", [src, a], "Yes or No?")]
-    fresh = TransformersJudge(model, proc, max_cached_prefixes=0)
+    fresh = TransformersJudge(model, proc, prefix_cache_mb=0)
     want_gen = fresh.generate(second, max_new_tokens=6)
     want_p = fresh.choice_probs(second, ["Yes", "No"])
     judge = TransformersJudge(model, proc)
@@ -47,3 +47,17 @@ def test_prefix_reused_across_calls_equals_fresh(kind):
     judge.stats.clear()
     judge.generate(second[:1], max_new_tokens=2)
     assert judge.stats["prefix_reused_tokens"] == 0 and judge.stats["prefix_hits"] == 0
+
+
+def test_prefix_cache_memory_budget():
+    from rewardkit import testing
+
+    model, proc = testing.tiny_qwen2_5_vl()
+    judge = TransformersJudge(model, proc, prefix_cache_mb=0.02)  # ~20 KiB: about 4 tiny prefixes (~4.7 KiB each)
+    ims = random_images(6, seed=5)
+    with judge.session():
+        for im in ims:
+            judge.choice_probs([conv("sys", [im], "Yes or No?")], ["Yes", "No"])
+            assert judge._cached_bytes <= judge.prefix_cache_bytes
+        assert 0 < len(judge._session_prefixes) < 6
+    assert judge._session_prefixes is None

@@ -87,7 +87,8 @@ class TransformersJudge(JudgeBackend):
             Saves the per-question prefix copies (memory) at the price of dense attention over each packed
             block; off by default because on CPU with small models it measured slower (see docs/judges.md).
         trust_remote_code: passed to ``from_pretrained`` (off by default).
-        max_cached_prefixes: prefixes whose KV a :meth:`session` keeps for later calls (0: none). A later
+        prefix_cache_mb: memory budget (MiB, on the model's device) for the prefix KV a :meth:`session` keeps
+            for later calls (0: keep none; oldest prefixes are dropped first). A later
             call whose prefix shares all its images and a text-boundary token prefix with a kept one reuses
             that KV (sliced to the shared part) and prefills only the rest: EVR's verification questions after
             its evaluation questions, PARROT's projection after the rationale of the same pair.
@@ -98,7 +99,7 @@ class TransformersJudge(JudgeBackend):
     def __init__(self, model: Any, processor: Any = None, *, device: Any = None, dtype: Any = None,
                  max_rows: int = 64, max_prefixes: int = 16, packed_scoring: bool = False, pack_tokens: int = 512,
                  trust_remote_code: bool = False, attn_implementation: str | None = None,
-                 max_cached_prefixes: int = 256) -> None:
+                 prefix_cache_mb: float = 2048.0) -> None:
         if isinstance(model, str):
             from ..models.vlm import load_vlm
 
@@ -138,7 +139,8 @@ class TransformersJudge(JudgeBackend):
         self._session_images: dict[str, _Img] | None = None
         #: session prefix cache: (prefix ids, image keys) -> unpadded per-prefix KV (see _prefix_state)
         self._session_prefixes: dict[tuple, dict[str, Any]] | None = None
-        self.max_cached_prefixes = int(max_cached_prefixes)
+        self.prefix_cache_bytes = int(prefix_cache_mb * 2 ** 20)
+        self._cached_bytes = 0
 
     # ------------------------------------------------------------------ protocol
     def describe(self) -> dict[str, Any]:
@@ -160,7 +162,8 @@ class TransformersJudge(JudgeBackend):
             outer = self._session_images is not None
             if not outer:
                 self._session_images = {}
-                self._session_prefixes = {} if self.max_cached_prefixes > 0 and self._sliceable() else None
+                self._session_prefixes = {} if self.prefix_cache_bytes > 0 and self._sliceable() else None
+                self._cached_bytes = 0
             try:
                 yield self
             finally:
@@ -535,9 +538,14 @@ class TransformersJudge(JudgeBackend):
 
     def _keep(self, ids: list[int], keys: list[str], entry: dict[str, Any]) -> dict[str, Any]:
         cache = self._session_prefixes
-        cache[(tuple(ids), tuple(keys))] = entry
-        while len(cache) > self.max_cached_prefixes:
-            cache.pop(next(iter(cache)))
+        key = (tuple(ids), tuple(keys))
+        entry["bytes"] = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in entry["kv"])
+        if key in cache:
+            self._cached_bytes -= cache.pop(key)["bytes"]
+        cache[key] = entry
+        self._cached_bytes += entry["bytes"]
+        while self._cached_bytes > self.prefix_cache_bytes and cache:
+            self._cached_bytes -= cache.pop(next(iter(cache)))["bytes"]
         return entry
 
     def _assemble(self, entries: list[dict[str, Any]]) -> dict[str, Any]:
