@@ -25,6 +25,7 @@ __all__ = [
     "tiny_qwen2_5_vl",
     "tiny_qwen3_vl",
     "tiny_clip",
+    "tiny_sd3_pipeline",
     "save_tiny_checkpoint",
     "TINY_KINDS",
     "random_images",
@@ -190,24 +191,85 @@ def tiny_clip(seed: int = 0, image_size: int = 32, projection_dim: int = 16):
     return model, proc
 
 
+def tiny_sd3_pipeline(seed: int = 0, *, with_t5: bool = True, sd35: bool = True, shift: float = 3.0):
+    """Tiny ``StableDiffusion3Pipeline`` (diffusers): SD3 transformer, flow-matching scheduler, VAE, two CLIP
+    text encoders with projection and (``with_t5``) a T5 encoder, all randomly initialised, in ``.eval()``.
+
+    Shapes: images 32 x 32 px; the one-block VAE keeps the resolution (latents ``[B, 4, 32, 32]``); the
+    transformer patchifies by 2 (256 image tokens). Text: 16 CLIP tokens per encoder (hidden 16 + 16 = 32 =
+    ``joint_attention_dim`` = T5 ``d_model``), pooled projections 16 + 16 = 32. ``sd35=True`` uses SD3.5's
+    transformer options (a dual-attention layer, RMS q/k norm); ``shift=3.0`` is SD3 / SD3.5's scheduler
+    shift. Requires the ``rl`` extra (diffusers).
+
+        >>> pipe = tiny_sd3_pipeline()
+        >>> pipe("a cat", num_inference_steps=2, height=32, width=32, guidance_scale=1.0,
+        ...      max_sequence_length=8, output_type="pt").images.shape
+        torch.Size([1, 3, 32, 32])
+    """
+    import torch
+
+    transformers = require("transformers", "hf")
+    diffusers = require("diffusers", "rl")
+
+    clip_tok = build_tiny_tokenizer(300, clip_style=True, extra_tokens=())
+    clip_tok.model_max_length = 16  # the CLIP length SD3's pipeline pads to
+    clip_cfg = transformers.CLIPTextConfig(
+        vocab_size=len(clip_tok), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=2, max_position_embeddings=16, projection_dim=16, hidden_act="gelu",
+        bos_token_id=clip_tok.bos_token_id, eos_token_id=clip_tok.eos_token_id,
+        pad_token_id=clip_tok.pad_token_id)
+    with _seeded(seed):
+        transformer = diffusers.SD3Transformer2DModel(
+            sample_size=32, patch_size=2, in_channels=4, out_channels=4, num_layers=2, attention_head_dim=8,
+            num_attention_heads=2, caption_projection_dim=16, joint_attention_dim=32, pooled_projection_dim=32,
+            pos_embed_max_size=32, **(dict(dual_attention_layers=(0,), qk_norm="rms_norm") if sd35 else {}))
+        te1 = transformers.CLIPTextModelWithProjection(clip_cfg)
+        te2 = transformers.CLIPTextModelWithProjection(clip_cfg)
+        vae = diffusers.AutoencoderKL(
+            sample_size=32, in_channels=3, out_channels=3, block_out_channels=(4,), layers_per_block=1,
+            latent_channels=4, norm_num_groups=1, use_quant_conv=False, use_post_quant_conv=False,
+            shift_factor=0.0609, scaling_factor=1.5035)
+        te3 = tok3 = None
+        if with_t5:
+            tok3 = build_tiny_tokenizer(300, extra_tokens=())
+            te3 = transformers.T5EncoderModel(transformers.T5Config(
+                vocab_size=len(tok3), d_model=32, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
+                relative_attention_num_buckets=8, decoder_start_token_id=0, pad_token_id=tok3.pad_token_id,
+                eos_token_id=tok3.eos_token_id))
+    pipe = diffusers.StableDiffusion3Pipeline(
+        transformer=transformer, scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=shift), vae=vae,
+        text_encoder=te1, tokenizer=clip_tok, text_encoder_2=te2, tokenizer_2=clip_tok,
+        text_encoder_3=te3, tokenizer_3=tok3)
+    pipe.set_progress_bar_config(disable=True)
+    for module in pipe.components.values():
+        if isinstance(module, torch.nn.Module):
+            module.eval()  # built from configs, modules start in train mode (dropout in T5)
+    return pipe
+
+
 TINY_KINDS = {
     "qwen2_5_vl": tiny_qwen2_5_vl,
     "qwen3_vl": tiny_qwen3_vl,
     "clip": tiny_clip,
+    "sd3": tiny_sd3_pipeline,
 }
 
 
 def save_tiny_checkpoint(kind: str, path: str | Path, **kwargs: Any) -> Path:
     """Write a tiny checkpoint directory that ``from_pretrained`` (and rewardkit's loaders) can read.
 
-    ``kind`` is one of ``TINY_KINDS`` (``"qwen2_5_vl"``, ``"qwen3_vl"``, ``"clip"``); aliases
-    ``"pickscore"`` and ``"clipscore"`` write a CLIP checkpoint. Returns the directory.
+    ``kind`` is one of ``TINY_KINDS`` (``"qwen2_5_vl"``, ``"qwen3_vl"``, ``"clip"``, ``"sd3"``); aliases
+    ``"pickscore"`` and ``"clipscore"`` write a CLIP checkpoint. ``"sd3"`` writes a diffusers pipeline
+    directory (``StableDiffusion3Pipeline.from_pretrained(path)``). Returns the directory.
     """
-    kind = {"pickscore": "clip", "clipscore": "clip", "qwen2.5-vl": "qwen2_5_vl", "qwen3-vl": "qwen3_vl"}.get(kind, kind)
+    kind = {"pickscore": "clip", "clipscore": "clip", "qwen2.5-vl": "qwen2_5_vl", "qwen3-vl": "qwen3_vl", "sd3.5": "sd3"}.get(kind, kind)
     if kind not in TINY_KINDS:
         raise ValueError(f"unknown tiny kind {kind!r}; choose from {sorted(TINY_KINDS)}")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
+    if kind == "sd3":
+        TINY_KINDS[kind](**kwargs).save_pretrained(path, safe_serialization=True)
+        return path
     model, proc = TINY_KINDS[kind](**kwargs)
     model.save_pretrained(path, safe_serialization=True)
     if kind == "clip":

@@ -54,3 +54,31 @@ def test_tiny_clip_roundtrip(tiny_clip_dir):
 def test_unknown_kind():
     with pytest.raises(ValueError, match="unknown tiny kind"):
         testing.save_tiny_checkpoint("sdxl", "/tmp/x")
+
+
+def test_tiny_sd3_pipeline_samples_saves_and_reloads(tmp_path):
+    diffusers = pytest.importorskip("diffusers")
+
+    rng_before = torch.get_rng_state()
+    pipe = testing.tiny_sd3_pipeline()
+    assert torch.equal(rng_before, torch.get_rng_state()), "builders must not disturb the caller's RNG"
+    assert all(not m.training for m in pipe.components.values() if isinstance(m, torch.nn.Module))
+    # SD3 / SD3.5's shifted flow-matching schedule (shift 3): the published 10-step sigma list.
+    pipe.scheduler.set_timesteps(10)
+    expected = [1.0, 0.9601, 0.9133, 0.8577, 0.7904, 0.7073, 0.6022, 0.4649, 0.278, 0.0089, 0.0]
+    assert pipe.scheduler.sigmas.tolist() == pytest.approx(expected, abs=1e-4)
+
+    kw = dict(num_inference_steps=2, height=32, width=32, guidance_scale=1.0, max_sequence_length=8,
+              output_type="pt")
+    images = pipe(["a cat", "a dog"], generator=torch.Generator().manual_seed(0), **kw).images
+    assert images.shape == (2, 3, 32, 32) and 0.0 <= float(images.min()) and float(images.max()) <= 1.0
+    embeds, _, pooled, _ = pipe.encode_prompt(prompt="a cat", prompt_2=None, prompt_3=None,
+                                              do_classifier_free_guidance=False, max_sequence_length=8)
+    assert embeds.shape == (1, 16 + 8, 32) and pooled.shape == (1, 32)  # 16 CLIP + 8 T5 tokens
+
+    path = testing.save_tiny_checkpoint("sd3", tmp_path / "sd3")
+    assert not list(path.rglob("*.bin")), "tiny checkpoints are safetensors only"
+    loaded = diffusers.StableDiffusion3Pipeline.from_pretrained(path)
+    loaded.set_progress_bar_config(disable=True)
+    again = loaded(["a cat", "a dog"], generator=torch.Generator().manual_seed(0), **kw).images
+    assert torch.equal(images, again)
