@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "compose": "rewardkit.commands.compose",
     "train": "rewardkit.commands.train",
     "parrot": "rewardkit.commands.parrot",
+    "refine": "rewardkit.commands.refine",
     # (other issues add: bench, train, soup, calibrate)
 }
 

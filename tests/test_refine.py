@@ -68,3 +68,22 @@ def test_refine_tiny_sd3_and_tiny_qwen_critic(tiny_qwen2_5_vl_dir):
     assert [r["status"] for r in res.records] == ["critique_failed", "critique_failed"]
     assert all(r["score_before"] is None and r["error_before"] for r in res.records)
     assert len(res.images_before) == 2 and res.images_after[0] is res.images_before[0]
+
+
+def test_refine_cli_callable_generator(tmp_path, monkeypatch, tiny_qwen2_5_vl_dir):
+    import json
+
+    from rewardkit.cli import main
+
+    (tmp_path / "gcr_gen.py").write_text(
+        "import numpy as np\nfrom PIL import Image\n"
+        "def generate(prompts, sources=None, seed=None, level=9):\n"
+        "    return [Image.fromarray(np.full((32, 32, 3), int(level), dtype=np.uint8), 'RGB') for p in prompts]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rc = main(["refine", "--generator", "gcr_gen:generate", "--gen", "level=40", "--prompt", "a cat", "--prompt", "a dog",
+               "--critic-model", str(tiny_qwen2_5_vl_dir), "--device", "cpu", "--set", "max_new_tokens=6",
+               "-o", str(tmp_path / "out")])
+    assert rc == 0
+    recs = [json.loads(x) for x in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
+    assert [r["status"] for r in recs] == ["critique_failed"] * 2 and recs[0]["error_before"]
+    assert (tmp_path / "out" / "before" / "00001.png").is_file() and (tmp_path / "out" / "after" / "00000.png").is_file()
