@@ -144,3 +144,19 @@ def test_rational_tiny_qwen_end_to_end(tiny_qwen2_5_vl_dir):
     assert out.rationales is not None and len(out.rationales) == 2
     p = r.compare([grey(30)], [grey(200)], "add a hat", sources=[[grey(90)]])
     assert not p.valid.any() and "unparseable" in p.errors[0]
+
+
+def test_bench_rational_native_pairwise(tmp_path):
+    """``rewardkit bench -r rational``: the harness goes through the native compare (pairwise mode) on t2i and
+    edit benchmarks (synthetic files with the real schemas; the scripted critic prefers the brighter image)."""
+    from rewardkit.bench.harness import evaluate
+    from rewardkit.bench.synthetic import write_synthetic_benchmarks
+    from rewardkit.rewards.rational import RationalReward
+
+    write_synthetic_benchmarks(tmp_path / "data")
+    res = evaluate(RationalReward(judge=ScriptedTeacher()), "mmrb2/t2i,genaibench/edit", data_dir=tmp_path / "data",
+                   cache_dir=None, limit=6, n_boot=0, progress=False)
+    assert res.reward["mode"] == "pairwise", res.reward["mode_reason"]
+    d = res.to_dict()["benchmarks"]
+    assert sorted(d) == ["genaibench/edit", "mmrb2/t2i"] and not any(b["skipped"] for b in d.values())
+    assert d["mmrb2/t2i"]["metrics"]["accuracy_with_ties"]["n_invalid"] == 0
