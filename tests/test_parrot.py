@@ -188,3 +188,27 @@ def test_sft_tiny_student_trains_and_loads_as_rational(tmp_path, lora):
     r = rewardkit.load_reward("rational", model=str(tmp_path / "out" / "student"), device="cpu", max_new_tokens=8)
     out = r([Image.new("RGB", (32, 32), "red")], "a cat")
     assert len(out) == 1 and not out.valid[0] and out.errors[0]
+
+
+def test_tiny_qwen_filter_and_project_stages(tmp_path, tiny_qwen2_5_vl_dir):
+    """Stages 2 (text-only consistency question) and 3 (projection) on the real tiny model, fed well-formed
+    rationales by the scripted teacher: garbage predictions / critiques are dropped with reasons."""
+    from rewardkit.judges import load_judge
+
+    tiny = load_judge(f"transformers:{tiny_qwen2_5_vl_dir}", device="cpu")
+    cfg = ParrotConfig(output_dir=str(tmp_path / "a"), data=DataCfg(train="synthetic:brightness", synthetic_size=3),
+                       teacher=TeacherCfg(judge="scripted", max_new_tokens=16, predict_max_new_tokens=4), batch_size=4)
+    Pipeline(cfg, progress=False).rationalize()
+    p = Pipeline(cfg, teacher=tiny, progress=False)
+    p.filter()
+    recs = list(p.filtered.records.values())
+    assert [r["reason"] for r in recs] == ["unparseable_prediction"] * 3 and all(r["answer"] is not None for r in recs)
+    assert all("transformers" in r["teacher"] for r in recs)
+    cfg.output_dir = str(tmp_path / "b")
+    s = Pipeline(cfg, progress=False)
+    s.rationalize()
+    s.filter()
+    p = Pipeline(cfg, teacher=tiny, progress=False)
+    assert p.project() == 6
+    assert all(r["status"] == "unparseable" and r["critique"] is None and r["scores"] is None and r["reason"]
+               for r in p.projected.records.values())
