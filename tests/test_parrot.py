@@ -212,3 +212,22 @@ def test_tiny_qwen_filter_and_project_stages(tmp_path, tiny_qwen2_5_vl_dir):
     assert p.project() == 6
     assert all(r["status"] == "unparseable" and r["critique"] is None and r["scores"] is None and r["reason"]
                for r in p.projected.records.values())
+
+
+def test_cli_stages_print_reports(tmp_path, pairs, capsys):
+    from rewardkit.cli import main
+
+    out = tmp_path / "cli"
+    args = ["--config", "recipes/parrot/tiny.yaml", f"data.train={pairs}", f"output_dir={out}", "--no-progress"]
+    from pathlib import Path
+
+    args[1] = str(Path(__file__).resolve().parents[1] / "recipes" / "parrot" / "tiny.yaml")
+    assert main(["parrot", "rationalize", *args]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == {"ok": 6, "unparseable": 1, "judge_failure": 1, "skipped": 1}
+    assert main(["parrot", "filter", *args]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["kept"] == 4 and rep["keep_rate"] == 0.5
+    assert main(["parrot", "project", *args]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == {"ok": 6, "unparseable": 2}
+    assert (out / "parrot_config.yaml").is_file()
+    assert main(["parrot"]) == 2
