@@ -22,33 +22,63 @@ from typing import Any
 
 from .._imports import require
 
-__all__ = ["build_examples", "ParrotCollator", "train_sft", "load_student"]
+__all__ = ["build_examples", "example_images", "ParrotCollator", "train_sft", "load_student"]
 
 _LORA_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)$"
 
 
 def build_examples(pipe: Any, *, pairwise: bool = True, pointwise: bool = True) -> list[dict[str, Any]]:
-    """Training examples from a :class:`~rewardkit.parrot.pipeline.Pipeline`'s kept rationales and
-    successful projections. Each: ``row``, ``kind``, ``slot``, ``request``, ``edit``, ``images`` (PIL:
-    ``[source] + candidates``), ``completion``."""
+    """Training examples (without images) from a :class:`~rewardkit.parrot.pipeline.Pipeline`'s kept
+    rationales and successful projections. Each: ``row``, ``kind`` (pairwise / pointwise), ``slot`` (AB / A / B),
+    ``request``, ``edit``, ``completion``; :func:`example_images` gives its images."""
     out: list[dict[str, Any]] = []
     kept = sorted(r["row"] for r in pipe.filtered.records.values() if r["kept"])
     for i in kept:
-        row = pipe._row(i)
-        src = row["sources"]
+        rat = pipe.rationales.get(i)
+        base = {"row": i, "request": rat["prompt"], "edit": rat["task"] == "edit"}
         if pairwise:
-            out.append({"row": i, "kind": "pairwise", "slot": "AB", "request": row["prompt"], "edit": bool(src),
-                        "images": [*src, row["image_a"], row["image_b"]],
-                        "completion": pipe.rationales.get(i)["rationale"]})
+            out.append({**base, "kind": "pairwise", "slot": "AB", "completion": rat["rationale"]})
         if pointwise:
             for slot in ("A", "B"):
                 rec = pipe.projected.get((i, slot))
-                if rec is None or rec.get("status") != "ok":
-                    continue
-                out.append({"row": i, "kind": "pointwise", "slot": slot, "request": row["prompt"], "edit": bool(src),
-                            "images": [*src, row["image_a"] if slot == "A" else row["image_b"]],
-                            "completion": rec["critique"]})
+                if rec is not None and rec.get("status") == "ok":
+                    out.append({**base, "kind": "pointwise", "slot": slot, "completion": rec["critique"]})
     return out
+
+
+def example_images(ds: Any, base_dir: Any, ex: dict[str, Any]) -> list[Any]:
+    """``[source] + candidates`` of an example, decoded from the preference dataset ``ds``."""
+    from ..train.data import _to_image
+
+    r = ds[ex["row"]]
+    srcs = [_to_image(x, base_dir) for x in (r.get("sources") or [])]
+    names = {"AB": ["image_a", "image_b"], "A": ["image_a"], "B": ["image_b"]}[ex["slot"]]
+    return [*srcs, *(_to_image(r[n], base_dir) for n in names)]
+
+
+def _gen_examples(shard: list[dict[str, Any]], data: dict[str, Any]):
+    """``datasets`` generator (module level, closure-free: its fingerprint hashes only its arguments)."""
+    from ..train.data import load_pairs
+
+    ds, base_dir = load_pairs(**data)
+    for ex in shard:
+        yield {**ex, "images": example_images(ds, base_dir, ex)}
+
+
+def _examples_dataset(pipe: Any, examples: list[dict[str, Any]]) -> Any:
+    """A ``datasets.Dataset`` with an ``images`` column, written through the Arrow cache (PNG-encoded on disk,
+    memory-mapped) rather than held as decoded images in memory."""
+    datasets = require("datasets", "train")
+    features = datasets.Features({
+        "row": datasets.Value("int64"), "request": datasets.Value("string"), "edit": datasets.Value("bool"),
+        "kind": datasets.Value("string"), "slot": datasets.Value("string"), "completion": datasets.Value("string"),
+        "images": datasets.Sequence(datasets.Image())})
+    d = pipe.cfg.data
+    data = {"source": d.train, "split": d.split, "layout": d.layout, "max_samples": d.max_samples,
+            "synthetic_size": d.synthetic_size, "seed": pipe.cfg.seed, "revision": d.revision}
+    return datasets.Dataset.from_generator(_gen_examples, features=features,
+                                           gen_kwargs={"shard": examples, "data": data},
+                                           cache_dir=str(pipe.out / "sft-cache"))
 
 
 class ParrotCollator:
@@ -135,7 +165,6 @@ def _save(model: Any, processor: Any, path: Path, provenance: dict[str, Any]) ->
 
 def train_sft(pipe: Any) -> dict[str, Any]:
     """Stage 4 on the outputs of ``pipe`` (a :class:`~rewardkit.parrot.pipeline.Pipeline`); returns a summary."""
-    datasets = require("datasets", "train")
     trl = require("trl", "train")
     require("peft", "train")
     import torch
@@ -148,10 +177,10 @@ def train_sft(pipe: Any) -> dict[str, Any]:
                          "filter_report.json); nothing to distil")
     manifest = pipe.out / "sft_examples.jsonl"
     tmp = manifest.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps({k: v for k, v in e.items() if k != "images"}) + "\n" for e in examples),
+    tmp.write_text("".join(json.dumps(e) + "\n" for e in examples),
                    encoding="utf-8")
     os.replace(tmp, manifest)
-    ds = datasets.Dataset.from_list(examples)
+    ds = _examples_dataset(pipe, examples)
 
     model, processor = load_student(cfg.student, cfg.dtype)
     peft_config = None
