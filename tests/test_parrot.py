@@ -177,6 +177,8 @@ def test_sft_tiny_student_trains_and_loads_as_rational(tmp_path, lora):
     pipe.run_stages()
     summary = train_sft(pipe)
     assert summary["examples"] == 9 and summary["pairwise"] == 3 and summary["steps"] == 2
+    again = train_sft(Pipeline(cfg, progress=False))  # rerun: resumes from the final checkpoint, no extra step
+    assert again["already_trained"] and again["steps"] == 2
     base = load_student("tiny:qwen2_5_vl")[0].state_dict()
     new = load_student(str(tmp_path / "out" / "student"))[0].state_dict()  # the loader users go through
     assert set(new) == set(base)

@@ -200,8 +200,14 @@ def train_sft(pipe: Any) -> dict[str, Any]:
     trainer = trl.SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=processor,
                              data_collator=ParrotCollator(processor, pipe.template), peft_config=peft_config)
     last = get_last_checkpoint(str(run_dir)) if run_dir.is_dir() else None
-    result = trainer.train(resume_from_checkpoint=last)
     final = pipe.out / cfg.output
+    if last is not None and (final / "parrot_provenance.json").is_file():
+        state = json.loads((Path(last) / "trainer_state.json").read_text(encoding="utf-8"))
+        if 0 < int(state.get("max_steps", 0)) <= int(state.get("global_step", 0)):
+            # finished before (resuming from the final checkpoint would run one extra step): nothing to do
+            return {"examples": len(examples), "steps": int(state["global_step"]), "resumed_from": last,
+                    "model": str(final), "already_trained": True}
+    result = trainer.train(resume_from_checkpoint=last)
     summary = {"examples": len(examples), "pairwise": sum(e["kind"] == "pairwise" for e in examples),
                "pointwise": sum(e["kind"] == "pointwise" for e in examples), "train_loss": result.training_loss,
                "steps": result.global_step, "resumed_from": last, "model": str(final)}
