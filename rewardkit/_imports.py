@@ -25,6 +25,8 @@ EXTRA_OF: dict[str, str] = {
     "pyarrow": "bench",
     "xxhash": "bench",
     "pytesseract": "ocr",
+    "starlette": "serve",
+    "uvicorn": "serve",
 }
 
 # pip extra -> import names it must provide (used by `rewardkit ls` to say what is installed)
@@ -36,6 +38,7 @@ MODULES_OF_EXTRA: dict[str, tuple[str, ...]] = {
     "rl": ("diffusers", "transformers", "peft", "accelerate"),
     "bench": ("datasets", "scipy", "matplotlib"),
     "ocr": ("pytesseract",),
+    "serve": ("starlette", "uvicorn", "httpx"),
 }
 
 

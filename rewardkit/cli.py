@@ -1,30 +1,36 @@
-"""The ``rewardkit`` console script: ``rewardkit ls | score | bench | train | soup | ...``.
+"""The ``rewardkit`` console script: ``rewardkit ls | score | compare | bench | train | soup | ...``.
 
 Each subcommand lives in ``rewardkit/commands/<name>.py`` with two functions, ``add_parser(subparsers)``
-and ``run(args) -> int``; command modules are cheap to import (heavy libraries load inside ``run``).
+and ``run(args) -> int``. Command modules must stay cheap to import (standard library only at module
+level; torch, transformers and the rest load inside ``run``): ``rewardkit --help`` imports all of them, and
+``tests/test_cli_fast.py`` checks that it imports no heavy module.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from ._version import __version__
+from .commands import EXIT_CODES_HELP, EXIT_INTERNAL, EXIT_USAGE, UsageError
 from .errors import ConfigError, MissingDependencyError, RegistryError, RewardInputError
 
 # name -> module; add a line here to add a subcommand.
 COMMANDS: dict[str, str] = {
-    "bench": "rewardkit.commands.bench",
-    "calibrate": "rewardkit.commands.calibrate",
     "ls": "rewardkit.commands.ls",
     "score": "rewardkit.commands.score",
-    "soup": "rewardkit.commands.soup",
+    "compare": "rewardkit.commands.compare",
+    "bench": "rewardkit.commands.bench",
+    "calibrate": "rewardkit.commands.calibrate",
     "compose": "rewardkit.commands.compose",
+    "convert": "rewardkit.commands.convert",
     "train": "rewardkit.commands.train",
+    "soup": "rewardkit.commands.soup",
+    "serve": "rewardkit.commands.serve",
     "parrot": "rewardkit.commands.parrot",
     "refine": "rewardkit.commands.refine",
-    # (other issues add: bench, train, soup, calibrate)
 }
 
 
@@ -32,7 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rewardkit",
         description="Reward models for image generation: score images, benchmark rewards, train reward models.",
-    )
+        epilog=EXIT_CODES_HELP + "\n\nenvironment: HF_HUB_OFFLINE=1 never touches the network; "
+               "REWARDKIT_DEBUG=1 shows tracebacks.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"rewardkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in COMMANDS.items():
@@ -40,34 +48,49 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    import os
+def _fail(command: str, message: str, code: int) -> int:
+    print(f"rewardkit {command}: error: {message}", file=sys.stderr)
+    return code
 
+
+def main(argv: list[str] | None = None) -> int:
     # Our own progress bars report the work; silence the Hub/transformers download and loading bars.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)  # usage errors: argparse prints them and exits 2
     if not getattr(args, "command", None):
         parser.print_help()
         return 0
     module = importlib.import_module(COMMANDS[args.command])
+    debug = bool(os.environ.get("REWARDKIT_DEBUG"))
     try:
         return int(module.run(args) or 0)
-    except MissingDependencyError as exc:
-        print(f"rewardkit {args.command}: {exc}", file=sys.stderr)
-        return 2
-    except (RegistryError, ConfigError, RewardInputError, FileNotFoundError) as exc:
-        print(f"rewardkit {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except (ValueError, OSError) as exc:  # bad options or unreadable checkpoints: a message, not a traceback
-        if os.environ.get("REWARDKIT_DEBUG"):
-            raise
-        print(f"rewardkit {args.command}: error: {type(exc).__name__}: {exc}\n"
-              "(set REWARDKIT_DEBUG=1 to see the traceback)", file=sys.stderr)
-        return 2
+    except SystemExit as exc:  # a message from a command (or a library) is a usage error, a number is kept
+        if exc.code is None or isinstance(exc.code, int):
+            return int(exc.code or 0)
+        msg = str(exc.code)
+        prefix = f"rewardkit {args.command}: "
+        print(msg if msg.startswith("rewardkit ") else prefix + msg, file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print(f"rewardkit {args.command}: interrupted", file=sys.stderr)
         return 130
+    except MissingDependencyError as exc:
+        return _fail(args.command, str(exc), EXIT_USAGE)
+    except (UsageError, RegistryError, ConfigError, RewardInputError, FileNotFoundError, NotADirectoryError) as exc:
+        if debug:
+            raise
+        return _fail(args.command, str(exc), EXIT_USAGE)
+    except (ValueError, OSError) as exc:  # bad option values, unreadable checkpoints: a message, not a traceback
+        if debug:
+            raise
+        return _fail(args.command, f"{type(exc).__name__}: {exc}\n(set REWARDKIT_DEBUG=1 to see the traceback)",
+                     EXIT_USAGE)
+    except Exception as exc:  # noqa: BLE001  anything else is our bug: say so, keep the code distinct
+        if debug:
+            raise
+        return _fail(args.command, f"internal error: {type(exc).__name__}: {exc}\n"
+                                   "(set REWARDKIT_DEBUG=1 to see the traceback; please report it)", EXIT_INTERNAL)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,6 +2,9 @@
 
 - Nested dataclasses are addressed with dots: ``optim.lr=1e-4``.
 - Override values are parsed as YAML scalars / flow collections (``true``, ``3``, ``1e-4``, ``[1, 2]``).
+- Booleans are ``true`` / ``false`` only (YAML 1.2): ``no``, ``off``, ``yes``, ``on`` stay words, so
+  ``mixed_precision: no`` and ``detectors.mode: off`` mean what they say. A boolean field also accepts those
+  words (``lora.enabled: yes``).
 - Unknown keys are errors, and every unknown key is listed at once (with close matches).
 """
 
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from pathlib import Path
@@ -21,9 +25,25 @@ from .errors import ConfigError
 __all__ = ["load_config", "build_config", "parse_overrides", "config_to_dict", "save_config", "safe_load_yaml"]
 
 
+def _yaml12_booleans(base: type) -> type:
+    """``base`` (a safe loader) with YAML 1.2 booleans: only true / false, in any case; yes / no / on / off /
+    y / n stay strings (YAML 1.1 reads them as booleans, which turns ``mode: off`` into False)."""
+    resolvers = {ch: [(tag, rx) for tag, rx in entries if tag != "tag:yaml.org,2002:bool"]
+                 for ch, entries in base.yaml_implicit_resolvers.items()}
+    loader = type(f"Rewardkit{base.__name__}", (base,), {"yaml_implicit_resolvers": resolvers})
+    loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                 list("tTfF"))
+    return loader
+
+
+_LOADER = _yaml12_booleans(getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+_BOOL_WORDS = {"true": True, "yes": True, "on": True, "y": True, "false": False, "no": False, "off": False, "n": False}
+
+
 def safe_load_yaml(text: str) -> Any:
-    """``yaml.safe_load`` through libyaml's C loader when present (the same safe constructors, ~10x faster)."""
-    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    """``yaml.safe_load`` through libyaml's C loader when present (the same safe constructors, ~10x faster),
+    with YAML 1.2 booleans (``true`` / ``false`` only; ``no`` / ``off`` / ``yes`` / ``on`` are strings)."""
+    return yaml.load(text, Loader=_LOADER)
 
 T = TypeVar("T")
 
@@ -38,7 +58,7 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
             continue
         key, raw = item.split("=", 1)
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = safe_load_yaml(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
         node = out
@@ -116,6 +136,8 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{key}: expected a mapping, got {value!r}")
         return dict(value)
+    if tp is bool and isinstance(value, str) and value.strip().lower() in _BOOL_WORDS:
+        return _BOOL_WORDS[value.strip().lower()]
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if tp is float and isinstance(value, str):

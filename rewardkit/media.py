@@ -25,8 +25,15 @@ Documented conversions (all lossless for RGB 8-bit input):
 Refused, with a clear reason: corrupt, truncated or zero-byte files; bytes that are not an image; images
 with a zero-size side; images over the pixel limit (a decompression-bomb guard, checked from the header
 before decoding; set with :func:`set_max_pixels` or ``REWARDKIT_MAX_PIXELS``; PIL's own
-``Image.MAX_IMAGE_PIXELS`` guard also applies to encoded files); arrays with NaN / Inf,
-values outside [0, 1] (floats) or an unrecognised shape / dtype.
+``Image.MAX_IMAGE_PIXELS`` guard also applies to encoded files); images whose aspect ratio (long side /
+short side) exceeds :func:`get_max_aspect_ratio` (default 200, Qwen-VL's own limit; set with
+:func:`set_max_aspect_ratio` or ``REWARDKIT_MAX_ASPECT_RATIO``), which a shortest-edge resize would blow up
+into a huge tensor; closed or lazily opened PIL images whose pixels cannot be read; ``meta`` / sparse
+tensors; arrays with NaN / Inf, values outside [0, 1] (floats) or an unrecognised shape / dtype.
+
+:func:`probe_size` reads an input's size without decoding pixels (headers only), and :func:`resized_size`
+predicts the size a Hugging Face image processor resizes an image to, so callers can refuse aspect-ratio
+bombs before any pixel is decoded or resized.
 """
 
 from __future__ import annotations
@@ -53,6 +60,10 @@ __all__ = [
     "set_max_pixels",
     "get_max_pixels",
     "image_hash",
+    "set_max_aspect_ratio",
+    "get_max_aspect_ratio",
+    "probe_size",
+    "resized_size",
 ]
 
 ImageLike = Any  # PIL.Image | str | os.PathLike | bytes | np.ndarray | torch.Tensor
@@ -60,6 +71,10 @@ ImageLike = Any  # PIL.Image | str | os.PathLike | bytes | np.ndarray | torch.Te
 # 178,956,970 pixels is PIL's own hard DecompressionBombError threshold (2x its warning limit).
 _DEFAULT_MAX_PIXELS = int(os.environ.get("REWARDKIT_MAX_PIXELS", 178_956_970))
 _max_pixels = _DEFAULT_MAX_PIXELS
+# Qwen2-VL's smart_resize refuses long / short > 200; a CLIP shortest-edge resize of a 1x20000 image would
+# otherwise build a 224 x 4,480,000 tensor. None disables the bound.
+_DEFAULT_MAX_ASPECT = float(os.environ.get("REWARDKIT_MAX_ASPECT_RATIO", 200))
+_max_aspect: float | None = _DEFAULT_MAX_ASPECT
 _FLOAT_TOL = 1e-3  # floats slightly outside [0, 1] from resampling are clipped, not refused
 _lock = threading.Lock()
 
@@ -75,6 +90,21 @@ def set_max_pixels(n: int | None) -> None:
 
 def get_max_pixels() -> int:
     return _max_pixels
+
+
+def set_max_aspect_ratio(r: float | None = 200.0) -> None:
+    """Largest accepted aspect ratio (long side / short side); ``None`` disables the bound.
+
+    Call with no argument to restore the default (200, or ``REWARDKIT_MAX_ASPECT_RATIO``)."""
+    global _max_aspect
+    if r is not None and (isinstance(r, bool) or not isinstance(r, (int, float)) or not r >= 1.0):
+        raise ValueError(f"max aspect ratio must be a number >= 1 or None, got {r!r}")
+    with _lock:
+        _max_aspect = None if r is None else float(r)
+
+
+def get_max_aspect_ratio() -> float | None:
+    return _max_aspect
 
 
 class _Bad(Exception):
@@ -94,6 +124,71 @@ def _check_size(w: int, h: int) -> None:
             f"image is {w}x{h} = {w * h:,} pixels, over the limit of {_max_pixels:,} "
             "(decompression-bomb guard; raise it with rewardkit.media.set_max_pixels or REWARDKIT_MAX_PIXELS)"
         )
+    bound = _max_aspect
+    if bound is not None and max(w, h) > bound * min(w, h):
+        raise _Bad(
+            f"image is {w}x{h}: aspect ratio {max(w, h) / min(w, h):,.1f} exceeds the limit of {bound:g} "
+            "(a model's shortest-edge resize would blow it up; change it with "
+            "rewardkit.media.set_max_aspect_ratio or REWARDKIT_MAX_ASPECT_RATIO)"
+        )
+
+
+def check_resized_size(w: int, h: int, image_processor: Any) -> None:
+    """Refuse (``_Bad``) an image whose size after ``image_processor``'s own resize exceeds the pixel limit,
+    or that the processor itself would refuse (Qwen-VL's smart_resize: aspect ratio over 200), so one such
+    image cannot fail the processor call of a whole chunk."""
+    if _is_qwen_processor(image_processor) and max(w, h) > _QWEN_MAX_RATIO * min(w, h):
+        raise _Bad(f"image is {w}x{h}: aspect ratio {max(w, h) / min(w, h):,.1f} is over {_QWEN_MAX_RATIO}, which "
+                   "the model's (Qwen-VL) image processor refuses")
+    out = resized_size(image_processor, w, h)
+    if out is not None and out[0] * out[1] > _max_pixels:
+        raise _Bad(
+            f"image is {w}x{h}; the model's processor would resize it to {out[0]}x{out[1]} = "
+            f"{out[0] * out[1]:,} pixels, over the limit of {_max_pixels:,} (aspect-ratio bomb guard)"
+        )
+
+
+_QWEN_MAX_RATIO = 200  # transformers' smart_resize raises above this
+
+
+def _is_qwen_processor(ip: Any) -> bool:
+    return hasattr(ip, "merge_size") and hasattr(ip, "patch_size")
+
+
+def _size_get(size: Any, key: str) -> int | None:
+    v = size.get(key) if isinstance(size, dict) else getattr(size, key, None)
+    return int(v) if v else None
+
+
+def resized_size(image_processor: Any, w: int, h: int) -> tuple[int, int] | None:
+    """``(width, height)`` a Hugging Face image processor resizes a ``w x h`` image to, before any crop;
+    None when the processor bounds the result itself (Qwen-VL's pixel budget) or its rule is unknown.
+
+    Rules (transformers' ``size`` dict): ``shortest_edge`` (optionally capped by ``longest_edge``) scales
+    the short side to that length (CLIP); ``height`` + ``width`` is a fixed size; ``longest_edge`` alone
+    scales the long side.
+    """
+    if image_processor is None:
+        return None
+    if getattr(image_processor, "do_resize", True) is False:
+        return (w, h)
+    if _is_qwen_processor(image_processor):
+        return None  # Qwen-VL smart_resize: total pixels within max_pixels whatever the shape
+    size = getattr(image_processor, "size", None)
+    if size is None:
+        return None
+    short, long_, hh, ww = (_size_get(size, k) for k in ("shortest_edge", "longest_edge", "height", "width"))
+    if hh and ww:
+        return (ww, hh)
+    if short:
+        scale = short / min(w, h)
+        if long_ and max(w, h) * scale > long_:
+            scale = long_ / max(w, h)
+        return (max(1, int(w * scale)), max(1, int(h * scale)))
+    if long_:
+        scale = long_ / max(w, h)
+        return (max(1, int(w * scale)), max(1, int(h * scale)))
+    return None
 
 
 def _open_encoded(data: bytes | None, path: Path | None) -> Image.Image:
@@ -131,8 +226,25 @@ def _open_encoded(data: bytes | None, path: Path | None) -> Image.Image:
 
 
 def _pil_to_rgb(im: Image.Image, owned: bool = False) -> Image.Image:
-    """Canonical RGB copy of ``im``; ``owned=True`` when ``im`` was decoded here (no defensive copy needed)."""
+    """Canonical RGB copy of ``im``; ``owned=True`` when ``im`` was decoded here (no defensive copy needed).
+
+    A caller's PIL image may be lazily opened (its pixels are read here, from a file that may be truncated)
+    or already closed: any failure to read its pixels is a per-image ``_Bad``."""
     _check_size(*im.size)
+    try:
+        return _pil_to_rgb_unchecked(im, owned)
+    except _Bad:
+        raise
+    except Image.DecompressionBombError as exc:
+        raise _Bad(f"image is over PIL's decompression-bomb limit ({exc})") from None
+    except (OSError, ValueError, SyntaxError, EOFError, AttributeError, IndexError, TypeError) as exc:
+        closed = "closed" in str(exc).lower()
+        what = "the PIL image is closed (reopen it or pass the path)" if closed else \
+            f"cannot read the PIL image's pixels (corrupt or truncated?): {type(exc).__name__}: {exc}"
+        raise _Bad(what) from None
+
+
+def _pil_to_rgb_unchecked(im: Image.Image, owned: bool) -> Image.Image:
     if getattr(im, "is_animated", False) and im.tell() != 0:
         im.seek(0)
     try:
@@ -211,6 +323,10 @@ def _array_to_pil(arr: np.ndarray, layout: str) -> Image.Image:
 
 def _tensor_to_numpy(t: Any) -> np.ndarray:
     t = t.detach()
+    if t.is_meta:
+        raise _Bad(f"tensor of shape {tuple(t.shape)} is on the 'meta' device and holds no data")
+    if t.layout != __import__("torch").strided:
+        raise _Bad(f"{t.layout} tensors are not images; pass a dense tensor (.to_dense())")
     if t.is_complex():
         raise _Bad("complex tensors are not images")
     if t.dtype.is_floating_point and t.dtype not in (__import__("torch").float32, __import__("torch").float64):
@@ -227,6 +343,83 @@ def to_pil(x: ImageLike) -> Image.Image:
 
 
 def _to_pil(x: ImageLike) -> Image.Image:
+    """One input -> canonical RGB PIL. Anything that goes wrong is a per-image ``_Bad`` (never a raw error)."""
+    try:
+        return _to_pil_unchecked(x)
+    except _Bad:
+        raise
+    except MemoryError:
+        raise _Bad("out of memory while decoding the image") from None
+    except Exception as exc:  # noqa: BLE001 -- one sample's failure must not take down the batch
+        raise _Bad(f"cannot read the image ({type(exc).__name__}: {exc})") from None
+
+
+def probe_size(x: ImageLike) -> tuple[int, int]:
+    """``(width, height)`` of one input without decoding its pixels (encoded files: the header only).
+
+    Raises ``RewardInputError`` for inputs that are not images at all; a file whose pixel data is corrupt
+    may still probe fine (the error then comes when it is decoded)."""
+    try:
+        return _probe(x)
+    except _Bad as exc:
+        raise RewardInputError(str(exc)) from None
+
+
+def _probe(x: ImageLike) -> tuple[int, int]:
+    try:
+        if isinstance(x, Image.Image):
+            return x.size
+        if isinstance(x, (str, os.PathLike)):
+            s = os.fspath(x)
+            s = s.decode() if isinstance(s, bytes) else s
+            if not s.strip():
+                raise _Bad("empty path")
+            path = Path(s).expanduser()
+            data = None
+        elif isinstance(x, (bytes, bytearray, memoryview)):
+            path, data = None, bytes(x)
+        elif isinstance(x, np.ndarray):
+            if x.ndim == 2:
+                return (x.shape[1], x.shape[0])
+            if x.ndim == 3:
+                return (x.shape[1], x.shape[0])
+            raise _Bad(f"cannot read an image of shape {tuple(x.shape)}")
+        elif _is_tensor(x):
+            if x.ndim == 2:
+                return (int(x.shape[1]), int(x.shape[0]))
+            if x.ndim == 3:
+                return (int(x.shape[2]), int(x.shape[1]))
+            raise _Bad(f"cannot read an image of shape {tuple(x.shape)}")
+        elif x is None:
+            raise _Bad("image is None")
+        else:
+            raise _Bad(f"unsupported image type {type(x).__name__}")
+        # encoded: open lazily, read the header, close (no pixels decoded)
+        if data is not None and len(data) == 0:
+            raise _Bad("empty bytes (zero-length input)")
+        if path is not None:
+            if not path.exists():
+                raise _Bad(f"file not found: {path}")
+            if path.is_dir():
+                raise _Bad(f"is a directory, not an image: {path}")
+            if path.stat().st_size == 0:
+                raise _Bad(f"empty file (0 bytes): {path}")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path if path is not None else io.BytesIO(data)) as im:
+                return im.size
+    except _Bad:
+        raise
+    except Image.DecompressionBombError as exc:
+        raise _Bad(f"image is over the limit of {min(_max_pixels, 2 * (Image.MAX_IMAGE_PIXELS or 0)):,} pixels "
+                   f"(decompression-bomb guard; PIL: {exc})") from None
+    except UnidentifiedImageError:
+        raise _Bad(f"{'file ' + str(path) if path is not None else 'bytes'} is not a recognised image format") from None
+    except Exception as exc:  # noqa: BLE001
+        raise _Bad(f"corrupt or truncated image (unreadable header: {type(exc).__name__}: {exc})") from None
+
+
+def _to_pil_unchecked(x: ImageLike) -> Image.Image:
     if isinstance(x, Image.Image):
         return _pil_to_rgb(x)
     if isinstance(x, (str, os.PathLike)):
@@ -263,7 +456,11 @@ def split_batch(images: Any) -> list[Any]:
         return list(images)
     if _is_tensor(images):
         if images.ndim == 4:
-            return list(images.unbind(0))
+            try:
+                return list(images.unbind(0))
+            except Exception as exc:  # noqa: BLE001 -- e.g. a sparse layout that cannot be split
+                raise RewardInputError(f"cannot split the image batch tensor ({images.layout}, "
+                                       f"{images.device}): {type(exc).__name__}: {exc}") from None
         if images.ndim in (2, 3):
             return [images]
         raise RewardInputError(f"image tensor must be CxHxW or BxCxHxW, got shape {tuple(images.shape)}")

@@ -35,6 +35,14 @@ BUILTIN: dict[str, str] = {
     "pickscore": "rewardkit.rewards.pickscore:PickScore",
     "preference": "rewardkit.rewards.preference:PreferenceReward",
     "evr": "rewardkit.rewards.evr:EVR",
+    "hpsv2": "rewardkit.rewards.hpsv2:HPSv2",
+    "aesthetic": "rewardkit.rewards.aesthetic:Aesthetic",
+    "imagereward": "rewardkit.rewards.imagereward:ImageReward",
+    "hpsv3": "rewardkit.rewards.hpsv3:HPSv3",
+    "editreward": "rewardkit.rewards.editreward:EditReward",
+    "vqascore": "rewardkit.rewards.vqascore:VQAScore",
+    "unifiedreward": "rewardkit.rewards.unifiedreward:UnifiedReward",
+    "remote": "rewardkit.client:RemoteReward",
     "rational": "rewardkit.rewards.rational:RationalReward",
 }
 
@@ -47,6 +55,13 @@ ALIASES: dict[str, str] = {
     "anti-hacking": "detectors",
     "dsg": "faithfulness",
     "arena-rm": "preference",
+    "hps": "hpsv2",
+    "hpsv2.1": "hpsv2",
+    "laion-aesthetic": "aesthetic",
+    "image-reward": "imagereward",
+    "edit-reward": "editreward",
+    "vqa-score": "vqascore",
+    "unified-reward": "unifiedreward",
     "rationalrewards": "rational",
 }
 

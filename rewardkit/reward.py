@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import math
 import threading
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from collections.abc import Mapping, Set as AbstractSet
 from typing import Any, ClassVar, Sequence
 
 import torch
@@ -20,12 +22,25 @@ from PIL import Image
 
 from . import media
 from .config import build_config
-from .errors import RewardInputError
+from .errors import ConfigError, RewardInputError
 
 __all__ = ["Reward", "RewardOutput", "PairwiseOutput", "RewardBatch", "RewardConfig", "TASKS"]
 
 TASKS = frozenset({"t2i", "edit", "multi_ref"})
 _ON_ERROR = ("raise", "nan")
+
+
+def _device_arg(device: Any) -> Any:
+    from .models.vlm import device_arg
+
+    try:
+        return device_arg(device)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _meta_entry_error(m: Any) -> str:
+    return f"metadata entries must be dicts (or None), got {type(m).__name__}"
 
 
 def _json_float(x: float) -> float | None:
@@ -270,7 +285,28 @@ class Reward(abc.ABC):
     batch_relative: bool = False
     Config: ClassVar[type] = RewardConfig
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass's own ``to(device)`` receives a resolved ``torch.device``: ints (GPU index),
+        ``torch.device`` and strings are accepted, and an unusable device (``"cuda"`` on a CPU-only torch, an
+        index past the visible GPUs) is a clear ``ValueError`` before any module moves."""
+        super().__init_subclass__(**kwargs)
+        to = cls.__dict__.get("to")
+        if to is not None and not getattr(to, "_rk_resolves_device", False):
+            @functools.wraps(to)
+            def to_checked(self, device, *args, **kw):
+                from .models.vlm import resolve_device
+
+                return to(self, resolve_device(device), *args, **kw)
+
+            to_checked._rk_resolves_device = True  # type: ignore[attr-defined]
+            cls.to = to_checked  # type: ignore[method-assign]
+
     def __init__(self, config: Any = None, /, **overrides: Any) -> None:
+        # RL trainers pass torch.device objects and integer GPU indices: store them as the string configs hold
+        if "device" in overrides:
+            overrides["device"] = _device_arg(overrides["device"])
+        if isinstance(config, dict) and "device" in config:
+            config = {**config, "device": _device_arg(config["device"])}
         self.config = build_config(self.Config, config, overrides)
         self._device = torch.device("cpu")
         self._lock = threading.RLock()
@@ -295,7 +331,9 @@ class Reward(abc.ABC):
 
     def to(self, device: str | torch.device) -> "Reward":
         """Move every ``torch.nn.Module`` attribute to ``device``; returns self."""
-        device = torch.device(device)
+        from .models.vlm import resolve_device
+
+        device = resolve_device(device)
         for value in vars(self).values():
             if isinstance(value, torch.nn.Module):
                 value.to(device)
@@ -349,7 +387,7 @@ class Reward(abc.ABC):
             batch_size: chunk size for the model; default ``default_batch_size``.
             on_error: ``"raise"`` raises :class:`RewardInputError` naming the first bad sample;
                 ``"nan"`` scores the rest and marks bad samples invalid with a reason.
-            progress: show a progress bar over chunks.
+            progress: show a progress bar (over images) when the call spans several chunks.
 
         Returns:
             RewardOutput with B entries.
@@ -362,47 +400,141 @@ class Reward(abc.ABC):
         n = len(raw)
         prompts = self._prompts(prompt, n)
         srcs = self._sources(sources, n)
-        metas = self._metadata(metadata, n)
+        metas, meta_errors = self._metadata_entries(metadata, n)
 
+        # Pass 1 (cheap, nothing decoded): prompts, and every image's size from its header / shape, checked
+        # against the pixel limit, the aspect-ratio bound and the size after this model's own resize. Most bad
+        # inputs are caught here, before any chunk is scored.
         errors: list[str | None] = [None] * n
-        canon: list[Image.Image | None] = [None] * n
-        canon_src: list[list[Image.Image]] = [[] for _ in range(n)]
         for i in range(n):
-            try:
-                errors[i] = self._check_prompt(prompts[i])
-                if errors[i] is None:
-                    canon[i] = media._to_pil(raw[i])
-                    canon_src[i], errors[i] = self._decode_sources(srcs[i] if srcs is not None else None)
-            except media._Bad as exc:
-                errors[i] = str(exc)
+            errors[i] = meta_errors[i] or self._precheck(prompts[i], raw[i], None if srcs is None else srcs[i])
             if errors[i] is not None and on_error == "raise":
                 raise RewardInputError(errors[i], index=i)
+        todo = [i for i in range(n) if errors[i] is None]
 
-        ok = [i for i in range(n) if errors[i] is None]
-        batch = RewardBatch(
-            images=[canon[i] for i in ok],
-            prompts=[prompts[i] for i in ok],
-            sources=None if srcs is None else [canon_src[i] for i in ok],
-            metadata=[metas[i] for i in ok],
-            indices=ok,
-        )
         if self.batch_relative:  # statistics of the whole call: one _score call, chunking left to the reward
-            batch.chunk_size = batch_size or self.default_batch_size
-            chunk = max(len(ok), 1)
+            chunk = max(len(todo), 1)
         else:
-            chunk = batch_size or self.default_batch_size or max(len(ok), 1)
-        starts = range(0, len(ok), chunk)
-        if progress and len(starts) > 1:
+            chunk = batch_size or self.default_batch_size or max(len(todo), 1)
+        bar = None
+        if progress and len(todo) > chunk:
             from tqdm.auto import tqdm
 
-            starts = tqdm(starts, desc=f"{self.name or type(self).__name__}", unit="batch", delay=1.0)
-        parts = []
-        with self._call_scope():
-            for s in starts:
-                sub = batch.select(range(s, min(s + chunk, len(ok))))
-                parts.append(self._run(sub))
+            bar = tqdm(total=len(todo), desc=f"{self.name or type(self).__name__}", unit="img", delay=1.0)
+        parts: list[RewardOutput] = []
+        ok: list[int] = []
+        try:
+            with self._call_scope():
+                # Pass 2: decode per chunk, so at most `chunk` decoded images (+ their sources) are alive at a
+                # time: peak memory follows batch_size, not the size of the call (batch_relative rewards need
+                # the whole call at once). A sample that fails to decode is that sample's error.
+                for sub in self._decoded_chunks(raw, prompts, srcs, metas, todo, chunk, errors, on_error):
+                    if self.batch_relative:
+                        sub.chunk_size = batch_size or self.default_batch_size
+                    parts.append(self._run(sub))
+                    ok.extend(sub.indices)
+                    if bar is not None:
+                        bar.update(len(sub))
+                    del sub  # release this chunk's images before the next chunk is decoded
+        finally:
+            if bar is not None:
+                bar.close()
         scored = RewardOutput.concat(parts) if parts else RewardOutput(scores=torch.zeros(0))
         return self._scatter(scored, ok, errors, n)
+
+    def _decoded_chunks(self, raw: list[Any], prompts: list[Any], srcs: list[Any] | None,
+                        metas: list[dict[str, Any]], todo: list[int], chunk: int, errors: list[str | None],
+                        on_error: str):
+        """Yield :class:`RewardBatch` es of up to ``chunk`` decoded samples, in call order.
+
+        Samples are decoded only when their chunk is filled; one that fails to decode gets its error in
+        ``errors`` (or raises with ``on_error="raise"``) and the chunk is refilled from the next samples.
+        """
+        imgs: list[Image.Image] = []
+        src_lists: list[list[Image.Image]] = []
+        idx: list[int] = []
+
+        def batch() -> RewardBatch:
+            return RewardBatch(images=imgs, prompts=[prompts[i] for i in idx],
+                               sources=None if srcs is None else src_lists,
+                               metadata=[metas[i] for i in idx], indices=idx)
+
+        for i in todo:
+            img, src, err = self._decode_sample(raw[i], None if srcs is None else srcs[i])
+            if err is not None:
+                errors[i] = err
+                if on_error == "raise":
+                    raise RewardInputError(err, index=i)
+                continue
+            imgs.append(img)
+            src_lists.append(src)
+            idx.append(i)
+            img = src = None  # only the chunk's lists hold decoded images
+            if len(idx) == chunk:
+                yield batch()
+                imgs, src_lists, idx = [], [], []  # drop our references: the chunk's images can be freed
+        if idx:
+            yield batch()
+
+    def _precheck(self, prompt: Any, image: Any, sources: Any) -> str | None:
+        """Cheap per-sample checks (no pixel decoded); the reason a sample is bad, or None."""
+        try:
+            err = self._check_prompt(prompt)
+            if err is None:
+                err = self._check_image_size(image)
+            if err is None and sources is not None:
+                items, err = self._source_items(sources)
+                for j, x in enumerate(items if err is None else ()):
+                    e = self._check_image_size(x)
+                    if e is not None:
+                        return f"source {j}: {e}"
+            return err
+        except Exception as exc:  # noqa: BLE001 -- whatever a caller passes is that sample's error
+            return f"cannot read this sample ({type(exc).__name__}: {exc})"
+
+    def _check_image_size(self, x: Any) -> str | None:
+        """Size checks from the header / shape: pixel limit, aspect ratio, size after this model's resize."""
+        try:
+            w, h = media._probe(x)
+            media._check_size(w, h)
+            for ip in self._image_processors():
+                media.check_resized_size(w, h, ip)
+        except media._Bad as exc:
+            return str(exc)
+        return None
+
+    def _image_processors(self) -> list[Any]:
+        """The Hugging Face image processors this reward resizes images with (used to refuse images whose
+        resized size would exceed the pixel limit before anything is decoded).
+
+        Default: found on the reward's attributes (``x.image_processor``, ``x.processor.image_processor``,
+        one level down). Override to declare them explicitly."""
+        found = self.__dict__.get("_found_image_processors")
+        if found is not None:
+            return found
+        found = []
+        for v in list(vars(self).values()):
+            for cand in (v, getattr(v, "processor", None), getattr(v, "backbone", None)):
+                if cand is None or isinstance(cand, (str, bytes, int, float, dict, list, tuple)):
+                    continue
+                ip = getattr(cand, "image_processor", None)
+                if ip is None and hasattr(cand, "processor"):
+                    ip = getattr(cand.processor, "image_processor", None)
+                if ip is not None and hasattr(ip, "size") and all(ip is not f for f in found):
+                    found.append(ip)
+        self.__dict__["_found_image_processors"] = found
+        return found
+
+    def _decode_sample(self, image: Any, sources: Any) -> tuple[Image.Image | None, list[Image.Image], str | None]:
+        """Decode one sample (image + its sources); ``(image, sources, None)`` or ``(None, [], reason)``."""
+        try:
+            img = media._to_pil(image)
+            src, err = self._decode_sources(sources)
+            return (None, [], err) if err is not None else (img, src, None)
+        except media._Bad as exc:
+            return None, [], str(exc)
+        except Exception as exc:  # noqa: BLE001 -- one sample's failure never takes down the batch
+            return None, [], f"cannot read this sample ({type(exc).__name__}: {exc})"
 
     def _call_scope(self):
         """Context manager around all chunks of one call: per-call resources that outlive a chunk (e.g. a
@@ -458,6 +590,10 @@ class Reward(abc.ABC):
             return [prompt] * n
         if isinstance(prompt, bytes):
             raise RewardInputError("prompt must be str, got bytes (decode it first)")
+        if isinstance(prompt, (Mapping, AbstractSet)):
+            # a dict would give its keys and a set an arbitrary order: never what the caller meant
+            raise RewardInputError(f"prompt must be a string or a list of strings, got {type(prompt).__name__} "
+                                   "(unordered or keyed; pass a list in the order of the images)")
         try:
             prompts = list(prompt)
         except TypeError:
@@ -490,7 +626,8 @@ class Reward(abc.ABC):
             raise RewardInputError(f"got {n} images but {len(sources)} source entries")
         return list(sources)
 
-    def _decode_sources(self, entry: Any) -> tuple[list[Image.Image], str | None]:
+    def _source_items(self, entry: Any) -> tuple[list[Any], str | None]:
+        """One sample's sources entry -> (list of undecoded images, None) or ([], reason)."""
         if entry is None:
             items: list[Any] = []
         elif isinstance(entry, (list, tuple)):
@@ -503,6 +640,12 @@ class Reward(abc.ABC):
             return [], "this reward needs at least one source image"
         if len(items) > 1 and "multi_ref" not in self.tasks:
             return [], f"{len(items)} source images given but reward {self.name!r} takes one (no multi_ref task)"
+        return items, None
+
+    def _decode_sources(self, entry: Any) -> tuple[list[Image.Image], str | None]:
+        items, err = self._source_items(entry)
+        if err is not None:
+            return [], err
         out = []
         for j, x in enumerate(items):
             try:
@@ -516,13 +659,30 @@ class Reward(abc.ABC):
             return [{} for _ in range(n)]
         if isinstance(metadata, dict):
             raise RewardInputError("metadata must be a list of per-sample dicts, got one dict")
-        metas = list(metadata)
+        if isinstance(metadata, (str, bytes, set, frozenset)):
+            raise RewardInputError(f"metadata must be a list of per-sample dicts, got {type(metadata).__name__}")
+        try:
+            metas = list(metadata)
+        except TypeError:
+            raise RewardInputError(f"metadata must be a list of per-sample dicts (or None), got "
+                                   f"{type(metadata).__name__} {metadata!r:.40}") from None
         if len(metas) != n:
             raise RewardInputError(f"got {n} images but {len(metas)} metadata entries")
         for i, m in enumerate(metas):
-            if m is not None and not isinstance(m, dict):
-                raise RewardInputError(f"metadata entries must be dicts, got {type(m).__name__}", index=i)
+            if m is not None and not isinstance(m, Mapping):
+                raise RewardInputError(_meta_entry_error(m), index=i)
         return [dict(m) if m else {} for m in metas]
+
+    def _metadata_entries(self, metadata: Any, n: int) -> tuple[list[dict[str, Any]], list[str | None]]:
+        """Like :meth:`_metadata`, but an entry that is not a dict is that sample's error (``{}`` in its place)
+        instead of the call's: call-level problems (wrong container, wrong length) still raise."""
+        if metadata is None or isinstance(metadata, (dict, str, bytes, set, frozenset)) \
+                or not isinstance(metadata, (list, tuple)):
+            return self._metadata(metadata, n), [None] * n
+        metas = list(metadata)
+        errs = [None if (m is None or isinstance(m, Mapping)) else _meta_entry_error(m) for m in metas]
+        clean = [None if e else m for m, e in zip(metas, errs)]
+        return self._metadata(clean, n), errs
 
     # ------------------------------------------------------------------ pairwise
     def compare(

@@ -206,7 +206,7 @@ def test_load_errors_are_actionable(tmp_path, data_root):
     with pytest.raises(BenchDataError, match="does not exist"):
         load_comparisons(get_spec("mmrb2/t2i"), tmp_path / "nowhere")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(BenchDataError, match="huggingface-cli download"):
+    with pytest.raises(BenchDataError, match="hf download"):
         load_comparisons(get_spec("mmrb2/t2i"), tmp_path / "empty")
     with pytest.raises(BenchDataError, match="columns"):
         load_comparisons(get_spec("mmrb2/t2i"), data_root / SYNTHETIC_LAYOUT["genaibench/t2i"])

@@ -38,7 +38,7 @@ def items(tmp_path):
 def test_calibrate_any_reward(tiny_clip_dir, items, tmp_path, capsys):
     out = tmp_path / "stats" / "clip.json"
     assert main(["calibrate", "--reward", "clipscore", "--model", str(tiny_clip_dir), "--data", str(items),
-                 "--set", "convention=cosine", "-o", str(out), "--batch-size", "4", "--no-progress"]) == 0
+                 "--set", "convention=cosine", "-o", str(out), "--batch-size", "4", "--no-progress"]) == 3
     stats = load_calibration(out)
     reward = load_reward("clipscore", model=str(tiny_clip_dir), convention="cosine")
     direct = reward([str(items.parent / f"{i}.png") for i in range(6)], PROMPTS).scores
@@ -46,8 +46,9 @@ def test_calibrate_any_reward(tiny_clip_dir, items, tmp_path, capsys):
     assert stats["mean"] == pytest.approx(float(direct.double().mean()), abs=1e-6)
     assert stats["std"] == pytest.approx(float(direct.double().std(unbiased=False)), abs=1e-6)
     assert stats["reward"] == "clipscore" and stats["config"]["convention"] == "cosine"
-    with pytest.raises(SystemExit, match="needs --output"):
-        main(["calibrate", "--reward", "clipscore", "--data", str(items)])
+    assert "1 of 7 images invalid" in capsys.readouterr().err
+    assert main(["calibrate", "--reward", "clipscore", "--data", str(items)]) == 2
+    assert "needs --output" in capsys.readouterr().err
 
 
 def test_composite_axis_reads_calibration_file(tiny_clip_dir, tmp_path):

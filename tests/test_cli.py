@@ -41,13 +41,13 @@ def test_score_paths_on_fixture_images(tiny_clip_dir, edit_example, tmp_path, ca
     rc = main(["score", "--reward", "clipscore", "--model", str(tiny_clip_dir), *images, "missing.png",
                "--prompt", "Add a green bowl on the branch", "--set", "convention=cosine", "-o", str(out_file),
                "--batch-size", "2", "--no-progress"])
-    assert rc == 0
+    assert rc == 3  # finished, one image invalid
     printed = capsys.readouterr()
     rows = [json.loads(line) for line in out_file.read_text().splitlines()]
     assert [r["image"] for r in rows] == images + ["missing.png"]
     assert all(r["valid"] for r in rows[:3]) and not rows[3]["valid"] and "file not found" in rows[3]["error"]
     assert all(-1 <= r["score"] <= 1 for r in rows[:3])
-    assert "1 of 4 images could not be scored" in printed.err
+    assert "1 of 4 images invalid" in printed.err
     for img in images:
         assert img in printed.out
 
@@ -69,11 +69,11 @@ def test_score_jsonl_with_sources(tiny_clip_dir, edit_example, tmp_path):
     assert main(["score", "-r", "pickscore", "-m", str(tiny_clip_dir), "--jsonl", str(items), "--no-progress"]) == 2
 
 
-def test_bad_jsonl_line_is_reported(tmp_path):
+def test_bad_jsonl_line_is_reported(tmp_path, capsys):
     items = tmp_path / "bad.jsonl"
     items.write_text('{"prompt": "p", "image": "a.png"}\nnot json\n')
-    with pytest.raises(SystemExit, match="bad.jsonl:2: not JSON"):
-        main(["score", "-r", "clipscore", "--jsonl", str(items)])
+    assert main(["score", "-r", "clipscore", "--jsonl", str(items)]) == 2
+    assert "bad.jsonl:2: not JSON" in capsys.readouterr().err
 
 
 def test_unknown_option_lists_it(tiny_clip_dir, capsys):
@@ -110,4 +110,4 @@ def test_reward_construction_errors_are_messages(capsys, tmp_path, monkeypatch):
     err = capsys.readouterr().err
     assert "EVR needs a judge" in err and "Traceback" not in err
     assert main(["score", "-r", "clipscore", "-m", str(tmp_path / "missing"), "x.png", "-p", "p"]) == 2
-    assert "OSError" in capsys.readouterr().err
+    assert "no such directory" in capsys.readouterr().err

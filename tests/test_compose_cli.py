@@ -11,7 +11,7 @@ from rewardkit.cli import main
 from rewardkit.compose.rubric import RubricCache
 
 
-def test_prepare_writes_caches_with_honest_failures(tiny_qwen2_5_vl_dir, tmp_path):
+def test_prepare_writes_caches_with_honest_failures(tiny_qwen2_5_vl_dir, tmp_path, capsys):
     cfg = tmp_path / "r.yaml"
     cfg.write_text(f"""
 reward:
@@ -25,7 +25,13 @@ reward:
 """)
     prompts = tmp_path / "p.txt"
     prompts.write_text("a red apple\n\n{\"prompt\": \"a sign that says 'OPEN'\"}\n")
-    assert main(["compose", "prepare", "--config", str(cfg), "--prompts", str(prompts), "--no-progress"]) == 0
+    # nothing parses with a random judge: the run says so and exits 3 (finished, some entries missing)
+    assert main(["compose", "prepare", "--config", str(cfg), "--prompts", str(prompts), "--no-progress"]) == 3
+    err = capsys.readouterr().err
+    assert "2 unique prompts read" in err
+    assert "faithfulness: question trees parsed for 0 of 2 prompts asked (2 unparsed)" in err
+    assert "constraint: intent labelled for 0 of 2 (0 strict, 2 unparsed)" in err
+    assert "detectors: detector enablement recorded for 2 of 2 prompts" in err
     f = RubricCache(tmp_path / "f.jsonl")
     assert len(f) == 2
     # a random tiny judge writes no parseable JSON: recorded as a failure, never as made-up questions
@@ -37,7 +43,7 @@ reward:
 
 
 @pytest.mark.skipif(shutil.which("tesseract") is None, reason="tesseract-ocr is not installed")
-def test_score_composite_from_yaml(tiny_clip_dir, tmp_path):
+def test_score_composite_from_yaml(tiny_clip_dir, tmp_path, capsys):
     from PIL import Image, ImageDraw, ImageFont
 
     items = []
@@ -58,6 +64,9 @@ reward:
     out = tmp_path / "scores.jsonl"
     assert main(["compose", "score", "--config", str(cfg), "--jsonl", str(tmp_path / "items.jsonl"),
                  "-o", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr()
+    assert "scoring 3 image(s) with the composite (2 axes)" in printed.err and "all 3 images scored" in printed.err
+    assert printed.out.splitlines()[0].split() == ["image", "score"]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     raw = [r["dimensions"]["text/raw"] for r in rows]
     assert raw[:2] == [1.0, 1.0] and raw[2] < 1.0

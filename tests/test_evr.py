@@ -328,7 +328,8 @@ def test_missing_verifier_probability_is_invalid_not_a_rejection(imgs):
 
     judge = NoProbs(scripted().answers, scripted().verdicts)
     _, out = run(judge, imgs)
-    assert not out.valid[0] and "no Yes/No probability" in out.errors[0]
+    assert not out.valid[0] and "no usable Yes/No probability" in out.errors[0]
+    assert "rejected" not in out.errors[0].replace("not rejected", "")   # unanswered is not a rejection
 
 
 def test_judge_failure_raises_or_marks_the_chunk_invalid(imgs):

@@ -1,7 +1,8 @@
 """The vLLM backend's glue (prompt rendering, per-request seeds, log-prob tables) on a stand-in engine.
 
 vLLM itself needs a GPU: the real engine runs in tests/test_judges_vllm_gpu.py. Here ``vllm`` is a stub
-module and ``LLM`` a recorder, so this checks only what rewardkit does around the engine.
+module whose ``SamplingParams`` and ``LLM`` enforce vLLM's own validation rules (tests/vllm_standin.py;
+the real ``SamplingParams`` when vLLM is installed), so a call the real engine refuses fails here too.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import math
 import sys
 import types
-from types import SimpleNamespace as NS
 
 import pytest
 
@@ -19,39 +19,17 @@ pytest.importorskip("transformers")
 from rewardkit.testing import build_tiny_tokenizer, random_images  # noqa: E402
 
 
-class FakeLLM:
-    def __init__(self, table):
-        self.tok = build_tiny_tokenizer(300)
-        self.table, self.calls = table, []
-
-    def get_tokenizer(self):
-        return self.tok
-
-    def generate(self, prompts, params, use_tqdm=False):
-        params = params if isinstance(params, list) else [params] * len(prompts)
-        self.calls.append((prompts, params))
-        outs = []
-        for p, sp in zip(prompts, params):
-            if sp.max_tokens == 1 and sp.logprobs:
-                full = {self.tok.convert_tokens_to_ids(t): v for t, v in self.table.items()}
-                # vLLM >= 0.30: logprob_token_ids -> the sampled token plus exactly those ids, any rank
-                assert sp.logprobs == len(sp.logprob_token_ids)
-                top = max(full, key=full.get)
-                lp = {t: NS(logprob=full[t]) for t in [top, *sp.logprob_token_ids] if t in full}
-                outs.append(NS(outputs=[NS(text="", logprobs=[lp])]))
-            else:
-                outs.append(NS(outputs=[NS(text=f"s{sp.seed}-{k}", logprobs=None) for k in range(sp.n)]))
-        return outs
-
-
 @pytest.fixture
 def judge(monkeypatch):
+    from vllm_standin import StrictLLM, sampling_params_class
+
     stub = types.ModuleType("vllm")
-    stub.SamplingParams = lambda **kw: NS(**{"logprobs": None, "seed": None, "n": 1, **kw})
+    stub.SamplingParams = sampling_params_class()
     monkeypatch.setitem(sys.modules, "vllm", stub)
     from rewardkit.judges.vllm_backend import VLLMJudge
 
-    return VLLMJudge(FakeLLM({"Yes": math.log(0.3), "No": math.log(0.1), "a": math.log(0.6)}))
+    return VLLMJudge(StrictLLM(build_tiny_tokenizer(300), {"Yes": math.log(0.3), "No": math.log(0.1),
+                                                            "a": math.log(0.6)}))
 
 
 def conv(ims, q):
@@ -62,7 +40,7 @@ def test_prompts_images_and_seeds(judge):
     ims = random_images(2, sizes=[(20, 10), (8, 8)])
     convs = [conv(ims, "q1"), conv(ims[1:], "q2")]
     out = judge.generate(convs, n=2, temperature=1.0, max_new_tokens=5, seed=3, stop=["\n"])
-    prompts, params = judge.llm.calls[-1]
+    prompts, params, _ = judge.llm.calls[-1]
     assert prompts[0]["prompt"] == judge.tokenizer.apply_chat_template(convs[0], tokenize=False, add_generation_prompt=True)
     assert prompts[0]["prompt"].count("<|image_pad|>") == 2
     assert [im.size for im in prompts[0]["multi_modal_data"]["image"]] == [(20, 10), (8, 8)]

@@ -4,6 +4,7 @@ real path end to end on the tiny Qwen2.5-VL judge (answers equal one-at-a-time j
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -47,7 +48,9 @@ def test_tree_score_parent_gating_by_hand():
     assert tree_score(t, {"1": True, "2": False, "3": True, "4": True}) == 0.5
     assert tree_score(t, {"1": True, "2": True, "3": True, "4": False}) == 0.75
     assert tree_score(t, {"1": False, "4": True}) == 0.25          # 2, 3 unasked
-    assert tree_score(t, {}) == 0.0
+    assert math.isnan(tree_score(t, {}))                          # asked questions with no answer: unknown
+    assert math.isnan(tree_score(t, {"1": True, "2": None, "4": True}))   # 2 unanswered: 2 and 3 unknown
+    assert tree_score(t, {"1": False, "4": None}) != tree_score(t, {"1": False, "4": None})  # NaN
     with pytest.raises(ValueError):
         tree_score(QuestionTree([]), {})
 

@@ -75,10 +75,10 @@ def test_tie_models_sum_to_one_random():
 def test_uncertainty_loss_hand_value():
     # mu gap 1, sigma_w = sigma_l = 1: P = Phi(1 / sqrt 2)
     phi = 0.5 * (1 + math.erf((1 / math.sqrt(2)) / math.sqrt(2)))
-    got = L.uncertainty_loss(t(1.0), t(0.0), t(0.0), t(0.0))
+    got = L.uncertainty_loss(t(1.0), t(0.0), t(0.0), t(0.0), form="probit")
     assert float(got) == pytest.approx(-math.log(phi), abs=1e-10)
     # a larger sigma makes a correct ranking less certain: the loss rises toward log 2
-    wide = L.uncertainty_loss(t(1.0), t(3.0), t(0.0), t(3.0))
+    wide = L.uncertainty_loss(t(1.0), t(3.0), t(0.0), t(3.0), form="probit")
     assert float(got) < float(wide) < math.log(2)
 
 
@@ -134,3 +134,63 @@ def test_normalize_label(raw, want):
 def test_normalize_label_rejects(bad):
     with pytest.raises(ValueError, match="label"):
         normalize_label(bad)
+
+
+# ------------------------------------------------------------------ HPSv3's Monte-Carlo uncertainty loss
+def _expected_neg_logsigmoid(d: float, s: float) -> float:
+    """E[-log sigmoid(z)], z ~ N(d, s^2), by trapezoidal integration over +-12 sigma (independent of the code)."""
+    n = 200_001
+    z = torch.linspace(d - 12 * s, d + 12 * s, n, dtype=torch.float64)
+    pdf = torch.exp(-0.5 * ((z - d) / s) ** 2) / (s * math.sqrt(2 * math.pi))
+    return float(torch.trapezoid(-torch.nn.functional.logsigmoid(z) * pdf, z))
+
+
+@pytest.mark.parametrize("mu_w, ls_w, mu_l, ls_l", [(1.0, 0.0, 0.0, 0.0), (-0.5, 0.3, 0.7, -0.2), (2.0, -1.0, 0.0, 0.5)])
+def test_hpsv3_monte_carlo_matches_the_integrated_expectation(mu_w, ls_w, mu_l, ls_l):
+    s = math.sqrt(math.exp(2 * ls_w) + math.exp(2 * ls_l))
+    want = _expected_neg_logsigmoid(mu_w - mu_l, s)
+    n = 400_000
+    got = float(L.uncertainty_hpsv3_loss(t(mu_w), t(ls_w), t(mu_l), t(ls_l), samples=n, seed=3))
+    # standard error of the estimate, from the samples' spread
+    g = torch.Generator().manual_seed(3)
+    z = (mu_w - mu_l) + s * torch.randn((1, n), generator=g, dtype=torch.float64)
+    se = float((-torch.nn.functional.logsigmoid(z)).std()) / math.sqrt(n)
+    assert abs(got - want) < 4 * se + 1e-9, (got, want, se)
+    # and it is not the probit closed form
+    probit = float(L.uncertainty_probit_loss(t(mu_w), t(ls_w), t(mu_l), t(ls_l)))
+    assert abs(probit - want) > 10 * se
+
+
+def test_hpsv3_loss_is_seeded_and_reproducible():
+    args = (torch.tensor([0.3, -1.0], dtype=torch.float64), torch.tensor([0.1, 0.2], dtype=torch.float64),
+            torch.tensor([0.0, 0.5], dtype=torch.float64), torch.tensor([-0.3, 0.0], dtype=torch.float64))
+    a = L.uncertainty_loss(*args, seed=7)
+    assert torch.equal(a, L.uncertainty_loss(*args, seed=7))
+    assert not torch.equal(a, L.uncertainty_loss(*args, seed=8))
+
+
+def test_raising_sigma_on_a_misranked_pair_raises_the_hpsv3_loss():
+    """mu_w < mu_l (the model ranks the pair wrongly). HPSv3's loss rises with sigma; the probit form falls,
+    which is the incentive to inflate sigma that HPSv3's objective does not have."""
+    mu_w, mu_l = t(-1.0), t(1.0)
+    sigmas = [-2.0, -1.0, 0.0, 0.5, 1.0, 2.0]
+    hps = [float(L.uncertainty_loss(mu_w, t(ls), mu_l, t(ls), samples=20_000, seed=0)) for ls in sigmas]
+    exact = [_expected_neg_logsigmoid(-2.0, math.sqrt(2) * math.exp(ls)) for ls in sigmas]
+    probit = [float(L.uncertainty_loss(mu_w, t(ls), mu_l, t(ls), form="probit")) for ls in sigmas]
+    assert all(x < y for x, y in zip(hps, hps[1:])), hps
+    assert all(x < y for x, y in zip(exact, exact[1:])), exact
+    assert all(x > y for x, y in zip(probit, probit[1:])), probit
+    # gradient w.r.t. log sigma is positive under HPSv3 (pushes sigma down), negative under probit
+    ls = torch.tensor([0.5], dtype=torch.float64, requires_grad=True)
+    L.uncertainty_loss(mu_w, ls, mu_l, ls, samples=4096, seed=1).backward()
+    assert float(ls.grad) > 0
+    ls2 = torch.tensor([0.5], dtype=torch.float64, requires_grad=True)
+    L.uncertainty_loss(mu_w, ls2, mu_l, ls2, form="probit").backward()
+    assert float(ls2.grad) < 0
+
+
+def test_uncertainty_form_is_checked():
+    with pytest.raises(ValueError, match="form"):
+        L.uncertainty_loss(t(0.0), t(0.0), t(0.0), t(0.0), form="closed")
+    with pytest.raises(ValueError, match="samples"):
+        L.uncertainty_loss(t(0.0), t(0.0), t(0.0), t(0.0), samples=0)

@@ -255,14 +255,15 @@ def test_cli_train_needs_a_kind(capsys):
     from rewardkit.cli import main
 
     assert main(["train"]) == 2
-    assert "preference" in capsys.readouterr().out
+    assert "preference" in capsys.readouterr().err  # a usage error, on stderr
 
 
 def test_bf16_autocast_and_gradient_checkpointing_step(tmp_path):
     cfg = tiny_cfg(tmp_path, "max_steps=2", "data.eval=null", "mixed_precision=bf16",
                    "model.gradient_checkpointing=true", "log_every=1")
     trainer = PreferenceTrainer(cfg)
-    assert trainer.model_raw.vlm.is_activation_checkpointing
+    vlm = trainer.model_raw.vlm  # the attribute's name changed in transformers 5.23
+    assert getattr(vlm, "is_activation_checkpointing", None) or vlm.is_gradient_checkpointing
     trainer.train()
     train = [r for r in metrics(tmp_path) if r["split"] == "train"]
     assert len(train) == 2 and all(torch.isfinite(torch.tensor(r["loss"])) for r in train)

@@ -2,6 +2,13 @@
 
 Rows are committed after every scored chunk, so an interrupted run resumes where it stopped and a re-run
 with a new metric costs nothing. Only numbers, flags and strings are stored (no pickles).
+
+Nothing read back is trusted: the file must be an SQLite database with this module's tables and schema
+version (:data:`SCHEMA_VERSION`, stored in ``meta``), else :class:`CacheFileError` says how to recover
+(``--cache-dir`` elsewhere, or delete the file). Each row read is validated (a score is a finite number with
+``|x| <= 1e15`` and inside the reward's ``score_range`` when known, a probability lies in [0, 1], ``valid``
+is 0 / 1, texts are strings); a row that fails is not used: it is re-scored and overwritten, with a warning
+naming the file and the number of bad rows.
 """
 
 from __future__ import annotations
@@ -12,10 +19,29 @@ import math
 import os
 import sqlite3
 import threading
+import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = ["ScoreCache", "default_cache_dir", "reward_fingerprint", "sample_key", "pair_key"]
+from ..errors import RewardkitError
+
+__all__ = ["ScoreCache", "CacheFileError", "SCHEMA_VERSION", "default_cache_dir", "reward_fingerprint",
+           "sample_key", "pair_key"]
+
+#: Version of the on-disk layout (tables and columns below). Bump it when they change.
+SCHEMA_VERSION = 1
+_MAX_ABS = 1e15  # no reward scores beyond this; larger cached values are tampering or corruption
+_COLUMNS = {"scores": ["key", "score", "valid", "error"], "pairs": ["key", "prob_a", "valid", "error"],
+            "verdicts": ["key", "verdict", "error"], "meta": ["key", "value"]}
+
+
+class CacheFileError(RewardkitError, OSError):
+    """The score-cache file is not a valid rewardkit cache (garbage, another program's, a newer schema)."""
+
+    def __init__(self, path: Any, problem: str):
+        self.path = path
+        super().__init__(f"score cache {path}: {problem}. Delete that file (its scores are simply recomputed) "
+                         "or pass --cache-dir DIR (cache_dir=...) to use another cache folder.")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS scores (key TEXT PRIMARY KEY, score REAL, valid INTEGER NOT NULL, error TEXT);
@@ -64,16 +90,88 @@ class ScoreCache:
             self.path = d / f"{fingerprint}.sqlite"
             target = str(self.path)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(target, check_same_thread=False)
-        if self.path is not None:
-            # WAL + NORMAL: a commit survives the process being killed (what resuming needs) without an
-            # fsync per chunk; only an OS crash can lose the last chunks, which are then simply re-scored.
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
-        if describe is not None:
-            self._db.execute("INSERT OR REPLACE INTO meta VALUES ('reward', ?)", (json.dumps(describe, default=str),))
-        self._db.commit()
+        rng = (describe or {}).get("score_range")
+        self._range = (float(rng[0]), float(rng[1])) if isinstance(rng, (list, tuple)) and len(rng) == 2 else None
+        self._n_bad = 0
+        try:
+            self._db = sqlite3.connect(target, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise CacheFileError(target, f"cannot be opened ({exc})") from None
+        try:
+            if self.path is not None:
+                # WAL + NORMAL: a commit survives the process being killed (what resuming needs) without an
+                # fsync per chunk; only an OS crash can lose the last chunks, which are then simply re-scored.
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_SCHEMA)
+            self._check_schema()
+            if describe is not None:
+                self._db.execute("INSERT OR REPLACE INTO meta VALUES ('reward', ?)", (json.dumps(describe, default=str),))
+            self._db.commit()
+        except sqlite3.DatabaseError as exc:  # "file is not a database", malformed image, ...
+            self._db.close()
+            raise CacheFileError(target, f"is not a valid SQLite database ({exc})") from None
+        except CacheFileError:
+            self._db.close()
+            raise
+
+    def _check_schema(self) -> None:
+        """Tables with the expected columns, and a schema version this code reads (stamped on new files)."""
+        for table, cols in _COLUMNS.items():
+            have = [r[1] for r in self._db.execute(f"PRAGMA table_info({table})")]
+            if have != cols:
+                raise CacheFileError(self.path or ":memory:", f"table {table!r} has columns {have}, expected {cols}")
+        row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if row is None:
+            # new file, or written before the version was stored (same tables): stamp it
+            self._db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        elif str(row[0]) != str(SCHEMA_VERSION):
+            raise CacheFileError(self.path, f"has schema version {row[0]!r}; this rewardkit reads version "
+                                            f"{SCHEMA_VERSION}")
+
+    # --------------------------------------------------------------------------- validation of rows read
+    def _number(self, x: Any, lo: float, hi: float) -> float | None:
+        """A stored number if well-formed (real, not bool, finite, within [lo, hi]); None otherwise."""
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            return None
+        x = float(x)
+        return x if (math.isfinite(x) and lo <= x <= hi) else None
+
+    @staticmethod
+    def _text(x: Any) -> bool:
+        return x is None or isinstance(x, str)
+
+    def _row(self, value: Any, valid: Any, err: Any, lo: float, hi: float) -> tuple[float, bool, str | None] | None:
+        """A validated ``(value, valid, error)`` or None (bad row: not used, re-scored)."""
+        if isinstance(valid, bool) or valid not in (0, 1) or not self._text(err):
+            return None
+        if valid:
+            v = self._number(value, lo, hi)
+            return None if v is None else (v, True, err)
+        if value is not None:  # invalid rows are written with a NULL score
+            return None
+        return (float("nan"), False, err)
+
+    def _flag_bad(self, n: int) -> None:
+        if n:
+            self._n_bad += n
+            warnings.warn(f"score cache {self.path or ':memory:'}: ignored {n} malformed row(s) (non-finite, "
+                          "out-of-range or wrong-type values); they are re-scored and overwritten", RuntimeWarning,
+                          stacklevel=3)
+
+    @property
+    def n_bad_rows(self) -> int:
+        """Rows read from this cache that failed validation (and were re-scored)."""
+        return self._n_bad
+
+    def _select(self, table: str, cols: str, keys: list[str]):
+        try:
+            for s in range(0, len(keys), 500):
+                chunk = keys[s:s + 500]
+                q = f"SELECT {cols} FROM {table} WHERE key IN ({','.join('?' * len(chunk))})"
+                yield from self._db.execute(q, chunk)
+        except sqlite3.DatabaseError as exc:
+            raise CacheFileError(self.path, f"cannot be read ({exc})") from None
 
     def close(self) -> None:
         with self._lock:
@@ -89,12 +187,16 @@ class ScoreCache:
     def get_scores(self, keys: list[str]) -> dict[str, tuple[float, bool, str | None]]:
         """``{key: (score, valid, error)}`` for the keys present."""
         out: dict[str, tuple[float, bool, str | None]] = {}
+        lo, hi = self._range or (-_MAX_ABS, _MAX_ABS)
+        bad = 0
         with self._lock:
-            for s in range(0, len(keys), 500):
-                chunk = keys[s:s + 500]
-                q = f"SELECT key, score, valid, error FROM scores WHERE key IN ({','.join('?' * len(chunk))})"
-                for k, score, valid, err in self._db.execute(q, chunk):
-                    out[k] = (float("nan") if score is None else float(score), bool(valid), err)
+            for k, score, valid, err in self._select("scores", "key, score, valid, error", keys):
+                row = self._row(score, valid, err, max(lo, -_MAX_ABS), min(hi, _MAX_ABS))
+                if row is None:
+                    bad += 1
+                else:
+                    out[k] = row
+        self._flag_bad(bad)
         return out
 
     def put_scores(self, rows: list[tuple[str, float, bool, str | None]]) -> None:
@@ -107,12 +209,15 @@ class ScoreCache:
     # --------------------------------------------------------------------------- pairwise judgements
     def get_pairs(self, keys: list[str]) -> dict[str, tuple[float, bool, str | None]]:
         out: dict[str, tuple[float, bool, str | None]] = {}
+        bad = 0
         with self._lock:
-            for s in range(0, len(keys), 500):
-                chunk = keys[s:s + 500]
-                q = f"SELECT key, prob_a, valid, error FROM pairs WHERE key IN ({','.join('?' * len(chunk))})"
-                for k, p, valid, err in self._db.execute(q, chunk):
-                    out[k] = (float("nan") if p is None else float(p), bool(valid), err)
+            for k, p, valid, err in self._select("pairs", "key, prob_a, valid, error", keys):
+                row = self._row(p, valid, err, 0.0, 1.0)
+                if row is None:
+                    bad += 1
+                else:
+                    out[k] = row
+        self._flag_bad(bad)
         return out
 
     def put_pairs(self, rows: list[tuple[str, float, bool, str | None]]) -> None:
@@ -124,12 +229,14 @@ class ScoreCache:
 
     def get_verdicts(self, keys: list[str]) -> dict[str, tuple[str | None, str | None]]:
         out: dict[str, tuple[str | None, str | None]] = {}
+        bad = 0
         with self._lock:
-            for s in range(0, len(keys), 500):
-                chunk = keys[s:s + 500]
-                q = f"SELECT key, verdict, error FROM verdicts WHERE key IN ({','.join('?' * len(chunk))})"
-                for k, v, err in self._db.execute(q, chunk):
+            for k, v, err in self._select("verdicts", "key, verdict, error", keys):
+                if not (self._text(v) and self._text(err)) or (v is None and err is None):
+                    bad += 1
+                else:
                     out[k] = (v, err)
+        self._flag_bad(bad)
         return out
 
     def put_verdicts(self, rows: list[tuple[str, str | None, str | None]]) -> None:

@@ -1,8 +1,10 @@
 """Loading benchmark rows into canonical :class:`Comparison` records.
 
 Data comes from the hub through ``datasets`` or from a local copy (``data_dir``): a directory holding the
-dataset's parquet files (as ``huggingface-cli download --repo-type dataset`` lays them out), a single
-parquet file, or a ``Dataset.save_to_disk`` directory. Images stay encoded (bytes) until a reward decodes
+dataset's parquet files (as ``hf download --repo-type dataset`` lays them out), a single parquet file, or a
+``Dataset.save_to_disk`` directory. In a directory, a file counts for a benchmark only when its path names
+the benchmark's split and config exactly (``t2i/test-00000-of-00001.parquet`` is MMRB2 t2i, split test;
+``train_v1-*.parquet`` is not split ``train``); a single file given directly is taken as is. Images stay encoded (bytes) until a reward decodes
 them through :mod:`rewardkit.media`; their hashes key the score cache.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import io
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -19,7 +22,7 @@ from ..errors import RewardkitError
 from .spec import BenchmarkSpec
 
 __all__ = ["Comparison", "BenchDataError", "load_comparisons", "parse_label", "comparisons_from_rows",
-           "bytes_hash"]
+           "bytes_hash", "resolve_local_files", "check_distinct_files"]
 
 _IMAGE_TAG = re.compile(r"<image_\d+>")
 
@@ -218,17 +221,80 @@ def _table_rows(table: Any, spec: BenchmarkSpec, batch_rows: int = 256) -> Itera
         yield from batch.to_pylist()
 
 
-def _local_files(spec: BenchmarkSpec, root: Path) -> list[Path]:
+_SHARD = re.compile(r"-\d{5}-of-\d{5}$")
+
+
+def _split_of(stem: str) -> str:
+    """``test_v1-00000-of-00001`` -> ``test_v1``: the split a hub-layout parquet file name carries."""
+    return _SHARD.sub("", stem)
+
+
+def _names_split(rel: Path, split: str) -> bool:
+    """Does ``rel`` name ``split`` exactly (file stem, a ``_``/``-``/``.`` suffixed stem, or a folder)?"""
+    stem = _split_of(rel.name.removesuffix(".parquet"))
+    if stem == split or any(stem.endswith(sep + split) for sep in "_-."):
+        return True
+    return split in rel.parts[:-1]
+
+
+def _names_config(rel: Path, config: str) -> bool:
+    """Does ``rel`` name ``config`` exactly (a folder, or a ``config_``/``config-`` file-name prefix)?"""
+    if config in rel.parts[:-1]:
+        return True
+    stem = rel.name.removesuffix(".parquet")
+    return any(stem.startswith(config + sep) for sep in "_-.")
+
+
+def _strict_match(spec: BenchmarkSpec, rel: Path) -> bool:
+    if spec.data_files:  # the hub maps these files to the split: the folder in the pattern is the discriminator
+        return True
+    if spec.config and not _names_config(rel, spec.config):
+        return False
+    return _names_split(rel, spec.split)
+
+
+def resolve_local_files(spec: BenchmarkSpec, root: Path) -> list[Path]:
+    """The parquet files of ``spec`` under ``root`` (a file is returned as is). Only files whose path names the
+    spec's split and config exactly count; several matching files must agree on the split's name."""
     if root.is_file():
         return [root]
+    anchor = root.parent  # the root's own name counts as a folder: NAME=DIR may point at .../t2i
+    seen: list[Path] = []
     for pattern in spec.local_files:
         found = sorted(p for p in root.glob(pattern) if p.is_file())
-        if found:
-            return found
+        seen += [p for p in found if p not in seen]
+        ok = [p for p in found if _strict_match(spec, p.relative_to(anchor))]
+        if ok:
+            return ok
+    want = f"split {spec.split!r}" + (f", config {spec.config!r}" if spec.config and not spec.data_files else "")
+    near = ""
+    if seen:
+        near = (f" Found {', '.join(str(p.relative_to(root)) for p in seen[:6])}"
+                f"{' ...' if len(seen) > 6 else ''}, but no file whose path names {want} exactly (e.g. "
+                f"{spec.local_files[0]}); rename or move it, or give the file itself: --data-dir "
+                f"{spec.name}=FILE.parquet.")
     raise BenchDataError(
-        f"{spec.name}: no data under {root}: looked for {', '.join(spec.local_files)}. Download the dataset "
-        f"({spec.dataset}) with `huggingface-cli download --repo-type dataset {spec.dataset} --local-dir DIR`"
+        f"{spec.name}: no data under {root}: looked for {', '.join(spec.local_files)} ({want}).{near} Download "
+        f"the dataset ({spec.dataset}) with `hf download --repo-type dataset {spec.dataset} --local-dir DIR`"
         " and pass --data-dir DIR.")
+
+
+_local_files = resolve_local_files  # the name the loader used before
+
+
+def check_distinct_files(resolved: dict[str, tuple[BenchmarkSpec, list[Path]]]) -> None:
+    """Refuse two benchmarks that would read the same files (unless their specs filter rows differently, as
+    EditReward's K=2/3/4 do on the hub's combined file)."""
+    names = list(resolved)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            (sa, fa), (sb, fb) = resolved[a], resolved[b]
+            shared = {p.resolve() for p in fa} & {p.resolve() for p in fb}
+            if shared and not (sa.filter and sb.filter and sa.filter != sb.filter):
+                raise BenchDataError(
+                    f"{a} and {b} both resolve to {', '.join(sorted(str(p) for p in shared)[:3])}: one file "
+                    "cannot be both benchmarks. Point each at its own data (--data-dir NAME=DIR per benchmark, or "
+                    "the dataset's own folder layout, see `rewardkit bench --list`)")
 
 
 def _read_local(spec: BenchmarkSpec, root: Path) -> tuple[Any, dict[str, Any]]:
@@ -255,7 +321,7 @@ def _read_hub(spec: BenchmarkSpec, revision: str | None) -> tuple[Any, dict[str,
     if spec.data_files:
         kwargs["data_files"] = {spec.split: spec.data_files}
     args = [spec.dataset] + ([spec.config] if spec.config else [])
-    howto = (f"Or download it elsewhere (`huggingface-cli download --repo-type dataset {spec.dataset} "
+    howto = (f"Or download it elsewhere (`hf download --repo-type dataset {spec.dataset} "
              f"--local-dir DIR`) and pass --data-dir DIR.")
     try:
         ds = datasets.load_dataset(*args, **kwargs)
@@ -315,4 +381,9 @@ def load_comparisons(spec: BenchmarkSpec, data_dir: str | Path | None = None, *,
     if not out:
         raise BenchDataError(f"{spec.name}: no rows after filtering ({spec.filter or 'no filter'})")
     info["n_rows"] = len(out)
+    if spec.task == "edit" and not any(c.sources for c in out):
+        msg = (f"{spec.name}: no row has a source image (column {spec.fields.get('sources')!r} is empty): an edit "
+               "benchmark without sources scores edits as text-to-image. Is this the right data?")
+        info.setdefault("warnings", []).append(msg)
+        warnings.warn(msg, stacklevel=2)
     return out, info

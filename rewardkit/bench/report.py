@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["load_records", "markdown_report", "plot_records", "METRIC_LABELS"]
+__all__ = ["load_records", "markdown_report", "plot_records", "chance_level", "METRIC_LABELS"]
 
 METRIC_LABELS = {
     "mmrb2_official": "MMRB2 official (both orders)",
@@ -117,8 +117,47 @@ def markdown_report(records: Sequence[dict[str, Any]], *, details: bool = True) 
     return "\n".join(lines) + "\n"
 
 
+SHORT_METRIC = {
+    "mmrb2_official": "MMRB2 official",
+    "accuracy_without_ties": "acc. w/o ties",
+    "accuracy_with_ties": "acc. with ties",
+    "genaibench_4way": "4-way",
+    "group_accuracy": "group acc.",
+}
+
+
+def chance_level(metric: str, br: dict[str, Any]) -> float | None:
+    """What random guessing scores on ``metric`` (a fraction), or None when it has no fixed chance level.
+
+    Pairwise accuracies (``accuracy_without_ties``, ``mmrb2_official``): 1/2. ``accuracy_with_ties`` (three
+    outcomes A, B, tie): 1/3. ``genaibench_4way`` (four answers): 1/4. ``group_accuracy`` over groups of K
+    candidates (all C(K, 2) pairs right = the whole ranking): 1/K!, with K from the data's pairs per group.
+    """
+    import math
+
+    if metric in ("accuracy_without_ties", "mmrb2_official", "single_order_accuracy"):
+        return 0.5
+    if metric == "accuracy_with_ties":
+        return 1 / 3
+    if metric == "genaibench_4way":
+        return 0.25
+    if metric == "group_accuracy":
+        c = br.get("counts") or {}
+        n, g = c.get("n_comparisons"), c.get("n_groups")
+        if not n or not g:
+            return None
+        pairs = n / g                                  # C(K, 2) rows per group
+        k = round((1 + math.sqrt(1 + 8 * pairs)) / 2)
+        return 1 / math.factorial(k) if k * (k - 1) / 2 == pairs else None
+    return None
+
+
 def plot_records(records: Sequence[dict[str, Any]], path: str | Path, *, title: str | None = None) -> Path:
-    """Grouped bar chart: one group per benchmark, one bar per reward (primary metric, %, 95% CI bars)."""
+    """Grouped bar chart: one group per benchmark, one bar per reward (its primary metric, %, 95% CI bars).
+
+    Each bar is labelled with its value and metric; a dotted segment across each bar marks that metric's
+    chance level; a 0 % result is drawn as a thin outlined stub labelled "0.0%", a missing result (skipped or
+    no value) as a hatched outline labelled "missing", so the two cannot be confused."""
     from .._imports import require
 
     require("matplotlib", "bench", "plotting benchmark results")
@@ -132,30 +171,48 @@ def plot_records(records: Sequence[dict[str, Any]], path: str | Path, *, title: 
         raise ValueError("nothing to plot: every benchmark was skipped")
     n = max(len(records), 1)
     width = 0.8 / n
-    fig = Figure(figsize=(max(6.0, 1.4 * len(benches) + 2), 4.2), dpi=120)
+    fig = Figure(figsize=(max(6.5, 1.6 * len(benches) * max(1, n / 2) + 2), 4.8), dpi=120)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
+    colors = [f"C{j % 10}" for j in range(n)]
+    chance_drawn = False
     for j, rec in enumerate(records):
-        xs, ys, lo, hi = [], [], [], []
+        first = True
         for i, b in enumerate(benches):
+            x = i - 0.4 + width * (j + 0.5)
             br = rec["benchmarks"].get(b)
-            m = (br or {}).get("metrics", {}).get((br or {}).get("primary")) if br and not br.get("skipped") else None
+            metric = (br or {}).get("primary") if br and not br.get("skipped") else None
+            m = (br or {}).get("metrics", {}).get(metric) if metric else None
+            label = _label(rec) if first else None
             if not m or m.get("value") is None:
+                ax.bar([x], [100], width=width * 0.95, fill=False, hatch="//", edgecolor="0.75", lw=0.6, label=label)
+                ax.text(x, 50, "missing" + (" (skipped)" if br and br.get("skipped") else ""), rotation=90,
+                        ha="center", va="center", fontsize=7, color="0.45")
+                first = False
                 continue
             v = 100 * m["value"]
             ci = m.get("ci95") or [m["value"], m["value"]]
-            xs.append(i - 0.4 + width * (j + 0.5))
-            ys.append(v)
-            lo.append(max(0.0, v - 100 * (ci[0] if ci[0] is not None else m["value"])))
-            hi.append(max(0.0, 100 * (ci[1] if ci[1] is not None else m["value"]) - v))
-        ax.bar(xs, ys, width=width * 0.95, yerr=[lo, hi], capsize=3, label=_label(rec))
+            lo = max(0.0, v - 100 * (ci[0] if ci[0] is not None else m["value"]))
+            hi = max(0.0, 100 * (ci[1] if ci[1] is not None else m["value"]) - v)
+            if v == 0:
+                ax.bar([x], [0.8], width=width * 0.95, color="white", edgecolor=colors[j], lw=1.2, label=label)
+            else:
+                ax.bar([x], [v], width=width * 0.95, yerr=[[lo], [hi]], capsize=3, color=colors[j], label=label)
+            first = False
+            ax.text(x, min(v + hi, 100) + 1.5, f"{v:.1f}%\n{SHORT_METRIC.get(metric, metric)}", ha="center",
+                    va="bottom", fontsize=6.5)
+            ch = chance_level(metric, br)
+            if ch is not None:
+                ax.hlines(100 * ch, x - width * 0.5, x + width * 0.5, colors="black", linestyles=":", lw=1.2,
+                          label=None if chance_drawn else "chance level of the bar's metric")
+                chance_drawn = True
     ax.set_xticks(range(len(benches)))
     ax.set_xticklabels(benches, rotation=20, ha="right")
     ax.set_ylabel("primary metric (%)")
-    ax.set_ylim(0, 100)
-    ax.axhline(50, color="grey", lw=0.8, ls="--")
+    ax.set_ylim(0, 118)
+    ax.set_yticks(range(0, 101, 20))
     ax.set_title(title or "Agreement with human preferences (95% bootstrap CI)")
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize=7, loc="upper left", ncol=2)
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

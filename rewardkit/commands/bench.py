@@ -7,6 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from . import EXIT_CODES_HELP, UsageError
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
@@ -15,13 +17,18 @@ def add_parser(sub) -> None:
                     "  rewardkit bench --list\n"
                     "  rewardkit bench --reward pickscore --benchmark mmrb2/t2i,genaibench/t2i\n"
                     "  rewardkit bench --reward clipscore --model ./clip --benchmark mmrb2/t2i --data-dir ./data\n"
-                    "  rewardkit bench --report runs/*.json --plot rewards.png",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+                    "  rewardkit bench --report bench-results/*.json --plot rewards.png\n"
+                    "Local data: hf download --repo-type dataset DATASET --local-dir DIR, then --data-dir DIR\n"
+                    "(files count only when their path names the benchmark's split and config exactly).",
+        epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--reward", "-r", help="registry name (see `rewardkit ls`)")
     p.add_argument("--model", "-m", help="hub id or local checkpoint directory for model-backed rewards")
     p.add_argument("--benchmark", "-b", default="",
                    help="comma-separated benchmark names (see --list), e.g. mmrb2/t2i,genaibench/edit")
     p.add_argument("--list", action="store_true", help="list the shipped benchmark specs and exit")
+    p.add_argument("--write-synthetic", type=Path, metavar="DIR",
+                   help="write tiny synthetic benchmark files with the real schemas and layout to DIR and exit "
+                        "(for trying the harness without downloads; the scores mean nothing)")
     p.add_argument("--data-dir", nargs="+", metavar="[NAME=]DIR",
                    help="local data instead of the hub: one directory (dataset files, or one sub-folder per "
                         "family: mmrb2/, genaibench/, editreward/), or NAME=DIR per benchmark or family")
@@ -62,7 +69,7 @@ def _data_dir(items: list[str] | None):
     out = {}
     for it in items:
         if "=" not in it:
-            raise SystemExit(f"rewardkit bench: --data-dir: give one DIR or NAME=DIR entries, got {it!r}")
+            raise UsageError(f"--data-dir: give one DIR or NAME=DIR entries, got {it!r}")
         k, v = it.split("=", 1)
         out[k.strip()] = v
     return out
@@ -83,6 +90,14 @@ def run(args: argparse.Namespace) -> int:
             gated = " (gated)" if s.gated else ""
             print(f"{name:18s} v{s.version:5s} {where}{gated}; primary: {'/'.join(s.primary)}")
         return 0
+    if args.write_synthetic is not None:
+        from ..bench.synthetic import write_synthetic_benchmarks
+
+        written = write_synthetic_benchmarks(args.write_synthetic)
+        for name, path in written.items():
+            print(f"{name:18s} {path}")
+        print(f"use: --data-dir {args.write_synthetic}", file=sys.stderr)
+        return 0
     from ..bench.report import load_records, markdown_report, plot_records
 
     if args.report:
@@ -92,37 +107,41 @@ def run(args: argparse.Namespace) -> int:
             print(f"wrote {plot_records(records, args.plot)}", file=sys.stderr)
         return 0
     if not args.reward:
-        raise SystemExit("rewardkit bench: --reward is required (or --list / --report)")
+        raise UsageError("--reward is required (or --list / --report)")
     benches = [b.strip() for b in args.benchmark.split(",") if b.strip()]
     if not benches:
-        raise SystemExit("rewardkit bench: --benchmark is required, e.g. --benchmark mmrb2/t2i (see --list)")
+        raise UsageError("--benchmark is required, e.g. --benchmark mmrb2/t2i (see --list)")
     for b in benches:
         get_spec(b)  # fail on a typo before loading any model
     if args.limit is not None and args.limit < 1:
-        raise SystemExit("rewardkit bench: --limit must be >= 1")
+        raise UsageError("--limit must be >= 1")
     if args.batch_size is not None and args.batch_size < 1:
-        raise SystemExit("rewardkit bench: --batch-size must be >= 1")
+        raise UsageError("--batch-size must be >= 1")
 
     from ..bench.data import BenchDataError
     from ..bench.harness import evaluate
     from ..config import parse_overrides
-    from ..registry import load_reward
+    from ._common import load_reward_cli
 
     kwargs = parse_overrides(args.overrides)
     for key in ("model", "device", "dtype"):
         if getattr(args, key) is not None:
             kwargs[key] = getattr(args, key)
-    reward = load_reward(args.reward, str(args.config) if args.config else None, **kwargs)
+    data_dir = _data_dir(args.data_dir)
+    try:
+        _check_local_data(benches, data_dir)  # wrong or shared files: say so before any model loads
+    except BenchDataError as exc:
+        raise UsageError(str(exc)) from None
+    reward = load_reward_cli(args.reward, args.config, kwargs)
     cache_dir = None if args.no_cache else (args.cache_dir if args.cache_dir else "default")
     try:
-        result = evaluate(reward, benches, data_dir=_data_dir(args.data_dir), cache_dir=cache_dir,
+        result = evaluate(reward, benches, data_dir=data_dir, cache_dir=cache_dir,
                           batch_size=args.batch_size, limit=args.limit, mode=args.mode, n_boot=args.bootstrap,
                           seed=args.seed, per_sample=args.per_sample, ignore_sources=args.ignore_sources,
                           retry_invalid=args.retry_invalid, by=args.by, revision=args.revision,
                           progress=not args.no_progress)
     except BenchDataError as exc:
-        print(f"rewardkit bench: error: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(str(exc)) from None
     result.reward["name"] = args.reward
     out = args.output_dir
     out.mkdir(parents=True, exist_ok=True)
@@ -141,4 +160,53 @@ def run(args: argparse.Namespace) -> int:
     t = result.timing
     print(f"time: {t['total_s']:.1f}s total, {t['reward_s']:.1f}s in the reward, {t['harness_s']:.1f}s harness",
           file=sys.stderr)
-    return 0
+    return _summary(rec)
+
+
+def _check_local_data(benches: list[str], data_dir) -> None:
+    """With --data-dir: every benchmark finds files naming its split / config, and no two share files."""
+    if data_dir is None:
+        return
+    from ..bench.data import check_distinct_files, resolve_local_files
+    from ..bench.harness import _data_path
+    from ..bench.spec import get_spec
+
+    resolved = {}
+    for b in benches:
+        spec = get_spec(b)
+        root = _data_path(data_dir, spec)
+        if root is None or not root.exists():
+            continue  # the loader reports it (or, for a mapping without this benchmark, loads from the hub)
+        if root.is_dir() and (root / "state.json").is_file():
+            files = [root / "state.json"]  # a save_to_disk folder: one dataset
+        else:
+            files = resolve_local_files(spec, root)
+        resolved[spec.name] = (spec, files)
+    check_distinct_files(resolved)
+
+
+def _summary(rec: dict) -> int:
+    """Warnings and the exit code: 3 when some scores / judgements were invalid, with a loud line when all were."""
+    from . import EXIT_INVALID, EXIT_OK
+
+    bad = total = 0
+    for name, br in rec["benchmarks"].items():
+        if br.get("skipped"):
+            print(f"warning: {name} skipped: {br['skipped']}", file=sys.stderr)
+            continue
+        for w in (br.get("data") or {}).get("warnings", []):
+            print(f"warning: {w}", file=sys.stderr)
+        c = br.get("counts") or {}
+        n = c.get("n_unique_samples", c.get("n_unique_pairs", 0))
+        k = c.get("n_invalid_samples", c.get("n_invalid_judgements", 0))
+        total += n
+        bad += k
+        if n and k == n:
+            print(f"warning: {name}: every score is invalid ({k} of {n}); the metrics mean nothing. Reasons: "
+                  f"{c.get('invalid_reasons')}", file=sys.stderr)
+        elif k:
+            print(f"warning: {name}: {k} of {n} invalid; reasons: {c.get('invalid_reasons')}", file=sys.stderr)
+    if total and bad == total:
+        print(f"error: every score of this run is invalid ({bad} of {total})", file=sys.stderr)
+        return EXIT_INVALID
+    return EXIT_INVALID if bad else EXIT_OK

@@ -1,27 +1,38 @@
-"""``rewardkit calibrate``: record what a reward's raw scores look like on a calibration set.
-
-    rewardkit calibrate --model runs/arena/model --data calib.jsonl [--limit 2000]        # a preference model
-    rewardkit calibrate --reward pickscore --data calib.jsonl -o pickscore-calib.json      # any reward
-
-With ``--reward NAME`` any registered reward scores the set and the statistics go to ``--output`` (a
-composite axis reads them with ``normalize: fixed`` and ``calibration: FILE``). Without it:
-
-Scores every image of the data (both candidates of each pair for preference data with image_a / image_b;
-or the ``image`` column of a scoring file with prompt / image / optional sources), then writes
-``calibration.json`` (n, mean, std, min, max, quantiles) into the model directory. ``load_reward("preference",
-model=..., normalize="calibration")`` then returns z-scores, ``normalize="quantile"`` positions in [0, 1].
-"""
+"""``rewardkit calibrate``: record what a reward's raw scores look like on a calibration set."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
+
+from . import EXIT_CODES_HELP, EXIT_INVALID, UsageError, invalid_summary
+from ._common import check_device, load_reward_cli
+
+DESCRIPTION = """Record what a reward's raw scores look like on a calibration set: n, mean, std, min, max and
+quantiles, so a raw score can be read as "how good compared with typical images".
+
+  rewardkit calibrate --reward pickscore --data calib.jsonl -o pickscore-calib.json    # any reward
+  rewardkit calibrate --model runs/arena_tiny/model --data calib.jsonl --limit 2000    # a preference model
+
+The input: a JSONL (or .json / .csv / .parquet) file with one row per image, columns prompt and image
+(a path relative to the file, or bytes) and optional sources (a list of paths, for editing rewards), e.g.
+  {"prompt": "a red apple on a wooden table", "image": "imgs/apple.png"}
+written by hand or from your generator's outputs (examples/images/t2i.jsonl is one). Preference-pair
+data works too: a hub dataset id, a pair file with image_a / image_b columns, or synthetic:brightness
+(both images of every pair are scored).
+
+With --reward the statistics go to --output; a composite axis reads that file (normalize: fixed,
+calibration: FILE). With --model alone they are stored as calibration.json in the preference model's
+directory; load it with --reward preference --set normalize=calibration (z-scores) or
+normalize=quantile (positions in [0, 1])."""
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("calibrate", help="raw-score statistics (mean/std/quantiles) of a reward on a calibration set",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=DESCRIPTION, epilog=EXIT_CODES_HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--reward", "-r", help="any registered reward (default: a preference model given by --model)")
     p.add_argument("--model", "-m", help="local preference model directory; with --reward, its model option")
     p.add_argument("--output", "-o", type=Path, help="statistics JSON to write (required with --reward)")
@@ -35,14 +46,14 @@ def add_parser(sub) -> None:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--device", help="torch device (default: cuda if available)")
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.reward is not None:
         return _run_any_reward(args)
     if args.model is None:
-        raise SystemExit("rewardkit calibrate: give --model (a preference model directory) or --reward NAME")
+        raise UsageError("give --model (a preference model directory) or --reward NAME")
     return _run_preference(args)
 
 
@@ -63,22 +74,25 @@ def _run_any_reward(args: argparse.Namespace) -> int:
 
     from ..calibration import calibration_stats
     from ..config import parse_overrides
-    from ..registry import load_reward
     from ..reward import config_dict
 
     if args.output is None:
-        raise SystemExit("rewardkit calibrate: --reward needs --output FILE.json")
+        raise UsageError("--reward needs --output FILE.json")
     kwargs = parse_overrides(args.overrides)
     for key in ("model", "device"):
         if getattr(args, key) is not None:
             kwargs[key] = getattr(args, key)
     if args.dtype != "float32":
         kwargs["dtype"] = args.dtype
-    reward = load_reward(args.reward, **kwargs)
     rows, base = _rows(args)
+    if not rows:
+        raise UsageError(f"--data {args.data}: no rows to score")
+    reward = load_reward_cli(args.reward, None, kwargs)
+    print(f"calibrating {args.reward} on {len(rows)} image(s) from {args.data}", file=sys.stderr)
     scores, invalid = [], 0
     bs = max(args.batch_size, 1)
-    for s in tqdm(range(0, len(rows), bs), desc=f"calibrate {args.reward}", unit="batch", disable=args.no_progress):
+    for s in tqdm(range(0, len(rows), bs), desc=f"calibrate {args.reward}", unit="batch", disable=args.no_progress,
+                  file=sys.stderr):
         chunk = rows[s:s + bs]
         srcs = [[_raw_image(y, base) for y in ss] for _, _, ss in chunk]
         # undecoded: the reward decodes, and a bad file becomes one invalid sample, not a failed run
@@ -86,7 +100,12 @@ def _run_any_reward(args: argparse.Namespace) -> int:
                      sources=srcs if reward.accepts_sources and any(srcs) else None, on_error="nan")
         scores.append(out.scores[out.valid])
         invalid += int((~out.valid).sum())
-    stats = calibration_stats(torch.cat(scores) if scores else torch.zeros(0))
+    valid = torch.cat(scores) if scores else torch.zeros(0)
+    if valid.numel() < 2:  # never store statistics of (almost) nothing
+        print(f"error: {valid.numel()} image(s) scored; calibration needs at least 2: nothing written",
+              file=sys.stderr)
+        return max(invalid_summary(invalid, len(rows), "images"), EXIT_INVALID)
+    stats = calibration_stats(valid)
     stats.update({"reward": reward.name, "config": config_dict(reward), "data": str(args.data),
                   "n_invalid": invalid})
     args.output.parent.mkdir(parents=True, exist_ok=True)
@@ -94,7 +113,8 @@ def _run_any_reward(args: argparse.Namespace) -> int:
     tmp.write_text(json.dumps(stats, indent=1, default=str), encoding="utf-8")
     tmp.replace(args.output)
     print(json.dumps({k: v for k, v in stats.items() if k != "config"}, indent=1))
-    return 0
+    print(f"wrote {args.output}", file=sys.stderr)
+    return invalid_summary(invalid, len(rows), "images")
 
 
 def _run_preference(args: argparse.Namespace) -> int:
@@ -107,22 +127,37 @@ def _run_preference(args: argparse.Namespace) -> int:
     args.model = Path(args.model)
     if not (args.model / CONFIG_NAME).is_file():
         raise FileNotFoundError(f"{args.model} is not a local preference model directory (no {CONFIG_NAME})")
-    model = PreferenceModel.from_pretrained(str(args.model), device=args.device, dtype=args.dtype)
+    check_device(args.device)
     rows, base = _rows(args)
+    if not rows:
+        raise UsageError(f"--data {args.data}: no rows to score")
+    print(f"loading preference model {args.model} ...", file=sys.stderr, flush=True)
+    model = PreferenceModel.from_pretrained(str(args.model), device=args.device, dtype=args.dtype)
+    print(f"calibrating on {len(rows)} image(s) from {args.data}", file=sys.stderr)
     scores = []
     bs = max(args.batch_size, 1)
-    for s in tqdm(range(0, len(rows), bs), desc="calibrate", unit="batch", disable=args.no_progress):
+    for s in tqdm(range(0, len(rows), bs), desc="calibrate", unit="batch", disable=args.no_progress,
+                  file=sys.stderr):
         chunk = rows[s:s + bs]
         imgs = [_to_image(x, base) for x, _, _ in chunk]
         srcs = [[_to_image(y, base) for y in ss] for _, _, ss in chunk]
         r, _ = model.score(imgs, [p for _, p, _ in chunk], srcs if any(srcs) else None, batch_size=bs)
         scores.append(r)
-    stats = calibration_stats(torch.cat(scores) if scores else torch.zeros(0))
+    allscores = torch.cat(scores) if scores else torch.zeros(0)
+    finite = torch.isfinite(allscores)
+    n_bad = int((~finite).sum())
+    if int(finite.sum()) < 2:  # never store statistics of (almost) nothing
+        print(f"error: {int(finite.sum())} finite score(s); calibration needs at least 2: nothing written",
+              file=sys.stderr)
+        return max(invalid_summary(n_bad, len(rows), "images"), EXIT_INVALID)
+    stats = calibration_stats(allscores[finite])
     stats["data"] = str(args.data)
     stats["template"] = model.template.version
+    stats["n_invalid"] = n_bad
     model.save_calibration(args.model, stats)
     print(json.dumps(stats, indent=1))
-    return 0
+    print(f"wrote {args.model / 'calibration.json'}", file=sys.stderr)
+    return invalid_summary(n_bad, len(rows), "images")
 
 
 def _raw_image(x, base: Path | None):

@@ -7,7 +7,8 @@ import json
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("ls", help="list rewards", description="List registered rewards (builtin and plugins).")
+    p = sub.add_parser("ls", help="list rewards", description="List registered rewards (builtin and plugins): "
+                       "tasks, score range, the extras they need and whether those are installed.")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -40,24 +41,41 @@ def describe_rewards() -> list[dict]:
     return rows
 
 
+COLUMNS = ("reward (aliases)", "tasks", "range", "extras", "installed", "what")  # "what": an indented line
+WIDTH = 100  # the table fits a 100-column terminal; --json has everything (dimensions, full summaries)
+
+
+def table_rows(rows: list[dict]) -> list[tuple[str, ...]]:
+    """The cells of `rewardkit ls` (the README's reward table has the same columns)."""
+    out = []
+    for r in rows:
+        name = r["name"] + (f" ({', '.join(r['aliases'])})" if r.get("aliases") else "")
+        if "error" in r:
+            out.append((name, "-", "-", "-", "ERROR", r["error"]))
+            continue
+        rng = "-" if r["score_range"] is None else f"[{r['score_range'][0]:g}, {r['score_range'][1]:g}]"
+        out.append((name, ",".join(r["tasks"]), rng, ",".join(r["extras"]) or "-",
+                    "yes" if r["installed"] else "no", r["summary"]))
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     rows = describe_rewards()
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    header = ("reward", "tasks", "dimensions", "extras", "installed", "range")
-    table = [header]
-    for r in rows:
-        if "error" in r:
-            table.append((r["name"], "-", "-", "-", "ERROR", r["error"]))
-            continue
-        rng = "-" if r["score_range"] is None else f"[{r['score_range'][0]:g}, {r['score_range'][1]:g}]"
-        dims = ",".join(r["dimensions"]) or "-"
-        extras = ",".join(r["extras"]) or "-"
-        name = r["name"] + (f" ({', '.join(r['aliases'])})" if r["aliases"] else "")
-        inst = "yes" if r["installed"] else f"no: pip install 'rewardkit-vision[{extras}]'"
-        table.append((name, ",".join(r["tasks"]), dims, extras, inst, rng))
-    widths = [max(len(str(row[i])) for row in table) for i in range(len(header) - 1)]
-    for row in table:
-        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)) + "  " + str(row[-1]))
+    import textwrap
+
+    table = [COLUMNS[:-1], *[r[:-1] for r in table_rows(rows)]]
+    whats = [None, *[r[-1] for r in table_rows(rows)]]
+    widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS) - 1)]
+    for row, what in zip(table, whats):
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+        if what:  # the description on its own indented line(s): the table stays within WIDTH columns
+            for line in textwrap.wrap(what.replace("``", ""), WIDTH - 4, max_lines=2, placeholder=" ..."):
+                print("    " + line)
+    missing = sorted({e for r in rows if "error" not in r and not r["installed"] for e in r["extras"]})
+    if missing:
+        print(f"\nnot installed: pip install 'rewardkit-vision[{','.join(missing)}]'")
+    print("\nrewardkit ls --json: dimensions, score ranges and full descriptions")
     return 0

@@ -1,10 +1,10 @@
 """``rewardkit score``: score image files with any reward, printing scores and writing JSONL.
 
-Inputs either as paths on the command line with one ``--prompt``, or ``--jsonl FILE`` with one object per
-line: ``{"prompt": "...", "image": "a.png"}`` (or ``"images": [...]`` to score several images against one
-prompt) and optional ``"sources": ["src.png", ...]`` for editing rewards. Relative paths in a JSONL file are
-resolved against the file's folder. Results are written as they are computed, so an interrupted run keeps
-what it scored.
+Inputs either as paths (files or folders) on the command line with one ``--prompt``, or ``--jsonl FILE``
+with one object per line: ``{"prompt": "...", "image": "a.png"}`` (or ``"images": [...]`` to score several
+images against one prompt) and optional ``"sources": ["src.png", ...]`` for editing rewards. Relative paths
+in a JSONL file are resolved against the file's folder. Results are written as they are computed, so an
+interrupted run keeps what it scored.
 """
 
 from __future__ import annotations
@@ -15,15 +15,24 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from . import EXIT_CODES_HELP, UsageError, invalid_summary
+from ._common import expand_images, load_reward_cli
+
+DESCRIPTION = """Score images with a reward. Examples:
+  rewardkit score --reward pickscore a.png b.png --prompt 'a cat'
+  rewardkit score --reward clipscore --model ./my-clip my_images/ --prompt 'a cat'
+  rewardkit score --reward clipscore --model ./my-clip --jsonl items.jsonl --output scores.jsonl
+  rewardkit score --reward preference --model ./my-rm edited.png --sources source.png --prompt 'make it red'
+
+JSONL lines: {"prompt": "...", "image": "a.png"} or {"prompt": "...", "images": ["a.png", "b.png"]},
+optionally "sources": ["src.png"] (editing rewards) and "metadata": {...}. Relative paths in the file
+resolve against the file's folder; paths on the command line against the current directory."""
+
 
 def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "score", help="score images with a reward",
-        description="Score images with a reward. Examples:\n"
-                    "  rewardkit score --reward pickscore a.png b.png --prompt 'a cat'\n"
-                    "  rewardkit score --reward clipscore --model ./my-clip --jsonl items.jsonl --output scores.jsonl",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("images", nargs="*", help="image files to score (with --prompt)")
+    p = sub.add_parser("score", help="score images with a reward", description=DESCRIPTION,
+                       epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("images", nargs="*", help="image files or folders of images to score (with --prompt)")
     p.add_argument("--reward", "-r", required=True, help="registry name (see `rewardkit ls`)")
     p.add_argument("--model", "-m", help="hub id or local checkpoint directory for model-backed rewards")
     p.add_argument("--prompt", "-p", help="prompt / instruction for the images given on the command line")
@@ -38,76 +47,124 @@ def add_parser(sub) -> None:
     p.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
                    help="override reward options, e.g. --set normalize=calibration")
     p.add_argument("--on-error", choices=("nan", "raise"), default="nan",
-                   help="bad images: 'nan' scores the rest and reports them (default), 'raise' stops")
+                   help="bad images: 'nan' scores the rest and reports them (default), 'raise' stops at the first")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
-def _items(args: argparse.Namespace) -> list[dict[str, Any]]:
+def _path_list(value: Any, field: str, where: str) -> list[str]:
+    """A JSONL path field as a list of strings; anything else is an input error naming file and line."""
+    if isinstance(value, str):
+        if field == "images":
+            raise UsageError(f"{where}: 'images' must be a list of paths, got the string {value!r} "
+                             "(use \"image\" for one path)")
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise UsageError(f"{where}: {field!r} must be a path or a non-empty list of paths, got {value!r}")
+    for v in value:
+        if not isinstance(v, str) or not v.strip():
+            raise UsageError(f"{where}: {field!r} holds {v!r}; every entry must be a non-empty path string")
+    return value
+
+
+def read_jsonl_items(path: Path) -> list[dict[str, Any]]:
+    """One item per image of ``path``'s lines, paths resolved against the file's folder."""
+    if not path.is_file():
+        raise FileNotFoundError(f"JSONL file not found: {path}")
+    base = path.parent
     items: list[dict[str, Any]] = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise UsageError(f"{where}: not JSON ({exc})") from None
+            if not isinstance(rec, dict) or "prompt" not in rec or not ({"image", "images"} & set(rec)):
+                raise UsageError(f"{where}: needs 'prompt' and 'image' or 'images'")
+            if {"image", "images"} <= set(rec):
+                raise UsageError(f"{where}: give 'image' or 'images', not both")
+            if not isinstance(rec["prompt"], str):
+                raise UsageError(f"{where}: 'prompt' must be a string, got {rec['prompt']!r}")
+            paths = _path_list(rec["images"], "images", where) if "images" in rec else \
+                _path_list(rec["image"], "image", where)
+            if "image" in rec and len(paths) != 1:
+                raise UsageError(f"{where}: 'image' holds {len(paths)} paths; use 'images' for several")
+            srcs = rec.get("sources")
+            srcs = None if srcs is None else _path_list(srcs, "sources", where)
+            meta = rec.get("metadata")
+            if meta is not None and not isinstance(meta, dict):
+                raise UsageError(f"{where}: 'metadata' must be an object, got {meta!r}")
+            for p in paths:
+                items.append({"image": str(base / p), "prompt": rec["prompt"],
+                              "sources": None if srcs is None else [str(base / s) for s in srcs],
+                              "metadata": meta, "where": where})
+    if not items:
+        raise UsageError(f"{path}: no items (the file is empty)")
+    return items
+
+
+def _items(args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.jsonl is not None:
         if args.images:
-            raise SystemExit("rewardkit score: give image paths or --jsonl, not both")
-        base = args.jsonl.parent
-        if not args.jsonl.is_file():
-            raise FileNotFoundError(f"JSONL file not found: {args.jsonl}")
-        with args.jsonl.open(encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise SystemExit(f"rewardkit score: {args.jsonl}:{lineno}: not JSON ({exc})") from None
-                if not isinstance(rec, dict) or "prompt" not in rec or not ({"image", "images"} & set(rec)):
-                    raise SystemExit(f"rewardkit score: {args.jsonl}:{lineno}: needs 'prompt' and 'image' or 'images'")
-                paths = rec.get("images") or [rec["image"]]
-                srcs = rec.get("sources")
-                srcs = [srcs] if isinstance(srcs, str) else srcs
-                for path in paths:
-                    items.append({"image": str(base / path), "prompt": rec["prompt"],
-                                  "sources": None if srcs is None else [str(base / s) for s in srcs],
-                                  "metadata": rec.get("metadata"), "line": lineno})
-        return items
+            raise UsageError("give image paths or --jsonl, not both")
+        return read_jsonl_items(args.jsonl)
     if not args.images:
-        raise SystemExit("rewardkit score: give image paths (with --prompt) or --jsonl FILE")
+        raise UsageError("give image paths or folders (with --prompt) or --jsonl FILE")
     if args.prompt is None:
-        raise SystemExit("rewardkit score: --prompt is required with image paths")
-    return [{"image": p, "prompt": args.prompt, "sources": args.sources, "metadata": None} for p in args.images]
+        raise UsageError("--prompt is required with image paths")
+    return [{"image": p, "prompt": args.prompt, "sources": args.sources, "metadata": None, "where": None}
+            for p in expand_images(args.images)]
 
 
-def _reward_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+def reward_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     from ..config import parse_overrides
 
     kwargs: dict[str, Any] = parse_overrides(args.overrides)
     for key in ("model", "device", "dtype"):
-        if getattr(args, key) is not None:
+        if getattr(args, key, None) is not None:
             kwargs[key] = getattr(args, key)
     return kwargs
 
 
-def run(args: argparse.Namespace) -> int:
-    from tqdm.auto import tqdm
+def _describe(it: dict[str, Any], position: int) -> str:
+    where = f", {it['where']}" if it.get("where") else ""
+    return f"sample {position} ({it['image']}{where})"
 
-    from ..registry import load_reward
+
+def run(args: argparse.Namespace) -> int:
+    from ..errors import RewardInputError
 
     if args.batch_size < 1:
-        raise SystemExit("rewardkit score: --batch-size must be >= 1")
-    kwargs = _reward_kwargs(args)  # first: a file name swallowed by --set gets its hint before anything else
+        raise UsageError("--batch-size must be >= 1")
+    kwargs = reward_kwargs(args)  # first: a file name swallowed by --set gets its hint before anything else
     items = _items(args)
-    reward = load_reward(args.reward, str(args.config) if args.config else None, **kwargs)
-    out_fh = args.output.open("w", encoding="utf-8") if args.output else None
+    reward = load_reward_cli(args.reward, args.config, kwargs)
+    from tqdm.auto import tqdm
+
     has_sources = any(it["sources"] for it in items)
+    print(f"scoring {len(items)} image(s) with {args.reward}" + (" (with source images)" if has_sources else ""),
+          file=sys.stderr)
     n_bad = 0
     results = []
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+    out_fh = args.output.open("w", encoding="utf-8") if args.output else None
     try:
         bar = tqdm(total=len(items), desc=f"scoring with {args.reward}", unit="img", delay=1.0,
                    disable=args.no_progress, file=sys.stderr)
         for s in range(0, len(items), args.batch_size):
             chunk = items[s:s + args.batch_size]
-            out = reward([it["image"] for it in chunk], [it["prompt"] for it in chunk],
-                         sources=[it["sources"] or [] for it in chunk] if has_sources else None,
-                         metadata=[it["metadata"] for it in chunk] if any(it["metadata"] for it in chunk) else None,
-                         on_error=args.on_error)
+            try:
+                out = reward([it["image"] for it in chunk], [it["prompt"] for it in chunk],
+                             sources=[it["sources"] or [] for it in chunk] if has_sources else None,
+                             metadata=[it["metadata"] for it in chunk] if any(it["metadata"] for it in chunk)
+                             else None, on_error=args.on_error)
+            except RewardInputError as exc:  # --on-error raise: name the sample in the whole input, and its file
+                if exc.index is None or not 0 <= exc.index < len(chunk):
+                    raise
+                raise UsageError(f"{_describe(chunk[exc.index], s + exc.index)}: {exc.reason}") from None
             for it, rec in zip(chunk, out.records()):
                 row = {"image": it["image"], "prompt": it["prompt"], **rec}
                 if it["sources"]:
@@ -130,6 +187,4 @@ def run(args: argparse.Namespace) -> int:
         print(f"{r['image'].ljust(width)}  {score}")
     if args.output:
         print(f"wrote {len(results)} results to {args.output}", file=sys.stderr)
-    if n_bad:
-        print(f"{n_bad} of {len(results)} images could not be scored (see errors above)", file=sys.stderr)
-    return 0
+    return invalid_summary(n_bad, len(results), "images")

@@ -1,35 +1,65 @@
 """``rewardkit train KIND --config recipe.yaml [key=value ...]``: train a reward model.
 
-One sub-subcommand per kind of model. Each kind is a module with ``add_arguments(parser)`` and
-``run_cli(args) -> int``; add a line to ``KINDS`` to add one. Modules load only when their kind runs.
-
-    rewardkit train preference --config recipes/arena_rm/tiny.yaml output_dir=runs/tiny
-    torchrun --nproc_per_node 8 -m rewardkit.cli train preference --config recipes/arena_rm/qwen3_vl_8b.yaml
+One sub-subcommand per kind of model: ``KINDS`` maps a kind to the module with its ``run_cli(args)`` and to a
+function here that declares its options (so ``rewardkit --help`` never imports the trainer, torch included).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+from pathlib import Path
 
-# kind -> module providing add_arguments(parser) and run_cli(args)
-KINDS: dict[str, tuple[str, str]] = {
-    "preference": ("rewardkit.train.trainer", "Bradley-Terry preference reward on a VLM (Arena RM recipe)"),
+from . import EXIT_CODES_HELP, UsageError
+
+PREFERENCE_HELP = """Train a Bradley-Terry preference reward on a vision-language model (Arena RM recipe).
+Examples:
+  rewardkit train preference --config recipes/arena_rm/tiny.yaml output_dir=runs/arena_tiny
+  torchrun --nproc_per_node 2 -m rewardkit.cli train preference --config recipes/arena_rm/tiny.yaml
+Outputs in output_dir: metrics.jsonl, checkpoints/ (resumable), model/ (load it with
+--reward preference --model OUTPUT_DIR/model), config.yaml."""
+
+
+def _preference_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", type=Path, help="recipe YAML (see recipes/arena_rm/)")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="config overrides, e.g. optim.lr=1e-5 output_dir=runs/x lora.enabled=true")
+    p.add_argument("--output-dir", help="shortcut for output_dir=...")
+    p.add_argument("--resume", help="auto (default), never, or a checkpoint directory")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the resolved config (defaults + --config + overrides) as YAML and exit")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar (same as progress=false)")
+
+
+# kind -> (module providing run_cli(args), help text, argument declarations)
+KINDS = {
+    "preference": ("rewardkit.train.trainer", "Bradley-Terry preference reward on a VLM (Arena RM recipe)",
+                   _preference_arguments, PREFERENCE_HELP),
 }
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("train", help="train a reward model",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser("train", help="train a reward model", description="Train a reward model. Kinds: "
+                       + ", ".join(KINDS), epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     kinds = p.add_subparsers(dest="train_kind", metavar="KIND")
-    for kind, (module, help_text) in KINDS.items():
-        kp = kinds.add_parser(kind, help=help_text, description=help_text)
-        importlib.import_module(module).add_arguments(kp)
+    for kind, (_module, help_text, declare, description) in KINDS.items():
+        kp = kinds.add_parser(kind, help=help_text, description=description, epilog=EXIT_CODES_HELP,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+        declare(kp)
 
 
 def run(args: argparse.Namespace) -> int:
     kind = getattr(args, "train_kind", None)
     if not kind:
-        print("usage: rewardkit train KIND ...; kinds: " + ", ".join(KINDS))
-        return 2
+        raise UsageError("give a kind: rewardkit train KIND ...; kinds: " + ", ".join(KINDS))
+    if getattr(args, "no_progress", False):
+        args.overrides = [*args.overrides, "progress=false"]
+    if args.config is not None and not Path(args.config).is_file():
+        raise UsageError(f"--config {args.config}: no such file")
+    if not args.print_config:
+        import sys
+
+        print(f"train {kind}: config {args.config or '(defaults)'}"
+              + (f" + {' '.join(args.overrides)}" if args.overrides else "")
+              + "; loading the trainer and the backbone ...", file=sys.stderr, flush=True)
     return int(importlib.import_module(KINDS[kind][0]).run_cli(args) or 0)

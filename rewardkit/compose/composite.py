@@ -30,6 +30,7 @@ import torch
 
 from ..config import _read_yaml, build_config, parse_overrides
 from ..errors import ConfigError
+from ..judges.policy import JUDGE_ERROR_POLICIES, JudgePolicyMixin
 from ..reward import Reward, RewardBatch, RewardConfig, RewardOutput
 from .functions import additive_penalty, combine, group_zscore, intent_gate, veto, zscore
 
@@ -110,6 +111,9 @@ class CompositeConfig(RewardConfig):
         judge: optional judge spec (``load_judge`` argument) shared by every judge-based sub-reward, so one
             judge model is loaded once.
         eps: std below which an axis counts as zero-variance (its z-scores are 0).
+        on_judge_error: a failing judge call in a judge-based axis: "auto" (follow this call's ``on_error``),
+            "nan" or "raise" (see :mod:`rewardkit.judges.policy`); given to every judge-based sub-reward built
+            from the config whose options do not set it.
     """
 
     axes: list = field(default_factory=list)
@@ -121,9 +125,10 @@ class CompositeConfig(RewardConfig):
     gating: str = "intent"
     judge: str | None = None
     eps: float = 1e-6
+    on_judge_error: str = "auto"
 
 
-class Composite(Reward):
+class Composite(JudgePolicyMixin, Reward):
     """Several rewards combined per axis by z-score, intent gate and detector veto (see module docs).
 
     Args:
@@ -145,6 +150,8 @@ class Composite(Reward):
             raise ConfigError(f"normalize must be one of {_NORMALIZE}, got {cfg.normalize!r}")
         if cfg.gating not in _GATING:
             raise ConfigError(f"gating must be one of {_GATING}, got {cfg.gating!r}")
+        if cfg.on_judge_error not in JUDGE_ERROR_POLICIES:
+            raise ConfigError(f"on_judge_error must be one of {JUDGE_ERROR_POLICIES}, got {cfg.on_judge_error!r}")
         self.axes: list[AxisSpec] = [AxisSpec.parse(a) for a in cfg.axes]
         if not self.axes:
             raise ConfigError("a composite needs at least one axis")
@@ -198,6 +205,8 @@ class Composite(Reward):
         kwargs: dict[str, Any] = {}
         if self._judge is not None and getattr(cls, "uses_judge", False) and "judge" not in opts:
             kwargs["judge"] = self._judge
+        if "on_judge_error" not in opts and "on_judge_error" in {f.name for f in dataclasses.fields(cls.Config)}:
+            opts["on_judge_error"] = self.config.on_judge_error
         return cls(opts, **kwargs)
 
     @classmethod

@@ -17,10 +17,11 @@ import os
 from typing import Any
 
 from .base import ChoiceError, Conversation, JudgeBackend, Message
+from .policy import JUDGE_ERROR_POLICIES, JudgeError
 from .templates import Template, load_template
 
-__all__ = ["JudgeBackend", "Conversation", "Message", "ChoiceError", "load_judge", "resolve_judge", "Template", "load_template",
-           "BACKENDS"]
+__all__ = ["JudgeBackend", "Conversation", "Message", "ChoiceError", "JudgeError", "JUDGE_ERROR_POLICIES", "load_judge",
+           "resolve_judge", "Template", "load_template", "BACKENDS"]
 
 #: spec prefix -> "module:Class" (relative to this package)
 BACKENDS = {
@@ -50,7 +51,8 @@ def load_judge(spec: Any, **kwargs: Any) -> JudgeBackend:
       ``max_rows``, ``max_prefixes``, ``trust_remote_code``;
     - ``"vllm:<checkpoint>"``, kwargs passed to ``vllm.LLM`` (``gpu_memory_utilization``, ``max_model_len``...);
     - ``"openai:<base_url>"`` (e.g. ``openai:http://127.0.0.1:8000/v1``), kwargs ``model`` (required),
-      ``api_key`` (default ``$OPENAI_API_KEY``), ``concurrency``, ``timeout``, ``max_retries``;
+      ``api_key`` (default ``$OPENAI_API_KEY``), ``concurrency``, ``timeout`` (whole request),
+      ``max_retries``, ``max_response_bytes``;
     - a ``(model, processor)`` tuple of loaded transformers objects;
     - a bare local directory (transformers).
     """

@@ -2,13 +2,35 @@
 
 Images are sent inline as base64 PNG data URLs, in conversation order. Requests run on a thread pool
 (``concurrency`` at a time) over one ``httpx.Client``; 429, 5xx, timeouts and connection errors are retried
-with exponential backoff (``Retry-After`` honoured), other 4xx fail at once with the server's message.
+with exponential backoff (``Retry-After`` honoured, capped at 60 s), other 4xx fail at once with the server's
+message.
 
-``choice_probs`` asks for one token with ``logprobs`` / ``top_logprobs`` and renormalises the probabilities
-of the choice tokens found among the top alternatives. A choice absent from the top list gets probability
-0 (its true log-prob is below the smallest listed one: the error is bounded by that value, see
-``describe()["top_logprobs"]``); a row where no choice is listed is NaN. A server that returns no
-log-probabilities raises :class:`JudgeServerError` saying so.
+``timeout`` bounds each whole HTTP request (connect, send, headers and body), not each socket read: every
+read gets only the time left before the request's deadline, so a server that drips one byte at a time
+cannot hold a call past ``timeout``. Response bodies larger than ``max_response_bytes`` (after content
+decoding; default 8 MiB) are refused at once (not retried).
+
+``choice_probs`` asks for one token with log-probabilities and renormalises over the choices
+(:func:`read_choice_logprobs`):
+
+- on a **vLLM** server (detected from its ``/version`` endpoint, or ``server="vllm"``), the choices' exact
+  token ids come from its ``/tokenize`` endpoint and are requested with ``logprob_token_ids`` (answers keyed
+  by id through ``return_tokens_as_token_ids``): every choice's probability is exact whatever its rank; a
+  row where the server reports no usable log-probability for a choice is NaN;
+- elsewhere, from the ``top_logprobs`` alternatives, matched by the exact token text (``"Yes"`` is never
+  read from ``" Yes"``). A choice absent from the top list gets probability 0 (its true log-prob is below
+  the smallest listed one: the error is bounded by that value, see ``describe()["top_logprobs"]``).
+
+A row where no choice is listed, where a listed choice's log-prob is NaN / +inf / positive (off-scale), or
+where every listed choice is ``-inf`` is NaN (no usable probability: the rewards report that question
+unanswered). A server that returns no log-probabilities at all, or a malformed log-prob structure, raises
+:class:`JudgeServerError` saying so.
+
+Sampling: every field is sent explicitly (``temperature``, ``top_p=1``, no penalties; on vLLM also
+``top_k=-1``, ``min_p=0``, ``repetition_penalty=1``), because ``vllm serve`` fills omitted fields from the
+checkpoint's ``generation_config`` (some Qwen-VL configs set ``top_k=1``, which makes every sample
+identical). Start vLLM with ``--generation-config vllm`` as well. Greedy requests (temperature 0) with
+``n > 1`` ask for one completion and replicate it: vLLM refuses ``n > 1`` at temperature 0.
 
 Prefix reuse is the server's job (vLLM: ``--enable-prefix-caching``, on by default in recent versions).
 """
@@ -18,6 +40,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import math
 import os
 import random
 import threading
@@ -26,14 +49,138 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
 from .base import ChoiceError, Conversation, JudgeBackend
+from .policy import JudgeError
 
-__all__ = ["OpenAIJudge", "JudgeServerError", "to_openai_messages"]
+__all__ = ["OpenAIJudge", "JudgeServerError", "to_openai_messages", "read_choice_logprobs"]
 
 _RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+_MAX_LOGPROB = 1e-4  # a log-probability above this (rounding aside) is off-scale
+_GREEDY_EPS = 1e-5  # vLLM treats temperatures below this as greedy
 
 
-class JudgeServerError(RuntimeError):
+class JudgeServerError(JudgeError):
     """The judge server failed (after retries), answered garbage, or lacks a needed feature."""
+
+
+class _TooLarge(Exception):
+    pass
+
+
+# ---------------------------------------------------------------------------------------- request deadline
+# The deadline of the request the current thread is making (httpx's sync client does its I/O in the calling
+# thread). Every socket operation of the connection pool gets min(its own timeout, time left).
+_local = threading.local()
+
+
+def _time_left(timeout: float | None, exc_cls: type[Exception]) -> float | None:
+    deadline = getattr(_local, "deadline", None)
+    if deadline is None:
+        return timeout
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise exc_cls("the request's total timeout elapsed")
+    return left if timeout is None else min(timeout, left)
+
+
+def _deadline_transport(httpx: Any, limits: Any) -> Any:
+    """An ``httpx.HTTPTransport`` whose connection pool bounds every read / write / connect by the deadline."""
+    import httpcore
+
+    class Stream(httpcore.NetworkStream):
+        def __init__(self, inner):
+            self._inner = inner
+
+        def read(self, max_bytes, timeout=None):
+            return self._inner.read(max_bytes, _time_left(timeout, httpcore.ReadTimeout))
+
+        def write(self, buffer, timeout=None):
+            return self._inner.write(buffer, _time_left(timeout, httpcore.WriteTimeout))
+
+        def close(self):
+            self._inner.close()
+
+        def start_tls(self, ssl_context, server_hostname=None, timeout=None):
+            return Stream(self._inner.start_tls(ssl_context, server_hostname,
+                                                _time_left(timeout, httpcore.ConnectTimeout)))
+
+        def get_extra_info(self, info):
+            return self._inner.get_extra_info(info)
+
+    class Backend(httpcore.NetworkBackend):
+        def __init__(self):
+            self._inner = httpcore.SyncBackend()
+
+        def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+            return Stream(self._inner.connect_tcp(host, port, _time_left(timeout, httpcore.ConnectTimeout),
+                                                  local_address, socket_options))
+
+        def connect_unix_socket(self, path, timeout=None, socket_options=None):
+            return Stream(self._inner.connect_unix_socket(path, _time_left(timeout, httpcore.ConnectTimeout),
+                                                          socket_options))
+
+        def sleep(self, seconds):
+            self._inner.sleep(seconds)
+
+    transport = httpx.HTTPTransport(limits=limits)
+    if isinstance(getattr(transport, "_pool", None), httpcore.ConnectionPool):
+        transport._pool = httpcore.ConnectionPool(
+            ssl_context=httpx.create_ssl_context(), max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections, keepalive_expiry=limits.keepalive_expiry,
+            network_backend=Backend())
+    # (an httpx without ``_pool`` keeps per-read timeouts; the body loop below still checks the deadline)
+    return transport
+
+
+def read_choice_logprobs(data: Any, choices: Sequence[str], *,
+                         token_ids: Sequence[int] | None = None) -> list[float] | None:
+    """The log-probabilities of ``choices`` in one chat-completion response with ``top_logprobs``.
+
+    Alternatives are matched by their exact token text (``" Yes"`` is not ``"Yes"``); with ``token_ids`` (a
+    vLLM server asked with ``logprob_token_ids`` and ``return_tokens_as_token_ids``) by ``"token_id:<id>"``,
+    and every choice must then be present. Returns one value per choice (``-inf`` for a choice absent from
+    the top alternatives), or None when the response has no usable probability for the choices (none listed,
+    all ``-inf``, a listed choice's log-prob NaN / +inf / above 0, or an exact id missing). Raises
+    :class:`JudgeServerError` when the response has no log-probs at all or they are malformed (not a list of
+    ``{"token": str, "logprob": number}``).
+    """
+    def bad(why: str) -> JudgeServerError:
+        return JudgeServerError(f"unreadable logprobs ({why}) in {json.dumps(data, default=str)[:300]}")
+
+    ch = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(ch, list) or not ch or not isinstance(ch[0], dict):
+        raise bad("no choices")
+    lp = ch[0].get("logprobs")
+    content = lp.get("content") if isinstance(lp, dict) else None
+    if lp is None or content is None or content == []:
+        raise JudgeServerError("the server returned no log-probabilities: it (or the model) does not support "
+                               "logprobs/top_logprobs, which choice_probs needs")
+    if not isinstance(content, list) or not isinstance(content[0], dict):
+        raise bad("content is not a list of token entries")
+    top = content[0].get("top_logprobs")
+    if top is None:
+        top = []
+    if not isinstance(top, list):
+        raise bad("top_logprobs is not a list")
+    table: dict[str, float] = {}
+    for alt in top:
+        if not isinstance(alt, dict) or not isinstance(alt.get("token"), str):
+            raise bad("an alternative without a string token")
+        v = alt.get("logprob")
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise bad(f"logprob {v!r} is not a number")
+        table.setdefault(alt["token"], float(v))  # exact text: never merge " Yes" into "Yes"
+    if token_ids is not None:
+        row = [table.get(f"token_id:{t}") for t in token_ids]
+        if any(x is None for x in row):
+            return None  # the server gave no value for a choice it was asked about: no guess
+    else:
+        row = [table.get(c) for c in choices]
+    present = [x for x in row if x is not None]
+    if not present or any(math.isnan(x) or x > _MAX_LOGPROB for x in present):
+        return None
+    if all(x == -math.inf for x in present):
+        return None
+    return [min(x, 0.0) if x is not None else -math.inf for x in row]
 
 
 def _image_url(im: Any) -> str:
@@ -80,26 +227,31 @@ class OpenAIJudge(JudgeBackend):
         model: the served model name (required).
         api_key: bearer token; default ``$OPENAI_API_KEY`` (or none).
         concurrency: requests in flight at once.
-        timeout: seconds per request.
-        max_retries: retries after the first attempt for retryable failures.
+        timeout: seconds one HTTP request may take in all (connect + send + headers + body), not per read.
+        max_retries: retries after the first attempt for retryable failures (each attempt gets ``timeout``).
+        max_response_bytes: largest response body accepted (decoded), default 8 MiB; a larger one fails at once.
         backoff: first backoff in seconds (doubled each retry, with jitter; capped at 30 s).
         top_logprobs: alternatives requested for ``choice_probs`` (servers cap it, often at 20).
         check_tokens: ask the server's ``/tokenize`` endpoint (vLLM, sglang) that each choice is one token;
             skipped silently when the server has no such endpoint.
+        server: ``"auto"`` (ask ``/version``: a vLLM server answers it), ``"vllm"`` or ``"openai"`` (any
+            other OpenAI-compatible API: only standard fields are sent).
     """
 
     kind = "openai"
 
     def __init__(self, base_url: str, *, model: str | None = None, api_key: str | None = None,
                  concurrency: int = 8, timeout: float = 120.0, max_retries: int = 4, backoff: float = 0.5,
-                 top_logprobs: int = 20, check_tokens: bool = True, extra_body: dict[str, Any] | None = None) -> None:
+                 top_logprobs: int = 20, check_tokens: bool = True, extra_body: dict[str, Any] | None = None,
+                 max_response_bytes: int = 8 * 1024 * 1024, server: str = "auto") -> None:
         from .._imports import require
 
         httpx = require("httpx", "judge")
         if not model:
             raise ValueError("the openai judge backend needs model=<served model name>")
-        if concurrency < 1 or max_retries < 0 or timeout <= 0:
-            raise ValueError("concurrency >= 1, max_retries >= 0 and timeout > 0 are required")
+        if concurrency < 1 or max_retries < 0 or not timeout > 0 or not max_response_bytes >= 1:
+            raise ValueError("concurrency >= 1, max_retries >= 0, timeout > 0 and max_response_bytes >= 1 are required")
+        self.max_response_bytes = int(max_response_bytes)
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.concurrency, self.timeout, self.max_retries, self.backoff = concurrency, timeout, max_retries, backoff
@@ -108,14 +260,41 @@ class OpenAIJudge(JudgeBackend):
         key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._httpx = httpx
-        self._client = httpx.Client(timeout=httpx.Timeout(timeout), headers=headers,
-                                    limits=httpx.Limits(max_connections=concurrency))
-        self._checked: dict[tuple[str, ...], bool] = {}
+        limits = httpx.Limits(max_connections=concurrency)
+        self._client = httpx.Client(timeout=httpx.Timeout(timeout), headers=headers, limits=limits,
+                                    transport=_deadline_transport(httpx, limits))
+        if server not in ("auto", "vllm", "openai"):
+            raise ValueError(f"server must be 'auto', 'vllm' or 'openai', got {server!r}")
+        self._server = server
+        self._checked: dict[tuple[str, ...], list[int] | None] = {}
         self._lock = threading.Lock()
         self.stats: dict[str, int] = {"requests": 0, "retries": 0}
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "base_url": self.base_url, "model": self.model, "top_logprobs": self.top_logprobs}
+        return {"kind": self.kind, "base_url": self.base_url, "model": self.model, "top_logprobs": self.top_logprobs,
+                "server": self._server}
+
+    @property
+    def is_vllm(self) -> bool:
+        """True for a vLLM server (``server="vllm"``, or ``"auto"`` and ``GET /version`` answers a version)."""
+        if self._server == "auto":
+            kind = "openai"
+            try:
+                resp = self._client.get(self.base_url.rsplit("/v1", 1)[0] + "/version")
+                if resp.status_code == 200 and isinstance(resp.json(), dict) and "version" in resp.json():
+                    kind = "vllm"
+            except (self._httpx.HTTPError, ValueError):
+                pass
+            self._server = kind
+        return self._server == "vllm"
+
+    def _sampling_fields(self, temperature: float) -> dict[str, Any]:
+        """Every field that changes sampling, explicitly: servers fill omitted ones from their own defaults
+        (``vllm serve``: the checkpoint's generation_config)."""
+        body = {"temperature": temperature, "top_p": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+        if self.is_vllm:
+            body.update(top_k=-1, min_p=0.0, repetition_penalty=1.0)
+        return body
 
     def close(self) -> None:
         self._client.close()
@@ -124,6 +303,27 @@ class OpenAIJudge(JudgeBackend):
         raise TypeError("OpenAIJudge holds an HTTP client and cannot be pickled; pass the spec string instead")
 
     # ------------------------------------------------------------------ HTTP
+    def _send(self, url: str, body: dict[str, Any]) -> tuple[int, Any, bytes]:
+        """One POST bounded by ``timeout`` in all and by ``max_response_bytes``: (status, headers, body)."""
+        httpx = self._httpx
+        deadline = time.monotonic() + self.timeout
+        _local.deadline = deadline
+        try:
+            with self._client.stream("POST", url, json=body) as resp:
+                size = resp.headers.get("content-length", "")
+                if size.strip().isdigit() and int(size) > self.max_response_bytes:
+                    raise _TooLarge(f"Content-Length {int(size)}")
+                buf = bytearray()
+                for chunk in resp.iter_bytes():
+                    buf += chunk
+                    if len(buf) > self.max_response_bytes:
+                        raise _TooLarge(f"more than {len(buf)} bytes")
+                    if time.monotonic() > deadline:
+                        raise httpx.ReadTimeout("the request's total timeout elapsed")
+                return resp.status_code, resp.headers, bytes(buf)
+        finally:
+            _local.deadline = None
+
     def _post(self, path: str, body: dict[str, Any], *, root: bool = False) -> dict[str, Any]:
         url = (self.base_url.rsplit("/v1", 1)[0] if root else self.base_url) + path
         httpx = self._httpx
@@ -135,29 +335,33 @@ class OpenAIJudge(JudgeBackend):
             try:
                 with self._lock:
                     self.stats["requests"] += 1
-                resp = self._client.post(url, json=body)
-            except (httpx.TimeoutException, httpx.TransportError) as exc:
-                last = f"{type(exc).__name__}: {exc}"
+                status, headers, raw = self._send(url, body)
+            except _TooLarge as exc:
+                raise JudgeServerError(f"{url} sent a response body over max_response_bytes="
+                                       f"{self.max_response_bytes} ({exc}); refused") from None
+            except httpx.RequestError as exc:  # timeouts, connection / protocol / content-decoding errors
+                kind = "Timeout" if isinstance(exc, httpx.TimeoutException) else type(exc).__name__
+                last = f"{kind} ({type(exc).__name__}, timeout={self.timeout:g}s per request): {exc}"
                 self._sleep(attempt, None)
                 continue
-            if resp.status_code in _RETRY_STATUS:
-                last = f"HTTP {resp.status_code}: {resp.text[:300]}"
-                self._sleep(attempt, resp.headers.get("retry-after"))
+            text = raw[:500].decode("utf-8", errors="replace")
+            if status in _RETRY_STATUS:
+                last = f"HTTP {status}: {text[:300]}"
+                self._sleep(attempt, headers.get("retry-after"))
                 continue
-            if resp.status_code >= 400:
-                msg = resp.text[:500]
-                if "logprob" in msg.lower():
-                    raise JudgeServerError(f"{url} rejected a log-probability request (HTTP {resp.status_code}): "
-                                           f"{msg}. choice_probs needs a server with logprobs support "
+            if status >= 400:
+                if "logprob" in text.lower():
+                    raise JudgeServerError(f"{url} rejected a log-probability request (HTTP {status}): "
+                                           f"{text}. choice_probs needs a server with logprobs support "
                                            "(vLLM: --max-logprobs >= top_logprobs)")
-                raise JudgeServerError(f"{url} answered HTTP {resp.status_code}: {msg}")
+                raise JudgeServerError(f"{url} answered HTTP {status}: {text}")
             try:
-                data = resp.json()
+                data = json.loads(raw)
                 if not isinstance(data, dict) or not isinstance(data.get("choices", []), list):
                     raise ValueError("not a completion object")
                 return data
-            except (ValueError, json.JSONDecodeError) as exc:
-                last = f"unreadable response ({exc}): {resp.text[:300]!r}"
+            except (ValueError, RecursionError) as exc:
+                last = f"unreadable response ({exc}): {text[:300]!r}"
                 self._sleep(attempt, None)
                 continue
         raise JudgeServerError(f"{url} failed after {self.max_retries + 1} attempts; last error: {last}")
@@ -168,106 +372,147 @@ class OpenAIJudge(JudgeBackend):
         delay = min(30.0, self.backoff * (2 ** attempt)) * (0.5 + random.random() / 2)
         if retry_after:
             try:
-                delay = max(delay, min(60.0, float(retry_after)))
+                wait = float(retry_after)
             except ValueError:
-                pass
+                wait = math.nan
+            if math.isfinite(wait) and wait >= 0:  # ("nan" / "inf" / negative / a date: ignored)
+                delay = max(delay, min(60.0, wait))
         time.sleep(delay)
 
-    def _map(self, fn, items: list) -> list:
+    def _map(self, fn, items: list, row_errors: list | None = None) -> list:
+        """``fn`` over ``items`` on the thread pool. With ``row_errors`` (a list), a request that fails
+        (``JudgeServerError`` after its retries) gives None and its message in ``row_errors[i]`` instead of
+        failing the others; when every request fails, the first error is raised (nothing was answered)."""
+        run = fn
+        if row_errors is not None:
+            def run(x):
+                try:
+                    return fn(x), None
+                except JudgeServerError as exc:
+                    return None, str(exc)
         if len(items) <= 1 or self.concurrency == 1:
-            return [fn(x) for x in items]
-        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(items))) as pool:
-            return list(pool.map(fn, items))
+            out = [run(x) for x in items]
+        else:
+            with ThreadPoolExecutor(max_workers=min(self.concurrency, len(items))) as pool:
+                out = list(pool.map(run, items))
+        if row_errors is None:
+            return out
+        errs = [e for _, e in out]
+        if errs and all(e is not None for e in errs):
+            raise JudgeServerError(errs[0])
+        row_errors[:] = errs
+        return [r for r, _ in out]
 
     # ------------------------------------------------------------------ protocol
+    #: ``generate`` / ``choice_probs`` accept ``row_errors=[]``: one failing request then fails only its row
+    isolates_rows = True
+
     def generate(self, conversations: Sequence[Conversation], *, n: int = 1, temperature: float = 0.0,
                  max_new_tokens: int = 256, stop: Sequence[str] | None = None,
-                 seed: int | None = None) -> list[list[str]]:
+                 seed: int | None = None, row_errors: list | None = None) -> list[list[str]]:
+        """As the protocol; with ``row_errors`` (a list, filled with one entry per conversation) a request
+        that fails after its retries gives ``[]`` and its error message instead of raising."""
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         cache: dict[int, str] = {}
         msgs = [to_openai_messages(c, cache) for c in conversations]
 
+        greedy = temperature < _GREEDY_EPS
+        sampling = self._sampling_fields(0.0 if greedy else temperature)
+        want = 1 if greedy else n  # vLLM refuses n > 1 at temperature 0; greedy gives one answer anyway
+
         def one(m):
             texts: list[str] = []
-            for _ in range(n):  # servers that ignore n return fewer choices: ask again for the rest
-                body = {"model": self.model, "messages": m, "n": n - len(texts), "temperature": temperature,
+            for _ in range(want):  # servers that ignore n return fewer choices: ask again for the rest
+                body = {"model": self.model, "messages": m, "n": want - len(texts), **sampling,
                         "max_tokens": max_new_tokens, **self.extra_body}
                 if stop:
                     body["stop"] = list(stop)
-                if seed is not None:
+                if seed is not None and not greedy:
                     body["seed"] = seed + len(texts)
                 data = self._post("/chat/completions", body)
                 try:
                     got = [c["message"]["content"] or "" for c in data["choices"]]
                 except (KeyError, TypeError) as exc:
                     raise JudgeServerError(f"completion without message content: {json.dumps(data)[:300]}") from exc
+                if not all(isinstance(g, str) for g in got):
+                    raise JudgeServerError(f"completion content is not text: {json.dumps(data)[:300]}")
                 if not got:
                     raise JudgeServerError(f"completion with no choices: {json.dumps(data)[:300]}")
                 texts += got
-                if len(texts) >= n:
+                if len(texts) >= want:
                     break
-            return texts[:n]
+            return texts[:want] * n if greedy else texts[:n]
 
-        return self._map(one, msgs)
+        return [r if r is not None else [] for r in self._map(one, msgs, row_errors)]
 
-    def choice_probs(self, conversations: Sequence[Conversation], choices: Sequence[str]):
+    def choice_probs(self, conversations: Sequence[Conversation], choices: Sequence[str], *,
+                     row_errors: list | None = None):
+        """As the protocol; with ``row_errors`` (a list, filled with one entry per conversation) a request
+        that fails after its retries gives a NaN row and its error message instead of raising."""
         import torch
 
         if not choices or len(set(choices)) != len(choices):
             raise ChoiceError(f"choices must be distinct and non-empty, got {list(choices)}")
-        self._check_single_tokens(tuple(choices))
+        ids = self._check_single_tokens(tuple(choices))
+        exact_ids = ids is not None and self.is_vllm
+        sampling = self._sampling_fields(0.0)
         cache: dict[int, str] = {}
         msgs = [to_openai_messages(c, cache) for c in conversations]
 
         def one(m):
-            body = {"model": self.model, "messages": m, "max_tokens": 1, "temperature": 0.0, "logprobs": True,
-                    "top_logprobs": self.top_logprobs, **self.extra_body}
+            body = {"model": self.model, "messages": m, "max_tokens": 1, **sampling,
+                    "logprobs": True, "top_logprobs": self.top_logprobs, **self.extra_body}
+            if exact_ids:  # vLLM: the exact log-prob of each choice id, keyed by id in the answer
+                body.update(top_logprobs=len(ids), logprob_token_ids=list(ids), return_tokens_as_token_ids=True)
             data = self._post("/chat/completions", body)
             try:
-                lp = data["choices"][0].get("logprobs")
-                content = None if lp is None else lp.get("content")
-                if not content:
-                    raise JudgeServerError(
-                        f"{self.base_url} returned no log-probabilities: the server (or model) does not support "
-                        "logprobs/top_logprobs, which choice_probs needs")
-                top = content[0].get("top_logprobs") or []
-                table = {}
-                for alt in top:
-                    table.setdefault(alt["token"], float(alt["logprob"]))
-                    table.setdefault(alt["token"].strip(), float(alt["logprob"]))
-            except (KeyError, TypeError, IndexError, AttributeError) as exc:
-                raise JudgeServerError(f"unreadable logprobs in {json.dumps(data)[:300]}") from exc
-            return [table.get(c) for c in choices]
+                return read_choice_logprobs(data, choices, token_ids=ids if exact_ids else None)
+            except JudgeServerError as exc:
+                raise JudgeServerError(f"{self.base_url}: {exc}") from None
 
-        rows = self._map(one, msgs)
+        rows = self._map(one, msgs, row_errors)
         out = torch.full((len(rows), len(choices)), float("nan"))
         for i, row in enumerate(rows):
-            present = [x for x in row if x is not None]
-            if not present:
-                continue  # none of the choices among the top alternatives: NaN row (the caller marks it invalid)
-            lps = torch.tensor([x if x is not None else float("-inf") for x in row], dtype=torch.float64)
-            out[i] = torch.softmax(lps, dim=0).float()
+            if row is None:
+                continue  # no usable probability: NaN row (the rewards report the question unanswered)
+            out[i] = torch.softmax(torch.tensor(row, dtype=torch.float64), dim=0).float()
         return out
 
-    def _check_single_tokens(self, choices: tuple[str, ...]) -> None:
-        if not self.check_tokens or choices in self._checked:
-            return
-        bad = []
+    def _check_single_tokens(self, choices: tuple[str, ...]) -> list[int] | None:
+        """Each choice's token id per the server's ``/tokenize`` (vLLM, sglang); :class:`ChoiceError` when a
+        choice is not one token; None when the server has no such endpoint (or ``check_tokens=False``)."""
+        if not self.check_tokens:
+            return None
+        if choices in self._checked:
+            return self._checked[choices]
+        bad, ids = [], []
         for c in choices:
-            try:
-                resp = self._client.post(self.base_url.rsplit("/v1", 1)[0] + "/tokenize",
-                                         json={"model": self.model, "prompt": c, "add_special_tokens": False})
-            except self._httpx.HTTPError:
+            try:  # bounded like every request (total timeout, body cap); any failure: cannot check
+                status, _, raw = self._send(self.base_url.rsplit("/v1", 1)[0] + "/tokenize",
+                                            {"model": self.model, "prompt": c, "add_special_tokens": False})
+            except (self._httpx.HTTPError, _TooLarge):
+                ids = None
                 break
-            if resp.status_code != 200:
+            if status != 200:
+                ids = None
                 break  # no tokenize endpoint: cannot check
             try:
-                toks = resp.json().get("tokens")
-            except ValueError:
+                data = json.loads(raw)
+                toks = data.get("tokens") if isinstance(data, dict) else None
+            except (ValueError, RecursionError):
+                ids = None
                 break
-            if isinstance(toks, list) and len(toks) != 1:
+            if not isinstance(toks, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in toks):
+                ids = None
+                break
+            if len(toks) != 1:
                 bad.append((c, len(toks)))
+            else:
+                ids.append(toks[0])
         if bad:
             raise ChoiceError(f"choices {bad} are not single tokens for {self.model} (per the server's /tokenize)")
-        self._checked[choices] = True
+        if ids is not None and len(set(ids)) != len(ids):
+            raise ChoiceError(f"choices {list(choices)} map to repeated token ids {ids}")
+        self._checked[choices] = ids
+        return ids

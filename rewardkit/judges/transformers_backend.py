@@ -419,7 +419,8 @@ class TransformersJudge(JudgeBackend):
             mask = allow
         cache = self._fork(state["cache"], idx)
         out = self.model.model(input_ids=ids.to(dev), attention_mask=mask,
-                               position_ids=pos.to(dev)[None].expand(3, R, T), cache=cache, use_cache=True)
+                               position_ids=pos.to(dev)[None].expand(3, R, T), use_cache=True,
+                               **_cache_arg(self.model.model, cache))
         self.stats["prefill_tokens"] += int(real.sum())
         hidden = out.last_hidden_state[torch.tensor(rr, device=dev), torch.tensor(tt, device=dev)]
         return self.model.lm_head(hidden)
@@ -454,7 +455,7 @@ class TransformersJudge(JudgeBackend):
         self.stats["prefixes"] += P
         self.stats["prefill_tokens"] += int(valid.sum())
         # next text position after row j's prefix: its valid length shifted by the M-RoPE delta
-        return {"cache": out.cache, "ids": ids, "mask": mask, "next_pos": valid + deltas.reshape(-1).to(dev),
+        return {"cache": _cache_of(out), "ids": ids, "mask": mask, "next_pos": valid + deltas.reshape(-1).to(dev),
                 "pos": pos}
 
     # ------------------------------------------------------------------ session prefix cache
@@ -618,9 +619,9 @@ class TransformersJudge(JudgeBackend):
         else:
             cache = self._fork(state["cache"], idx)
         out = self.model(input_ids=sids, attention_mask=full_mask, position_ids=spos[None].expand(3, R, S),
-                         cache=cache, use_cache=True, logits_to_keep=1)
+                         use_cache=True, logits_to_keep=1, **_cache_arg(self.model, cache))
         self.stats["prefill_tokens"] += int(smask.sum())
-        return out.logits[:, -1], out.cache, (full_mask, spos[:, -1])
+        return out.logits[:, -1], _cache_of(out), (full_mask, spos[:, -1])
 
     # ------------------------------------------------------------------ decoding
     def _decode(self, run, convs: list[_Conv], n: int, *, temperature: float, max_new_tokens: int,
@@ -676,13 +677,33 @@ class TransformersJudge(JudgeBackend):
                 mask = torch.cat([mask, torch.ones((R, 1), dtype=mask.dtype, device=dev)], dim=1)
             last_pos = last_pos + 1
             out = self.model(input_ids=nxt[:, None], attention_mask=mask,
-                             position_ids=last_pos.view(1, R, 1).expand(3, R, 1), cache=cache, use_cache=True,
-                             logits_to_keep=1)
-            logits, cache = out.logits[:, -1], out.cache
+                             position_ids=last_pos.view(1, R, 1).expand(3, R, 1), use_cache=True,
+                             logits_to_keep=1, **_cache_arg(self.model, cache))
+            logits, cache = out.logits[:, -1], _cache_of(out)
         texts = [self.tokenizer.decode(t, skip_special_tokens=True) for t in tokens]
         if stop:
             texts = [_cut_at_stop(t, stop) for t in texts]
         return texts
+
+
+_CACHE_KW: dict[type, str] = {}
+
+
+def _cache_arg(module: Any, cache: Any) -> dict[str, Any]:
+    """The KV-cache keyword of ``module.forward``: ``cache`` (transformers >= 5.24) or ``past_key_values``
+    (earlier 5.x, e.g. the 5.20 that vLLM 0.33 pins)."""
+    cls = type(module)
+    if cls not in _CACHE_KW:
+        import inspect
+
+        _CACHE_KW[cls] = "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+    return {_CACHE_KW[cls]: cache}
+
+
+def _cache_of(out: Any) -> Any:
+    """The KV cache a forward returned, under either name (see :func:`_cache_arg`)."""
+    cache = out.get("cache") if hasattr(out, "get") else getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
 
 
 def _cut_at_stop(text: str, stop: list[str]) -> str:

@@ -1,7 +1,10 @@
 """Judge backend on offline vLLM (``vllm.LLM``): multimodal chat prompts, ``n`` sampling, prefix caching.
 
-Prompts are rendered with the checkpoint's own chat template (as the transformers backend does) and passed
-to ``LLM.generate`` as ``{"prompt": text, "multi_modal_data": {"image": [PIL, ...]}}``. vLLM hashes every
+Prompts are rendered with the checkpoint's *processor* chat template, exactly as the transformers backend
+renders them (``rewardkit.models.vlm.load_processor``), and passed to ``LLM.generate`` as
+``{"prompt": text, "multi_modal_data": {"image": [PIL, ...]}}`` with ``add_special_tokens=False``: the
+template already holds every special token, and vLLM would otherwise add a BOS a second time for
+tokenizers that have one. vLLM hashes every
 image under a stable id (``multi_modal_uuids``: rewardkit's content hash), so the same image in many prompts
 maps to the same multimodal id and the prefix cache
 (``enable_prefix_caching=True``, forced on here) reuses the KV blocks of the shared image + instruction
@@ -13,7 +16,10 @@ prefix across the K samples and the verification questions.
 choices. A row where the engine returns no log-probability for a choice is NaN, never a guess.
 
 Sampling seeds are per request, derived from (seed, conversation content, sample) so that a
-conversation's samples do not depend on the rest of the batch.
+conversation's samples do not depend on the rest of the batch. Every sampling field is set explicitly
+(``top_p=1``, ``top_k=0``, ``min_p=0``, no penalties) so nothing depends on library or checkpoint defaults.
+vLLM refuses ``n > 1`` with greedy decoding (temperature 0): greedy requests ask for one completion and
+replicate it ``n`` times, which is what greedy decoding would give.
 """
 
 from __future__ import annotations
@@ -23,7 +29,29 @@ from typing import Any, Sequence
 
 from .base import ChoiceError, Conversation, JudgeBackend
 
-__all__ = ["VLLMJudge"]
+__all__ = ["VLLMJudge", "normalize_dtype_name", "GREEDY_EPS"]
+
+#: vLLM treats temperatures below this as greedy decoding (``vllm.sampling_params._SAMPLING_EPS``).
+GREEDY_EPS = 1e-5
+
+_DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "float": "float32", "float16": "float16",
+                "fp16": "float16", "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16", "auto": "auto"}
+
+
+def normalize_dtype_name(dtype: Any) -> str:
+    """``"bf16"`` / ``"fp16"`` / ``torch.bfloat16`` / ... -> the dtype names vLLM accepts
+    (``"bfloat16"``, ``"float16"``, ``"float32"``, ``"auto"``)."""
+    key = str(dtype).lower().replace("torch.", "")
+    if key not in _DTYPE_NAMES:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of float32, float16, bfloat16, auto "
+                         "(aliases fp32, fp16, half, bf16)")
+    return _DTYPE_NAMES[key]
+
+
+def check_choices(choices: Sequence[str]) -> None:
+    """The same rule on every backend: choices are distinct, non-empty strings."""
+    if not choices or any(not isinstance(c, str) or not c for c in choices) or len(set(choices)) != len(choices):
+        raise ChoiceError(f"choices must be distinct non-empty strings, got {list(choices)}")
 
 
 def _digest(text: str, image_keys: list[str]) -> int:
@@ -40,27 +68,39 @@ class VLLMJudge(JudgeBackend):
         model: checkpoint path or hub id, or a ready ``vllm.LLM``.
         logprobs: the engine's ``max_logprobs`` (at least the number of choices given to ``choice_probs``).
         max_images: images per prompt the engine accepts (``limit_mm_per_prompt``).
-        **engine_kwargs: passed to ``vllm.LLM`` (``gpu_memory_utilization``, ``max_model_len``, ``dtype``,
-            ``tensor_parallel_size``, ...). ``trust_remote_code`` defaults to False.
+        processor: the processor whose chat template renders prompts; default: loaded from ``model`` (for a
+            ready engine: the engine's tokenizer's template).
+        **engine_kwargs: passed to ``vllm.LLM`` (``gpu_memory_utilization``, ``max_model_len``, ``dtype``
+            (aliases like ``bf16`` are normalised), ``tensor_parallel_size``, ...). ``trust_remote_code``
+            defaults to False.
     """
 
     kind = "vllm"
 
-    def __init__(self, model: Any, *, logprobs: int = 20, max_images: int = 8, **engine_kwargs: Any) -> None:
+    def __init__(self, model: Any, *, logprobs: int = 20, max_images: int = 8, processor: Any = None,
+                 **engine_kwargs: Any) -> None:
         from .._imports import require
 
         vllm = require("vllm", "vllm")
         self._vllm = vllm
+        if "dtype" in engine_kwargs and engine_kwargs["dtype"] is not None:
+            engine_kwargs["dtype"] = normalize_dtype_name(engine_kwargs["dtype"])
         if isinstance(model, str):
             self.model_id = model
             kw = {"trust_remote_code": False, "limit_mm_per_prompt": {"image": max_images},
                   "max_logprobs": max(20, logprobs), **engine_kwargs}
             kw["enable_prefix_caching"] = True
             self.llm = vllm.LLM(model=model, **kw)
+            if processor is None:
+                from ..models.vlm import load_processor
+
+                processor = load_processor(model, trust_remote_code=bool(kw["trust_remote_code"]))
         else:
             self.llm, self.model_id = model, getattr(model, "model_id", type(model).__name__)
         self.logprobs = int(logprobs)
         self.tokenizer = self.llm.get_tokenizer()
+        # The template renderer: the processor's (what the transformers backend and vLLM's chat use).
+        self.processor = processor if processor is not None else self.tokenizer
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "model": str(self.model_id), "logprobs": self.logprobs}
@@ -72,7 +112,7 @@ class VLLMJudge(JudgeBackend):
         out = []
         for conv in conversations:
             cont = bool(conv) and conv[-1].get("role") == "assistant"
-            text = self.tokenizer.apply_chat_template(list(conv), tokenize=False, add_generation_prompt=not cont,
+            text = self.processor.apply_chat_template(list(conv), tokenize=False, add_generation_prompt=not cont,
                                                       continue_final_message=cont)
             ims = [_to_pil(im) for im in conversation_images(conv)]
             hashes = [image_hash(im) for im in ims]
@@ -84,6 +124,17 @@ class VLLMJudge(JudgeBackend):
             out.append((prompt, _digest(text, hashes)))
         return out
 
+    def _sampling(self, **kw: Any):
+        """``SamplingParams`` with every field that changes sampling set explicitly (neutral values)."""
+        base = dict(top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
+                    frequency_penalty=0.0)
+        return self._vllm.SamplingParams(**{**base, **kw})
+
+    def _generate(self, prompts: list[dict[str, Any]], params: Any):
+        # The rendered template already holds the special tokens: never let vLLM add a BOS again.
+        return self.llm.generate(prompts, params, use_tqdm=False,
+                                 tokenization_kwargs={"add_special_tokens": False})
+
     def generate(self, conversations: Sequence[Conversation], *, n: int = 1, temperature: float = 0.0,
                  max_new_tokens: int = 256, stop: Sequence[str] | None = None,
                  seed: int | None = None) -> list[list[str]]:
@@ -91,18 +142,23 @@ class VLLMJudge(JudgeBackend):
             raise ValueError(f"n must be >= 1, got {n}")
         if not conversations:
             return []
+        greedy = temperature < GREEDY_EPS
         prompts = self._prompts(conversations)
         params = []
         for _, digest in prompts:
             s = None if seed is None else (seed * 1_000_003 + digest) % (2 ** 31)
-            params.append(self._vllm.SamplingParams(n=n, temperature=temperature, max_tokens=max_new_tokens,
-                                                    stop=list(stop) if stop else None, seed=s))
-        outs = self.llm.generate([p for p, _ in prompts], params, use_tqdm=False)
-        return [[o.text for o in out.outputs] for out in outs]
+            params.append(self._sampling(n=1 if greedy else n, temperature=0.0 if greedy else temperature,
+                                         max_tokens=max_new_tokens, stop=list(stop) if stop else None,
+                                         seed=None if greedy else s))
+        outs = self._generate([p for p, _ in prompts], params)
+        texts = [[o.text for o in out.outputs] for out in outs]
+        # greedy decoding gives one answer: vLLM refuses n > 1 at temperature 0, so replicate it
+        return [t * n if greedy else t for t in texts]
 
     def choice_probs(self, conversations: Sequence[Conversation], choices: Sequence[str]):
         import torch
 
+        check_choices(choices)
         ids = []
         for c in choices:
             t = self.tokenizer.encode(c, add_special_tokens=False)
@@ -116,9 +172,8 @@ class VLLMJudge(JudgeBackend):
             return torch.zeros(0, len(ids))
         prompts = [p for p, _ in self._prompts(conversations)]
         # exact label log-probs: logprobs must equal len(logprob_token_ids) when both are set (vLLM 0.32)
-        params = self._vllm.SamplingParams(n=1, temperature=0.0, max_tokens=1, logprobs=len(ids),
-                                           logprob_token_ids=list(ids))
-        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        params = self._sampling(n=1, temperature=0.0, max_tokens=1, logprobs=len(ids), logprob_token_ids=list(ids))
+        outs = self._generate(prompts, params)
         probs = torch.full((len(prompts), len(ids)), float("nan"))
         for i, out in enumerate(outs):
             table = out.outputs[0].logprobs[0]  # {token_id: Logprob}: the sampled token + every choice id

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from .._imports import require
-from .vlm import from_pretrained_safetensors, resolve_device, resolve_dtype
+from .vlm import from_pretrained_safetensors, refuse_pickled_side_files, resolve_device, resolve_dtype
 
 __all__ = ["CLIPBackbone"]
 
@@ -31,6 +31,7 @@ class CLIPBackbone:
         self.model = from_pretrained_safetensors(transformers.CLIPModel, model, dtype=self.dtype,
                                                  trust_remote_code=trust_remote_code)
         self.model.to(self.device).eval()
+        refuse_pickled_side_files(processor or model)
         self.processor = transformers.AutoProcessor.from_pretrained(processor or model,
                                                                     trust_remote_code=trust_remote_code)
         tok = self.processor.tokenizer

@@ -2,9 +2,10 @@
 
 A :class:`PreferenceModel` is any Hugging Face image-text-to-text backbone (Qwen2-VL, Qwen2.5-VL, Qwen3-VL,
 Qwen3.5, ...) plus a new special token, ``<|reward|>``, appended after the assistant prompt, and a head on that
-token's final hidden state, computed in fp32. The head is ``linear`` (default), ``mlp`` or ``uncertainty``
-(mean and log-sigma). The language-model output layer is never computed: the backbone's inner model
-(``vlm.model``) gives the hidden states.
+token's final hidden state, computed in fp32. The head is ``linear`` (default), ``mlp``,
+``uncertainty`` (mean and log-sigma) or ``ranknet`` (HPSv3's two-hidden-layer head, mean and log-sigma). The
+language-model output layer is never computed: the backbone's inner model (``vlm.model``) gives the hidden
+states.
 
 Input template (versioned, saved with the model): one user turn holding the source image(s) first (edits),
 then the candidate image, then the prompt text; then the assistant prefix and the reward token.
@@ -41,7 +42,8 @@ from ..calibration import apply_calibration, calibration_stats  # noqa: F401  (r
 from .._version import __version__
 
 __all__ = [
-    "PreferenceModel", "PreferenceTemplate", "InputEncoder", "LinearHead", "MLPHead", "UncertaintyHead", "build_head",
+    "PreferenceModel", "PreferenceTemplate", "InputEncoder", "LinearHead", "MLPHead", "UncertaintyHead", "RankNetHead",
+    "build_head",
     "calibration_stats", "apply_calibration", "REWARD_TOKEN", "FORMAT", "FORMAT_VERSION", "LM_LORA_TARGET",
 ]
 
@@ -72,6 +74,9 @@ class PreferenceTemplate:
     multi_ref: str = ("Instruction: {prompt}\nThe first {n_sources} images are references; the last image is the "
                       "result. Rate how well it follows the instruction and how good it looks.")
     reward_token: str = REWARD_TOKEN
+    #: True when the texts above already contain the reward token (HPSv3 / EditReward put it inside the user
+    #: text); False appends it after the assistant prefix (rewardkit's own models).
+    reward_token_in_text: bool = False
 
     def messages(self, prompt: str, n_sources: int) -> list[dict[str, Any]]:
         """HF chat messages for one sample: sources first, then the candidate image, then the text."""
@@ -84,7 +89,7 @@ class PreferenceTemplate:
     def render(self, processor: Any, prompt: str, n_sources: int) -> str:
         text = processor.apply_chat_template(self.messages(prompt, n_sources), tokenize=False,
                                              add_generation_prompt=True)
-        return text + self.reward_token
+        return text if self.reward_token_in_text else text + self.reward_token
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "PreferenceTemplate":
@@ -112,7 +117,11 @@ class LinearHead(nn.Module):
 
 
 class MLPHead(nn.Module):
-    """``[B, H] -> [B, 1]``: Linear -> SiLU -> Linear (HPSv3-style MLP, one hidden layer)."""
+    """``[B, H] -> [B, 1]``: Linear -> SiLU -> Linear (one hidden layer).
+
+    rewardkit's own small MLP head. Earlier docs called it "HPSv3-style"; it is not HPSv3's head (that is
+    :class:`RankNetHead`, ``head="ranknet"``). The name ``mlp`` and its saved keys are unchanged, so models
+    trained with it load as before."""
 
     out_dim = 1
 
@@ -141,7 +150,23 @@ class UncertaintyHead(nn.Module):
         return self.proj(h)
 
 
-HEADS: dict[str, type[nn.Module]] = {"linear": LinearHead, "mlp": MLPHead, "uncertainty": UncertaintyHead}
+class RankNetHead(nn.Sequential):
+    """``[B, H] -> [B, 2]`` (mu, log-sigma): HPSv3's / EditReward's ``ranknet`` head.
+
+    ``Linear(H, hidden) -> ReLU -> Dropout(0.05) -> Linear(hidden, 16) -> ReLU -> Linear(16, 2)``, a
+    ``Sequential`` so its parameter keys are HPSv3's ``rm_head.{0,3,5}.*`` without the prefix. HPSv3 reports mu;
+    sigma = exp(log-sigma) is the model's uncertainty (trained with a Gaussian / Thurstone loss).
+    """
+
+    out_dim = 2
+
+    def __init__(self, in_features: int, hidden: int = 1024, **_: Any) -> None:
+        super().__init__(nn.Linear(in_features, hidden), nn.ReLU(), nn.Dropout(0.05), nn.Linear(hidden, 16),
+                         nn.ReLU(), nn.Linear(16, 2))
+
+
+HEADS: dict[str, type[nn.Module]] = {"linear": LinearHead, "mlp": MLPHead, "uncertainty": UncertaintyHead,
+                                     "ranknet": RankNetHead}
 
 
 def build_head(kind: str, in_features: int, hidden: int = 1024) -> nn.Module:
@@ -183,8 +208,9 @@ def _load_backbone(spec: str, *, dtype: Any, trust_remote_code: bool, processor_
 def load_processor_from(path: str, model_config: Any, *, trust_remote_code: bool = False):
     """Processor from a saved ``processor/`` folder (which carries no model config.json)."""
     transformers = require("transformers", "hf")
-    from .vlm import _processor_class_for, image_only_processor
+    from .vlm import _processor_class_for, image_only_processor, refuse_pickled_side_files
 
+    refuse_pickled_side_files(path)
     first_error: Exception | None = None
     try:
         proc = transformers.AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
@@ -564,7 +590,7 @@ class PreferenceModel(nn.Module):
 
         ``base_model`` overrides where a LoRA model's base weights come from (e.g. a local copy).
         """
-        from .vlm import resolve_device
+        from .vlm import require_safetensors, resolve_device
 
         root = resolve_model_dir(path_or_id, revision=revision)
         cfg_path = root / CONFIG_NAME
@@ -575,6 +601,11 @@ class PreferenceModel(nn.Module):
             raise ValueError(f"{path_or_id}: unsupported format {cfg.get('format')!r} v{cfg.get('format_version')}")
         template = PreferenceTemplate.from_dict(cfg["template"])
         rid = int(cfg["reward_token_id"])
+        # safetensors only: check the head and the adapter before loading anything heavy
+        head_file = require_safetensors(root, HEAD_NAME, "reward head")
+        if cfg["weights"] != "full":
+            # peft itself would fall back to torch.load(adapter_model.bin) when the safetensors file is missing
+            require_safetensors(root / "adapter", "adapter_model.safetensors", "LoRA adapter")
         if cfg["weights"] == "full":
             vlm, proc = _load_backbone(str(root / "backbone"), dtype=dtype, trust_remote_code=trust_remote_code,
                                        processor_dir=str(root / "processor"))
@@ -593,7 +624,7 @@ class PreferenceModel(nn.Module):
             raise ValueError(f"{path_or_id}: tokenizer's id for {template.reward_token!r} does not match the config")
         hc = cfg["head"]
         head = build_head(hc["type"], int(hc["in_features"]), int(hc.get("hidden", 1024)))
-        state = require("safetensors.torch", "hf").load_file(str(root / HEAD_NAME))
+        state = require("safetensors.torch", "hf").load_file(str(head_file))
         head.load_state_dict(state)
         model = cls(vlm, proc, head=hc["type"], head_hidden=int(hc.get("hidden", 1024)), template=template,
                     base_model=cfg.get("base_model", ""), reward_token_id=rid, head_module=head)

@@ -7,25 +7,78 @@ processor (``AutoTokenizer`` + the PIL image processor), which is all a reward m
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 from .._imports import require
+from ..errors import RewardkitError
 
-__all__ = ["load_vlm", "load_processor", "image_only_processor", "resolve_dtype", "resolve_device",
+__all__ = ["load_vlm", "load_processor", "image_only_processor", "resolve_dtype", "resolve_device", "device_arg",
+           "PickledWeightsError", "require_safetensors", "refuse_pickled_side_files",
            "from_pretrained_safetensors"]
 
 
+class PickledWeightsError(RewardkitError, OSError):
+    """A checkpoint (weights, adapter, head or a processor's side file) exists only in a pickle-based format.
+    rewardkit reads safetensors / JSON / text only and never unpickles what it loads."""
+
+
+_CONVERT_HINT = ("rewardkit loads safetensors files only (it never unpickles downloaded bytes). Convert the "
+                 "checkpoint once in a trusted environment: load it, then save_pretrained(..., "
+                 "safe_serialization=True), which writes *.safetensors.")
+# Pickle-based formats: torch.save (zip or legacy), raw pickle, joblib.
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".joblib")
+# Files a processor never reads (trainer / weight artefacts that often sit beside it in a hub repo).
+_NOT_PROCESSOR_FILES = re.compile(r"^(pytorch_model.*\.bin|adapter_model\.bin|training_args\.bin|optimizer\.pt|"
+                                  r"scheduler\.pt|scaler\.pt|rng_state.*\.pth|model.*\.(bin|pt|pth|ckpt))$")
+
+
+def require_safetensors(path: str | Path, name: str, what: str) -> Path:
+    """``path/name`` when it exists; a :class:`PickledWeightsError` when only a pickled variant of it is there
+    (same stem, pickle suffix); ``FileNotFoundError`` when neither is."""
+    path = Path(path)
+    f = path / name
+    if f.is_file():
+        return f
+    stem = name.rsplit(".", 1)[0]
+    pickled = sorted(p.name for p in path.glob(f"{stem}*") if p.suffix in PICKLE_SUFFIXES) if path.is_dir() else []
+    if pickled:
+        raise PickledWeightsError(f"{path}: the {what} is only present as {', '.join(pickled)} (pickle), not "
+                                  f"{name}. {_CONVERT_HINT}")
+    raise FileNotFoundError(f"{path}: no {name} ({what})")
+
+
+def refuse_pickled_side_files(path: str | Path, what: str = "processor") -> None:
+    """Refuse a local ``what`` directory holding pickle-format files a processor could read (anything with a
+    pickle suffix except known weight / trainer artefacts). Hub ids are not checked here (their processors
+    are read from JSON / text files)."""
+    p = Path(path)
+    if not p.is_dir():
+        return
+    bad = sorted(f.name for f in p.iterdir()
+                 if f.is_file() and f.suffix in PICKLE_SUFFIXES and not _NOT_PROCESSOR_FILES.match(f.name))
+    if bad:
+        raise PickledWeightsError(f"{p}: the {what} directory holds pickle-format file(s) {', '.join(bad)}; "
+                                  f"rewardkit never unpickles what it loads: remove them or convert them to "
+                                  "JSON / safetensors.")
+
+
 def from_pretrained_safetensors(cls: Any, path: str, **kwargs: Any):
-    """``cls.from_pretrained(path, use_safetensors=True, ...)`` with a clear message when a checkpoint only
-    has pickled weights: rewardkit never unpickles downloaded bytes."""
+    """``cls.from_pretrained(path, use_safetensors=True, ...)`` with a clear :class:`PickledWeightsError` when a
+    checkpoint only has pickled weights: rewardkit never unpickles downloaded bytes."""
+    p = Path(path)
+    if p.is_dir() and not any(p.glob("*.safetensors")):
+        pickled = sorted(f.name for f in p.iterdir() if f.suffix in PICKLE_SUFFIXES)
+        if pickled:
+            raise PickledWeightsError(f"{path}: weights only as {', '.join(pickled)} (pickle), no *.safetensors. "
+                                      f"{_CONVERT_HINT}")
     try:
         return cls.from_pretrained(path, use_safetensors=True, **kwargs)
     except OSError as exc:
-        if "safetensors" not in str(exc):
+        if "safetensors" not in str(exc) or isinstance(exc, PickledWeightsError):
             raise
-        raise OSError(f"{exc}\nrewardkit loads weights from safetensors files only (it never unpickles "
-                      "downloaded bytes). If this checkpoint only has pytorch_model.bin, convert it once in a "
-                      "trusted environment (load it, then save_pretrained(), which writes model.safetensors).") from None
+        raise PickledWeightsError(f"{exc}\n{_CONVERT_HINT}") from None
 
 _DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16", "half": "float16",
            "bfloat16": "bfloat16", "bf16": "bfloat16", "auto": "auto"}
@@ -45,13 +98,49 @@ def resolve_dtype(dtype: Any):
     return getattr(torch, key)
 
 
+def device_arg(device: Any) -> str | None:
+    """A device as callers pass it (``torch.device``, ``"cuda:1"``, an int GPU index as RL trainers pass
+    ``local_rank``) -> the string configs store (``"cuda:1"``); None stays None."""
+    if device is None:
+        return None
+    if isinstance(device, bool):
+        raise ValueError(f"device must be a string, torch.device or GPU index, got {device!r}")
+    if isinstance(device, int):
+        if device < 0:
+            raise ValueError(f"device index must be >= 0, got {device}")
+        return f"cuda:{device}"
+    if type(device).__name__ == "device" and type(device).__module__.startswith("torch"):
+        return str(device)
+    if isinstance(device, str):
+        d = device.strip()
+        return f"cuda:{d}" if d.isdigit() else d
+    raise ValueError(f"device must be a string, torch.device or GPU index, got {type(device).__name__} {device!r}")
+
+
 def resolve_device(device: Any):
-    """None -> cuda if available else cpu; strings and torch.device pass through (never a hard-coded cuda:0)."""
+    """None -> cuda if available else cpu; strings, ints (GPU index) and torch.device accepted (never a
+    hard-coded cuda:0). Asking for an accelerator this torch cannot use is a clear ``ValueError``."""
     import torch
 
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        dev = torch.device(device_arg(device))
+    except RuntimeError as exc:
+        raise ValueError(f"invalid device {device!r}: {exc}") from None
+    if dev.type == "cuda":
+        if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+            raise ValueError(f"device={str(dev)!r} was requested but this torch ({torch.__version__}) is a CPU-only "
+                             "build; install a CUDA build of torch or pass device='cpu'")
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={str(dev)!r} was requested but no CUDA device is visible "
+                             "(check CUDA_VISIBLE_DEVICES / the driver) ; pass device='cpu' to run on the CPU")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device={str(dev)!r} was requested but only {torch.cuda.device_count()} CUDA "
+                             "device(s) are visible")
+    elif dev.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise ValueError("device='mps' was requested but MPS is not available in this torch / on this machine")
+    return dev
 
 
 _IMAGE_ONLY_CACHE: dict[type, type] = {}
@@ -95,6 +184,7 @@ def _processor_class_for(config: Any) -> type:
 def load_processor(path: str, *, trust_remote_code: bool = False, **kwargs: Any):
     """``AutoProcessor`` when it works; otherwise tokenizer + PIL image processor in an image-only processor."""
     transformers = require("transformers", "hf")
+    refuse_pickled_side_files(path)
     try:
         return transformers.AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code, **kwargs)
     except (ImportError, AttributeError, OSError, ValueError, TypeError) as exc:

@@ -15,16 +15,26 @@ Dimensions: one per detector, 1 / 0 where enabled, NaN where not enabled for the
 Enablement per (prompt, detector): ``metadata[i]["detectors"]`` (a list of enabled names) when given, else
 the cache, else a text-only yes/no question to the judge about the prompt (``applies_question``), cached.
 ``applicability="always"`` enables every detector for every prompt (the ungated ablation).
+
+No usable probability is ever read as "No". A question the judge gives no usable Yes/No probability for is
+unanswered: an enablement question is not cached (asked again next time) and leaves the detector's
+enablement unknown; a detector question leaves the detector's verdict unknown (a reference detector with one
+order answered "No" is still known not to fire). The score is 1 when some detector is known to have fired,
+0 when every enabled detector is known not to have fired, else NaN with a reason naming the unanswered
+question(s). A failing judge call follows ``on_judge_error`` (:mod:`rewardkit.judges.policy`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
 import torch
 
 from ..compose.rubric import RubricCache, yes_no_conversation
+from ..judges.policy import (JUDGE_FAILURE_PREFIX, JudgePolicyMixin, call_rows, check_policy, describe_failure,
+                             is_judge_failure, judge_policy, usable_rows)
 from ..reward import Reward, RewardBatch, RewardConfig, RewardOutput
 
 __all__ = ["Detectors", "DetectorsConfig"]
@@ -51,9 +61,11 @@ class DetectorsConfig(RewardConfig):
     missing_reference: str = "invalid"
     threshold: float = 0.5
     batch_size: int = 16
+    #: a failing judge call (after the backend's retries): "auto" (follow the call's on_error), "nan", "raise"
+    on_judge_error: str = "auto"
 
 
-class Detectors(Reward):
+class Detectors(JudgePolicyMixin, Reward):
     """1 when an enabled anti-hacking detector fires on the image, else 0 (see module docs)."""
 
     name: ClassVar[str] = "detectors"
@@ -75,6 +87,9 @@ class Detectors(Reward):
             raise ValueError(f"applicability must be 'prompt' or 'always', got {cfg.applicability!r}")
         if cfg.missing_reference not in ("invalid", "skip"):
             raise ValueError(f"missing_reference must be 'invalid' or 'skip', got {cfg.missing_reference!r}")
+        check_policy(cfg.on_judge_error, self.name)
+        if not 0.0 < cfg.threshold < 1.0:
+            raise ValueError(f"threshold must be in (0, 1), got {cfg.threshold}")
         self.judge = resolve_judge(judge, cfg.judge, cfg.judge_kwargs, owner=self.name)
         self.template = load_template("rubric", cfg.template)
         specs = dict(self.template["detectors"])
@@ -93,16 +108,23 @@ class Detectors(Reward):
         self.default_batch_size = cfg.batch_size
 
     # ------------------------------------------------------------------ enablement
-    def enabled_for(self, prompts: Sequence[str]) -> list[dict[str, bool]]:
-        """Per prompt, ``{detector: enabled}``; asks the judge (text only, one batch) for uncached prompts."""
+    def enabled_for(self, prompts: Sequence[str], *, failures: dict[str, str] | None = None
+                    ) -> list[dict[str, bool | None]]:
+        """Per prompt, ``{detector: enabled}``; asks the judge (text only, one batch) for uncached prompts.
+
+        ``None`` marks a detector whose enablement question the judge left unanswered (no usable
+        probability): nothing is cached for it, so it is asked again next time. ``failures`` (a dict) isolates
+        failing requests (backends with ``isolates_rows``): ``failures[prompt]`` gets the error, the detector
+        is None for that prompt, and the other prompts are kept."""
         if self.config.applicability == "always":
             return [{n: True for n in self.specs} for _ in prompts]
         choices = list(self.template.get("choices", ["Yes", "No"]))
         ask: list[tuple[str, str]] = []
         for p in dict.fromkeys(prompts):
-            have = (self.cache.get(p) or {}).get("applies", {})
+            have = self._cached_applies(p)
             ask += [(p, n) for n, s in self.specs.items()
                     if str(s.get("enabled_when", "any")) != "any" and n not in have]
+        fresh: dict[str, dict[str, bool | None]] = {}
         if ask:
             system = self.template.get("applies_system")
             convs = []
@@ -110,25 +132,45 @@ class Detectors(Reward):
                 text = self.template.render("applies_prompt", prompt=p, question=self.specs[n]["applies_question"])
                 convs.append([*([{"role": "system", "content": system}] if system else []),
                               {"role": "user", "content": [{"type": "text", "text": text}]}])
-            probs = torch.as_tensor(self.judge.choice_probs(convs, choices), dtype=torch.float32)
-            answers: dict[str, dict[str, bool]] = {}
-            for (p, n), row in zip(ask, probs):
-                answers.setdefault(p, {})[n] = bool(row[0] > self.config.threshold)
-            for p, ans in answers.items():
-                merged = dict((self.cache.get(p) or {}).get("applies", {}))
-                merged.update(ans)
-                self.cache.put(p, applies=merged, template=self.template.id)
+            raw, errs = call_rows(self.judge, "choice_probs", convs, choices, isolate=failures is not None)
+            probs, ok = usable_rows(raw, len(convs), len(choices))
+            for (p, n), row, good, err in zip(ask, probs, ok.tolist(), errs):
+                fresh.setdefault(p, {})[n] = bool(row[0] > self.config.threshold) if good and err is None else None
+                if err is not None and failures is not None:
+                    failures.setdefault(p, f"whether detector {n} applies: {err}")
+            for p, ans in fresh.items():
+                answered = {k: v for k, v in ans.items() if v is not None}
+                if answered:  # only answered questions are cached
+                    merged = self._cached_applies(p)
+                    merged.update(answered)
+                    self.cache.put(p, applies=merged, template=self.template.id)
         out = []
         for p in prompts:
-            applies = (self.cache.get(p) or {}).get("applies", {})
-            row = {}
+            applies = {**self._cached_applies(p), **fresh.get(p, {})}
+            row: dict[str, bool | None] = {}
             for n, s in self.specs.items():
                 when = str(s.get("enabled_when", "any"))
-                row[n] = True if when == "any" else (applies[n] == (when == "Yes"))
+                if when == "any":
+                    row[n] = True
+                else:
+                    a = applies.get(n)
+                    row[n] = None if a is None else (a == (when == "Yes"))
             out.append(row)
         return out
 
+    def _cached_applies(self, prompt: str) -> dict[str, bool]:
+        """Cached enablement answers for ``prompt`` (non-boolean entries are ignored: asked again)."""
+        have = (self.cache.get(prompt) or {}).get("applies")
+        if not isinstance(have, dict):
+            return {}
+        return {k: v for k, v in have.items() if isinstance(v, bool)}
+
     # ------------------------------------------------------------------ scoring
+    def _judge_failed(self, exc: BaseException) -> str:
+        if not is_judge_failure(exc) or judge_policy(self.config.on_judge_error) != "nan":
+            raise exc
+        return describe_failure(exc)
+
     def _score(self, batch: RewardBatch) -> RewardOutput:
         from ..media import to_pil
 
@@ -137,18 +179,34 @@ class Detectors(Reward):
         choices = list(self.template.get("choices", ["Yes", "No"]))
         system = self.template.get("answer_system")
         errors: list[str | None] = [None] * n
-        enabled = [None] * n
+        enabled: list[dict[str, bool | None]] = [{} for _ in range(n)]
         need = [i for i in range(n) if batch.metadata[i].get("detectors") is None]
-        from_judge = dict(zip(need, self.enabled_for([batch.prompts[i] for i in need]))) if need else {}
+        from_judge: dict[int, dict[str, bool | None]] = {}
+        isolate = judge_policy(cfg.on_judge_error) == "nan"
+        failed: dict[str, str] = {}
+        if need:
+            try:
+                from_judge = dict(zip(need, self.enabled_for([batch.prompts[i] for i in need],
+                                                             failures=failed if isolate else None)))
+            except Exception as exc:  # noqa: BLE001 - re-raised unless the policy says NaN
+                reason = self._judge_failed(exc)
+                for i in need:
+                    errors[i] = reason
         for i in range(n):
+            if errors[i] is not None:
+                continue
             listed = batch.metadata[i].get("detectors")
             if listed is not None:
+                if isinstance(listed, str) or not isinstance(listed, (list, tuple, set, frozenset)):
+                    errors[i] = f"metadata['detectors'] must be a list of detector names, got {listed!r}"
+                    continue
                 bad = [d for d in listed if d not in self.specs]
                 if bad:
                     errors[i] = f"metadata['detectors'] names unknown detector(s) {bad}"
-                    enabled[i] = {}
                 else:
                     enabled[i] = {d: d in listed for d in self.specs}
+            elif batch.prompts[i] in failed:
+                errors[i] = f"{JUDGE_FAILURE_PREFIX} for {failed[batch.prompts[i]]}"
             else:
                 enabled[i] = from_judge[i]
         refs: list[Any] = [None] * n
@@ -175,7 +233,7 @@ class Detectors(Reward):
             if errors[i] is not None:
                 continue
             for d, on in enabled[i].items():
-                if not on:
+                if not on:  # False (not enabled) or None (enablement unknown: not asked)
                     continue
                 spec = self.specs[d]
                 if spec["kind"] == "pointwise":
@@ -193,10 +251,18 @@ class Detectors(Reward):
                         where.append((i, d, order))
         p_yes: dict[tuple[int, str], list[float]] = {}
         if convs:
-            with self.judge.session():
-                probs = torch.as_tensor(self.judge.choice_probs(convs, choices), dtype=torch.float32)
-            for (i, d, _), row in zip(where, probs):
-                p_yes.setdefault((i, d), []).append(float(row[0]))
+            try:
+                with self.judge.session():
+                    raw, errs = call_rows(self.judge, "choice_probs", convs, choices, isolate=isolate)
+                probs, _ = usable_rows(raw, len(convs), len(choices))
+                for (i, d, _), row, err in zip(where, probs, errs):
+                    p_yes.setdefault((i, d), []).append(float(row[0]) if err is None else math.nan)  # NaN: unanswered
+                    if err is not None and errors[i] is None:  # this sample's request failed; others kept
+                        errors[i] = f"{JUDGE_FAILURE_PREFIX} for detector {d}: {err}"
+            except Exception as exc:  # noqa: BLE001 - re-raised unless the policy says NaN
+                reason = self._judge_failed(exc)
+                for i, _, _ in where:
+                    errors[i] = reason
 
         scores = torch.full((n,), float("nan"))
         dims = {d: torch.full((n,), float("nan")) for d in self.specs}
@@ -204,18 +270,37 @@ class Detectors(Reward):
         for i in range(n):
             if errors[i] is not None:
                 continue
-            fired_any = False
+            fired_any, unknown = False, []
             det: dict[str, Any] = {}
             for d, on in enabled[i].items():
+                if on is None:
+                    unknown.append(f"{d} (whether it applies: {self.specs[d]['applies_question'].strip()[:120]!r})")
+                    continue
                 if not on:
                     continue
                 ps = p_yes[(i, d)]
-                fired = all(p > cfg.threshold for p in ps)  # reference: both orders must say yes
-                dims[d][i] = float(fired)
-                fired_any |= fired
-                det[d] = [round(p, 6) for p in ps]
-            scores[i] = float(fired_any)
+                det[d] = [round(p, 6) if p == p else None for p in ps]
+                # reference: both orders must say yes; one usable "no" settles it, an unanswered order doesn't
+                if any(p == p and p <= cfg.threshold for p in ps):
+                    fired: bool | None = False
+                elif any(p != p for p in ps):
+                    fired = None
+                    unknown.append(f"{d} ({self.specs[d]['question'].strip()[:120]!r})")
+                else:
+                    fired = True
+                if fired is not None:
+                    dims[d][i] = float(fired)
+                    fired_any |= fired
             details[i] = {"p_yes": det}
+            if fired_any:
+                scores[i] = 1.0  # known whatever the unanswered ones say
+            elif unknown:
+                details[i]["unanswered"] = unknown
+                errors[i] = "the judge gave no usable Yes/No probability for detector(s) " + "; ".join(unknown)
+            else:
+                scores[i] = 0.0
+            if fired_any and unknown:
+                details[i]["unanswered"] = unknown
         return RewardOutput(scores=scores, errors=errors, dimensions=dims, details=details,
                             info={"template": self.template.id, "judge": self.judge.describe(),
                                   "applicability": cfg.applicability})

@@ -30,6 +30,8 @@ from typing import Any, ClassVar, Sequence
 
 import torch
 
+from ..judges.policy import (JUDGE_FAILURE_PREFIX, JudgePolicyMixin, call_rows, check_policy, describe_failure,
+                             is_judge_failure, judge_policy, usable_rows)
 from ..reward import PairwiseOutput, Reward, RewardBatch, RewardConfig, RewardOutput
 
 __all__ = ["EVR", "EVRConfig", "dimension_scores", "aggregate_dimensions", "normalise", "parse_hypothesis",
@@ -101,29 +103,47 @@ def normalise(raw: torch.Tensor) -> torch.Tensor:
     return ((raw - 1.0) / 4.0).clamp(0.0, 1.0)
 
 
-_SCORE_RE = re.compile(r"score\s*\**\s*[:=]?\s*\**\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
-_LEAD_NUM_RE = re.compile(r"^\s*\**\s*(-?\d+(?:\.\d+)?)\s*\**\s*(?:/\s*5)?\s*\.?\s*$")
+# A score value: a plain decimal in [1, 5] ("4", "4.0", "3.5"), optionally "/5" and a final period. No
+# exponents, signs, other denominators, words or ranges; ASCII digits only.
+_NUM = r"(?P<num>[1-5](?:\.[0-9]+)?)(?:\s*/\s*5(?:\.0+)?)?"
+_MD = r"[*_`]*"
+# the score label: at the start of a line ("Score: 4", "**Score:** 4", "Score 4") or after text on the same
+# line with a colon ("... is correct. Score: 4")
+_LABEL_RE = re.compile(r"(?im)(?:^[ \t>#-]*" + _MD + r"[ \t]*score\b" + _MD + r"[ \t]*[:=]?"
+                       r"|\bscore\b" + _MD + r"[ \t]*[:=])")
+_VALUE_RE = re.compile(r"[ \t]*" + _MD + r"[ \t]*" + _NUM + r"[ \t]*" + _MD + r"[ \t]*\.?[ \t]*" + _MD + r"\s*")
+_BARE_RE = re.compile(r"\s*" + _MD + r"\s*" + _NUM + r"\s*" + _MD + r"\s*\.?\s*")
 _REASON_RE = re.compile(r"^\s*\**\s*(?:reason|rationale)\s*\**\s*[:=]\s*", re.IGNORECASE)
 
 
 def parse_hypothesis(text: str, *, cot: bool = True) -> tuple[float, str] | None:
-    """``"Reason: ...\\nScore: 4"`` -> ``(4.0, "...")``; None when there is no score in [1, 5].
+    """``"Reason: ...\\nScore: 4"`` -> ``(4.0, "...")``; None for anything that is not a well-formed score in
+    [1, 5].
 
-    With ``cot=False`` a bare number (``"4"``, ``"4/5"``) is accepted too. The last ``Score:`` wins (a
-    rationale may quote a number).
+    Strict: the answer must end with exactly one score label (``Score: S``, ``**Score:** S``) followed only
+    by the number (``4``, ``4.0``, ``3.5``, ``4/5``, an optional period) and nothing after it; "Score: 4/10",
+    "Score: 1e9", "Score: 4.9e3", "Score: 4 out of 5", "Score: 4-5", "Score: N/A" (even after an earlier
+    score), two score labels, or text after the score are all rejected. A rationale may mention numbers and
+    the word score ("I'd say score 2 at first") when it is not a ``Score:`` label. With ``cot=False`` a bare
+    number (``"4"``, ``"4/5"``) is accepted too; with ``cot=True`` a non-empty reason is required.
     """
-    if not isinstance(text, str):
+    if not isinstance(text, str) or not text.strip():
         return None
-    matches = list(_SCORE_RE.finditer(text))
-    if matches:
-        m = matches[-1]
-        value = float(m.group(1))
+    labels = list(_LABEL_RE.finditer(text))
+    if labels:
+        if len(labels) > 1:
+            return None  # several score labels: ambiguous (the model changed its mind, or a template echo)
+        m = labels[0]
+        v = _VALUE_RE.fullmatch(text, m.end())
+        if v is None:
+            return None
+        value = float(v.group("num"))
         reason = text[:m.start()].strip()
     else:
-        m2 = _LEAD_NUM_RE.match(text)
-        if cot or not m2:
+        v = _BARE_RE.fullmatch(text)
+        if cot or v is None:
             return None
-        value, reason = float(m2.group(1)), ""
+        value, reason = float(v.group("num")), ""
     if not (1.0 <= value <= 5.0):
         return None
     reason = _REASON_RE.sub("", reason).strip().strip("*").strip()
@@ -165,12 +185,12 @@ class EVRConfig(RewardConfig):
     seed: int = 0
     batch_size: int = 8
     compare_mode: str = "pairwise"  # "pairwise" (native prompt, both orders) | "scores" (sigmoid of score gap)
-    #: a judge call that fails (e.g. a server down after its retries): "raise", or "nan" (the chunk's samples
-    #: are invalid with the error as reason, so an RL loop can carry on)
-    on_judge_error: str = "raise"
+    #: a judge call that fails (e.g. a server down after its retries): "auto" (follow the call's on_error:
+    #: on_error="nan" gives NaN + the error for the affected samples), "nan" (always), "raise" (always)
+    on_judge_error: str = "auto"
 
 
-class EVR(Reward):
+class EVR(JudgePolicyMixin, Reward):
     """Evaluate-Verify Reward (EVR) for (multi-)reference image editing on any MLLM judge backend."""
 
     name: ClassVar[str] = "evr"
@@ -182,6 +202,7 @@ class EVR(Reward):
     #: compare(a, b) == 1 - compare(b, a) exactly (both orders are asked inside one call; score gaps are
     #: antisymmetric): the benchmark harness skips the swapped call
     compare_is_symmetric: ClassVar[bool] = True
+    uses_judge: ClassVar[bool] = True
     Config = EVRConfig
 
     def __init__(self, config=None, /, *, judge: Any = None, verifier_judge: Any = None, **overrides: Any) -> None:
@@ -239,8 +260,8 @@ class EVR(Reward):
         cfg = self.config
         choices = {"verifier": ("binary", "soft", "none"), "all_rejected": ("invalid", "unverified_mean", "zero"),
                    "aggregate": ("geometric", "arithmetic"), "output": ("normalized", "raw"),
-                   "unparsed": ("invalid", "drop"), "compare_mode": ("pairwise", "scores"),
-                   "on_judge_error": ("raise", "nan")}
+                   "unparsed": ("invalid", "drop"), "compare_mode": ("pairwise", "scores")}
+        check_policy(cfg.on_judge_error, "EVR")
         for key, allowed in choices.items():
             if getattr(cfg, key) not in allowed:
                 raise ValueError(f"EVR {key} must be one of {allowed}, got {getattr(cfg, key)!r}")
@@ -289,10 +310,10 @@ class EVR(Reward):
         pairwise = bool(batch.metadata and batch.metadata[0].get(_PAIRWISE_KEY))
         try:
             return self._pairwise(batch) if pairwise else self._evaluate_verify(batch)
-        except (OSError, RuntimeError) as exc:  # JudgeServerError is a RuntimeError; connection errors OSError
-            if self.config.on_judge_error != "nan":
+        except Exception as exc:  # noqa: BLE001 - re-raised unless on_judge_error says NaN
+            if not is_judge_failure(exc) or judge_policy(self.config.on_judge_error) != "nan":
                 raise
-            out = RewardOutput.invalid(len(batch), f"judge call failed: {type(exc).__name__}: {exc}",
+            out = RewardOutput.invalid(len(batch), describe_failure(exc),
                                        dimensions=() if pairwise else self.dimensions)
             out.info = self._info()
             return out
@@ -319,6 +340,8 @@ class EVR(Reward):
         raw: list[list[list[str]]] = [[[] for _ in range(K)] for _ in convs]  # every attempt's text
         parsed: list[list[tuple[float, str] | None]] = [[None] * K for _ in convs]
         todo = [(c, i) for c in range(len(convs)) for i in range(K)]
+        isolate = judge_policy(cfg.on_judge_error) == "nan"
+        failed: dict[int, str] = {}  # conversation -> error of its failed request
         for attempt in range(cfg.max_retries + 1):
             if not todo:
                 break
@@ -329,9 +352,14 @@ class EVR(Reward):
             for c, idx in need.items():
                 by_n.setdefault(len(idx), []).append(c)
             for n, cs in by_n.items():
-                outs = self.judge.generate([convs[c] for c in cs], n=n, temperature=cfg.temperature,
-                                           max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + 7919 * attempt)
-                for c, texts in zip(cs, outs):
+                outs, errs = call_rows(self.judge, "generate", [convs[c] for c in cs], isolate=isolate, n=n,
+                                       temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
+                                       seed=cfg.seed + 7919 * attempt)
+                for c, texts, err in zip(cs, outs, errs):
+                    if err is not None:  # this request failed after its retries (the others are kept)
+                        failed[c] = err
+                        continue
+                    failed.pop(c, None)
                     for i, text in zip(need[c], texts):
                         raw[c][i].append(text)
                         parsed[c][i] = parse_hypothesis(text, cot=cfg.cot)
@@ -343,7 +371,7 @@ class EVR(Reward):
                     S[c // D, c % D, i] = parsed[c][i][0]
         # 2. verifier: one Yes/No question per parsed hypothesis
         V = None
-        no_verdict: set[int] = set()
+        no_verdict: dict[tuple[int, int], int] = {}  # (sample, dimension) -> hypotheses without a verdict
         if cfg.verifier != "none":
             V = torch.zeros((B, D, K))
             vq, where = [], []
@@ -356,10 +384,17 @@ class EVR(Reward):
                                                     batch.metadata[b], self.dims[d], s, reason))
                         where.append((b, d, i))
             if vq:
-                p = self.verifier_backend.choice_probs(vq, list(self.template["verify_choices"]))[:, 0]
-                for (b, d, i), py in zip(where, p.tolist()):
-                    if math.isnan(py):  # the backend could not read the Yes/No probabilities
-                        no_verdict.add(b)
+                vc = list(self.template["verify_choices"])
+                vraw, verrs = call_rows(self.verifier_backend, "choice_probs", vq, vc, isolate=isolate)
+                p, _ = usable_rows(vraw, len(vq), len(vc))
+                for (b, d, i), py, err in zip(where, p[:, 0].tolist(), verrs):
+                    if err is not None:
+                        failed.setdefault(b * D + d, f"(verifier) {err}")
+                        py = math.nan
+                    if math.isnan(py):  # no usable Yes/No probability: unanswered, never a rejection
+                        no_verdict[(b, d)] = no_verdict.get((b, d), 0) + 1
+                        V[b, d, i] = math.nan
+                        continue
                     V[b, d, i] = py if cfg.verifier == "soft" else float(py >= 0.5)
         # 3. arithmetic
         r, rejected = dimension_scores(S, V, eps=cfg.eps, all_rejected=cfg.all_rejected)
@@ -372,14 +407,17 @@ class EVR(Reward):
             for d, dim in enumerate(self.dims):
                 c = b * D + d
                 bad = [i for i in range(K) if parsed[c][i] is None]
-                if bad and (cfg.unparsed == "invalid" or len(bad) == K):
+                if c in failed:
+                    reasons.append(f"{dim}: {JUDGE_FAILURE_PREFIX}: {failed[c]}")
+                elif bad and (cfg.unparsed == "invalid" or len(bad) == K):
                     sample = raw[c][bad[0]][-1] if raw[c][bad[0]] else ""
                     reasons.append(f"{dim}: {len(bad)}/{K} hypotheses unparseable after {cfg.max_retries} "
                                    f"retries; last answer: {sample[:200]!r}")
+                elif (b, d) in no_verdict:
+                    reasons.append(f"{dim}: the verifier returned no usable Yes/No probability for "
+                                   f"{no_verdict[(b, d)]}/{K - len(bad)} hypotheses (unanswered, not rejected)")
                 elif bool(rejected[b, d]) and cfg.all_rejected == "invalid":
                     reasons.append(f"{dim}: the verifier rejected all {K - len(bad)} hypotheses")
-            if b in no_verdict:
-                reasons.append("the verifier returned no Yes/No probability for some hypotheses")
             if reasons:
                 errors[b] = "; ".join(reasons)
                 scores[b] = math.nan
@@ -473,14 +511,27 @@ class EVR(Reward):
                               {"role": "user", "content": [{"type": "image", "image": im} for im in [*refs, first, second]]
                                + [{"type": "text", "text": text}]}])
         choices = list(t[f"{key}_choices"])
-        p = self.judge.choice_probs(convs, choices).reshape(len(batch), 2, len(choices))
+        isolate = judge_policy(self.config.on_judge_error) == "nan"
+        praw, perrs = call_rows(self.judge, "choice_probs", convs, choices, isolate=isolate)
+        p, _ = usable_rows(praw, len(convs), len(choices))
+        failed = {k // 2: e for k, e in enumerate(perrs) if e is not None}
+        for k in range(len(convs)):
+            if perrs[k] is not None:
+                p[k] = math.nan
+        p = p.reshape(len(batch), 2, len(choices))
         info = {"template": t.id, "judge": self.judge.describe(), "compare": f"{key}, both orders"}
         if fourway:
-            return self._fourway(p, info)
+            out = self._fourway(p, info)
+            for b, e in failed.items():
+                out.errors[b] = f"{JUDGE_FAILURE_PREFIX}: {e}"
+            return out
         ab, ba = p[:, 0, 0], p[:, 1, 1]  # P(a) when a is shown first / second
         prob = 0.5 * (ab + ba)
         rats = [f"P(a) with a first: {x:.4f}; with a second: {y:.4f}" for x, y in zip(ab.tolist(), ba.tolist())]
-        return RewardOutput(scores=prob, rationales=rats, info=info,
+        errors = [None if math.isfinite(v) else (f"{JUDGE_FAILURE_PREFIX}: {failed[b]}" if b in failed else
+                  "the judge gave no usable probability for the A-or-B question in at least one order")
+                  for b, v in enumerate(prob.tolist())]
+        return RewardOutput(scores=prob, rationales=rats, info=info, errors=errors,
                             details=[{"p_a_first": x, "p_a_second": y} for x, y in zip(ab.tolist(), ba.tolist())])
 
     @staticmethod

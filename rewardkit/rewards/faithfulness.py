@@ -12,7 +12,10 @@ per image; a question whose parent failed is not asked and counts as "no"; rewar
 Question trees come from, in order: ``metadata[i]["questions"]`` (a list of ``{id, question, parents}``),
 the cache file (``questions=``, JSONL keyed by prompt, written by :meth:`prepare` or
 ``rewardkit compose questions``), or, with ``generate_missing=True``, the judge on first sight. A prompt
-without a tree is NaN + the reason, never a made-up score.
+without a tree is NaN + the reason, never a made-up score. A question the judge gives no usable Yes/No
+probability for (labels absent from the log-probs, NaN / -inf / off-scale values) is *unanswered*, never
+"no": the sample is NaN with a reason naming the question. A failing judge call follows ``on_judge_error``
+(see :mod:`rewardkit.judges.policy`): with ``on_error="nan"`` the affected samples are NaN + the error.
 
 Efficiency: one ``choice_probs`` call per tree level across all images and questions; each conversation is
 (system, image, question) so the backend encodes each image once and reuses the image prefix.
@@ -25,7 +28,8 @@ from typing import Any, ClassVar, Sequence
 
 import torch
 
-from ..compose.rubric import QuestionTree, RubricCache, answer_trees, generate_trees, tree_score
+from ..compose.rubric import QuestionTree, RubricCache, answer_trees, generate_trees, tree_score, unanswered
+from ..judges.policy import JudgePolicyMixin, check_policy, describe_failure, is_judge_failure, judge_policy
 from ..reward import Reward, RewardBatch, RewardConfig, RewardOutput
 
 __all__ = ["Faithfulness", "RubricReward", "RubricConfig"]
@@ -48,9 +52,11 @@ class RubricConfig(RewardConfig):
     generate_missing: bool = False
     max_new_tokens: int = 1024
     batch_size: int = 16
+    #: a failing judge call (after the backend's retries): "auto" (follow the call's on_error), "nan", "raise"
+    on_judge_error: str = "auto"
 
 
-class RubricReward(Reward):
+class RubricReward(JudgePolicyMixin, Reward):
     """Base of checklist rewards: per-prompt question trees answered yes/no by an MLLM judge."""
 
     tasks = frozenset({"t2i"})
@@ -74,6 +80,7 @@ class RubricReward(Reward):
             raise ValueError(f"scoring must be 'hard' or 'soft', got {cfg.scoring!r}")
         if not 0.0 < cfg.threshold < 1.0:
             raise ValueError(f"threshold must be in (0, 1), got {cfg.threshold}")
+        check_policy(cfg.on_judge_error, self.name)
         self.judge = resolve_judge(judge, cfg.judge, cfg.judge_kwargs, owner=self.name)
         self.template = load_template("rubric", cfg.template)
         self.cache = RubricCache(cfg.questions or None)
@@ -110,17 +117,41 @@ class RubricReward(Reward):
         """Per sample, None when the reward applies, else the reason it does not (subclasses)."""
         return [None] * len(batch)
 
+    def _judge_failed(self, exc: BaseException) -> str:
+        """The reason for samples hit by a failing judge call, or re-raise per ``on_judge_error``."""
+        if not is_judge_failure(exc) or judge_policy(self.config.on_judge_error) != "nan":
+            raise exc
+        return describe_failure(exc)
+
     def _score(self, batch: RewardBatch) -> RewardOutput:
         cfg = self.config
         n = len(batch)
         trees: list[QuestionTree | None] = [None] * n
         errors: list[str | None] = list(self._applicable(batch))
+        gen_failed: str | None = None
         for i in range(n):
             if errors[i] is None:
-                trees[i], errors[i] = self._tree_for(batch.prompts[i], batch.metadata[i])
-        probs = answer_trees(self.judge, batch.images, trees, question_format=self.template["answer_prompt"],
-                             system=self.template.get("answer_system"),
-                             choices=self.template.get("choices", ["Yes", "No"]), threshold=cfg.threshold)
+                prompt, meta = batch.prompts[i], batch.metadata[i]
+                if gen_failed is not None and cfg.generate_missing and meta.get(self.metadata_key) is None \
+                        and self.cache.tree(prompt) is None:
+                    errors[i] = gen_failed  # the judge already failed generating in this chunk: do not wait again
+                    continue
+                try:  # (generate_missing asks the judge here)
+                    trees[i], errors[i] = self._tree_for(prompt, meta)
+                except Exception as exc:  # noqa: BLE001 - re-raised unless the policy says NaN
+                    errors[i] = gen_failed = self._judge_failed(exc)
+        failures: dict[int, str] | None = {} if judge_policy(cfg.on_judge_error) == "nan" else None
+        try:
+            probs = answer_trees(self.judge, batch.images, trees, question_format=self.template["answer_prompt"],
+                                 system=self.template.get("answer_system"),
+                                 choices=self.template.get("choices", ["Yes", "No"]), threshold=cfg.threshold,
+                                 failures=failures)
+        except Exception as exc:  # noqa: BLE001 - re-raised unless the policy says NaN
+            reason = self._judge_failed(exc)
+            for i in range(n):
+                if trees[i] is not None:
+                    errors[i], trees[i] = reason, None
+            probs = [{} for _ in range(n)]
         scores = torch.full((n,), float("nan"))
         dims = {k: torch.full((n,), float("nan")) for k in self.dimensions}
         details: list[dict[str, Any] | None] = [None] * n
@@ -128,15 +159,24 @@ class RubricReward(Reward):
             if t is None:
                 continue
             p = probs[i]
+            dims["n_questions"][i] = len(t)
+            dims["n_asked"][i] = len(p)
+            details[i] = {"p_yes": {q: (round(v, 6) if v == v else None) for q, v in p.items()}}
+            missing = unanswered(t, p)
+            if failures and i in failures:  # this sample's request failed (the others' were kept)
+                errors[i] = f"judge call failed for {failures[i]}"
+                continue
+            if missing:  # never "no": the score depends on these answers
+                details[i]["unanswered"] = [q.id for q in missing]
+                errors[i] = ("the judge gave no usable Yes/No probability for question(s) "
+                             + "; ".join(f"{q.id} ({q.text[:120]!r})" for q in missing))
+                continue
             yes = {q: v > cfg.threshold for q, v in p.items()}
             if cfg.scoring == "hard":
                 scores[i] = tree_score(t, yes)
             else:
                 scores[i] = sum(p.values()) / len(t)
-            dims["n_questions"][i] = len(t)
-            dims["n_asked"][i] = len(p)
             dims["n_yes"][i] = sum(yes.values())
-            details[i] = {"p_yes": {q: round(v, 6) for q, v in p.items()}}
         return RewardOutput(scores=scores, errors=errors, dimensions=dims, details=details,
                             info={"template": self.template.id, "judge": self.judge.describe(),
                                   "scoring": cfg.scoring})

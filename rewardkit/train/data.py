@@ -26,6 +26,7 @@ chosen -> A) and Pick-a-Pic (``jpg_0``, ``jpg_1``, ``label_0``, ``caption``).
 
 from __future__ import annotations
 
+import copy
 import io
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +38,7 @@ from .._imports import require
 from .losses import LABEL_A, LABEL_B, LABEL_TIE
 
 __all__ = ["normalize_label", "load_pairs", "convert_chosen_rejected", "convert_pickapic",
-           "synthetic_brightness_pairs", "PairCollator", "LAYOUTS"]
+           "synthetic_brightness_pairs", "PairCollator", "LAYOUTS", "preflight_pairs", "BadRow", "DataRowError"]
 
 _LABELS = {
     "a": LABEL_A, "model_a": LABEL_A, "leftvote": LABEL_A, "left": LABEL_A, "0": LABEL_A, "image_a": LABEL_A,
@@ -194,19 +195,138 @@ def load_pairs(source: str, *, split: str = "train", layout: str = "auto", max_s
     return ds, base_dir
 
 
-def _to_image(x: Any, base_dir: Path | None):
-    from .. import media
+class DataRowError(ValueError):
+    """A preference-data row cannot be used; the message names the row index and the file."""
 
+
+@dataclass
+class BadRow:
+    """One unusable row found by :func:`preflight_pairs` (or at collation): ``index`` in the loaded dataset,
+    ``column`` (``image_a`` / ``image_b`` / ``sources[j]`` / ``prompt`` / ``label``), ``where`` (the file path, or
+    ``<bytes>`` for embedded images) and the ``reason``."""
+
+    index: int
+    column: str
+    where: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"row {self.index}: {self.column} ({self.where}): {self.reason}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "column": self.column, "where": self.where, "reason": self.reason}
+
+
+def _resolve(x: Any, base_dir: Path | None) -> tuple[Any, str]:
+    """An image entry -> (what media reads, a description of where it is: the path or ``<bytes>``)."""
     if isinstance(x, dict):  # datasets Image feature with decode=False, or a raw {"bytes", "path"}
         if x.get("bytes") is not None:
-            x = x["bytes"]
-        elif x.get("path"):
+            return x["bytes"], str(x.get("path") or "<bytes>")
+        if x.get("path"):
             x = x["path"]
         else:
             raise ValueError("image entry has neither bytes nor path")
-    if isinstance(x, str) and base_dir is not None and not Path(x).is_absolute():
-        x = str(base_dir / x)
+    if isinstance(x, str):
+        if base_dir is not None and not Path(x).is_absolute():
+            x = str(base_dir / x)
+        return x, x
+    if isinstance(x, (bytes, bytearray)):
+        return x, "<bytes>"
+    return x, f"<{type(x).__name__}>"
+
+
+def _to_image(x: Any, base_dir: Path | None):
+    from .. import media
+
+    x, _ = _resolve(x, base_dir)
     return media.to_pil(x)
+
+
+def _row_entries(row: dict[str, Any]) -> list[tuple[str, Any]]:
+    out = [("image_a", row.get("image_a")), ("image_b", row.get("image_b"))]
+    out += [(f"sources[{j}]", s) for j, s in enumerate(row.get("sources") or [])]
+    return out
+
+
+def _check_row_header(index: int, row: dict[str, Any], base_dir: Path | None) -> list[BadRow]:
+    """Everything about one row that can be checked without decoding pixels (image headers, prompt, label)."""
+    from .. import media
+
+    bad = []
+    p = row.get("prompt")
+    if not isinstance(p, str) or not p.strip():
+        bad.append(BadRow(index, "prompt", "-", f"prompt must be a non-empty string, got {p!r:.60}"))
+    try:
+        normalize_label(row.get("label"))
+    except ValueError as exc:
+        bad.append(BadRow(index, "label", "-", str(exc)))
+    for col, entry in _row_entries(row):
+        where = "-"
+        try:
+            x, where = _resolve(entry, base_dir)
+            w, h = media._probe(x)
+            media._check_size(w, h)
+        except media._Bad as exc:
+            bad.append(BadRow(index, col, where, str(exc)))
+        except Exception as exc:  # noqa: BLE001 -- whatever is in a row is that row's problem
+            bad.append(BadRow(index, col, where, f"{type(exc).__name__}: {exc}"))
+    return bad
+
+
+def _without_decoding(ds: Any) -> Any:
+    """The same dataset with every ``datasets.Image`` feature (also inside lists) set to ``decode=False``, so
+    reading a row yields ``{"bytes", "path"}`` instead of a decoded PIL image."""
+    datasets = require("datasets", "bench")
+
+    def nd(f: Any) -> Any:
+        if isinstance(f, datasets.Image):
+            return datasets.Image(decode=False)
+        if isinstance(f, list) and f:
+            return [nd(f[0])]
+        if hasattr(f, "feature") and not isinstance(f, datasets.Value):
+            g = copy.copy(f)
+            g.feature = nd(f.feature)
+            return g
+        return f
+
+    feats = getattr(ds, "features", None)
+    if not feats:
+        return ds
+    for k, v in feats.items():
+        f = nd(v)
+        if f != v:  # cast_column only relabels the feature (same Arrow storage); cast() would rewrite the data
+            ds = ds.cast_column(k, f)
+    return ds
+
+
+def preflight_pairs(ds: Any, base_dir: Path | None = None, *, workers: int = 8, batch: int = 256,
+                    progress: bool = False) -> list[BadRow]:
+    """Check every row before training: image files / bytes exist and have a readable header within the size
+    and aspect limits, prompts are non-empty strings, labels are valid. Headers only (no pixel is decoded),
+    ``workers`` threads. Returns every bad row (empty when all are fine), in row order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    plain = _without_decoding(ds)
+    n = len(plain)
+    bad: list[BadRow] = []
+    bar = None
+    if progress and n > batch:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=n, desc="check data", unit="row", delay=1.0)
+    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="rk-preflight") as pool:
+        for s in range(0, n, batch):
+            rows = plain[s:s + batch]  # column dict
+            cols = list(rows)
+            m = len(rows[cols[0]]) if cols else 0
+            items = [{c: rows[c][j] for c in cols} for j in range(m)]
+            for found in pool.map(lambda jr: _check_row_header(s + jr[0], jr[1], base_dir), enumerate(items)):
+                bad.extend(found)
+            if bar is not None:
+                bar.update(m)
+    if bar is not None:
+        bar.close()
+    return bad
 
 
 @dataclass
@@ -214,21 +334,75 @@ class PairCollator:
     """Rows -> one model batch holding both candidates: ``[a_1..a_B, b_1..b_B]`` in a single forward pass.
 
     Returns ``{"inputs": processor tensors for 2B sequences, "labels": [B] long, "margin": [B] float or
-    None, "weight": [B] float or None}``.
+    None, "weight": [B] float or None, "keep": [B] bool, "skipped": list of BadRow}``.
+
+    A row that cannot be decoded raises :class:`DataRowError` naming the row and the file, unless
+    ``skip_bad`` (what the trainer uses once a run has started): the row is then replaced by a copy of a good
+    row of the same batch (or ``fallback``, a known-good row) with weight 0 and ``keep`` False, so shapes,
+    collectives and the loss of the other rows are unchanged, and it is reported in ``skipped``.
     """
 
     model: Any  # anything with encode(images, prompts, sources): a PreferenceModel or an InputEncoder
     base_dir: Path | None = None
+    skip_bad: bool = False
+    fallback: dict[str, Any] | None = None
 
-    def __call__(self, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        a = [_to_image(r["image_a"], self.base_dir) for r in rows]
-        b = [_to_image(r["image_b"], self.base_dir) for r in rows]
-        prompts = [str(r["prompt"]) for r in rows]
-        has_src = any(r.get("sources") for r in rows)
-        srcs = [[_to_image(s, self.base_dir) for s in (r.get("sources") or [])] for r in rows] if has_src else None
+    def _decode_row(self, index: int, r: dict[str, Any]):
+        p = r.get("prompt")
+        if not isinstance(p, str) or not p.strip():
+            raise DataRowError(str(BadRow(index, "prompt", "-", f"prompt must be a non-empty string, got {p!r:.60}")))
+        try:
+            label = normalize_label(r.get("label"))
+        except ValueError as exc:
+            raise DataRowError(str(BadRow(index, "label", "-", str(exc)))) from None
+        imgs = {}
+        for col, entry in _row_entries(r):
+            where = "-"
+            try:
+                x, where = _resolve(entry, self.base_dir)
+                from .. import media
+
+                imgs[col] = media._to_pil(x)
+            except Exception as exc:  # noqa: BLE001 -- media._Bad or anything else: this row's error
+                raise DataRowError(str(BadRow(index, col, where, str(exc)))) from None
+        srcs = [imgs[c] for c, _ in _row_entries(r) if c.startswith("sources")]
+        margin = r.get("margin")
+        weight = r.get("weight")
+        return imgs["image_a"], imgs["image_b"], srcs, p, label, margin, weight
+
+    def __call__(self, rows: Sequence[dict[str, Any]], indices: Sequence[int] | None = None) -> dict[str, Any]:
+        idx = list(indices) if indices is not None else list(range(len(rows)))
+        out: list[Any] = []
+        skipped: list[BadRow] = []
+        for j, r in enumerate(rows):
+            if "_rk_row" in r:  # the trainer's record of the row's index in the loaded data
+                idx[j] = int(r["_rk_row"])
+            try:
+                out.append(self._decode_row(idx[j], r))
+            except DataRowError as exc:
+                if not self.skip_bad:
+                    raise
+                skipped.append(BadRow(idx[j], "row", "-", str(exc)))
+                out.append(None)
+        keep = [o is not None for o in out]
+        if not all(keep):
+            good = next((o for o in out if o is not None), None)
+            if good is None:
+                if self.fallback is None:
+                    raise DataRowError("every row of a batch is unusable and no fallback row is set: "
+                                       + "; ".join(str(b) for b in skipped))
+                good = self._decode_row(-1, self.fallback)
+            out = [o if o is not None else good for o in out]
+        a = [o[0] for o in out]
+        b = [o[1] for o in out]
+        prompts = [o[3] for o in out]
+        has_src = any(o[2] for o in out)
+        srcs = [o[2] for o in out] if has_src else None
         inputs = self.model.encode(a + b, prompts + prompts, None if srcs is None else srcs + srcs)
-        labels = torch.tensor([normalize_label(r["label"]) for r in rows], dtype=torch.long)
-        margin = torch.tensor([float(r.get("margin") or 0.0) for r in rows]) if any("margin" in r for r in rows) else None
-        weight = torch.tensor([float(1.0 if r.get("weight") is None else r["weight"]) for r in rows]) \
-            if any("weight" in r for r in rows) else None
-        return {"inputs": inputs, "labels": labels, "margin": margin, "weight": weight}
+        labels = torch.tensor([o[4] for o in out], dtype=torch.long)
+        margin = torch.tensor([float(o[5] or 0.0) for o in out]) if any("margin" in r for r in rows) else None
+        weight = None
+        if any("weight" in r for r in rows) or not all(keep):
+            weight = torch.tensor([float(1.0 if o[6] is None else o[6]) if k else 0.0 for o, k in zip(out, keep)])
+        return {"inputs": inputs, "labels": labels, "margin": margin, "weight": weight,
+                "keep": torch.tensor(keep, dtype=torch.bool), "skipped": skipped}

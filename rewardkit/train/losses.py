@@ -11,9 +11,18 @@ Every loss returns a scalar: the (optionally weighted) mean of the per-pair loss
   ``P(tie) = (theta^2 - 1) e^ra e^rb / ((e^ra + theta e^rb)(e^rb + theta e^ra))``.
 - Davidson ties (nu > 0): ``P(a > b) = e^ra / (e^ra + e^rb + nu sqrt(e^ra e^rb))``,
   ``P(tie) = nu sqrt(e^ra e^rb) / (same denominator)``.
-- Uncertainty (Thurstone / Gaussian): each reward is ``N(mu, sigma^2)``, so
-  ``P(a > b) = Phi((mu_a - mu_b) / sqrt(sigma_a^2 + sigma_b^2))``; loss ``-log Phi(...)``. This is the
-  closed form of the Monte-Carlo objective HPSv3 estimates by sampling.
+- Uncertainty (each reward is Gaussian, ``N(mu, sigma^2)``), two forms that differ in value and in the
+  gradient they give ``sigma``:
+
+  * ``"hpsv3"`` (HPSv3's objective): ``E_z[-log sigmoid(z)]`` with ``z ~ N(mu_w - mu_l - margin,
+    sigma_w^2 + sigma_l^2)``, estimated by Monte Carlo with the reparameterisation
+    ``z = mu_w - mu_l - margin + sqrt(sigma_w^2 + sigma_l^2) * eps`` (``eps`` from a seeded generator, so a
+    given seed gives bitwise the same loss). ``-log sigmoid`` is convex, so by Jensen a larger sigma always
+    raises this loss: a model cannot buy down a misranked pair by declaring itself uncertain.
+  * ``"probit"`` (Thurstone): ``P(w > l) = Phi((mu_w - mu_l - margin) / sqrt(sigma_w^2 + sigma_l^2))``, loss
+    ``-log Phi(...)``. Deterministic, but on a misranked pair (negative gap) inflating sigma moves the argument
+    toward 0 and *lowers* the loss. It is not the closed form of HPSv3's objective (that expectation has no
+    closed form).
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import torch.nn.functional as F
 __all__ = [
     "LABEL_A", "LABEL_B", "LABEL_TIE",
     "bradley_terry_loss", "rao_kupper_loss", "rao_kupper_probs", "davidson_loss", "davidson_probs", "uncertainty_loss",
+    "uncertainty_hpsv3_loss", "uncertainty_probit_loss", "UNCERTAINTY_FORMS",
     "winner_loser", "pairwise_accuracy", "reward_stats", "lr_at",
 ]
 
@@ -106,14 +116,55 @@ def davidson_loss(r_a: torch.Tensor, r_b: torch.Tensor, labels: torch.Tensor, *,
     return _weighted_mean(_tie_nll(*davidson_probs(r_a, r_b, nu), labels), weight)
 
 
-def uncertainty_loss(mu_w: torch.Tensor, log_sigma_w: torch.Tensor, mu_l: torch.Tensor, log_sigma_l: torch.Tensor,
-                     *, margin: torch.Tensor | float | None = None, weight: torch.Tensor | None = None) -> torch.Tensor:
-    """``mean(-log Phi((mu_w - mu_l - margin) / sqrt(sigma_w^2 + sigma_l^2)))``; all inputs ``[B]``."""
+UNCERTAINTY_FORMS = ("hpsv3", "probit")
+
+
+def _gap_and_scale(mu_w, log_sigma_w, mu_l, log_sigma_l, margin):
     diff = mu_w - mu_l
     if margin is not None:
         diff = diff - torch.as_tensor(margin, dtype=diff.dtype, device=diff.device)
     scale = torch.sqrt(torch.exp(2 * log_sigma_w) + torch.exp(2 * log_sigma_l))
+    return diff, scale
+
+
+def uncertainty_probit_loss(mu_w: torch.Tensor, log_sigma_w: torch.Tensor, mu_l: torch.Tensor,
+                            log_sigma_l: torch.Tensor, *, margin: torch.Tensor | float | None = None,
+                            weight: torch.Tensor | None = None) -> torch.Tensor:
+    """``mean(-log Phi((mu_w - mu_l - margin) / sqrt(sigma_w^2 + sigma_l^2)))``; all inputs ``[B]``."""
+    diff, scale = _gap_and_scale(mu_w, log_sigma_w, mu_l, log_sigma_l, margin)
     return _weighted_mean(-torch.special.log_ndtr(diff / scale), weight)
+
+
+def uncertainty_hpsv3_loss(mu_w: torch.Tensor, log_sigma_w: torch.Tensor, mu_l: torch.Tensor,
+                           log_sigma_l: torch.Tensor, *, margin: torch.Tensor | float | None = None,
+                           weight: torch.Tensor | None = None, samples: int = 32, seed: int = 0) -> torch.Tensor:
+    """HPSv3's objective: per pair, the mean over ``samples`` draws of ``-log sigmoid(z)``,
+    ``z = mu_w - mu_l - margin + sqrt(sigma_w^2 + sigma_l^2) * eps``, ``eps ~ N(0, 1)`` ``[B, samples]`` drawn
+    on the CPU from ``torch.Generator().manual_seed(seed)`` (same seed, same draws on any device); gradients
+    reach ``mu`` and ``log_sigma`` through the reparameterisation. All inputs ``[B]``."""
+    if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
+        raise ValueError(f"samples must be a positive int, got {samples!r}")
+    diff, scale = _gap_and_scale(mu_w, log_sigma_w, mu_l, log_sigma_l, margin)
+    g = torch.Generator().manual_seed(int(seed))
+    eps = torch.randn((diff.shape[0], samples), generator=g, dtype=torch.float64)
+    z = diff.unsqueeze(-1) + scale.unsqueeze(-1) * eps.to(device=diff.device, dtype=diff.dtype)  # [B, S]
+    return _weighted_mean((-F.logsigmoid(z)).mean(-1), weight)
+
+
+def uncertainty_loss(mu_w: torch.Tensor, log_sigma_w: torch.Tensor, mu_l: torch.Tensor, log_sigma_l: torch.Tensor,
+                     *, margin: torch.Tensor | float | None = None, weight: torch.Tensor | None = None,
+                     form: str = "hpsv3", samples: int = 32, seed: int = 0) -> torch.Tensor:
+    """Gaussian-reward preference loss, ``form="hpsv3"`` (default: HPSv3's Monte-Carlo objective, see
+    :func:`uncertainty_hpsv3_loss`) or ``"probit"`` (:func:`uncertainty_probit_loss`). All inputs ``[B]``.
+
+    Why HPSv3 is the default: it is the objective the paper trains with, and it never rewards a model for
+    inflating sigma on a pair it ranks wrongly, which the probit form does."""
+    if form == "hpsv3":
+        return uncertainty_hpsv3_loss(mu_w, log_sigma_w, mu_l, log_sigma_l, margin=margin, weight=weight,
+                                      samples=samples, seed=seed)
+    if form == "probit":
+        return uncertainty_probit_loss(mu_w, log_sigma_w, mu_l, log_sigma_l, margin=margin, weight=weight)
+    raise ValueError(f"uncertainty form must be one of {UNCERTAINTY_FORMS}, got {form!r}")
 
 
 def pairwise_accuracy(r_a: torch.Tensor, r_b: torch.Tensor, labels: torch.Tensor) -> tuple[float, int]:

@@ -37,7 +37,8 @@ from . import losses as L
 __all__ = ["PreferenceTrainConfig", "ModelArgs", "LoraArgs", "DataArgs", "OptimArgs", "LossArgs",
            "train_preference", "add_arguments", "run_cli", "latest_checkpoint"]
 
-KILL_ENV = "REWARDKIT_TEST_KILL_AFTER_STEP"  # test hook: SIGKILL the process after this optimizer step
+KILL_ENV = "REWARDKIT_TEST_KILL_AFTER_STEP"
+ROW_COLUMN = "_rk_row"  # the row's index in the loaded data (for error messages after filtering)  # test hook: SIGKILL the process after this optimizer step
 
 
 @dataclass
@@ -75,6 +76,9 @@ class DataArgs:
     max_eval_samples: int | None = None
     synthetic_size: int = 512                    # pairs per synthetic split
     revision: str | None = None
+    preflight: bool = True                       # check every row (image headers, prompt, label) before step 1
+    preflight_workers: int = 8                   # threads of the preflight check
+    skip_bad_rows: bool = False                  # drop rows the preflight finds bad (count logged) instead of failing
 
 
 @dataclass
@@ -97,6 +101,8 @@ class LossArgs:
     center_coef: float = 0.0                     # reward-centering coefficient (bt)
     theta: float = 2.0                           # Rao-Kupper tie parameter (> 1)
     nu: float = 1.0                              # Davidson tie parameter (> 0)
+    uncertainty_form: str = "hpsv3"              # hpsv3 (Monte-Carlo, HPSv3's objective) | probit (closed form)
+    uncertainty_samples: int = 32                # Monte-Carlo draws per pair (hpsv3 form), seeded per micro-batch
 
 
 @dataclass
@@ -131,6 +137,10 @@ class PreferenceTrainConfig:
 def _validate(cfg: PreferenceTrainConfig) -> None:
     if cfg.loss.kind not in ("bt", "rao_kupper", "davidson", "uncertainty"):
         raise ValueError(f"loss.kind must be bt, rao_kupper, davidson or uncertainty, got {cfg.loss.kind!r}")
+    if cfg.loss.uncertainty_form not in L.UNCERTAINTY_FORMS:
+        raise ValueError(f"loss.uncertainty_form must be one of {L.UNCERTAINTY_FORMS}, got {cfg.loss.uncertainty_form!r}")
+    if cfg.loss.uncertainty_samples < 1:
+        raise ValueError(f"loss.uncertainty_samples must be >= 1, got {cfg.loss.uncertainty_samples}")
     if (cfg.loss.kind == "uncertainty") != (cfg.model.head == "uncertainty"):
         raise ValueError("loss.kind=uncertainty and model.head=uncertainty go together")
     if cfg.mixed_precision not in ("no", "bf16", "fp16"):
@@ -214,7 +224,7 @@ class PreferenceTrainer:
         self.cfg = cfg
         accelerate = require("accelerate", "hf")
         from ..models.preference import PreferenceModel
-        from .data import PairCollator, load_pairs, normalize_label
+        from .data import PairCollator, load_pairs, normalize_label, preflight_pairs
 
         cpu = cfg.cpu or not torch.cuda.is_available()
         # accelerate keeps process-wide state; a second run in one process (a notebook, a sweep, tests) with
@@ -260,7 +270,18 @@ class PreferenceTrainer:
             eval_ds, eval_base = load_pairs(d.eval, split=d.eval_split, layout=d.layout,
                                             max_samples=d.max_eval_samples, synthetic_size=d.synthetic_size,
                                             seed=cfg.seed, revision=d.revision)
-        elif d.eval_fraction > 0:
+        # Preflight (headers only, in parallel): every bad row is reported with its index and file before step 1;
+        # with data.skip_bad_rows they are dropped instead (count logged, list in bad_rows.jsonl).
+        self.n_bad_rows = 0
+        # remember each row's index in the loaded data, so a row failing later is named as the user knows it
+        train = train.add_column(ROW_COLUMN, list(range(len(train))))
+        if eval_ds is not None:
+            eval_ds = eval_ds.add_column(ROW_COLUMN, list(range(len(eval_ds))))
+        if d.preflight:
+            train = self._preflight(train, base, "train", preflight_pairs)
+            if eval_ds is not None:
+                eval_ds = self._preflight(eval_ds, eval_base, "eval", preflight_pairs)
+        if d.eval_fraction > 0 and not d.eval:
             perm = _permutation(len(train), cfg.seed, -1).tolist()
             n_eval = max(1, int(round(len(train) * d.eval_fraction)))
             eval_ds, train = train.select(sorted(perm[:n_eval])), train.select(sorted(perm[n_eval:]))
@@ -272,10 +293,15 @@ class PreferenceTrainer:
             if self.n_ties_skipped:
                 train = train.select(keep)
         self.train_ds, self.eval_ds = train, eval_ds
-        self.train_collate = PairCollator(model, base)
+        # Once training has started, data never stops the run: a row that fails to decode (its header was fine)
+        # is replaced by a weight-0 copy of a good row and reported (rows_skipped in metrics.jsonl).
+        fallback = train[0] if len(train) else None
+        self.rows_skipped = 0
+        self.train_collate = PairCollator(model, base, skip_bad=True, fallback=fallback)
         # background collation gets its own processor copy (fast tokenizers must not be shared across threads)
-        self.bg_collate = PairCollator(model.input_encoder(private=True), base) if cfg.data_workers > 0 else None
-        self.eval_collate = PairCollator(model, eval_base)
+        self.bg_collate = PairCollator(model.input_encoder(private=True), base, skip_bad=True, fallback=fallback) \
+            if cfg.data_workers > 0 else None
+        self.eval_collate = PairCollator(model, eval_base, skip_bad=True, fallback=fallback)
 
         self.steps_per_epoch = len(train) // cfg.global_batch_size
         if self.steps_per_epoch == 0:
@@ -298,6 +324,35 @@ class PreferenceTrainer:
         self.model, self.opt = self.acc.prepare(model, opt)
         self.trainable = [p for p in model.parameters() if p.requires_grad]
         self.step = 0
+
+    def _preflight(self, ds: Any, base: Any, split: str, preflight_pairs: Any) -> Any:
+        """Run the preflight check on ``ds``; raise listing every bad row, or drop them (skip_bad_rows)."""
+        d = self.cfg.data
+        t0 = time.perf_counter()
+        bad = preflight_pairs(ds, base, workers=d.preflight_workers,
+                              progress=self.cfg.progress and self.acc.is_main_process)
+        dt = time.perf_counter() - t0
+        if not bad:
+            return ds
+        rows = sorted({b.index for b in bad})
+        report = self.out / f"bad_rows_{split}.jsonl"
+        if self.acc.is_main_process:
+            self.out.mkdir(parents=True, exist_ok=True)
+            _write_text_atomic(report, "".join(json.dumps(b.to_dict()) + "\n" for b in bad))
+        listing = "\n  ".join(str(b) for b in bad[:50]) + (f"\n  ... and {len(bad) - 50} more" if len(bad) > 50 else "")
+        if not d.skip_bad_rows:
+            from .data import DataRowError
+
+            raise DataRowError(f"{len(rows)} of {len(ds)} {split} rows are unusable (preflight, {dt:.1f} s; all "
+                               f"listed in {report}):\n  {listing}\nFix or remove them, or set "
+                               "data.skip_bad_rows=true to train without them.")
+        if self.acc.is_main_process:
+            print(f"rewardkit: skipping {len(rows)} of {len(ds)} bad {split} rows (data.skip_bad_rows; listed in "
+                  f"{report}):\n  {listing}", file=sys.stderr)
+        if split == "train":
+            self.n_bad_rows = len(rows)
+        drop = set(rows)
+        return ds.select([i for i in range(len(ds)) if i not in drop])
 
     # ------------------------------------------------------------------ checkpoints
     def _ckpt_root(self) -> Path:
@@ -407,7 +462,13 @@ class PreferenceTrainer:
         _write_text_atomic(path, "".join(ln + "\n" for ln in keep))
 
     # ------------------------------------------------------------------ loss
-    def _loss(self, r: torch.Tensor, ls: torch.Tensor | None, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _mc_seed(self, step: int, micro: int, split: int = 0) -> int:
+        """Seed of the uncertainty loss's Monte-Carlo draws: a pure function of (seed, split, step, micro-batch,
+        rank), so a resumed run draws exactly what the uninterrupted one did."""
+        return (((self.cfg.seed * 1_000_003 + split) * 1_000_033 + step) * 1031 + micro) * 131 + self.rank
+
+    def _loss(self, r: torch.Tensor, ls: torch.Tensor | None, batch: dict[str, Any],
+              mc_seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """r: ``[2B]`` rewards for ``[a..., b...]``; returns (loss, r_a [B], r_b [B])."""
         c = self.cfg.loss
         b = r.shape[0] // 2
@@ -421,7 +482,8 @@ class PreferenceTrainer:
         elif c.kind == "uncertainty":
             r_w, r_l = L.winner_loser(r_a, r_b, labels)
             s_w, s_l = L.winner_loser(ls[:b], ls[b:], labels)
-            loss = L.uncertainty_loss(r_w, s_w, r_l, s_l, margin=margin, weight=weight)
+            loss = L.uncertainty_loss(r_w, s_w, r_l, s_l, margin=margin, weight=weight, form=c.uncertainty_form,
+                                      samples=c.uncertainty_samples, seed=mc_seed)
         elif c.kind == "rao_kupper":
             loss = L.rao_kupper_loss(r_a, r_b, labels, theta=c.theta, weight=weight)
         else:
@@ -453,14 +515,18 @@ class PreferenceTrainer:
         mine = list(range(self.rank, len(self.eval_ds), self.world))
         bs = self.cfg.eval_batch_size
         for s in range(0, len(mine), bs):
-            batch = self.eval_collate([self.eval_ds[i] for i in mine[s:s + bs]])
+            idx = mine[s:s + bs]
+            batch = self.eval_collate([self.eval_ds[i] for i in idx], idx)
             with self.acc.autocast():
                 r, ls = model(**{k: v.to(self.acc.device) for k, v in batch["inputs"].items()})
             r = r.float()
             ls = None if ls is None else ls.float()
             labels = batch["labels"]
             non_tie = labels != L.LABEL_TIE
-            if self.cfg.loss.kind in ("bt", "uncertainty") and not bool(non_tie.all()):
+            if self.cfg.loss.kind not in ("bt", "uncertainty"):
+                non_tie = torch.ones_like(non_tie)
+            non_tie = non_tie & batch["keep"]  # rows that failed to decode are not evaluated
+            if not bool(non_tie.all()):
                 keep = torch.cat([non_tie, non_tie]).to(r.device)  # these losses have no tie outcome
                 r = r[keep]
                 ls = None if ls is None else ls[keep]
@@ -469,7 +535,7 @@ class PreferenceTrainer:
                          "weight": None if batch["weight"] is None else batch["weight"][non_tie]}
             if r.numel() == 0:
                 continue
-            loss, a, b = self._loss(r, ls, batch)
+            loss, a, b = self._loss(r, ls, batch, mc_seed=self._mc_seed(self.step, s, split=1))
             ra.append(a.cpu())
             rb.append(b.cpu())
             labs.append(batch["labels"])
@@ -521,7 +587,7 @@ class PreferenceTrainer:
         chunks = self._chunks(start_step)
         if self.bg_collate is None:
             for chunk in chunks:
-                yield chunk, self.train_collate([self.train_ds[i] for i in chunk])
+                yield chunk, self.train_collate([self.train_ds[i] for i in chunk], chunk)
             return
         from collections import deque
         from concurrent.futures import ThreadPoolExecutor
@@ -539,7 +605,7 @@ class PreferenceTrainer:
             if chunk is None:
                 return
             w = submitted % n
-            pending.append((chunk, pools[w].submit(lambda c=chunk, col=collators[w]: col([self.train_ds[i] for i in c]))))
+            pending.append((chunk, pools[w].submit(lambda c=chunk, col=collators[w]: col([self.train_ds[i] for i in c], c))))
             submitted += 1
 
         try:
@@ -577,6 +643,7 @@ class PreferenceTrainer:
             self._log({"split": "info", "step": self.step, "resumed_from": str(ckpt) if ckpt else None,
                        "world_size": self.world, "grad_accum": self.accum, "total_steps": self.total_steps,
                        "train_pairs": len(self.train_ds), "ties_skipped": self.n_ties_skipped,
+                       "bad_rows_skipped": self.n_bad_rows,
                        "eval_pairs": len(self.eval_ds) if self.eval_ds is not None else 0,
                        "trainable_params": sum(p.numel() for p in self.trainable)})
         kill_after = int(os.environ.get(KILL_ENV, "0") or 0)
@@ -593,18 +660,23 @@ class PreferenceTrainer:
                 boundary = (self.step, _rng_states())  # what a checkpoint at this step boundary would store
                 t0 = time.perf_counter()
                 epoch = self.step // self.steps_per_epoch
-                ra, rb, labs, losses = [], [], [], []
+                ra, rb, labs, keeps, losses = [], [], [], [], []
                 for k in range(self.accum):
                     chunk, batch = next(batches)
+                    for b in batch["skipped"]:
+                        self.rows_skipped += 1
+                        print(f"rewardkit: step {self.step + 1}: skipped unusable {b.reason}", file=sys.stderr)
                     inputs = {key: v.to(self.acc.device) for key, v in batch["inputs"].items()}
                     last = k == self.accum - 1
                     ctx = self.acc.no_sync(self.model) if not last else _null()
                     with ctx:
                         with self.acc.autocast():
                             r, ls = self.model(**inputs)
-                        loss, r_a, r_b = self._loss(r.float(), None if ls is None else ls.float(), batch)
+                        loss, r_a, r_b = self._loss(r.float(), None if ls is None else ls.float(), batch,
+                                                    mc_seed=self._mc_seed(self.step, k))
                         self.acc.backward(loss / self.accum)
                     ra.append(r_a.detach()); rb.append(r_b.detach()); labs.append(batch["labels"].to(r_a.device))
+                    keeps.append(batch["keep"].to(r_a.device))
                     losses.append(loss.detach())
                     local_pairs += len(chunk)
                 grad_norm = None
@@ -625,10 +697,12 @@ class PreferenceTrainer:
                     r_a = self.acc.gather(torch.cat(ra)).float().cpu()
                     r_b = self.acc.gather(torch.cat(rb)).float().cpu()
                     lab = self.acc.gather(torch.cat(labs)).cpu()
+                    keep = self.acc.gather(torch.cat(keeps)).cpu()  # placeholders of skipped rows: not metrics
+                    r_a, r_b, lab = r_a[keep], r_b[keep], lab[keep]
                     loss_all = self.acc.gather(torch.stack(losses).mean().reshape(1)).float().mean()
                     rec = {"split": "train", "step": self.step, "epoch": epoch, "loss": float(loss_all), "lr": lr,
                            "grad_norm": None if grad_norm is None else float(grad_norm),
-                           "pairs_per_s": G / dt if dt > 0 else None}
+                           "pairs_per_s": G / dt if dt > 0 else None, "rows_skipped": self.rows_skipped}
                     rec.update(self._pair_metrics(r_a, r_b, lab))
                     self._log(rec)
                     bar.set_postfix(loss=f"{rec['loss']:.4f}", acc=f"{rec['accuracy']:.3f}")
@@ -680,7 +754,8 @@ def PairCollatorCopy(col):
     """Another collator over its own processor copy (one per data thread)."""
     from .data import PairCollator
 
-    return PairCollator(col.model.__class__(copy.deepcopy(col.model.processor), col.model.template), col.base_dir)
+    return PairCollator(col.model.__class__(copy.deepcopy(col.model.processor), col.model.template), col.base_dir,
+                        skip_bad=col.skip_bad, fallback=col.fallback)
 
 
 class _null:

@@ -1,0 +1,117 @@
+"""Reward server throughput: dynamic batching vs one model call per request, same load, same run.
+
+16 concurrent clients (threads of this process) each send single-image /score requests (raw uint8) to a
+reward served by `rewardkit serve` in a separate process on 127.0.0.1; the same load runs against a server
+with ``--max-batch 1`` (no merging) and one with ``--max-batch 64`` (merging), alternating, ``--rounds``
+times. Prints requests/s (= images/s: one image per request), the mean requests merged per model call and
+the ratio.
+
+    python benchmarks/serve_batching.py [--clients 16] [--requests 20] [--rounds 3] [--model DIR] [--device cpu]
+
+``--model`` / ``--device`` run a real CLIP checkpoint on a GPU (see benchmarks/gpu/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--requests", type=int, default=20, help="requests per client per round")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--reward", default="clipscore")
+    ap.add_argument("--model", default=None, help="checkpoint dir (default: a tiny random CLIP)")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--max-batch", type=int, default=64)
+    ap.add_argument("--max-wait-ms", type=float, default=5.0)
+    args = ap.parse_args()
+
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    import httpx
+
+    from rewardkit.client import RemoteReward
+    from rewardkit.testing import random_images, save_tiny_checkpoint
+
+    model = args.model or str(save_tiny_checkpoint("clip", tempfile.mkdtemp()))
+    images = random_images(args.clients, size=args.size, seed=0)
+    prompt = "a photo of a cat on a mat"
+
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    def start(max_batch: int, wait: float):
+        port = free_port()
+        cmd = [sys.executable, "-m", "rewardkit.cli", "serve", "-r", args.reward, "-m", model, "--port", str(port),
+               "--max-batch", str(max_batch), "--max-wait-ms", str(wait)]
+        if args.device:
+            cmd += ["--devices", args.device]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                env={**os.environ, "REWARDKIT_SERVE_TOKEN": ""})
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    return proc, url
+            except httpx.TransportError:
+                time.sleep(0.2)
+        proc.kill()
+        raise RuntimeError("server did not start")
+
+    def load(url: str) -> float:
+        client = RemoteReward(url=url, timeout=300)
+        for _ in range(3):
+            client(images[:2], prompt)  # warm up
+        n = args.clients * args.requests
+
+        def one_client(c: int) -> None:
+            for _ in range(args.requests):
+                assert client([images[c]], prompt).valid.all()
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(args.clients) as pool:
+            list(pool.map(one_client, range(args.clients)))
+        dt = time.perf_counter() - t0
+        client.close()
+        return n / dt
+
+    configs = {"no batching (--max-batch 1)": (1, 0.0),
+               f"dynamic batching (--max-batch {args.max_batch}, {args.max_wait_ms:g} ms)":
+                   (args.max_batch, args.max_wait_ms)}
+    results: dict[str, list[float]] = {k: [] for k in configs}
+    merged: dict[str, float] = {}
+    for _ in range(args.rounds):
+        for name, (mb, wait) in configs.items():
+            proc, url = start(mb, wait)
+            try:
+                results[name].append(load(url))
+                stats = httpx.get(url + "/info", timeout=10).json()["stats"]
+                merged[name] = stats["merged_requests"] / max(stats["batches"], 1)
+            finally:
+                proc.terminate()
+                proc.wait(30)
+    print(f"{args.reward} ({'tiny random CLIP' if not args.model else model}), device {args.device or 'default'}, "
+          f"{args.clients} clients x {args.requests} single-image requests of {args.size}px, {args.rounds} rounds")
+    for name, vals in results.items():
+        print(f"{name:44s} {statistics.median(vals):8.1f} req/s = img/s  (rounds: "
+              f"{', '.join(f'{v:.1f}' for v in vals)}; requests per model call {merged[name]:.1f})")
+    names = list(configs)
+    print(f"ratio batching / no batching: "
+          f"{statistics.median(results[names[1]]) / statistics.median(results[names[0]]):.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,365 @@
+"""``RemoteReward``: a reward served by ``rewardkit serve``, used like any local :class:`~rewardkit.Reward`.
+
+    >>> reward = RemoteReward(url="http://127.0.0.1:8000")          # or load_reward("remote", url=...)
+    >>> out = reward(images, "a corgi astronaut")                    # the same call, the same RewardOutput
+
+Inputs are validated and normalised locally by the base class (bad samples fail or go NaN before anything
+is sent); the canonical RGB pixels travel as raw uint8 (``encoding="raw"``, no compression cost) or PNG.
+The reward's metadata (name, tasks, dimensions, scale) is read from the server's ``/info``.
+
+``timeout`` bounds each HTTP request as a whole (connect, upload, scoring, download), not each socket read;
+connection errors, 429, 502, 503 and 504 are retried ``max_retries`` times with exponential backoff (a
+``Retry-After`` header is honoured, capped at ``max_backoff``); other 4xx / 5xx answers raise at once with
+the server's message. A response that is not the documented shape raises: no score is ever made up.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import math
+import os
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from .errors import RewardkitError
+from .reward import PairwiseOutput, Reward, RewardBatch, RewardConfig, RewardOutput
+
+__all__ = ["RemoteReward", "RemoteRewardConfig", "RemoteRewardError"]
+
+_RETRY_STATUS = frozenset({429, 502, 503, 504})
+
+
+class RemoteRewardError(RewardkitError, RuntimeError):
+    """The reward server could not be reached, refused the request or answered something malformed."""
+
+
+@dataclass
+class RemoteRewardConfig(RewardConfig):
+    url: str = "http://127.0.0.1:8000"
+    #: bearer token; default: the ``REWARDKIT_SERVE_TOKEN`` environment variable
+    token: str | None = None
+    #: seconds for one whole HTTP request (connect + upload + scoring + download)
+    timeout: float = 120.0
+    max_retries: int = 3
+    max_backoff: float = 30.0
+    #: "raw" (uint8 pixels, fastest on a LAN) or "png" (lossless, smaller on slow links)
+    encoding: str = "raw"
+    #: images per request (the base class chunks larger calls)
+    batch_size: int = 64
+    max_response_bytes: int = 256 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if self.encoding not in ("raw", "png"):
+            raise ValueError(f"encoding must be 'raw' or 'png', got {self.encoding!r}")
+        if not (isinstance(self.timeout, (int, float)) and math.isfinite(self.timeout) and self.timeout > 0):
+            raise ValueError(f"timeout must be a positive number of seconds, got {self.timeout!r}")
+        if not isinstance(self.max_retries, int) or self.max_retries < 0:
+            raise ValueError(f"max_retries must be an int >= 0, got {self.max_retries!r}")
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {self.batch_size!r}")
+
+
+def encode_image(im: Any, encoding: str) -> Any:
+    """A canonical RGB PIL image -> its wire form (see :mod:`rewardkit.server`)."""
+    if encoding == "png":
+        buf = io.BytesIO()
+        im.save(buf, format="PNG", compress_level=1)
+        return base64.b64encode(buf.getvalue()).decode("ascii")
+    arr = np.asarray(im, dtype=np.uint8)
+    return {"data": base64.b64encode(arr.tobytes()).decode("ascii"), "shape": list(arr.shape), "dtype": "uint8"}
+
+
+class RemoteReward(Reward):
+    """A reward served over HTTP by ``rewardkit serve`` (see :mod:`rewardkit.client`)."""
+
+    name = "remote"
+    tasks = frozenset({"t2i", "edit", "multi_ref"})  # replaced by the server's on first contact
+    thread_safe = True  # one pooled HTTP client, safe across threads; the server batches concurrent calls
+    Config = RemoteRewardConfig
+    extras = ("serve",)
+
+    def __init__(self, config: Any = None, /, **overrides: Any) -> None:
+        super().__init__(config, **overrides)
+        self._http = None
+        self._http_lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._tls = threading.local()
+        self._token = self.config.token or os.environ.get("REWARDKIT_SERVE_TOKEN") or None
+        info = self.server_info()
+        self.remote_name = info["reward"]
+        self.tasks = frozenset(info["tasks"])
+        self.dimensions = tuple(info["dimensions"])
+        self.higher_is_better = bool(info["higher_is_better"])
+        self.score_range = None if info["score_range"] is None else tuple(info["score_range"])
+        self.uses_prompt = bool(info["uses_prompt"])
+        self.batch_relative = bool(info["batch_relative"])
+        self.compare_is_symmetric = bool(info.get("compare_is_symmetric", False))
+        self.default_batch_size = self.config.batch_size
+
+    # ------------------------------------------------------------------ HTTP
+    def _client(self):
+        from ._imports import require
+
+        httpx = require("httpx", "serve")
+        with self._http_lock:
+            if self._http is None:
+                headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
+                # Per-operation timeouts are the whole budget; the whole-request deadline is enforced in _request.
+                self._http = httpx.Client(base_url=self.config.url.rstrip("/"), headers=headers,
+                                          timeout=httpx.Timeout(self.config.timeout))
+                self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="rewardkit-remote")
+            return self._http
+
+    def _once(self, method: str, path: str, body: Any) -> tuple[int, dict[str, str], bytes]:
+        client = self._client()
+        content = None if body is None else json.dumps(body, allow_nan=False).encode()
+        with client.stream(method, path, content=content,
+                           headers={"Content-Type": "application/json"} if content is not None else None) as r:
+            data, size = [], 0
+            for chunk in r.iter_bytes():
+                size += len(chunk)
+                if size > self.config.max_response_bytes:
+                    raise RemoteRewardError(f"response over {self.config.max_response_bytes:,} bytes")
+                data.append(chunk)
+            return r.status_code, dict(r.headers), b"".join(data)
+
+    def _request(self, method: str, path: str, body: Any = None) -> Any:
+        """One logical request with whole-request timeouts and bounded retries; returns the parsed JSON."""
+        import httpx
+
+        self._client()
+        last = None
+        for attempt in range(self.config.max_retries + 1):
+            fut = self._pool.submit(self._once, method, path, body)
+            try:
+                status, headers, data = fut.result(timeout=self.config.timeout)
+            except FutureTimeout:
+                last = f"no complete answer within {self.config.timeout:g} s"
+                retry_after = None
+            except (httpx.TransportError, ConnectionError) as exc:
+                last = f"{type(exc).__name__}: {exc}"
+                retry_after = None
+            else:
+                if status == 200:
+                    try:
+                        return json.loads(data)
+                    except (UnicodeDecodeError, json.JSONDecodeError):
+                        raise RemoteRewardError(f"{method} {path}: the server's answer is not JSON") from None
+                message = _error_message(data)
+                if status not in _RETRY_STATUS:
+                    raise RemoteRewardError(f"{method} {path}: HTTP {status}: {message}")
+                last = f"HTTP {status}: {message}"
+                retry_after = _retry_after(headers)
+            if attempt == self.config.max_retries:
+                break
+            delay = min(self.config.max_backoff, retry_after if retry_after is not None
+                        else 0.25 * 2 ** attempt * (1 + 0.25 * random.random()))
+            time.sleep(delay)
+        raise RemoteRewardError(f"{method} {self.config.url}{path} failed after "
+                                f"{self.config.max_retries + 1} attempts: {last}")
+
+    def server_info(self) -> dict[str, Any]:
+        info = self._request("GET", "/info")
+        required = ("reward", "tasks", "dimensions", "higher_is_better", "score_range", "uses_prompt",
+                    "batch_relative")
+        if not isinstance(info, dict) or any(k not in info for k in required):
+            raise RemoteRewardError(f"{self.config.url}/info is not a rewardkit server's answer")
+        return info
+
+    # ------------------------------------------------------------------ Reward
+    def _payload(self, batch: RewardBatch) -> dict[str, Any]:
+        enc = self.config.encoding
+        body: dict[str, Any] = {"images": [encode_image(im, enc) for im in batch.images],
+                                "prompt": list(batch.prompts) if self.uses_prompt else None}
+        if batch.sources is not None:
+            body["sources"] = [[encode_image(s, enc) for s in srcs] for srcs in batch.sources]
+        if any(batch.metadata):
+            body["metadata"] = [m or None for m in batch.metadata]
+        return body
+
+    def _score(self, batch: RewardBatch) -> RewardOutput:
+        res = self._request("POST", "/score", self._payload(batch))
+        return _output_from_json(res, len(batch), self.dimensions)
+
+    def compare(self, images_a: Any, images_b: Any, prompt: str | Sequence[str] | None = None, *,
+                sources: Sequence[Any] | None = None, metadata: Sequence[dict[str, Any] | None] | None = None,
+                batch_size: int | None = None, on_error: str = "raise") -> PairwiseOutput:
+        """The server's ``compare`` (a judge's native pairwise question where it has one). Inputs are
+        validated locally first, exactly as a local reward's ``__call__`` does."""
+        from . import media
+
+        a, b = media.split_batch(images_a), media.split_batch(images_b)
+        if len(a) != len(b):
+            from .errors import RewardInputError
+
+            raise RewardInputError(f"compare got {len(a)} images_a but {len(b)} images_b")
+        n = len(a)
+        # Normalise both sides through the base class's input checks (errors named per sample, on_error
+        # honoured), capturing the canonical batches instead of scoring them; then send the pairs valid on
+        # both sides in one /compare request.
+        errors: list[str | None] = [None] * n
+        canon = {}
+        for side, imgs in (("a", a), ("b", b)):
+            captured: list[RewardBatch] = []
+            self._tls.capture = captured
+            try:
+                out = Reward.__call__(self, imgs, prompt, sources=sources, metadata=metadata,
+                                      batch_size=max(n, 1), on_error=on_error)
+            finally:
+                self._tls.capture = None
+            canon[side] = captured[0] if captured else RewardBatch(images=[], prompts=[])
+            for i in range(n):
+                if not bool(out.valid[i]) and errors[i] is None:
+                    errors[i] = f"{side}: {out.errors[i]}"
+        ok = [i for i in range(n) if errors[i] is None]
+        prob = torch.full((n,), float("nan"))
+        valid = torch.zeros(n, dtype=torch.bool)
+        rats = None
+        info: dict[str, Any] = {}
+        if ok:
+            pos_a = {idx: j for j, idx in enumerate(canon["a"].indices)}
+            pos_b = {idx: j for j, idx in enumerate(canon["b"].indices)}
+            ba, bb = canon["a"].select([pos_a[i] for i in ok]), canon["b"].select([pos_b[i] for i in ok])
+            enc = self.config.encoding
+            body: dict[str, Any] = {"images_a": [encode_image(x, enc) for x in ba.images],
+                                    "images_b": [encode_image(x, enc) for x in bb.images],
+                                    "prompt": list(ba.prompts) if self.uses_prompt else None}
+            if ba.sources is not None:
+                body["sources"] = [[encode_image(s, enc) for s in srcs] for srcs in ba.sources]
+            if any(ba.metadata):
+                body["metadata"] = [m or None for m in ba.metadata]
+            res = self._request("POST", "/compare", body)
+            pair = _pair_from_json(res, len(ok))
+            idx = torch.tensor(ok)
+            prob[idx] = pair.prob_a
+            valid[idx] = pair.valid
+            for j, i in enumerate(ok):
+                errors[i] = pair.errors[j]
+            if pair.rationales is not None:
+                rats = [None] * n
+                for j, i in enumerate(ok):
+                    rats[i] = pair.rationales[j]
+            info = pair.info
+        return PairwiseOutput(prob_a=prob, valid=valid, errors=errors, rationales=rats, info=info)
+
+    def _run(self, sub: RewardBatch) -> RewardOutput:
+        captured = getattr(self._tls, "capture", None)
+        if captured is not None:  # compare() normalising its inputs (this thread): keep the batch, send nothing
+            captured.append(sub)
+            return RewardOutput(scores=torch.zeros(len(sub)))
+        return super()._run(sub)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        for k in ("_http", "_http_lock", "_pool", "_tls"):
+            state.pop(k, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._http, self._pool, self._http_lock, self._tls = None, None, threading.Lock(), threading.local()
+
+    def close(self) -> None:
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
+
+    @classmethod
+    def tiny(cls, workdir: str) -> "RemoteReward":
+        """A client of a tiny CLIP reward served in a background thread on 127.0.0.1 (an ephemeral port)."""
+        from .registry import load_reward
+        from .server import ServerConfig, serve_in_thread
+        from .testing import save_tiny_checkpoint
+
+        path = save_tiny_checkpoint("clip", os.path.join(workdir, "remote-tiny-clip"))
+        handle = serve_in_thread(load_reward("clipscore", model=str(path)), ServerConfig(max_wait_ms=2.0))
+        return cls(url=handle.url, timeout=60.0)
+
+
+def _error_message(data: bytes) -> str:
+    try:
+        obj = json.loads(data)
+        if isinstance(obj, dict) and isinstance(obj.get("error"), str):
+            return obj["error"][:2000]
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        pass
+    return data[:200].decode("utf-8", "replace")
+
+
+def _retry_after(headers: dict[str, str]) -> float | None:
+    value = {k.lower(): v for k, v in headers.items()}.get("retry-after")
+    try:
+        v = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return v if v is not None and math.isfinite(v) and v >= 0 else None
+
+
+def _floats(values: Any, n: int, what: str) -> torch.Tensor:
+    if not isinstance(values, list) or len(values) != n:
+        raise RemoteRewardError(f"malformed answer: '{what}' is not a list of {n} values")
+    out = []
+    for v in values:
+        if v is None:
+            out.append(float("nan"))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            out.append(float(v))
+        else:
+            raise RemoteRewardError(f"malformed answer: '{what}' holds {v!r}")
+    return torch.tensor(out, dtype=torch.float32)
+
+
+def _common(res: Any, n: int) -> tuple[torch.Tensor, list[str | None], list[str | None] | None]:
+    if not isinstance(res, dict):
+        raise RemoteRewardError("malformed answer: not a JSON object")
+    valid = res.get("valid")
+    if not isinstance(valid, list) or len(valid) != n or not all(isinstance(v, bool) for v in valid):
+        raise RemoteRewardError(f"malformed answer: 'valid' is not a list of {n} booleans")
+    errors = res.get("errors")
+    if not isinstance(errors, list) or len(errors) != n or not all(e is None or isinstance(e, str) for e in errors):
+        raise RemoteRewardError(f"malformed answer: 'errors' is not a list of {n} strings / nulls")
+    rats = res.get("rationales")
+    if rats is not None and (not isinstance(rats, list) or len(rats) != n):
+        raise RemoteRewardError("malformed answer: 'rationales'")
+    return torch.tensor(valid, dtype=torch.bool), errors, rats
+
+
+def _output_from_json(res: Any, n: int, dimensions: Sequence[str]) -> RewardOutput:
+    valid, errors, rats = _common(res, n)
+    scores = _floats(res.get("scores"), n, "scores")
+    dims_raw = res.get("dimensions") or {}
+    if not isinstance(dims_raw, dict):
+        raise RemoteRewardError("malformed answer: 'dimensions' is not an object")
+    dims = {str(k): _floats(v, n, f"dimensions.{k}") for k, v in dims_raw.items()}
+    # A sample the server marked valid must carry a finite score (RewardOutput turns NaN into invalid).
+    errors = [e if (not v or math.isfinite(float(s))) else "server marked a NaN score valid"
+              for e, v, s in zip(errors, valid.tolist(), scores.tolist())]
+    details = res.get("details")
+    if details is not None and (not isinstance(details, list) or len(details) != n):
+        raise RemoteRewardError("malformed answer: 'details'")
+    info = res.get("info") if isinstance(res.get("info"), dict) else {}
+    return RewardOutput(scores=scores, valid=valid, errors=errors, dimensions=dims, rationales=rats,
+                        info=dict(info), details=details)
+
+
+def _pair_from_json(res: Any, n: int) -> PairwiseOutput:
+    valid, errors, rats = _common(res, n)
+    prob = _floats(res.get("prob_a"), n, "prob_a")
+    fin = prob[torch.isfinite(prob)]
+    if bool(((fin < 0) | (fin > 1)).any()):
+        raise RemoteRewardError("malformed answer: 'prob_a' outside [0, 1]")
+    info = res.get("info") if isinstance(res.get("info"), dict) else {}
+    return PairwiseOutput(prob_a=prob, valid=valid, errors=errors, rationales=rats, info=dict(info))

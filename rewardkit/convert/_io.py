@@ -1,0 +1,274 @@
+"""Reading official checkpoints safely and writing converted rewardkit directories.
+
+Pickled checkpoints (``.pt`` / ``.pth``) are read **only** by the converters, in three layers: the pickle
+opcodes are scanned first and any global beyond tensors, storages and ordered dicts (:data:`ALLOWED_GLOBALS`)
+refuses the file with its name; then ``torch.load(weights_only=True)`` (torch's own allow-list unpickler)
+loads it; then the result is checked to hold nothing but tensors in (nested) dicts. The runtime rewards never read pickles: they load the safetensors written here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from .._version import __version__
+
+__all__ = ["read_checkpoint", "state_dict_from", "write_converted", "read_manifest", "MANIFEST", "FORMAT",
+           "UnsafeCheckpointError"]
+
+MANIFEST = "rewardkit.json"
+FORMAT = "rewardkit-converted"
+FORMAT_VERSION = 1
+_PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+
+
+class UnsafeCheckpointError(ValueError):
+    """A pickled checkpoint holds something other than tensors / storages / ordered dicts."""
+
+
+_STORAGES = ("Float", "Half", "BFloat16", "Double", "Long", "Int", "Short", "Char", "Byte", "Bool")
+#: the only globals a weights pickle may name: tensors (and parameters), storages, ordered dicts
+ALLOWED_GLOBALS = frozenset({("collections", "OrderedDict"), ("torch._utils", "_rebuild_tensor_v2"),
+                             ("torch._utils", "_rebuild_parameter")}
+                            | {("torch", f"{t}Storage") for t in _STORAGES})
+_STR_OPS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "SHORT_BINSTRING", "BINSTRING", "STRING"}
+
+
+def _pickle_globals(stream: Any) -> list[tuple[str, str] | None]:
+    """The globals one pickle names, read from its opcodes without executing anything (``None`` for a
+    ``STACK_GLOBAL`` whose operands cannot be followed statically: treated as refused)."""
+    import pickletools
+
+    found: list[tuple[str, str] | None] = []
+    memo: dict[int, Any] = {}
+    last: list[Any] = []  # values of the most recent pushes we can follow (strings, else None)
+    for op, arg, _ in pickletools.genops(stream):
+        name = op.name
+        if name == "GLOBAL":
+            mod, _, attr = str(arg).partition(" ")
+            found.append((mod, attr))
+            last.append(None)
+        elif name == "STACK_GLOBAL":
+            pair = (last[-2], last[-1]) if len(last) >= 2 else (None, None)
+            found.append(pair if all(isinstance(x, str) for x in pair) else None)
+            del last[-2:]
+            last.append(None)
+        elif name in _STR_OPS:
+            last.append(arg)
+        elif name == "MEMOIZE":
+            memo[len(memo)] = last[-1] if last else None
+        elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
+            memo[int(arg)] = last[-1] if last else None
+        elif name in ("GET", "BINGET", "LONG_BINGET"):
+            last.append(memo.get(int(arg)))
+        elif name in ("POP", "POP_MARK", "DUP"):
+            last.append(None)  # the stack changed shape: stop trusting earlier pushes
+            last.append(None)
+        elif name == "STOP":
+            break
+        else:
+            last.append(None)
+        if len(last) > 64:
+            del last[:-8]
+    return found
+
+
+def scan_pickle(path: Path) -> None:
+    """Refuse a ``.pt`` / ``.pth`` whose pickle(s) name anything beyond :data:`ALLOWED_GLOBALS` (checked from
+    the opcodes before torch's weights-only unpickler runs; both must accept the file)."""
+    import io
+    import zipfile
+
+    def check(names: list, where: str) -> None:
+        bad = sorted({"?" if n is None else f"{n[0]}.{n[1]}" for n in names if n not in ALLOWED_GLOBALS})
+        if bad:
+            raise UnsafeCheckpointError(
+                f"{path}: refused to read this pickle: {where} references {', '.join(bad[:5])}; a weights file "
+                "may only hold tensors, storages and ordered dicts. rewardkit never unpickles anything else "
+                "(convert a weights-only checkpoint, e.g. HPS_v2.1_compressed.pt, not HPS_v2.pt).")
+
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as zf:
+            pkls = [n for n in zf.namelist() if n.endswith(".pkl")]
+            if not pkls:
+                raise UnsafeCheckpointError(f"{path}: a zip file without a pickle: not a torch checkpoint")
+            for n in pkls:
+                check(_pickle_globals(io.BytesIO(zf.read(n))), n)
+        return
+    with open(path, "rb") as f:  # legacy format: magic, protocol, sys info, data, storage keys (5 pickles)
+        for i in range(5):
+            try:
+                names = _pickle_globals(f)
+            except Exception as exc:  # the end of a plain pickle file, or raw storage bytes after the pickles
+                if i == 0:
+                    raise UnsafeCheckpointError(f"{path}: not a readable pickle ({exc})") from None
+                break
+            check(names, f"pickle {i}")
+
+
+def _check_plain(obj: Any, where: str = "checkpoint") -> None:
+    """Only tensors, numbers, strings and None inside dicts / lists / tuples."""
+    if isinstance(obj, torch.Tensor) or obj is None or isinstance(obj, (bool, int, float, str)):
+        return
+    if isinstance(obj, (dict, OrderedDict)):
+        for k, v in obj.items():
+            if not isinstance(k, (str, int)):
+                raise UnsafeCheckpointError(f"{where}: key of type {type(k).__name__} (expected str)")
+            _check_plain(v, f"{where}[{k!r}]")
+        return
+    if isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            _check_plain(v, f"{where}[{i}]")
+        return
+    raise UnsafeCheckpointError(f"{where}: object of type {type(obj).__name__} is not a tensor or a dict of tensors")
+
+
+def read_checkpoint(path: str | Path) -> Any:
+    """Load a ``.safetensors`` file, or a pickled ``.pt`` / ``.pth`` through torch's allow-list unpickler.
+
+    Pickles that reference anything beyond tensors, storages and ordered dicts (numpy arrays, optimiser
+    objects, arbitrary classes) are refused with :class:`UnsafeCheckpointError` naming the offending globals;
+    nothing in them is executed.
+    Tensors saved on a GPU are mapped to the CPU.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if path.suffix not in _PICKLE_SUFFIXES and head[:2] != b"PK":
+        raise ValueError(f"{path}: unknown checkpoint format (expected .safetensors, .pt or .pth)")
+    scan_pickle(path)
+    try:
+        obj = torch.load(str(path), map_location="cpu", weights_only=True, mmap=head[:2] == b"PK")
+    except Exception as exc:  # torch raises UnpicklingError naming the refused global
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UnsafeCheckpointError(
+            f"{path}: refused to read this pickle: it holds objects other than tensors, storages and ordered "
+            f"dicts ({msg}). rewardkit never unpickles arbitrary objects; convert a weights-only checkpoint "
+            "(e.g. HPS_v2.1_compressed.pt, not HPS_v2.pt).") from None
+    _check_plain(obj, path.name)
+    return obj
+
+
+def state_dict_from(obj: Any, *keys: str) -> dict[str, torch.Tensor]:
+    """The flat tensor dict inside a loaded checkpoint (``obj[key]`` for the first key present, else ``obj``);
+    a leading ``module.`` (DataParallel) is stripped."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"checkpoint is a {type(obj).__name__}, expected a dict of tensors")
+    for k in keys:
+        if k in obj and isinstance(obj[k], dict):
+            obj = obj[k]
+            break
+    out = {}
+    for k, v in obj.items():
+        if not isinstance(v, torch.Tensor):
+            continue
+        out[k[len("module."):] if k.startswith("module.") else k] = v
+    if not out:
+        raise ValueError(f"no tensors found in the checkpoint (top-level keys: {sorted(obj)[:10]})")
+    return out
+
+
+def resolve_source(src: str | Path, hub_files: tuple[str, ...] = ()) -> Path:
+    """A local checkpoint file as is; else, for ``org/name`` hub ids, the first of ``hub_files`` (safetensors
+    only: pickles are never downloaded here) fetched with ``huggingface_hub``."""
+    import re
+
+    p = Path(src).expanduser()
+    if p.exists():
+        return p
+    if hub_files and re.fullmatch(r"[\w.-]+/[\w.-]+", str(src)):
+        hub = __import__("huggingface_hub")
+        errors = []
+        for fname in hub_files:
+            if not fname.endswith(".safetensors"):
+                continue
+            try:
+                return Path(hub.hf_hub_download(str(src), fname))
+            except Exception as exc:  # try the next name; report all at the end
+                errors.append(f"{fname}: {type(exc).__name__}: {exc}")
+        raise FileNotFoundError(f"{src!r} is not a local file and no safetensors file could be downloaded from "
+                                f"the hub ({'; '.join(errors) or 'no candidates'})")
+    raise FileNotFoundError(f"checkpoint not found: {src}")
+
+
+def sha256_of(path: str | Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(chunk)
+            if not b:
+                break
+            h.update(b)
+    return h.hexdigest()
+
+
+def check_dst(dst: str | Path, overwrite: bool) -> None:
+    """Fail before any work when ``dst`` exists and ``overwrite`` is off."""
+    if Path(dst).exists() and not overwrite:
+        raise FileExistsError(f"{dst} exists; pass --overwrite (overwrite=True) to replace it")
+
+
+def write_converted(dst: str | Path, reward: str, writer: Callable[[Path], dict[str, Any] | None], *,
+                    source: str | Path | None = None, overwrite: bool = False, **manifest: Any) -> Path:
+    """Write a converted directory atomically: ``writer(tmp_dir)`` writes the weights and processor files and
+    may return extra manifest entries; then ``rewardkit.json`` names the reward. Readers never see half a
+    directory; an existing ``dst`` is replaced only with ``overwrite``."""
+    dst = Path(dst)
+    check_dst(dst, overwrite)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
+    try:
+        extra = writer(tmp) or {}
+        man = {"format": FORMAT, "format_version": FORMAT_VERSION, "reward": reward,
+               "converted_by": f"rewardkit {__version__}", **manifest, **extra}
+        if source is not None:
+            src = Path(source)
+            man["source"] = {"file": src.name, "sha256": sha256_of(src) if src.is_file() else None}
+        (tmp / MANIFEST).write_text(json.dumps(man, indent=2), encoding="utf-8")
+        if dst.exists():
+            old = dst.parent / f".{dst.name}.old-{os.getpid()}"
+            os.replace(dst, old)
+            os.replace(tmp, dst)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dst
+
+
+def read_manifest(path: str | Path, reward: str) -> dict[str, Any]:
+    """The ``rewardkit.json`` of a converted directory, checked to name ``reward``; a clear error otherwise
+    (including the case of an unconverted official checkpoint, which the runtime never unpickles)."""
+    p = Path(path)
+    if p.is_file():
+        hint = (f" It looks like an official checkpoint file: convert it once with "
+                f"`rewardkit convert {reward} {p} OUT_DIR` and pass model=OUT_DIR.")
+        raise ValueError(f"{p} is a file, not a converted rewardkit directory.{hint}")
+    if not p.is_dir():
+        raise FileNotFoundError(f"{p}: no such directory (convert the official checkpoint with "
+                                f"`rewardkit convert {reward} SRC {p}`)")
+    mf = p / MANIFEST
+    if not mf.is_file():
+        raise ValueError(f"{p} has no {MANIFEST}: not written by `rewardkit convert {reward}`")
+    man = json.loads(mf.read_text(encoding="utf-8"))
+    if man.get("format") != FORMAT or int(man.get("format_version", 0)) > FORMAT_VERSION:
+        raise ValueError(f"{mf}: unsupported format {man.get('format')!r} v{man.get('format_version')}")
+    if man.get("reward") != reward:
+        raise ValueError(f"{p} was converted for reward {man.get('reward')!r}, not {reward!r}")
+    return man

@@ -1,0 +1,139 @@
+"""Building blocks of the published rewards (``hpsv2``, ``aesthetic``, ``imagereward``): their MLP heads and
+their exact image preprocessing, written from the published recipes (see docs/zoo.md for sources).
+
+Preprocessing returns float32 ``[B, 3, S, S]`` pixel tensors. The per-image cores take a float ``[3, H, W]``
+tensor in [0, 1] where the recipe allows it (HPSv2), so an on-device / differentiable path can reuse them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+__all__ = ["RatingMLP", "hpsv2_transform", "hpsv2_pixels", "openai_clip_pixels", "CLIP_MEAN", "CLIP_STD",
+           "to_unit_tensor"]
+
+#: OpenAI CLIP normalisation (HPSv2, ImageReward and the aesthetic predictor all use it).
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+class RatingMLP(nn.Module):
+    """The 5-layer rating MLP shared by the LAION aesthetic predictor v2 and ImageReward.
+
+    ``[B, in_features] -> [B, 1]`` through widths 1024, 128, 64, 16. ``activation=None`` is the published
+    activation-free stack (``Linear, Dropout, Linear, Dropout, Linear, Dropout, Linear, Linear``: parameter
+    keys ``layers.{0,2,4,6,7}``, ImageReward and the aesthetic ``linearMSE`` file); ``"relu"`` is the aesthetic
+    ``reluMSE`` variant (``layers.{0,3,6,9,11}``). Dropout is inactive at inference.
+    """
+
+    WIDTHS = (1024, 128, 64, 16)
+
+    def __init__(self, in_features: int = 768, activation: str | None = None, dropout: float = 0.0,
+                 widths: Sequence[int] = WIDTHS) -> None:
+        super().__init__()
+        if activation not in (None, "relu"):
+            raise ValueError(f"activation must be None or 'relu', got {activation!r}")
+        w = [int(in_features), *[int(x) for x in widths]]
+        mods: list[nn.Module] = []
+        for i in range(len(w) - 1):
+            mods.append(nn.Linear(w[i], w[i + 1]))
+            if activation == "relu":
+                mods.append(nn.ReLU())
+            if i < len(w) - 2:
+                mods.append(nn.Dropout(dropout))
+        mods.append(nn.Linear(w[-1], 1))
+        self.layers = nn.Sequential(*mods)
+        self.activation = activation
+
+    @staticmethod
+    def linear_indices(activation: str | None, n_linear: int = 5) -> list[int]:
+        """Indices of the Linear layers inside ``layers`` (the checkpoint keys)."""
+        return RatingMLP(8, activation, widths=(4,) * (n_linear - 1)).linear_positions()
+
+    def linear_positions(self) -> list[int]:
+        return [i for i, m in enumerate(self.layers) if isinstance(m, nn.Linear)]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+def to_unit_tensor(image: Any) -> torch.Tensor:
+    """An RGB PIL image -> float32 ``[3, H, W]`` in [0, 1] (torchvision's ``ToTensor``)."""
+    arr = np.asarray(image.convert("RGB"), dtype=np.uint8)
+    return torch.from_numpy(arr.copy()).permute(2, 0, 1).float().div_(255.0)
+
+
+def _normalize(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
+    m = torch.tensor(mean, dtype=x.dtype, device=x.device).view(-1, 1, 1)
+    s = torch.tensor(std, dtype=x.dtype, device=x.device).view(-1, 1, 1)
+    return (x - m) / s
+
+
+def hpsv2_transform(x: torch.Tensor, size: int = 224, mean: Sequence[float] = CLIP_MEAN,
+                    std: Sequence[float] = CLIP_STD) -> torch.Tensor:
+    """HPSv2's evaluation transform on one float ``[3, H, W]`` image in [0, 1] -> ``[3, size, size]``.
+
+    OpenCLIP ``ResizeMaxSize`` as HPSv2 applies it (after ``ToTensor``, so torchvision's tensor resize):
+    bicubic, antialiased resize of the longest side to ``size`` (the other side ``round(side * scale)``), then
+    a centred zero pad (black, before normalisation; left / top get ``pad // 2``), then CLIP mean / std.
+    Upstream skips the pad when the longest side is already ``size``, which only works for square images
+    (a non-square one crashes the ViT); here such images are padded too. Differentiable in ``x``.
+    """
+    if x.ndim != 3 or x.shape[0] != 3:
+        raise ValueError(f"expected a [3, H, W] image tensor, got {tuple(x.shape)}")
+    h, w = int(x.shape[1]), int(x.shape[2])
+    scale = size / float(max(h, w))
+    if scale != 1.0:
+        nh, nw = round(h * scale), round(w * scale)
+        x = torch.nn.functional.interpolate(x[None], size=(nh, nw), mode="bicubic", align_corners=False,
+                                            antialias=True)[0]
+        h, w = nh, nw
+    ph, pw = size - h, size - w
+    if ph or pw:
+        x = torch.nn.functional.pad(x, (pw // 2, pw - pw // 2, ph // 2, ph - ph // 2), value=0.0)
+    return _normalize(x, mean, std)
+
+
+def hpsv2_pixels(images: Sequence[Any], size: int = 224) -> torch.Tensor:
+    """B RGB PIL images -> HPSv2 pixel values ``[B, 3, size, size]`` (see :func:`hpsv2_transform`)."""
+    if not images:
+        return torch.zeros(0, 3, size, size)
+    return torch.stack([hpsv2_transform(to_unit_tensor(im), size) for im in images])
+
+
+def openai_clip_pixels(images: Sequence[Any], size: int = 224, mean: Sequence[float] = CLIP_MEAN,
+                       std: Sequence[float] = CLIP_STD) -> torch.Tensor:
+    """OpenAI CLIP's ``_transform`` (used by ImageReward and the LAION aesthetic predictor) -> ``[B, 3, S, S]``.
+
+    torchvision ``Resize(size, BICUBIC)`` on the PIL image (shorter side to ``size``, longer side
+    ``int(size * long / short)``), ``CenterCrop(size)`` (offsets ``int(round((side - size) / 2))``), RGB,
+    ``ToTensor``, mean / std. (transformers' ``CLIPImageProcessor`` differs in rounding and resampling.)
+    """
+    from PIL import Image
+
+    out = []
+    for im in images:
+        w, h = im.size
+        if w <= h:
+            nw, nh = size, int(size * h / w)
+        else:
+            nw, nh = int(size * w / h), size
+        if (nw, nh) != (w, h):
+            im = im.resize((nw, nh), Image.BICUBIC)
+        top, left = int(round((nh - size) / 2.0)), int(round((nw - size) / 2.0))
+        im = im.crop((left, top, left + size, top + size))
+        out.append(_normalize(to_unit_tensor(im), mean, std))
+    return torch.stack(out) if out else torch.zeros(0, 3, size, size)
+
+
+def clip_image_embeddings(model: Any, pixels: torch.Tensor) -> torch.Tensor:
+    """``CLIPModel.get_image_features`` on ready pixel values ``[B, 3, S, S]`` -> L2-normalised fp32 ``[B, D]``
+    (the model's device and dtype are used)."""
+    p = next(model.parameters())
+    feats = model.get_image_features(pixel_values=pixels.to(p.device, p.dtype))
+    feats = getattr(feats, "pooler_output", feats)  # transformers 5 may return an output object
+    return torch.nn.functional.normalize(feats.float(), dim=-1)

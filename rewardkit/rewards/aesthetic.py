@@ -1,0 +1,93 @@
+"""LAION aesthetic predictor v2 (Schuhmann et al.): an MLP on CLIP ViT-L/14 image embeddings, regressed on
+AVA mean ratings, so scores sit on the 1-10 rating scale (most images 4-7; not clipped). The prompt is not
+used.
+
+``score = MLP(normalize(CLIP_L14.get_image_features(image)))`` with OpenAI CLIP's preprocessing (bicubic
+shorter side to 224, centre crop). Two published heads: ``sac+logos+ava1-l14-linearMSE.pth`` (no
+activations, the one everyone uses) and ``...-reluMSE.pth``. Convert once::
+
+    rewardkit convert aesthetic sac+logos+ava1-l14-linearMSE.pth aesthetic/ [--clip openai/clip-vit-large-patch14]
+    load_reward("aesthetic", model="aesthetic/")
+
+Upstream runs CLIP in fp16 on GPU (``clip.load``); here the default is fp32 (``dtype=`` to change).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..reward import RewardBatch, RewardOutput
+from ._clip_base import CLIPReward, CLIPRewardConfig
+
+
+@dataclass
+class AestheticConfig(CLIPRewardConfig):
+    model: str = ""          # directory written by `rewardkit convert aesthetic`
+    batch_size: int = 32
+
+
+class Aesthetic(CLIPReward):
+    """LAION aesthetic predictor v2: MLP on normalised CLIP ViT-L/14 image embeddings, 1-10 scale."""
+
+    name: ClassVar[str] = "aesthetic"
+    uses_prompt = False
+    score_range = None  # nominally 1-10 (AVA ratings), but a regression output is not bounded
+    Config = AestheticConfig
+
+    def _check_config(self) -> None:
+        from ..convert._io import read_manifest
+
+        if not self.config.model:
+            raise ValueError("aesthetic needs model=<directory written by `rewardkit convert aesthetic "
+                             "sac+logos+ava1-l14-linearMSE.pth DIR`>")
+        self.manifest = read_manifest(self.config.model, "aesthetic")
+
+    def _processor_for(self, model: str) -> str:
+        return self.config.processor or model
+
+    def __init__(self, config=None, /, **overrides):
+        super().__init__(config, **overrides)
+        from pathlib import Path
+
+        from safetensors.torch import load_file
+
+        from ..models.zoo import RatingMLP
+
+        h = self.manifest["head"]
+        self.head = RatingMLP(int(h["in_features"]), h["activation"], widths=h["widths"]).float().eval()
+        self.head.load_state_dict(load_file(str(Path(self.config.model) / h["file"])), strict=True)
+        self.head.to(self._device)
+
+    def to(self, device):
+        super().to(device)
+        self.head.to(self._device)
+        return self
+
+    def _score(self, batch: RewardBatch) -> RewardOutput:
+        import torch
+
+        from ..models.zoo import clip_image_embeddings, openai_clip_pixels
+
+        size = int(self.backbone.model.config.vision_config.image_size)
+        emb = clip_image_embeddings(self.backbone.model, openai_clip_pixels(batch.images, size))
+        with torch.autocast(device_type=emb.device.type, enabled=False):
+            scores = self.head(emb.to(self._device).float())[:, 0]
+        return RewardOutput(scores=scores.cpu(), info={"model": self.config.model,
+                                                       "variant": self.manifest.get("variant")})
+
+    @classmethod
+    def tiny(cls, workdir: str) -> "Aesthetic":
+        from pathlib import Path
+
+        from ..convert import convert
+        from ..convert.tiny import write_tiny_aesthetic
+        from ..testing import save_tiny_checkpoint
+
+        root = Path(workdir)
+        out = root / "tiny-aesthetic"
+        if not (out / "rewardkit.json").is_file():
+            clip = save_tiny_checkpoint("clip", root / "tiny-clip-l14")
+            src = write_tiny_aesthetic(root / "sac+logos+ava1-l14-linearMSE.pth", in_features=16)
+            convert("aesthetic", src, out, clip=str(clip))
+        return cls(model=str(out), device="cpu")

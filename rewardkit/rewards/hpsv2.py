@@ -1,0 +1,84 @@
+"""HPSv2 / HPSv2.1 (Wu et al. 2023, "Human Preference Score v2"): an OpenCLIP ViT-H-14 fine-tuned on HPDv2.
+
+``score = cos(image, prompt)``, the cosine of the L2-normalised image and text embeddings, exactly what
+``hpsv2.score(...)`` returns (about 0.2-0.35 for real images). The HPSv2 benchmark tables report ``100 *
+cosine`` (e.g. 27.5): pass ``scale=100`` to get that convention. Images go through HPSv2's own
+preprocessing (longest side to 224, bicubic, centred zero pad; not CLIP's centre crop), see
+:func:`rewardkit.models.zoo.hpsv2_transform`.
+
+Weights: convert the official file once, offline (the runtime reads safetensors only)::
+
+    rewardkit convert hpsv2 HPS_v2.1_compressed.pt hpsv2.1/
+    load_reward("hpsv2", model="hpsv2.1/")
+
+(``HPS_v2_compressed.pt`` for v2.0; the 8 GB ``HPS_v2.pt`` holds numpy objects and is refused.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from ..reward import RewardBatch, RewardOutput
+from ._clip_base import CLIPReward, CLIPRewardConfig
+
+
+@dataclass
+class HPSv2Config(CLIPRewardConfig):
+    model: str = ""          # directory written by `rewardkit convert hpsv2`
+    scale: float = 1.0       # 100 = the leaderboard convention (27.xx)
+    batch_size: int = 16
+
+
+class HPSv2(CLIPReward):
+    """HPSv2 / HPSv2.1 human-preference score: cosine of OpenCLIP ViT-H-14 embeddings (x scale)."""
+
+    name: ClassVar[str] = "hpsv2"
+    score_range = (-1.0, 1.0)
+    dimensions = ("cosine",)
+    Config = HPSv2Config
+
+    def _check_config(self) -> None:
+        from ..convert._io import read_manifest
+
+        cfg = self.config
+        if not cfg.model:
+            raise ValueError("hpsv2 needs model=<directory written by `rewardkit convert hpsv2 "
+                             "HPS_v2.1_compressed.pt DIR`>")
+        if not (cfg.scale > 0):
+            raise ValueError(f"scale must be > 0, got {cfg.scale!r}")
+        self.manifest = read_manifest(cfg.model, "hpsv2")
+        self.score_range = (-float(cfg.scale), float(cfg.scale))
+
+    def _processor_for(self, model: str) -> str:
+        return self.config.processor or model
+
+    def _score(self, batch: RewardBatch) -> RewardOutput:
+        from ..models.zoo import clip_image_embeddings, hpsv2_pixels
+
+        uniq = list(dict.fromkeys(batch.prompts))
+        text_emb, truncated = self.backbone.embed_texts(uniq)
+        idx = torch.tensor([uniq.index(p) for p in batch.prompts], device=text_emb.device)
+        size = int(self.backbone.model.config.vision_config.image_size)
+        img_emb = clip_image_embeddings(self.backbone.model, hpsv2_pixels(batch.images, size))
+        cos = (img_emb * text_emb[idx]).sum(-1).cpu()
+        return RewardOutput(scores=cos * float(self.config.scale), dimensions={"cosine": cos},
+                            info={"model": self.config.model, "version": self.manifest.get("variant"),
+                                  "scale": self.config.scale, "prompts_truncated": truncated})
+
+    @classmethod
+    def tiny(cls, workdir: str) -> "HPSv2":
+        from pathlib import Path
+
+        from ..convert import convert
+        from ..convert.tiny import save_tiny_clip_tokenizer, write_tiny_hpsv2
+
+        root = Path(workdir)
+        out = root / "tiny-hpsv2"
+        if not (out / "rewardkit.json").is_file():
+            tok = save_tiny_clip_tokenizer(root / "tiny-clip-tokenizer")
+            src = write_tiny_hpsv2(root / "HPS_v2.1_compressed.pt", tokenizer_dir=tok)
+            convert("hpsv2", src, out, tokenizer=str(tok), vision_heads=2, text_heads=2)
+        return cls(model=str(out), device="cpu")

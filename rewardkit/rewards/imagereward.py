@@ -1,0 +1,119 @@
+"""ImageReward (Xu et al. 2023): BLIP ViT-L/16 image tokens cross-attended by BLIP's BERT text encoder, the
+``[CLS]`` feature into an activation-free MLP, trained on 137k expert comparisons.
+
+``score = (MLP(text_encoder([CLS] prompt, cross-attending ViT(image))[:, 0]) - 0.16717) / 1.03334``, the
+published normalisation, so scores are roughly standardised (about -2..2; real generations mostly -1..1.5).
+``normalize=False`` returns the raw MLP output. Preprocessing is ImageReward's (OpenAI CLIP transform at 224:
+bicubic shorter side, centre crop); prompts are padded / truncated to 35 tokens as upstream.
+
+Convert the official ``ImageReward.pt`` once (read with the weights-only unpickler)::
+
+    rewardkit convert imagereward ImageReward.pt imagereward/ [--med-config med_config.json]
+    load_reward("imagereward", model="imagereward/")
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from ..reward import Reward, RewardBatch, RewardConfig, RewardOutput
+
+
+@dataclass
+class ImageRewardConfig(RewardConfig):
+    model: str = ""          # directory written by `rewardkit convert imagereward`
+    device: str | None = None
+    dtype: str = "float32"
+    batch_size: int = 16
+    normalize: bool = True   # the published (r - mean) / std
+
+
+class ImageReward(Reward):
+    """ImageReward-v1.0: BLIP image-text features into an MLP, normalised human-preference score."""
+
+    name: ClassVar[str] = "imagereward"
+    tasks = frozenset({"t2i"})
+    extras = ("hf",)
+    score_range = None
+    dimensions = ("raw",)
+    thread_safe = False  # one tokenizer; the base class serialises calls
+    Config = ImageRewardConfig
+
+    def __init__(self, config=None, /, **overrides):
+        super().__init__(config, **overrides)
+        from pathlib import Path
+
+        from .._imports import require
+        from ..convert._io import read_manifest
+        from ..models.vlm import from_pretrained_safetensors, resolve_device, resolve_dtype
+        from ..models.zoo import RatingMLP
+
+        cfg = self.config
+        if not cfg.model:
+            raise ValueError("imagereward needs model=<directory written by `rewardkit convert imagereward "
+                             "ImageReward.pt DIR`>")
+        if cfg.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {cfg.batch_size}")
+        self.manifest = man = read_manifest(cfg.model, "imagereward")
+        transformers = require("transformers", "hf", purpose="the imagereward reward")
+        st = require("safetensors.torch", "hf")
+        root = Path(cfg.model)
+        dt = resolve_dtype(cfg.dtype)
+        self._device = resolve_device(cfg.device)
+        self.vision = from_pretrained_safetensors(transformers.BlipVisionModel, str(root / "vision"), dtype=dt)
+        self.text = from_pretrained_safetensors(transformers.BlipTextModel, str(root / "text"), dtype=dt,
+                                                add_pooling_layer=False)
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(root / "tokenizer"))
+        h = man["head"]
+        self.head = RatingMLP(int(h["in_features"]), h["activation"], widths=h["widths"]).float()
+        self.head.load_state_dict(st.load_file(str(root / h["file"])), strict=True)
+        self.mean, self.std = float(man["normalization"]["mean"]), float(man["normalization"]["std"])
+        self.max_length = int(man.get("max_length", 35))
+        self.image_size = int(self.vision.config.image_size)
+        for m in (self.vision, self.text, self.head):
+            m.to(self._device).eval()
+        self.default_batch_size = cfg.batch_size
+
+    def raw_scores(self, pixels: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        """Raw MLP outputs ``[B]`` (fp32) for preprocessed pixels ``[B, 3, S, S]`` and B prompts."""
+        dev, dt = self._device, next(self.vision.parameters()).dtype
+        img = self.vision(pixel_values=pixels.to(dev, dt)).last_hidden_state  # [B, 1 + N, Wv]
+        enc = self.tokenizer(list(prompts), padding="max_length", truncation=True, max_length=self.max_length,
+                             return_tensors="pt")
+        out = self.text(input_ids=enc["input_ids"].to(dev), attention_mask=enc["attention_mask"].to(dev),
+                        encoder_hidden_states=img,
+                        encoder_attention_mask=torch.ones(img.shape[:2], dtype=torch.long, device=dev),
+                        is_decoder=False)  # bidirectional, as BLIP's "multimodal" mode
+        feats = out.last_hidden_state[:, 0].float()  # [B, Wt], the [CLS] position
+        with torch.autocast(device_type=feats.device.type, enabled=False):
+            return self.head(feats)[:, 0]
+
+    def _score(self, batch: RewardBatch) -> RewardOutput:
+        from ..models.zoo import openai_clip_pixels
+
+        raw = self.raw_scores(openai_clip_pixels(batch.images, self.image_size), batch.prompts).cpu()
+        scores = (raw - self.mean) / self.std if self.config.normalize else raw
+        return RewardOutput(scores=scores, dimensions={"raw": raw},
+                            info={"model": self.config.model, "normalize": self.config.normalize})
+
+    def _compare_values(self, out: RewardOutput) -> torch.Tensor:
+        return out.scores
+
+    @classmethod
+    def tiny(cls, workdir: str) -> "ImageReward":
+        from pathlib import Path
+
+        from ..convert import convert
+        from ..convert.tiny import save_tiny_bert_tokenizer, write_tiny_imagereward
+
+        root = Path(workdir)
+        out = root / "tiny-imagereward"
+        if not (out / "rewardkit.json").is_file():
+            tok = save_tiny_bert_tokenizer(root / "tiny-bert-tokenizer")
+            src = write_tiny_imagereward(root / "ir" / "ImageReward.pt", tokenizer_dir=tok)
+            convert("imagereward", src, out, tokenizer=str(tok), vision_heads=2,
+                    med_config=root / "ir" / "med_config.json")
+        return cls(model=str(out), device="cpu")

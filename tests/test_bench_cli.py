@@ -1,0 +1,143 @@
+"""`rewardkit bench --data-dir` cannot silently score the wrong data; invalid runs exit non-zero; the PNG says
+which metric each bar shows, draws each metric's chance level, and keeps 0 % apart from missing."""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import pytest
+
+pytest.importorskip("pyarrow")
+pytest.importorskip("xxhash")
+
+from rewardkit.bench.data import BenchDataError, check_distinct_files, load_comparisons, resolve_local_files  # noqa: E402
+from rewardkit.bench.report import chance_level, plot_records  # noqa: E402
+from rewardkit.bench.spec import get_spec  # noqa: E402
+from rewardkit.bench.synthetic import SYNTHETIC_LAYOUT, write_synthetic_benchmarks  # noqa: E402
+from rewardkit.cli import main  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench-cli")
+    write_synthetic_benchmarks(root, n_pairs=12, n_groups=3)
+    return root
+
+
+def test_only_t2i_parquet_is_not_mmrb2_edit(data_root, tmp_path):
+    only = tmp_path / "mmrb2"
+    (only / "t2i").mkdir(parents=True)
+    shutil.copy(data_root / SYNTHETIC_LAYOUT["mmrb2/t2i"], only / "t2i")
+    assert len(resolve_local_files(get_spec("mmrb2/t2i"), only)) == 1
+    with pytest.raises(BenchDataError, match="config 'edit'"):
+        resolve_local_files(get_spec("mmrb2/edit"), only)
+    # a flat folder cannot say which config its file is: refused with the way out, never guessed
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    shutil.copy(data_root / SYNTHETIC_LAYOUT["mmrb2/t2i"], flat)
+    for name in ("mmrb2/t2i", "mmrb2/edit"):
+        with pytest.raises(BenchDataError, match=r"no file whose path names .*=FILE.parquet"):
+            resolve_local_files(get_spec(name), flat)
+    # the file itself, given directly, is taken as is
+    rows, _ = load_comparisons(get_spec("mmrb2/t2i"), flat / "test-00000-of-00001.parquet")
+    assert len(rows) == 12
+
+
+def test_split_names_match_exactly(data_root, tmp_path):
+    src = data_root / SYNTHETIC_LAYOUT["genaibench/t2i"]
+    old = tmp_path / "genaibench" / "image_generation"
+    old.mkdir(parents=True)
+    shutil.copy(src, old / "train-00000-of-00001.parquet")
+    shutil.copy(src, old / "train_v1-00000-of-00001.parquet")
+    with pytest.raises(BenchDataError, match="split 'test_v1'"):
+        resolve_local_files(get_spec("genaibench/t2i"), tmp_path / "genaibench")
+    shutil.copy(src, old / "test_v1-00000-of-00001.parquet")
+    files = resolve_local_files(get_spec("genaibench/t2i"), tmp_path / "genaibench")
+    assert [f.name for f in files] == ["test_v1-00000-of-00001.parquet"]
+    # flat, prefixed names from other tools
+    (tmp_path / "named").mkdir()
+    shutil.copy(src, tmp_path / "named" / "image_generation_test_v1.parquet")
+    assert len(resolve_local_files(get_spec("genaibench/t2i"), tmp_path / "named")) == 1
+
+
+def test_two_benchmarks_on_the_same_files_are_refused(data_root, tiny_clip_dir, tmp_path, capsys):
+    f = data_root / SYNTHETIC_LAYOUT["mmrb2/t2i"]
+    rc = main(["bench", "-r", "clipscore", "-m", str(tiny_clip_dir), "--benchmark", "mmrb2/t2i,mmrb2/edit",
+               "--data-dir", f"mmrb2/t2i={f}", f"mmrb2/edit={f}", "--no-cache", "--output-dir", str(tmp_path),
+               "--ignore-sources", "--no-progress"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "mmrb2/t2i and mmrb2/edit both resolve to" in err and "loading reward" not in err  # before the model
+    # EditReward's K=2 and K=3 specs filter one combined file by its `dataset` column: allowed
+    s2, s3 = get_spec("editreward/2pair"), get_spec("editreward/3pair")
+    check_distinct_files({s2.name: (s2, [f]), s3.name: (s3, [f])})
+
+
+def test_edit_benchmark_without_sources_warns(data_root, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(data_root / SYNTHETIC_LAYOUT["mmrb2/edit"])
+    i = t.column_names.index("prompt_images")
+    t = t.set_column(i, "prompt_images", pa.array([[] for _ in range(t.num_rows)], type=t.schema.field(i).type))
+    (tmp_path / "edit").mkdir()
+    pq.write_table(t, tmp_path / "edit" / "test-00000-of-00001.parquet")
+    with pytest.warns(UserWarning, match="no row has a source image"):
+        _, info = load_comparisons(get_spec("mmrb2/edit"), tmp_path)
+    assert "no row has a source image" in info["warnings"][0]
+
+
+def test_every_score_invalid_exits_3(data_root, tmp_path, monkeypatch, capsys):
+    import torch
+
+    from rewardkit import Reward, RewardOutput
+    from rewardkit.commands import _common
+
+    class Broken(Reward):
+        name = "broken"
+        tasks = frozenset({"t2i"})
+
+        def _score(self, batch):
+            n = len(batch)
+            return RewardOutput(scores=torch.full((n,), float("nan")), valid=torch.zeros(n, dtype=torch.bool),
+                                errors=["model said nothing"] * n)
+
+    monkeypatch.setattr(_common, "load_reward_cli", lambda *a, **k: Broken())
+    rc = main(["bench", "-r", "clipscore", "--benchmark", "mmrb2/t2i", "--data-dir", str(data_root), "--no-cache",
+               "--output-dir", str(tmp_path), "--bootstrap", "0", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 3 and "every score of this run is invalid (24 of 24)" in err and "model said nothing" in err
+
+
+def test_chance_levels():
+    assert chance_level("mmrb2_official", {}) == 0.5 and chance_level("accuracy_without_ties", {}) == 0.5
+    assert chance_level("genaibench_4way", {}) == 0.25 and chance_level("accuracy_with_ties", {}) == pytest.approx(1 / 3)
+    assert chance_level("group_accuracy", {"counts": {"n_comparisons": 18, "n_groups": 6}}) == 1 / math.factorial(3)
+    assert chance_level("group_accuracy", {"counts": {"n_comparisons": 36, "n_groups": 6}}) == 1 / math.factorial(4)
+
+
+def test_plot_labels_metrics_and_separates_zero_from_missing(tmp_path, monkeypatch):
+    from matplotlib.axes import Axes
+
+    texts, hlines, bars = [], [], []
+    orig_text, orig_hl, orig_bar = Axes.text, Axes.hlines, Axes.bar
+    monkeypatch.setattr(Axes, "text", lambda self, x, y, s, *a, **k: (texts.append((x, y, s)), orig_text(self, x, y, s, *a, **k))[1])
+    monkeypatch.setattr(Axes, "hlines", lambda self, y, *a, **k: (hlines.append(y), orig_hl(self, y, *a, **k))[1])
+    monkeypatch.setattr(Axes, "bar", lambda self, x, h, *a, **k: (bars.append((list(x), list(h), k)), orig_bar(self, x, h, *a, **k))[1])
+
+    def br(metric, v, n=12, g=12):
+        return {"primary": metric, "metrics": {metric: {"value": v, "ci95": None}}, "counts": {"n_comparisons": n, "n_groups": g}}
+
+    rec = {"reward": {"name": "r", "config": {}}, "benchmarks": {
+        "mmrb2/t2i": br("mmrb2_official", 0.0), "genaibench/t2i": br("genaibench_4way", 0.5),
+        "editreward/3pair": br("group_accuracy", None, 18, 6)}}
+    out = plot_records([rec], tmp_path / "p.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    labels = [s for _, _, s in texts]
+    assert "0.0%\nMMRB2 official" in labels and "50.0%\n4-way" in labels and "missing" in labels
+    assert sorted(hlines) == [25.0, 50.0]  # each bar's own chance level; none for the missing one
+    zero = next(b for b in bars if b[1] == [0.8])
+    assert zero[2].get("edgecolor") is not None  # a visible outlined stub, not an empty slot
+    missing = next(b for b in bars if b[2].get("hatch"))
+    assert missing[1] == [100]

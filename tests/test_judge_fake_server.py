@@ -1,0 +1,317 @@
+"""Every judge-backed reward through a fake OpenAI-compatible server on 127.0.0.1 that misbehaves.
+
+The server answers chat completions by a rule (P(yes) = 0.9, or 0.1 when the question contains "NOPE"; EVR
+hypotheses "Reason: looks right. / Score: 4") and, per case, returns: no log-probs, labels missing from the
+top log-probs, -inf / NaN log-probs, malformed JSON, 500 then OK, 429 with Retry-After, a slow drip, a huge
+body, an off-scale answer. Every case must end in the correct score or NaN + a reason, never a finite score
+the judge did not give. Everything is bounded: short timeouts, one retry, daemon server threads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("httpx")
+
+from PIL import Image  # noqa: E402
+
+from rewardkit import load_reward  # noqa: E402
+from rewardkit.compose.composite import Composite  # noqa: E402
+from rewardkit.judges.openai_backend import JudgeServerError, OpenAIJudge  # noqa: E402
+
+DRIP_SECONDS = 20.0  # a dripping response lasts at most this long (bounds the test even if the client hangs)
+
+
+class FakeServer:
+    """OpenAI chat-completions double. ``mode`` applies to every request; ``script`` (consumed first) to the
+    next ones. Modes: ok, nologprobs, labels_missing, neginf, nanlp, offscale, malformed, 500, 429, drip,
+    header_drip, huge, huge_nolength, retry_after_nan."""
+
+    def __init__(self):
+        self.mode = "ok"
+        self.poison: str | None = None  # requests holding this string (an image's data URL) get HTTP 400
+        self.script: list[str] = []
+        self.count = 0
+        self.lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _json(self, code, obj, headers=None):
+                raw = obj if isinstance(obj, bytes) else json.dumps(obj).encode()  # (NaN / -Infinity literals)
+                self.send_response(code)
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with server.lock:
+                    server.count += 1
+                    mode = server.script.pop(0) if server.script else server.mode
+                try:
+                    self._answer(body, mode)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (timeout / size cap): expected
+
+            def _answer(self, body, mode):
+                if mode == "500":
+                    return self._json(500, {"error": "boom"})
+                if mode in ("429", "retry_after_nan"):
+                    return self._json(429, {"error": "slow down"}, {"Retry-After": "1" if mode == "429" else "nan"})
+                if mode == "badgzip":
+                    return self._json(200, b"this is not gzip", {"Content-Encoding": "gzip"})
+                if mode == "malformed":
+                    return self._json(200, b'{"choices": [{"message": {"content": "Reason')
+                if mode == "drip":
+                    self.send_response(200)
+                    self.send_header("Content-Length", "100000")
+                    self.end_headers()
+                    end = time.monotonic() + DRIP_SECONDS
+                    while time.monotonic() < end:
+                        self.wfile.write(b" ")
+                        self.wfile.flush()
+                        time.sleep(0.5)
+                    return
+                if mode == "header_drip":
+                    end = time.monotonic() + DRIP_SECONDS
+                    self.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+                    while time.monotonic() < end:
+                        self.wfile.write(b"a")
+                        self.wfile.flush()
+                        time.sleep(0.5)
+                    return
+                if mode in ("huge", "huge_nolength"):
+                    self.send_response(200)
+                    chunk, total = b" " * (1 << 20), 64 << 20   # 64 MiB of whitespace (valid JSON padding)
+                    if mode == "huge":
+                        self.send_header("Content-Length", str(total))
+                    self.end_headers()
+                    for _ in range(total // len(chunk)):
+                        self.wfile.write(chunk)
+                    return
+                if server.poison and server.poison in json.dumps(body):
+                    return self._json(400, {"error": "this request exceeds the maximum context length"})
+                text = " ".join(p.get("text", "") for m in body["messages"] if isinstance(m["content"], list)
+                                for p in m["content"])
+                yes = 0.1 if "NOPE" in text else 0.9
+                top = [("Yes", math.log(yes)), ("No", math.log(1 - yes)), ("Maybe", math.log(1e-3))]
+                if mode == "labels_missing":
+                    top = [("Maybe", -0.1), ("Sure", -2.5)]
+                elif mode == "neginf":
+                    top = [("Yes", -math.inf), ("No", -math.inf)]
+                elif mode == "nanlp":
+                    top = [("Yes", math.nan), ("No", -0.2)]
+                elif mode == "offscale":
+                    top = [("Yes", 2.0), ("No", 1.0)]
+                content = "Reason: looks right.\nScore: 7" if mode == "offscale" else "Reason: looks right.\nScore: 4"
+                choices = []
+                for i in range(body.get("n", 1)):
+                    ch = {"index": i, "message": {"role": "assistant", "content": content}}
+                    if body.get("logprobs") and mode != "nologprobs":
+                        ch["logprobs"] = {"content": [{"token": top[0][0], "logprob": top[0][1],
+                                                       "top_logprobs": [{"token": t, "logprob": lp} for t, lp in top]}]}
+                    choices.append(ch)
+                self._json(200, {"object": "chat.completion", "choices": choices})
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = FakeServer()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def fresh(server):
+    server.mode, server.script, server.count, server.poison = "ok", [], 0, None
+    return server
+
+
+def judge(server, **kw):
+    opts = dict(model="fake", api_key="", timeout=1.0, max_retries=1, backoff=0.01, concurrency=4,
+                check_tokens=False, max_response_bytes=256 * 1024)
+    opts.update(kw)
+    return OpenAIJudge(server.url, **opts)
+
+
+# ------------------------------------------------------------------------------- item 4: the backend
+def test_total_timeout_bounds_a_body_drip(fresh):
+    fresh.mode = "drip"
+    t = time.monotonic()
+    with pytest.raises(JudgeServerError, match="Timeout"):
+        judge(fresh, timeout=2.0, max_retries=0).generate([[{"role": "user", "content": "q"}]])
+    assert time.monotonic() - t < 3.5   # before: one byte every 0.5 s kept every read alive for the whole drip
+
+
+def test_total_timeout_bounds_a_header_drip(fresh):
+    fresh.mode = "header_drip"
+    t = time.monotonic()
+    with pytest.raises(JudgeServerError, match="Timeout"):
+        judge(fresh, timeout=1.5, max_retries=0).generate([[{"role": "user", "content": "q"}]])
+    assert time.monotonic() - t < 3.0
+
+
+@pytest.mark.parametrize("mode", ["huge", "huge_nolength"])
+def test_response_size_cap(fresh, mode):
+    fresh.mode = mode
+    t = time.monotonic()
+    j = judge(fresh, timeout=30.0, max_retries=3)
+    with pytest.raises(JudgeServerError, match="max_response_bytes=262144"):
+        j.generate([[{"role": "user", "content": "q"}]])
+    assert fresh.count == 1 and time.monotonic() - t < 5.0   # refused at once, not retried
+    with pytest.raises(ValueError, match="max_response_bytes"):
+        judge(fresh, max_response_bytes=0)
+
+
+def test_undecodable_body_is_a_judge_failure(fresh):
+    fresh.mode = "badgzip"   # before: a raw httpx.DecodingError escaped (not a judge failure, so never NaN)
+    with pytest.raises(JudgeServerError, match="DecodingError"):
+        judge(fresh).generate([[{"role": "user", "content": "q"}]])
+    assert fresh.count == 2   # retried once
+
+
+def test_unusable_retry_after_is_ignored(fresh):
+    fresh.script = ["retry_after_nan"]
+    t = time.monotonic()
+    assert judge(fresh).generate([[{"role": "user", "content": "q"}]]) == [["Reason: looks right.\nScore: 4"]]
+    assert time.monotonic() - t < 5.0   # before: Retry-After "nan" / "inf" slept 60 s
+
+
+# ------------------------------------------------------------------------------- the rewards
+RED = Image.new("RGB", (16, 16), (200, 20, 20))
+TREE = [{"id": 1, "question": "Is there a cat?", "parents": []},
+        {"id": 2, "question": "Is the cat NOPE black?", "parents": [1]},
+        {"id": 3, "question": "Is it sunny?", "parents": []}]
+CONS = [{"id": 1, "question": "Is the background free of NOPE text?", "parents": []},
+        {"id": 2, "question": "Is the background plain?", "parents": []}]
+META = [{"questions": TREE, "constraint_questions": CONS, "intent": "strict"}] * 2
+PROMPT = "a NOPE cat"   # the detector applicability question ("does the prompt ask for text?") answers No
+
+
+def build(kind, j, tmp_path):
+    if kind == "evr":
+        return load_reward("evr", judge=j, k=2, dimensions=("IC", "Q"), max_retries=0, temperature=0.0)
+    if kind == "detectors":
+        return load_reward("detectors", judge=j, applicability_cache=str(tmp_path / "det.jsonl"))
+    if kind == "composite":
+        return Composite({"axes": [{"name": "faith", "reward": "faithfulness"},
+                                   {"name": "cons", "reward": "constraints", "weight": 0.5, "gate": "intent"}],
+                          "detectors": {"reward": "detectors", "mode": "veto", "target": "faith",
+                                        "options": {"applicability_cache": str(tmp_path / "cdet.jsonl")}},
+                          "normalize": "none"}, judge=j)
+    return load_reward(kind, judge=j)
+
+
+def run(kind, r):
+    if kind == "evr":
+        return r([RED, RED], "make it red", sources=[[RED]] * 2, on_error="nan")
+    return r([RED, RED], PROMPT, metadata=META, on_error="nan")
+
+
+# what the judge's answers give when they are well-formed
+EXPECTED = {
+    "faithfulness": 2 / 3,                 # yes, no (NOPE), yes
+    "constraints": 1 / 2,                  # no (NOPE), yes
+    "detectors": 1.0,                      # garbled_text and unrequested_text (enabled: no text asked) fire
+    "evr": (8 / (2 + 1e-6) - 1) / 4,        # every hypothesis 4, verified: r_d = 4k / (k + eps)
+    "composite": 0.0 + 0.5 * 0.5,          # faith 2/3 vetoed to 0 (a detector fired) + 0.5 * constraints
+}
+KINDS = sorted(EXPECTED)
+
+CASES = {  # case -> (server mode or script, what a NaN's reason must mention)
+    "ok": ("ok", None),
+    "no_logprobs": ("nologprobs", "log-prob"),
+    "labels_missing": ("labels_missing", "no usable"),
+    "neg_inf_logprobs": ("neginf", "no usable"),
+    "nan_logprobs": ("nanlp", "no usable"),
+    "malformed_json": ("malformed", "unreadable response"),
+    "500_then_ok": (["500"], None),
+    "429_retry_after": (["429"], None),
+    "slow_drip": ("drip", "Timeout"),
+    "huge_body": ("huge_nolength", "max_response_bytes"),
+    "off_scale": ("offscale", None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("kind", KINDS)
+def test_reward_through_misbehaving_server(fresh, tmp_path, kind, case):
+    mode, must_mention = CASES[case]
+    r = build(kind, judge(fresh, timeout=0.5 if case == "slow_drip" else 1.0), tmp_path)
+    if isinstance(mode, list):
+        fresh.script = list(mode)
+    else:
+        fresh.mode = mode
+    t = time.monotonic()
+    out = run(kind, r)
+    elapsed = time.monotonic() - t
+    assert elapsed < 15   # every request bounded: timeout x (1 + max_retries) + backoff, a few judge calls
+    for i in range(2):
+        s, ok, err = float(out.scores[i]), bool(out.valid[i]), out.errors[i]
+        if ok:   # a finite score must be exactly what the judge's answers give
+            assert case in ("ok", "500_then_ok", "429_retry_after"), (kind, case, s)
+            assert s == pytest.approx(EXPECTED[kind], rel=1e-5), (kind, case)
+            assert err is None
+        else:
+            assert math.isnan(s) and err, (kind, case, s, err)
+            if must_mention:
+                assert must_mention in err, (kind, case, err)
+    if case in ("ok", "500_then_ok", "429_retry_after"):
+        assert out.valid.all(), (kind, case, out.errors)
+    else:
+        assert not out.valid.any(), (kind, case, out.scores)
+    if case == "429_retry_after":
+        assert elapsed >= 0.9          # Retry-After: 1 honoured
+    if case == "off_scale" and kind == "evr":
+        assert "Score: 7" in out.errors[0]    # the raw answer in the reason
+    if case == "off_scale" and kind != "evr":
+        assert "no usable" in out.errors[0]
+    for cache in tmp_path.glob("*det.jsonl"):   # nothing unanswered is ever cached
+        for line in cache.read_text().splitlines():
+            applies = json.loads(line)["applies"]
+            assert applies == {"unrequested_text": False, "photoreal_drift": False}, (kind, case, applies)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_one_failing_request_fails_only_its_sample(fresh, tmp_path, kind):
+    """A request the server refuses (HTTP 400, not retried) fails only the sample it belongs to, inside one
+    chunk: the rest of the batch keeps its correct score (on_error="nan"); on_error="raise" raises."""
+    from rewardkit.judges.openai_backend import _image_url
+
+    poisoned = Image.new("RGB", (16, 16), (201, 20, 20))
+    fresh.poison = _image_url(poisoned)
+    r = build(kind, judge(fresh), tmp_path)
+    if kind == "evr":
+        out = r([poisoned, RED], "make it red", sources=[[RED]] * 2, on_error="nan")
+    else:
+        out = r([poisoned, RED], PROMPT, metadata=META, on_error="nan")
+    assert math.isnan(out.scores[0]) and "judge call failed" in out.errors[0] and "HTTP 400" in out.errors[0]
+    assert out.valid[1] and float(out.scores[1]) == pytest.approx(EXPECTED[kind], rel=1e-5), out.errors[1]
+    with pytest.raises(JudgeServerError, match="HTTP 400"):
+        if kind == "evr":
+            r([poisoned, RED], "make it red", sources=[[RED]] * 2)
+        else:
+            r([poisoned, RED], PROMPT, metadata=META)

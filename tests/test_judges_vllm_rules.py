@@ -1,0 +1,253 @@
+"""What the first real vLLM run would have hit, tested on CPU against stand-ins that enforce vLLM's rules:
+greedy n > 1, sampling fields filled from generation_config, label log-probs by stripped text, special
+tokens added twice, dtype aliases, duplicate choices, and one chat template for every backend."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import threading
+import types
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("httpx")
+
+from vllm_standin import SAMPLING_EPS, StrictLLM, StrictSamplingParams, VLLMValidationError  # noqa: E402
+
+from rewardkit.judges import ChoiceError, load_judge  # noqa: E402
+from rewardkit.testing import build_tiny_tokenizer, random_images  # noqa: E402
+
+
+def conv(ims, q):
+    return [{"role": "user", "content": [*({"type": "image", "image": i} for i in ims), {"type": "text", "text": q}]}]
+
+
+@pytest.fixture
+def vllm_stub(monkeypatch):
+    """A ``vllm`` module whose ``LLM(model=..., **kw)`` records its arguments and validates ``dtype`` the way
+    vLLM's ModelConfig does."""
+    from vllm_standin import sampling_params_class
+
+    stub = types.ModuleType("vllm")
+    stub.SamplingParams = sampling_params_class()
+    stub.created = []
+
+    class LLM(StrictLLM):
+        def __init__(self, model, **kw):
+            if kw.get("dtype", "auto") not in ("auto", "half", "float16", "bfloat16", "float", "float32"):
+                raise ValueError(f"Unknown dtype: {kw['dtype']}")
+            from transformers import AutoTokenizer
+
+            super().__init__(AutoTokenizer.from_pretrained(model), {"Yes": -1.0, "No": -2.0}, **kw)
+            stub.created.append(self)
+
+    stub.LLM = LLM
+    monkeypatch.setitem(sys.modules, "vllm", stub)
+    return stub
+
+
+# ---------------------------------------------------------------------------------------------- stand-in
+def test_the_stand_in_refuses_what_vllm_refuses():
+    with pytest.raises(VLLMValidationError, match="greedy"):
+        StrictSamplingParams(n=4, temperature=0.0)
+    with pytest.raises(VLLMValidationError, match="top_p"):
+        StrictSamplingParams(top_p=0.0)
+    with pytest.raises(VLLMValidationError, match="top_k"):
+        StrictSamplingParams(top_k=-2)
+    with pytest.raises(TypeError, match="unexpected"):
+        StrictSamplingParams(best_of=2)
+    sp = StrictSamplingParams(logprobs=3, logprob_token_ids=[1, 2])
+    with pytest.raises(VLLMValidationError, match="logprobs must equal"):
+        sp.verify(300)
+    assert StrictSamplingParams(n=4, temperature=SAMPLING_EPS).n == 4
+
+
+# ---------------------------------------------------------------------------------------------- offline vLLM
+def test_greedy_n_gt_1_is_one_request_replicated(vllm_stub, tiny_qwen2_5_vl_dir):
+    judge = load_judge(f"vllm:{tiny_qwen2_5_vl_dir}")
+    ims = random_images(2, seed=1)
+    out = judge.generate([conv(ims, "Describe."), conv(ims[:1], "Rate.")], n=4, temperature=0.0, max_new_tokens=5)
+    assert out == [["greedy"] * 4] * 2
+    _, params, _ = judge.llm.calls[-1]
+    assert all(p.n == 1 and p.temperature == 0.0 for p in params)
+    sampled = judge.generate([conv(ims, "Describe.")], n=3, temperature=0.7, seed=2)
+    assert len(sampled[0]) == 3 and judge.llm.calls[-1][1][0].n == 3
+
+
+def test_every_sampling_field_is_explicit_and_no_special_tokens_are_added(vllm_stub, tiny_qwen2_5_vl_dir):
+    judge = load_judge(f"vllm:{tiny_qwen2_5_vl_dir}")
+    judge.generate([conv([], "Describe.")], n=2, temperature=0.7, seed=1)
+    judge.choice_probs([conv([], "Yes or No?")], ["Yes", "No"])
+    for _, params, tok_kwargs in judge.llm.calls:
+        assert tok_kwargs == {"add_special_tokens": False}
+        p = params[0] if isinstance(params, list) else params
+        assert (p.top_p, p.top_k, p.min_p, p.repetition_penalty, p.presence_penalty, p.frequency_penalty) == \
+            (1.0, 0, 0.0, 1.0, 0.0, 0.0)
+
+
+def test_a_tokenizer_with_a_bos_gets_it_once(monkeypatch):
+    """A template that writes the BOS itself, rendered for an engine whose tokenizer also adds one."""
+    from transformers import PreTrainedTokenizerFast
+
+    stub = types.ModuleType("vllm")
+    stub.SamplingParams = StrictSamplingParams
+    monkeypatch.setitem(sys.modules, "vllm", stub)
+    from tokenizers import processors
+
+    from rewardkit.judges.vllm_backend import VLLMJudge
+
+    tok = build_tiny_tokenizer(300, specials=["<s>", "<|im_start|>", "<|im_end|>", "<|endoftext|>"])
+    inner = tok.backend_tokenizer
+    bos = inner.token_to_id("<s>")
+    inner.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+    tok = PreTrainedTokenizerFast(tokenizer_object=inner, bos_token="<s>", eos_token="<|im_end|>")
+    tok.chat_template = "<s>{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    assert tok("x")["input_ids"][0] == bos  # this tokenizer adds a BOS by default
+    judge = VLLMJudge(StrictLLM(tok, {"Yes": -1.0, "No": -2.0}), processor=tok)
+    judge.generate([[{"role": "user", "content": "Is it good?"}]], max_new_tokens=3)
+    ids = judge.llm.token_ids[-1]
+    assert ids.count(bos) == 1, ids
+
+
+def test_prompts_use_the_processor_template_like_the_transformers_backend(vllm_stub, tiny_qwen2_5_vl_dir):
+    vjudge = load_judge(f"vllm:{tiny_qwen2_5_vl_dir}")
+    tjudge = load_judge(f"transformers:{tiny_qwen2_5_vl_dir}", device="cpu")
+    ims = random_images(2, sizes=[(56, 56), (40, 64)], seed=3)
+    convs = [conv(ims, "Is there a cat? Yes or No."),
+             [{"role": "system", "content": "You are a judge."}, *conv(ims[:1], "Score 1-5.")],
+             [*conv(ims[:1], "Why?"), {"role": "assistant", "content": "Because"}]]
+    vjudge.generate(convs, max_new_tokens=2)
+    prompts, _, _ = vjudge.llm.calls[-1]
+    assert [p["prompt"] for p in prompts] == [tjudge._render(c) for c in convs]
+
+
+@pytest.mark.parametrize("alias,name", [("bf16", "bfloat16"), ("fp16", "float16"), ("half", "float16"),
+                                        ("fp32", "float32"), ("bfloat16", "bfloat16"), ("auto", "auto")])
+def test_dtype_aliases_are_normalised_for_vllm(vllm_stub, tiny_qwen2_5_vl_dir, alias, name):
+    load_judge(f"vllm:{tiny_qwen2_5_vl_dir}", dtype=alias)
+    assert vllm_stub.created[-1].engine_kwargs["dtype"] == name
+    with pytest.raises(ValueError, match="unknown dtype"):
+        load_judge(f"vllm:{tiny_qwen2_5_vl_dir}", dtype="int8")
+
+
+def test_vllm_choice_probs_refuses_duplicate_and_empty_choices(vllm_stub, tiny_qwen2_5_vl_dir):
+    judge = load_judge(f"vllm:{tiny_qwen2_5_vl_dir}")
+    for bad in (["Yes", "Yes"], [], ["Yes", ""]):
+        with pytest.raises(ChoiceError):
+            judge.choice_probs([conv([], "q")], bad)
+    torch.testing.assert_close(judge.choice_probs([conv([], "q")], ["Yes", "No"]),
+                               torch.softmax(torch.tensor([[-1.0, -2.0]]), -1))
+
+
+# ---------------------------------------------------------------------------------------------- vllm serve
+class FakeServe:
+    """An OpenAI-compatible server with ``vllm serve``'s behaviours: ``/version``, ``/tokenize`` (token ids),
+    request validation as ``SamplingParams`` does it (HTTP 400), omitted sampling fields filled from a
+    generation_config, ``logprob_token_ids`` + ``return_tokens_as_token_ids``. ``vllm=False`` plays a plain
+    OpenAI-style API that rejects unknown fields and has neither endpoint."""
+
+    GENERATION_CONFIG = {"top_k": 1, "top_p": 0.001, "repetition_penalty": 1.05, "temperature": 0.01}
+    STANDARD = {"model", "messages", "n", "temperature", "top_p", "max_tokens", "stop", "seed", "logprobs",
+                "top_logprobs", "presence_penalty", "frequency_penalty"}
+    VOCAB = {"Yes": 11, " Yes": 12, "No": 13, " No": 14}
+
+    def __init__(self, vllm: bool = True):
+        self.vllm, self.requests, self.effective = vllm, [], []
+        # the spaced variants rank higher, as they do for some tokenizers
+        self.logprobs = {"Yes": math.log(0.1), " Yes": math.log(0.5), "No": math.log(0.3), " No": math.log(0.05)}
+        srv = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def send(self, code, obj):
+                raw = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def do_GET(self):
+                if self.path == "/version" and srv.vllm:
+                    return self.send(200, {"version": "0.33.0"})
+                self.send(404, {"error": "not found"})
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path == "/tokenize":
+                    if not srv.vllm:
+                        return self.send(404, {"error": "not found"})
+                    return self.send(200, {"tokens": [srv.VOCAB[body["prompt"]]] if body["prompt"] in srv.VOCAB
+                                           else [1, 2]})
+                srv.requests.append(body)
+                if not srv.vllm and set(body) - srv.STANDARD:
+                    return self.send(400, {"error": f"Unrecognized request arguments: {sorted(set(body) - srv.STANDARD)}"})
+                eff = {**srv.GENERATION_CONFIG, **{k: v for k, v in body.items() if v is not None}}
+                srv.effective.append(eff)
+                try:
+                    StrictSamplingParams(n=eff.get("n", 1), temperature=eff["temperature"], top_p=eff["top_p"],
+                                         top_k=eff.get("top_k", 0) if srv.vllm else 0, max_tokens=eff["max_tokens"])
+                except VLLMValidationError as exc:
+                    return self.send(400, {"error": str(exc)})
+                ch = {"index": 0, "message": {"role": "assistant", "content": "Score: 3"}}
+                if body.get("logprobs"):
+                    if body.get("logprob_token_ids"):
+                        inv = {v: k for k, v in srv.VOCAB.items()}
+                        alts = [{"token": f"token_id:{t}", "logprob": srv.logprobs[inv[t]]}
+                                for t in body["logprob_token_ids"] if inv[t] in srv.logprobs]
+                    else:
+                        alts = sorted(({"token": t, "logprob": lp} for t, lp in srv.logprobs.items()),
+                                      key=lambda a: -a["logprob"])[:body["top_logprobs"]]
+                    ch["logprobs"] = {"content": [{"token": alts[0]["token"], "logprob": alts[0]["logprob"],
+                                                   "top_logprobs": alts}]}
+                self.send(200, {"choices": [dict(ch, index=i) for i in range(eff.get("n", 1))]})
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture(params=[True, False], ids=["vllm-serve", "plain-openai"])
+def serve(request):
+    s = FakeServe(vllm=request.param)
+    yield s
+    s.close()
+
+
+def test_openai_backend_greedy_n_and_explicit_sampling_fields(serve):
+    judge = load_judge(f"openai:{serve.url}", model="m", max_retries=0)
+    assert judge.generate([conv([], "q")], n=4, temperature=0.0) == [["Score: 3"] * 4]
+    assert serve.requests[-1]["n"] == 1 and serve.requests[-1]["temperature"] == 0.0
+    judge.generate([conv([], "q")], n=3, temperature=0.8, seed=5)
+    eff = serve.effective[-1]
+    assert eff["n"] == 3 and eff["temperature"] == 0.8 and eff["top_p"] == 1.0 and eff["seed"] == 5
+    if serve.vllm:  # nothing left for the server's generation_config to fill
+        assert eff["top_k"] == -1 and eff["repetition_penalty"] == 1.0 and eff["min_p"] == 0.0
+        assert judge.describe()["server"] == "vllm"
+    else:
+        assert set(serve.requests[-1]) <= FakeServe.STANDARD and judge.describe()["server"] == "openai"
+
+
+def test_label_logprobs_are_exact_tokens(serve):
+    judge = load_judge(f"openai:{serve.url}", model="m", max_retries=0)
+    p = judge.choice_probs([conv([], "Yes or No?")], ["Yes", "No"])
+    # the true P("Yes") : P("No") = 0.1 : 0.3, although " Yes" ranks first
+    torch.testing.assert_close(p, torch.tensor([[0.25, 0.75]]))
+    body = serve.requests[-1]
+    if serve.vllm:
+        assert body["logprob_token_ids"] == [11, 13] and body["return_tokens_as_token_ids"] is True
+        assert body["top_logprobs"] == 2
+        del serve.logprobs["No"]  # the server reports no log-prob for a choice: NaN, never a guess
+        assert torch.isnan(judge.choice_probs([conv([], "Yes or No?")], ["Yes", "No"])).all()
+    else:
+        assert "logprob_token_ids" not in body

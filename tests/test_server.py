@@ -1,0 +1,411 @@
+"""`rewardkit serve` + `RemoteReward`: same scores as in-process, dynamic batching, limits, bad requests,
+disconnects and restarts. Everything runs on 127.0.0.1 with bounded loops and timeouts."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+
+from rewardkit import Reward, RewardOutput, load_reward  # noqa: E402
+from rewardkit.client import RemoteReward, RemoteRewardError  # noqa: E402
+from rewardkit.reward import RewardConfig  # noqa: E402
+from rewardkit.server import ServerConfig, serve_in_thread  # noqa: E402
+from rewardkit.testing import random_images  # noqa: E402
+
+SIZES = [(32, 32), (40, 64), (64, 40), (33, 47), (96, 24), (17, 17)]
+
+
+@pytest.fixture(scope="module")
+def clip(tiny_clip_dir):
+    return load_reward("clipscore", model=str(tiny_clip_dir), convention="cosine")
+
+
+@pytest.fixture(scope="module")
+def served(clip):
+    handle = serve_in_thread(clip, ServerConfig(max_batch=64, max_wait_ms=20.0))
+    yield handle
+    handle.stop()
+
+
+def _png(im) -> str:
+    buf = io.BytesIO()
+    im.save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+class _Recorder(Reward):
+    """Score = sum of pixel means + len(prompt); records every batch size; optional delay / failure."""
+
+    name = "recorder"
+    tasks = frozenset({"t2i"})
+    thread_safe = False
+
+    def __init__(self, delay: float = 0.0, fail_on: str | None = None, batch_relative: bool = False):
+        super().__init__()
+        self.delay, self.fail_on, self.batch_relative = delay, fail_on, batch_relative
+        self.calls: list[int] = []
+
+    def _score(self, batch):
+        self.calls.append(len(batch))
+        if self.delay:
+            time.sleep(self.delay)
+        if self.fail_on is not None and self.fail_on in batch.prompts:
+            raise RuntimeError("model exploded")
+        import numpy as np
+
+        vals = [float(np.asarray(im, dtype=np.float64).mean()) + len(p) for im, p in zip(batch.images, batch.prompts)]
+        if self.batch_relative:
+            m = sum(vals) / len(vals)
+            vals = [v - m for v in vals]
+        return RewardOutput(scores=torch.tensor(vals))
+
+
+# ---------------------------------------------------------------------------------------------- parity
+@pytest.mark.parametrize("encoding", ["raw", "png"])
+def test_remote_scores_equal_in_process(clip, served, encoding):
+    remote = RemoteReward(url=served.url, encoding=encoding)
+    images = random_images(6, sizes=SIZES, seed=3)
+    prompts = ["a cat", "a dog on a mat", "two birds", "a red car", "a photo", "a cat"]
+    local_out, remote_out = clip(images, prompts), remote(images, prompts)
+    assert torch.equal(local_out.scores, remote_out.scores)  # lossless transport: bit-identical
+    assert remote_out.valid.all() and remote.name == "remote" and remote.remote_name == "clipscore"
+    assert remote.tasks == clip.tasks and remote.score_range == clip.score_range
+
+    pair_local = clip.compare(images[:3], images[3:], prompts[:3])
+    pair_remote = remote.compare(images[:3], images[3:], prompts[:3])
+    assert torch.equal(pair_local.prob_a, pair_remote.prob_a)
+
+
+def test_bad_samples_come_back_nan_with_reasons(clip, served):
+    remote = RemoteReward(url=served.url)
+    good = random_images(1, seed=1)[0]
+    out = remote([good, b"not an image", good], "a cat", on_error="nan")
+    assert out.valid.tolist() == [True, False, True]
+    assert torch.isnan(out.scores[1]) and "image" in out.errors[1]
+    # batch composition changes float rounding in the model (3 vs 1 image), not the value
+    torch.testing.assert_close(out.scores[0], clip([good], "a cat").scores[0], atol=1e-5, rtol=0)
+    # Raw wire images that fail per sample on the server (a corrupt PNG) are NaN + reason too.
+    body = {"images": [_png(good), base64.b64encode(b"\x89PNG\r\n\x1a\n garbage").decode()], "prompt": "a cat"}
+    res = httpx.post(served.url + "/score", json=body, timeout=30).json()
+    assert res["valid"] == [True, False] and res["scores"][1] is None and res["errors"][1]
+
+
+def test_concurrent_clients_are_batched_and_each_gets_its_own_scores(clip):
+    rec = _Recorder(delay=0.05)
+    handle = serve_in_thread(rec, ServerConfig(max_batch=64, max_wait_ms=20.0))
+    try:
+        remote = RemoteReward(url=handle.url)
+        images = random_images(32, sizes=SIZES, seed=5)
+        prompts = [f"prompt number {i}" + "x" * i for i in range(32)]
+        expected = rec(images, prompts).scores
+        rec.calls.clear()
+        with ThreadPoolExecutor(32) as pool:
+            outs = list(pool.map(lambda i: remote([images[i]], prompts[i]), range(32)))
+        got = torch.cat([o.scores for o in outs])
+        assert torch.equal(got, expected)
+        assert sum(rec.calls) == 32 and len(rec.calls) < 32, f"no merging happened: {rec.calls}"
+        info = httpx.get(handle.url + "/info", timeout=10).json()
+        assert info["stats"]["requests"] == 32 and info["stats"]["batches"] == len(rec.calls)
+    finally:
+        handle.stop()
+
+
+def test_batch_relative_rewards_are_never_merged():
+    rec = _Recorder(delay=0.05, batch_relative=True)
+    handle = serve_in_thread(rec, ServerConfig(max_batch=64, max_wait_ms=50.0))
+    try:
+        remote = RemoteReward(url=handle.url)
+        images = random_images(4, seed=2)
+        with ThreadPoolExecutor(4) as pool:
+            outs = list(pool.map(lambda i: remote(images[2 * i:2 * i + 2], "ab"), range(2)))
+        assert sorted(rec.calls) == [2, 2]
+        for o, i in zip(outs, range(2)):
+            assert torch.allclose(o.scores, rec(images[2 * i:2 * i + 2], "ab").scores)
+    finally:
+        handle.stop()
+
+
+def test_a_failing_request_does_not_fail_the_requests_merged_with_it():
+    rec = _Recorder(delay=0.05, fail_on="boom")
+    handle = serve_in_thread(rec, ServerConfig(max_batch=64, max_wait_ms=50.0))
+    try:
+        remote = RemoteReward(url=handle.url, max_retries=0)
+        images = random_images(6, seed=4)
+
+        def call(i):
+            try:
+                return remote([images[i]], "boom" if i == 2 else f"fine {i}")
+            except RemoteRewardError as exc:
+                return exc
+
+        with ThreadPoolExecutor(6) as pool:
+            outs = list(pool.map(call, range(6)))
+        assert isinstance(outs[2], RemoteRewardError) and "500" in str(outs[2]) and "model exploded" in str(outs[2])
+        for i, o in enumerate(outs):
+            if i != 2:
+                assert torch.equal(o.scores, rec([images[i]], f"fine {i}").scores)
+    finally:
+        handle.stop()
+
+
+# ---------------------------------------------------------------------------------------------- bad requests
+def test_bad_requests_get_4xx_with_a_message(served):
+    url = served.url
+    good = _png(random_images(1)[0])
+
+    def post(content, **kw):
+        return httpx.post(url + "/score", content=content, headers={"Content-Type": "application/json"},
+                          timeout=30, **kw)
+
+    cases = {
+        b"{not json": 400,
+        b"[1, 2]": 400,
+        json.dumps({"images": [], "prompt": "a"}).encode(): 400,
+        json.dumps({"images": [good], "prompt": 3}).encode(): 400,
+        json.dumps({"images": [good, good], "prompt": ["a"]}).encode(): 400,
+        json.dumps({"images": ["%%%not base64"], "prompt": "a"}).encode(): 400,
+        json.dumps({"images": [{"data": "AAAA", "shape": [2, 2, 3]}], "prompt": "a"}).encode(): 400,
+        json.dumps({"images": [{"data": "AAAA", "shape": [-1, 2]}], "prompt": "a"}).encode(): 400,
+        json.dumps({"images": [{"data": "AAAA", "shape": [100000, 100000, 3]}], "prompt": "a"}).encode(): 413,
+        json.dumps({"images": [good], "prompt": "a", "evil": 1}).encode(): 400,
+        json.dumps({"images": [good], "prompt": "a", "sources": [[good]]}).encode(): 400,  # t2i reward
+        json.dumps({"images": [good], "prompt": "a", "metadata": "x"}).encode(): 400,
+        json.dumps({"images": [good] * 300, "prompt": "a"}).encode(): 413,  # over max_images (256)
+    }
+    for body, status in cases.items():
+        r = post(body)
+        assert r.status_code == status, (body[:80], r.status_code, r.text)
+        assert r.json()["error"], body[:80]
+    r = httpx.post(url + "/compare", json={"images_a": [good], "images_b": [good, good], "prompt": "a"}, timeout=30)
+    assert r.status_code == 400 and "images_b" in r.json()["error"]
+    assert httpx.get(url + "/score", timeout=10).status_code == 405
+    assert httpx.get(url + "/health", timeout=10).json() == {"status": "ok"}
+
+
+def test_oversized_bodies_are_refused(clip):
+    handle = serve_in_thread(clip, ServerConfig(max_body_bytes=10_000))
+    try:
+        big = json.dumps({"images": [_png(random_images(1, size=96)[0])] * 8, "prompt": "a"}).encode()
+        r = httpx.post(handle.url + "/score", content=big, headers={"Content-Type": "application/json"}, timeout=30)
+        assert r.status_code == 413 and "limit" in r.json()["error"]
+
+        def chunks():  # chunked transfer: no Content-Length, the server counts as it reads
+            for i in range(0, len(big), 4096):
+                yield big[i:i + 4096]
+        r = httpx.post(handle.url + "/score", content=chunks(), headers={"Content-Type": "application/json"}, timeout=30)
+        assert r.status_code == 413
+    finally:
+        handle.stop()
+
+
+def test_bearer_token(clip):
+    handle = serve_in_thread(clip, ServerConfig(token="s3cret"))
+    try:
+        body = {"images": [_png(random_images(1)[0])], "prompt": "a cat"}
+        assert httpx.post(handle.url + "/score", json=body, timeout=30).status_code == 401
+        bad = httpx.post(handle.url + "/score", json=body, headers={"Authorization": "Bearer nope"}, timeout=30)
+        assert bad.status_code == 401 and "token" in bad.json()["error"]
+        assert httpx.get(handle.url + "/info", timeout=10).status_code == 401
+        assert httpx.get(handle.url + "/health", timeout=10).status_code == 200  # liveness stays open
+        with pytest.raises(RemoteRewardError, match="401"):
+            RemoteReward(url=handle.url, token="nope")
+        ok = RemoteReward(url=handle.url, token="s3cret")
+        assert ok(random_images(1), "a cat").valid.all()
+        info = httpx.get(handle.url + "/info", headers={"Authorization": "Bearer s3cret"}, timeout=10).json()
+        assert info["auth"] is True and "token" not in info["limits"] and "s3cret" not in json.dumps(info)
+    finally:
+        handle.stop()
+
+
+def test_server_timeout_is_per_request():
+    handle = serve_in_thread(_Recorder(delay=1.5), ServerConfig(timeout=0.3))
+    try:
+        t0 = time.monotonic()
+        r = httpx.post(handle.url + "/score", json={"images": [_png(random_images(1)[0])], "prompt": "a"}, timeout=30)
+        assert r.status_code == 504 and time.monotonic() - t0 < 1.2
+    finally:
+        handle.stop()
+
+
+def test_client_disconnects_do_not_hurt_the_server(served, clip):
+    host, port = served.url.rsplit("/", 1)[1].split(":")
+    body = json.dumps({"images": [_png(random_images(1)[0])], "prompt": "a cat"}).encode()
+    head = (f"POST /score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    for payload in (head + body[:20], head + body):  # mid-body, and right after a full request
+        s = socket.create_connection((host, int(port)), timeout=5)
+        s.sendall(payload)
+        s.close()
+    time.sleep(0.3)
+    remote = RemoteReward(url=served.url)
+    torch.testing.assert_close(remote(random_images(2), "a cat").scores, clip(random_images(2), "a cat").scores,
+                               atol=1e-5, rtol=0)
+
+
+def test_client_retries_across_a_server_restart(clip):
+    handle = serve_in_thread(clip, ServerConfig())
+    port = int(handle.url.rsplit(":", 1)[1])
+    remote = RemoteReward(url=handle.url, max_retries=6, max_backoff=0.5, timeout=20)
+    handle.stop()
+    box: dict = {}
+
+    def call():
+        try:
+            box["out"] = remote(random_images(2), "a cat")
+        except Exception as exc:  # noqa: BLE001 - reported below
+            box["err"] = exc
+
+    t = threading.Thread(target=call)
+    t.start()
+    time.sleep(0.6)  # the client is retrying against a closed port
+    handle2 = serve_in_thread(clip, ServerConfig(), port=port)
+    try:
+        t.join(30)
+        assert "err" not in box, box.get("err")
+        torch.testing.assert_close(box["out"].scores, clip(random_images(2), "a cat").scores, atol=1e-5, rtol=0)
+    finally:
+        handle2.stop()
+
+
+def _drip_server(interval: float, body: bytes, status: str = "200 OK"):
+    """A raw socket server that sends a valid header, then the body one byte every ``interval`` s."""
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    srv.settimeout(10)
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(5)
+                try:
+                    conn.recv(65536)
+                    conn.sendall(f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
+                                 f"Content-Length: {len(body)}\r\n\r\n".encode())
+                    for i in range(len(body)):
+                        if stop.wait(interval):
+                            return
+                        conn.sendall(body[i:i + 1])
+                except OSError:
+                    pass
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+
+    def close():
+        stop.set()
+        srv.close()
+    return f"http://127.0.0.1:{srv.getsockname()[1]}", close
+
+
+def test_client_timeout_bounds_the_whole_request():
+    url, close = _drip_server(0.2, json.dumps({"reward": "x", "tasks": ["t2i"], "dimensions": [],
+                                               "higher_is_better": True, "score_range": None,
+                                               "uses_prompt": True, "batch_relative": False}).encode())
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(RemoteRewardError, match="within 1 s"):
+            RemoteReward(url=url, timeout=1.0, max_retries=0)
+        assert time.monotonic() - t0 < 2.0  # each read returns a byte; only a whole-request deadline stops it
+    finally:
+        close()
+
+
+def test_malformed_server_answers_raise_never_invent_scores(monkeypatch, served):
+    remote = RemoteReward(url=served.url)
+    bad_answers = [
+        {"scores": ["1.0"], "valid": [True], "errors": [None]},
+        {"scores": [True], "valid": [True], "errors": [None]},
+        {"scores": [1.0, 2.0], "valid": [True], "errors": [None]},
+        {"scores": [1.0], "valid": ["yes"], "errors": [None]},
+        {"scores": [1.0], "valid": [True]},
+        [1.0],
+        {"scores": [1.0], "valid": [True], "errors": [None], "dimensions": {"d": ["x"]}},
+    ]
+    for ans in bad_answers:
+        monkeypatch.setattr(remote, "_request", lambda *a, _ans=ans, **k: _ans)
+        with pytest.raises(RemoteRewardError, match="malformed"):
+            remote(random_images(1), "a cat")
+    # A "valid" sample whose score is missing is not taken as valid.
+    monkeypatch.setattr(remote, "_request", lambda *a, **k: {"scores": [None], "valid": [True], "errors": [None]})
+    out = remote(random_images(1), "a cat")
+    assert not out.valid[0] and torch.isnan(out.scores[0]) and out.errors[0]
+
+
+def test_info_describes_the_reward(served):
+    info = httpx.get(served.url + "/info", timeout=10).json()
+    assert info["reward"] == "clipscore" and info["tasks"] == ["t2i"]
+    assert info["config"]["convention"] == "cosine" and info["limits"]["max_batch"] == 64
+    assert info["versions"]["rewardkit"] and info["replicas"] == ["cpu"]
+
+
+def test_several_replicas_behind_one_endpoint(tiny_clip_dir, clip):
+    from rewardkit.server import load_replicas
+
+    reps = load_replicas("clipscore", None, {"model": str(tiny_clip_dir), "convention": "cosine"}, ["cpu", "cpu"])
+    handle = serve_in_thread(reps, ServerConfig(max_batch=4, max_wait_ms=20.0))
+    try:
+        remote = RemoteReward(url=handle.url)
+        images = random_images(16, sizes=SIZES, seed=9)
+        with ThreadPoolExecutor(16) as pool:
+            outs = list(pool.map(lambda i: remote([images[i]], "a cat"), range(16)))
+        torch.testing.assert_close(torch.cat([o.scores for o in outs]), clip(images, "a cat").scores,
+                                   atol=1e-5, rtol=0)
+        server = handle._server.config.app.state.rewardkit
+        assert all(r.batches > 0 for r in server.replicas), "one replica did no work"
+    finally:
+        handle.stop()
+
+
+def test_serve_command_help_and_host_warning(monkeypatch, capsys, tiny_clip_dir):
+    from rewardkit.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--help"])
+    assert exc.value.code == 0 and "127.0.0.1" in capsys.readouterr().out
+    import uvicorn
+
+    seen = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(kw))
+    monkeypatch.delenv("REWARDKIT_SERVE_TOKEN", raising=False)
+    assert main(["serve", "-r", "clipscore", "-m", str(tiny_clip_dir), "--host", "0.0.0.0", "--port", "0"]) == 0
+    err = capsys.readouterr().err
+    assert seen["host"] == "0.0.0.0" and "WARNING" in err and "WITHOUT authentication" in err
+    assert main(["serve", "-r", "clipscore", "-m", str(tiny_clip_dir), "--port", "0"]) == 0
+    assert seen["host"] == "127.0.0.1" and "WARNING" not in capsys.readouterr().err
+
+
+def test_app_factory_for_external_asgi_servers(monkeypatch, tiny_clip_dir, clip):
+    from starlette.testclient import TestClient
+
+    from rewardkit.server import app_from_env
+
+    cfg = tiny_clip_dir.parent / "serve-clip.yaml"
+    cfg.write_text(f"model: {tiny_clip_dir}\nconvention: cosine\n")
+    monkeypatch.setenv("REWARDKIT_SERVE_REWARD", "clipscore")
+    monkeypatch.setenv("REWARDKIT_SERVE_CONFIG", str(cfg))
+    monkeypatch.setenv("REWARDKIT_SERVE_TOKEN", "tok")
+    images = random_images(2, seed=11)
+    with TestClient(app_from_env()) as tc:
+        body = {"images": [_png(im) for im in images], "prompt": "a cat"}
+        assert tc.post("/score", json=body).status_code == 401
+        res = tc.post("/score", json=body, headers={"Authorization": "Bearer tok"}).json()
+    torch.testing.assert_close(torch.tensor(res["scores"]), clip(images, "a cat").scores, atol=1e-6, rtol=0)
