@@ -105,21 +105,13 @@ class RationalReward(Reward):
         state.pop("_tls", None)
         return state
 
-    def _decode_sources(self, entry: Any):
+    def _source_items(self, entry: Any):
         if not getattr(self._local, "packed", False):
-            return super()._decode_sources(entry)
-        items = list(entry)
+            return super()._source_items(entry)
+        items = list(entry)  # compare() packs [source?] + candidate b
         if len(items) > 2:
             return [], f"{len(items) - 1} source images given but rational takes one"
-        from .. import media
-
-        out = []
-        for j, x in enumerate(items):
-            try:
-                out.append(media._to_pil(x))
-            except media._Bad as exc:
-                return [], ("candidate b: " if j == len(items) - 1 else f"source {j}: ") + str(exc)
-        return out, None
+        return items, None
 
     def _spec(self, spec: str) -> tuple[str, dict[str, Any]]:
         from ..judges import BACKENDS
