@@ -1,8 +1,8 @@
-"""``rewardkit parrot rationalize | filter | project | sft | run --config recipe.yaml [key=value ...]``.
+"""`rewardkit parrot rationalize | filter | project | sft | run --config recipe.yaml [key=value ...]`.
 
 PARROT: anchored rationales from preference pairs, the label-free consistency filter, pointwise projection
-and SFT of a RationalRewards student (see ``docs/parrot.md``). Every stage resumes where a crashed run
-stopped; ``run`` chains all four.
+and SFT of a RationalRewards student (see `docs/parrot.md`). Every stage resumes where a crashed run
+stopped; `run` chains all four.
 
     rewardkit parrot run --config recipes/parrot/tiny.yaml output_dir=runs/parrot-tiny
     rewardkit parrot filter --config recipes/parrot/qwen3_vl.yaml      # stage 2 only (its report is printed)

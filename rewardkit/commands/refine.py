@@ -1,12 +1,12 @@
-"""``rewardkit refine``: generate-critique-refine with a diffusers pipeline (or a Python callable) and a
-reasoning reward (``rational`` by default).
+"""`rewardkit refine`: generate-critique-refine with a diffusers pipeline (or a Python callable) and a
+reasoning reward (`rational` by default).
 
     rewardkit refine --generator diffusers:stabilityai/stable-diffusion-3.5-medium \\
         --critic-model runs/parrot-qwen3vl/student --prompt "a red bicycle" --prompt "a sign saying OPEN" -o gcr/
     rewardkit refine --generator mypkg.gen:generate --prompts prompts.txt --critic-model ./student -o gcr/
 
-Writes ``<out>/before/NNNNN.png``, ``<out>/after/NNNNN.png`` and ``<out>/records.jsonl`` (prompt, status,
-scores before / after, refined prompts, errors). ``--gen KEY=VALUE`` passes pipeline options
+Writes `<out>/before/NNNNN.png`, `<out>/after/NNNNN.png` and `<out>/records.jsonl` (prompt, status,
+scores before / after, refined prompts, errors). `--gen KEY=VALUE` passes pipeline options
 (num_inference_steps=28 guidance_scale=4.5 ...).
 """
 
