@@ -12,7 +12,8 @@ claims are the raw hypotheses (EVR itself would mark them unparseable and skip v
 - naive: for every question, ``processor(text, images)`` then ``model.generate`` / ``model(...)``: the vision
   tower and the whole prompt run once per question.
 - rewardkit: ``TransformersJudge.generate(n=K)`` and ``choice_probs`` inside one ``session()``: each distinct
-  image through the vision tower once, each shared prefix prefilled once and its KV cache forked.
+  image through the vision tower once, each shared prefix prefilled once and its KV cache forked; the
+  verification phase reuses the evaluation phase's prefix KV (system + images + context, EVR template v3).
 
 Timing: the naive loop is warmed up on one candidate's questions (it then repeats the same shapes for every
 candidate); rewardkit is warmed up by one untimed full run (its few large batched calls all have new
@@ -142,8 +143,9 @@ def main() -> None:
             r_probs = judge.choice_probs(verify_fn(r_hyps), ["Yes", "No"])
         dt = time.perf_counter() - t
         if dt < best:
-            best, rk = dt, (r_hyps, r_probs, counter.n, judge.stats["prefill_tokens"])
-    r_hyps, r_probs, r_images, r_prefill = rk
+            best, rk = dt, (r_hyps, r_probs, counter.n, judge.stats["prefill_tokens"],
+                            judge.stats["prefix_reused_tokens"], judge.stats["prefix_hits"])
+    r_hyps, r_probs, r_images, r_prefill, r_reused, r_hits = rk
     counter.h.remove()
 
     same = sum(a == b for x, y in zip(n_hyps, r_hyps) for a, b in zip(x, y))
@@ -157,6 +159,8 @@ def main() -> None:
     print(f"identical greedy hypotheses: {same}/{total}; Yes/No probabilities max abs diff {diff:.2e}")
     print(f"vision-encoder images: naive {n_images}, rewardkit {r_images}, {n_images / max(r_images, 1):.1f}x")
     print(f"prefill tokens: naive {n_prefill}, rewardkit {r_prefill}, {n_prefill / max(r_prefill, 1):.1f}x")
+    print(f"prefix KV kept across the evaluation and verification phases: {r_reused} tokens reused, "
+          f"{r_hits} exact prefix hits")
     print(f"wall time: naive {t_naive:.2f} s, rewardkit {best:.2f} s, {t_naive / best:.1f}x")
     if same != total or not diff < 1e-3:
         print("MISMATCH between naive and rewardkit answers", file=sys.stderr)

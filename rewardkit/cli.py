@@ -30,6 +30,8 @@ COMMANDS: dict[str, str] = {
     "rl": "rewardkit.commands.rl",
     "soup": "rewardkit.commands.soup",
     "serve": "rewardkit.commands.serve",
+    "parrot": "rewardkit.commands.parrot",
+    "refine": "rewardkit.commands.refine",
 }
 
 

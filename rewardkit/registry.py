@@ -43,6 +43,7 @@ BUILTIN: dict[str, str] = {
     "vqascore": "rewardkit.rewards.vqascore:VQAScore",
     "unifiedreward": "rewardkit.rewards.unifiedreward:UnifiedReward",
     "remote": "rewardkit.client:RemoteReward",
+    "rational": "rewardkit.rewards.rational:RationalReward",
 }
 
 # Alternative names -> canonical name.
@@ -61,6 +62,7 @@ ALIASES: dict[str, str] = {
     "edit-reward": "editreward",
     "vqa-score": "vqascore",
     "unified-reward": "unifiedreward",
+    "rationalrewards": "rational",
 }
 
 _lock = threading.Lock()

@@ -191,7 +191,7 @@ def test_evr_end_to_end_hand_computed(imgs, n_refs):
     det = out.details[0]["dimensions"]["reference_consistency"]["hypotheses"]
     assert [h["score"] for h in det] == [4, 5, 2] and [h["verdict"] for h in det] == [1.0, 1.0, 0.0]
     assert det[0]["rationale"] == "evidence RC0" and "reference_consistency 4.50 (2/3 kept)" in out.rationales[0]
-    assert out.info["template"] == "evr/default@2" and out.info["judge"] == {"kind": "scripted"}
+    assert out.info["template"] == "evr/default@3" and out.info["judge"] == {"kind": "scripted"}
     import json
     json.dumps(out.to_dict())
 

@@ -168,7 +168,7 @@ def test_load_judge_specs(tiny_qwen2_5_vl_dir, tmp_path):
 
 def test_templates_are_versioned_files():
     t = load_template("evr")
-    assert t.id == "evr/default@2" and t.path.endswith("templates/evr/default.yaml")
+    assert t.id == "evr/default@3" and t.path.endswith("templates/evr/default.yaml")
     assert set(t["dimensions"]) == {"reference_consistency", "scene_consistency", "harmony",
                                     "instruction_consistency", "visual_quality"}
     assert "Score" in t["evaluate_format_cot"]

@@ -87,13 +87,19 @@ class TransformersJudge(JudgeBackend):
             Saves the per-question prefix copies (memory) at the price of dense attention over each packed
             block; off by default because on CPU with small models it measured slower (see docs/judges.md).
         trust_remote_code: passed to ``from_pretrained`` (off by default).
+        prefix_cache_mb: memory budget (MiB, on the model's device) for the prefix KV a :meth:`session` keeps
+            for later calls (0: keep none; oldest prefixes are dropped first). A later
+            call whose prefix shares all its images and a text-boundary token prefix with a kept one reuses
+            that KV (sliced to the shared part) and prefills only the rest: EVR's verification questions after
+            its evaluation questions, PARROT's projection after the rationale of the same pair.
     """
 
     kind = "transformers"
 
     def __init__(self, model: Any, processor: Any = None, *, device: Any = None, dtype: Any = None,
                  max_rows: int = 64, max_prefixes: int = 16, packed_scoring: bool = False, pack_tokens: int = 512,
-                 trust_remote_code: bool = False, attn_implementation: str | None = None) -> None:
+                 trust_remote_code: bool = False, attn_implementation: str | None = None,
+                 prefix_cache_mb: float = 2048.0) -> None:
         if isinstance(model, str):
             from ..models.vlm import load_vlm
 
@@ -131,6 +137,10 @@ class TransformersJudge(JudgeBackend):
         self.stats: Counter = Counter()
         self._lock = threading.RLock()
         self._session_images: dict[str, _Img] | None = None
+        #: session prefix cache: (prefix ids, image keys) -> unpadded per-prefix KV (see _prefix_state)
+        self._session_prefixes: dict[tuple, dict[str, Any]] | None = None
+        self.prefix_cache_bytes = int(prefix_cache_mb * 2 ** 20)
+        self._cached_bytes = 0
 
     # ------------------------------------------------------------------ protocol
     def describe(self) -> dict[str, Any]:
@@ -152,11 +162,14 @@ class TransformersJudge(JudgeBackend):
             outer = self._session_images is not None
             if not outer:
                 self._session_images = {}
+                self._session_prefixes = {} if self.prefix_cache_bytes > 0 and self._sliceable() else None
+                self._cached_bytes = 0
             try:
                 yield self
             finally:
                 if not outer:
                     self._session_images = None
+                    self._session_prefixes = None
 
     def generate(self, conversations: Sequence[Conversation], *, n: int = 1, temperature: float = 0.0,
                  max_new_tokens: int = 256, stop: Sequence[str] | None = None,
@@ -320,7 +333,7 @@ class TransformersJudge(JudgeBackend):
         order = sorted(rows_by_prefix)
         for s in range(0, len(order), self.max_prefixes):
             pids = order[s:s + self.max_prefixes]
-            state = self._prefill([prefixes[p] for p in pids], feats)
+            state = self._prefix_state([prefixes[p] for p in pids], feats)
             local = {p: j for j, p in enumerate(pids)}
             prow = [r for p in pids for r in rows_by_prefix[p]]
             step = max_rows or self.max_rows
@@ -349,7 +362,7 @@ class TransformersJudge(JudgeBackend):
         order = sorted(members)
         for s in range(0, len(order), self.max_prefixes):
             pids = order[s:s + self.max_prefixes]
-            state = self._prefill([prefixes[p] for p in pids], feats)
+            state = self._prefix_state([prefixes[p] for p in pids], feats)
             rows: list[tuple[int, list[int]]] = []  # (local prefix index, conversations packed in the row)
             for j, p in enumerate(pids):
                 cur: list[int] = []
@@ -442,7 +455,122 @@ class TransformersJudge(JudgeBackend):
         self.stats["prefixes"] += P
         self.stats["prefill_tokens"] += int(valid.sum())
         # next text position after row j's prefix: its valid length shifted by the M-RoPE delta
-        return {"cache": _cache_of(out), "ids": ids, "mask": mask, "next_pos": valid + deltas.reshape(-1).to(dev)}
+        return {"cache": _cache_of(out), "ids": ids, "mask": mask, "next_pos": valid + deltas.reshape(-1).to(dev),
+                "pos": pos}
+
+    # ------------------------------------------------------------------ session prefix cache
+    def _sliceable(self) -> bool:
+        """Full-attention KV only: a cached prefix's first n positions are then exactly the KV a fresh prefill
+        of those n tokens gives (hybrid linear-attention caches are not sliceable)."""
+        cfg = self.model.config
+        text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        types = getattr(text, "layer_types", None)
+        return not types or all(t == "full_attention" for t in types)
+
+    def _prefix_state(self, prefixes: list[tuple[list[int], list[str]]], feats: dict[str, _Img]) -> dict[str, Any]:
+        """A batched prefix state like :meth:`_prefill`'s, reusing the session's cached prefixes.
+
+        Per prefix: an exact hit is used as is; else the cached prefix with the longest shared token prefix
+        that holds all of this prefix's images (same images, same order) and ends on a text token is sliced
+        to the shared part and only the remaining text is run (positions continue from the shared part);
+        else it is prefilled. New prefixes are kept (bounded, oldest dropped first).
+        """
+        cache = self._session_prefixes
+        if cache is None:
+            return self._prefill(prefixes, feats)
+        import torch
+
+        entries: list[dict[str, Any] | None] = [None] * len(prefixes)
+        fresh: list[int] = []
+        ext: list[tuple[int, dict[str, Any], int]] = []
+        for j, (ids, keys) in enumerate(prefixes):
+            hit = cache.get((tuple(ids), tuple(keys)))
+            if hit is not None:
+                entries[j] = hit
+                self.stats["prefix_hits"] += 1
+                continue
+            parent, n = self._best_parent(ids, keys)
+            if parent is None:
+                fresh.append(j)
+            elif n == len(ids):
+                entries[j] = self._keep(ids, keys, self._slice(parent, n))
+                self.stats["prefix_reused_tokens"] += n
+            else:
+                ext.append((j, parent, n))
+        if fresh:
+            st = self._prefill([prefixes[j] for j in fresh], feats)
+            for r, j in enumerate(fresh):
+                valid = st["mask"][r].bool()
+                kv = [(layer.keys[r][:, valid], layer.values[r][:, valid]) for layer in st["cache"].layers]
+                entries[j] = self._keep(*prefixes[j], {"kv": kv, "pos": st["pos"][:, r, valid],
+                                                       "next": int(st["next_pos"][r])})
+        if ext:
+            parents = [self._slice(p, n) for _, p, n in ext]
+            st = self._assemble(parents)
+            rems = [prefixes[j][0][n:] for j, _, n in ext]
+            _, out_cache, (mask, _) = self._continue(st, list(range(len(ext))), rems)
+            for r, ((j, _, n), par, rem) in enumerate(zip(ext, parents, rems)):
+                valid = mask[r].bool()
+                kv = [(layer.keys[r][:, valid], layer.values[r][:, valid]) for layer in out_cache.layers]
+                tail = torch.arange(par["next"], par["next"] + len(rem), device=par["pos"].device)
+                entries[j] = self._keep(*prefixes[j], {"kv": kv, "pos": torch.cat([par["pos"], tail.expand(3, -1)], 1),
+                                                       "next": par["next"] + len(rem)})
+                self.stats["prefix_reused_tokens"] += n
+        return self._assemble(entries)
+
+    def _best_parent(self, ids: list[int], keys: list[str]) -> tuple[dict[str, Any] | None, int]:
+        img = self.image_token_id
+        img_end = max((i + 1 for i, t in enumerate(ids) if t == img), default=0)
+        best, best_n = None, 0
+        for (cids, ckeys), e in self._session_prefixes.items():
+            if tuple(ckeys[:len(keys)]) != tuple(keys):
+                continue
+            n = _lcp([cids, ids])
+            while n > 0 and ids[n - 1] == img:  # cut on a text token: its next position is known
+                n -= 1
+            if n > best_n and n >= max(img_end, 1) and (keys or n >= 32):
+                best, best_n = e, n
+        return best, best_n
+
+    def _slice(self, e: dict[str, Any], n: int) -> dict[str, Any]:
+        """The first ``n`` positions of a cached prefix (``n`` ends on a text token)."""
+        pos = e["pos"][:, :n]
+        return {"kv": [(k[:, :n], v[:, :n]) for k, v in e["kv"]], "pos": pos, "next": int(pos[0, -1]) + 1}
+
+    def _keep(self, ids: list[int], keys: list[str], entry: dict[str, Any]) -> dict[str, Any]:
+        cache = self._session_prefixes
+        key = (tuple(ids), tuple(keys))
+        entry["bytes"] = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in entry["kv"])
+        if key in cache:
+            self._cached_bytes -= cache.pop(key)["bytes"]
+        cache[key] = entry
+        self._cached_bytes += entry["bytes"]
+        while self._cached_bytes > self.prefix_cache_bytes and cache:
+            self._cached_bytes -= cache.pop(next(iter(cache)))["bytes"]
+        return entry
+
+    def _assemble(self, entries: list[dict[str, Any]]) -> dict[str, Any]:
+        """Left-padded batch state (cache, mask, next_pos) from unpadded per-prefix entries."""
+        import torch
+        from transformers import DynamicCache
+
+        dev = self.device
+        P, L = len(entries), max(e["pos"].shape[1] for e in entries)
+        mask = torch.zeros((P, L), dtype=torch.long, device=dev)
+        data = []
+        for li in range(len(entries[0]["kv"])):
+            k0 = entries[0]["kv"][li][0]
+            K = k0.new_zeros((P, k0.shape[0], L, k0.shape[2]))
+            V = k0.new_zeros((P, k0.shape[0], L, entries[0]["kv"][li][1].shape[2]))
+            for r, e in enumerate(entries):
+                k, v = e["kv"][li]
+                K[r, :, L - k.shape[1]:] = k
+                V[r, :, L - v.shape[1]:] = v
+            data.append((K, V))
+        for r, e in enumerate(entries):
+            mask[r, L - e["pos"].shape[1]:] = 1
+        nxt = torch.tensor([e["next"] for e in entries], dtype=torch.long, device=dev)
+        return {"cache": DynamicCache(ddp_cache_data=data, config=self.model.config), "mask": mask, "next_pos": nxt}
 
     def _fork(self, cache: Any, idx: Any, max_len: int | None = None) -> Any:
         """A new cache holding rows ``idx`` of ``cache`` (never reuse a cache a forward has extended).

@@ -1,0 +1,235 @@
+"""PARROT pipeline: filter arithmetic, N/A, keep-rate report and resume with the scripted teacher (outcomes
+computed by hand), and stages 1-3 end to end on a tiny Qwen teacher (garbage answers dropped with reasons)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from rewardkit.parrot.pipeline import DataCfg, JsonlStore, ParrotConfig, Pipeline, TeacherCfg
+from rewardkit.parrot.testing import ScriptedTeacher
+
+BRIGHT, DARK = 255, 0
+ROWS = [  # (prompt, brightness a, brightness b, label, source?)
+    ("a cat", BRIGHT, DARK, "A", False),                 # 0 kept
+    ("a dog [contrary]", BRIGHT, DARK, "B", False),      # 1 rationale ignores the label -> wrong prediction
+    ("a car [garbage]", BRIGHT, DARK, "A", False),       # 2 unparseable rationale
+    ("a bird [vague]", BRIGHT, DARK, "A", False),        # 3 unparseable prediction
+    ("a tree [fail]", BRIGHT, DARK, "A", False),         # 4 judge failure
+    ("a boat", BRIGHT, BRIGHT, "tie", False),            # 5 skipped (tie)
+    ('a sign saying "OPEN"', DARK, BRIGHT, "B", False),  # 6 kept (text rendering applies)
+    ("add a hat", BRIGHT, DARK, "A", True),              # 7 kept (edit: image faithfulness applies)
+    ("a lamp [badproj]", BRIGHT, DARK, "A", False),      # 8 kept, projection unparseable
+]
+
+
+def grey(v):
+    return Image.fromarray(np.full((32, 32, 3), v, dtype=np.uint8), "RGB")
+
+
+@pytest.fixture()
+def pairs(tmp_path):
+    d = tmp_path / "pairs"
+    d.mkdir()
+    grey(BRIGHT).save(d / "bright.png")
+    grey(DARK).save(d / "dark.png")
+    grey(128).save(d / "src.png")
+    name = {BRIGHT: "bright.png", DARK: "dark.png"}
+    with open(d / "metadata.jsonl", "w") as f:
+        for p, a, b, lab, src in ROWS:
+            f.write(json.dumps({"prompt": p, "image_a": name[a], "image_b": name[b], "label": lab,
+                                "sources": ["src.png"] if src else []}) + "\n")
+    return d
+
+
+def cfg_for(tmp_path, pairs, **kw):
+    return ParrotConfig(output_dir=str(tmp_path / "out"), data=DataCfg(train=str(pairs)),
+                        teacher=TeacherCfg(judge="scripted"), batch_size=kw.pop("batch_size", 4), **kw)
+
+
+def test_filter_arithmetic_and_report(tmp_path, pairs):
+    pipe = Pipeline(cfg_for(tmp_path, pairs), progress=False)
+    rep = pipe.run_stages()
+    assert rep["counts"] == {"kept": 4, "wrong_prediction": 1, "unparseable_prediction": 1,
+                             "unparseable_rationale": 1, "judge_failure": 1, "skipped": 1}
+    assert rep["keep_rate"] == 4 / 8 and rep["keep_rate_parsed"] == 4 / 6
+    assert rep["rejections"]["unparseable"] == 2
+    assert rep["unparseable_rationale_by_dimension"] == {"text_faithfulness": 1}
+    tf = rep["dimensions"]["text_faithfulness"]
+    assert tf["kept"] == {"label": 4, "other": 0, "equal": 0, "n/a": 0}
+    assert tf["rejected"] == {"label": 1, "other": 1, "equal": 0, "n/a": 0}
+    # N/A: image faithfulness applies to the edit only; text rendering to the quoted request only
+    assert rep["dimensions"]["image_faithfulness"]["kept"] == {"label": 0, "other": 0, "equal": 1, "n/a": 3}
+    assert rep["dimensions"]["text_rendering"]["kept"] == {"label": 0, "other": 0, "equal": 1, "n/a": 3}
+    f = {r["row"]: r for r in pipe.filtered.records.values()}
+    assert f[1]["prediction"] == "A" and f[1]["reason"] == "wrong_prediction"
+    assert f[4]["status"] == "judge_failure" and "scripted judge failure" in f[4]["detail"]
+    assert [i for i in f if f[i]["kept"]] == [0, 6, 7, 8]
+    # projection: both images of each kept pair; the [badproj] pair's critiques are dropped with the reason
+    proj = pipe.projected.records
+    assert len(proj) == 8 and sum(r["status"] == "ok" for r in proj.values()) == 6
+    assert proj[(0, "A")]["scores"] == {"text_faithfulness": 4.0, "image_faithfulness": None,
+                                        "physical_quality": 4.0, "text_rendering": None}
+    assert proj[(0, "B")]["mean"] == 1.0 and proj[(7, "A")]["scores"]["image_faithfulness"] == 3.0
+    assert proj[(6, "B")]["mean"] == pytest.approx((4 + 4 + 2) / 3)
+    assert proj[(8, "A")]["status"] == "unparseable" and proj[(8, "A")]["critique"] is None
+    # provenance + datasets-readable
+    import datasets
+
+    for name in ("rationales", "filtered", "projected"):
+        ds = datasets.load_dataset("json", data_files=str(tmp_path / "out" / f"{name}.jsonl"), split="train")
+        assert {"row", "teacher", "template", "seed", "data", "stage"} <= set(ds.column_names)
+        assert ds[0]["template"] == "parrot/default@1"
+    assert json.loads((tmp_path / "out" / "filter_report.json").read_text())["kept"] == 4
+
+
+class Crash(BaseException):
+    pass
+
+
+class CrashingTeacher(ScriptedTeacher):
+    def __init__(self, after):
+        super().__init__()
+        self.after = after
+
+    def generate(self, conversations, **kw):
+        if len(self.calls) >= self.after:
+            raise Crash()
+        return super().generate(conversations, **kw)
+
+
+def _strip(recs):
+    return {k: {kk: vv for kk, vv in v.items() if kk != "time"} for k, v in recs.items()}
+
+
+@pytest.mark.parametrize("after", [1, 3, 5])
+def test_resume_after_crash_no_duplicates_no_gaps(tmp_path, pairs, after):
+    ref = Pipeline(cfg_for(tmp_path / "ref", pairs, batch_size=2), progress=False)
+    ref.run_stages()
+    cfg = cfg_for(tmp_path, pairs, batch_size=2)
+    with pytest.raises(Crash):
+        Pipeline(cfg, teacher=CrashingTeacher(after), progress=False).run_stages()
+    out = tmp_path / "out" / "rationales.jsonl"
+    with open(out, "a") as f:  # a crash mid-write leaves half a line
+        f.write('{"row": 99, "stat')
+    again = Pipeline(cfg, progress=False)
+    rep = again.run_stages()
+    assert rep["counts"]["kept"] == 4
+    for name, store in (("rationales", again.rationales), ("filtered", again.filtered), ("projected", again.projected)):
+        lines = [json.loads(x) for x in (tmp_path / "out" / f"{name}.jsonl").read_text().splitlines()]
+        keys = [store.key(r) for r in lines]
+        assert len(keys) == len(set(keys)), f"duplicates in {name}"
+        assert _strip(store.records) == _strip(getattr(ref, name).records)
+
+
+def test_stage_commands_resume_and_retry_failed(tmp_path, pairs):
+    cfg = cfg_for(tmp_path, pairs)
+    p = Pipeline(cfg, progress=False)
+    assert p.rationalize() == 9 and p.rationalize() == 1  # only the judge failure is retried
+    assert p.filter() == 9 and p.project() == 8
+    assert p.project() == 0
+    cfg.retry_failed = False
+    p2 = Pipeline(cfg, progress=False)
+    assert p2.rationalize() == 0 and p2.filter() == 0
+
+
+def test_jsonl_store_rejects_corrupt_middle_line(tmp_path):
+    f = tmp_path / "x.jsonl"
+    f.write_text('{"row": 1}\nnot json\n{"row": 2}\n')
+    with pytest.raises(ValueError, match=":2: not JSON"):
+        JsonlStore(f, lambda r: r["row"])
+
+
+def test_tiny_qwen_teacher_garbage_dropped_with_reasons(tmp_path, tiny_qwen2_5_vl_dir):
+    cfg = ParrotConfig(output_dir=str(tmp_path / "out"), data=DataCfg(train="synthetic:brightness", synthetic_size=4),
+                       teacher=TeacherCfg(judge=f"transformers:{tiny_qwen2_5_vl_dir}", judge_kwargs={"device": "cpu"},
+                                          max_new_tokens=24),
+                       batch_size=4)
+    pipe = Pipeline(cfg, progress=False)
+    rep = pipe.run_stages()
+    assert rep["kept"] == 0 and rep["counts"]["unparseable_rationale"] == 4
+    for r in pipe.rationales.records.values():
+        assert r["status"] == "unparseable" and r["rationale"] is None and r["raw"] is not None and r["reason"]
+    assert len(pipe.projected) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lora", [False, True])
+def test_sft_tiny_student_trains_and_loads_as_rational(tmp_path, lora):
+    """Stages 1-4 with the scripted teacher; the tiny student's weights change after a few TRL steps and the
+    saved model loads as ``rational`` and scores (NaN + reason: a tiny model's critique does not parse)."""
+    import torch
+
+    import rewardkit
+    from rewardkit.parrot.pipeline import SFTCfg
+    from rewardkit.parrot.sft import load_student, train_sft
+
+    cfg = ParrotConfig(output_dir=str(tmp_path / "out"), data=DataCfg(train="synthetic:brightness", synthetic_size=3),
+                       teacher=TeacherCfg(judge="scripted"), batch_size=4,
+                       sft=SFTCfg(student="tiny:qwen2_5_vl", dtype="float32", use_cpu=True, max_steps=2,
+                                  per_device_train_batch_size=2, gradient_accumulation_steps=1, learning_rate=5e-3,
+                                  logging_steps=1, save_steps=100, lora=lora, lora_r=4, lora_alpha=8,
+                                  gradient_checkpointing=not lora))
+    pipe = Pipeline(cfg, progress=False)
+    pipe.run_stages()
+    summary = train_sft(pipe)
+    assert summary["examples"] == 9 and summary["pairwise"] == 3 and summary["steps"] == 2
+    again = train_sft(Pipeline(cfg, progress=False))  # rerun: resumes from the final checkpoint, no extra step
+    assert again["already_trained"] and again["steps"] == 2
+    base = load_student("tiny:qwen2_5_vl")[0].state_dict()
+    new = load_student(str(tmp_path / "out" / "student"))[0].state_dict()  # the loader users go through
+    assert set(new) == set(base)
+    changed = [k for k, v in base.items() if k in new and not torch.equal(v, new[k])]
+    assert changed, "no parameter changed"
+    if lora:  # merged LoRA deltas touch only the language model's projections
+        assert all("language_model" in k and "proj" in k for k in changed)
+        assert not any("lora" in k for k in new)
+    r = rewardkit.load_reward("rational", model=str(tmp_path / "out" / "student"), device="cpu", max_new_tokens=8)
+    out = r([Image.new("RGB", (32, 32), "red")], "a cat")
+    assert len(out) == 1 and not out.valid[0] and out.errors[0]
+
+
+def test_tiny_qwen_filter_and_project_stages(tmp_path, tiny_qwen2_5_vl_dir):
+    """Stages 2 (text-only consistency question) and 3 (projection) on the real tiny model, fed well-formed
+    rationales by the scripted teacher: garbage predictions / critiques are dropped with reasons."""
+    from rewardkit.judges import load_judge
+
+    tiny = load_judge(f"transformers:{tiny_qwen2_5_vl_dir}", device="cpu")
+    cfg = ParrotConfig(output_dir=str(tmp_path / "a"), data=DataCfg(train="synthetic:brightness", synthetic_size=3),
+                       teacher=TeacherCfg(judge="scripted", max_new_tokens=16, predict_max_new_tokens=4), batch_size=4)
+    Pipeline(cfg, progress=False).rationalize()
+    p = Pipeline(cfg, teacher=tiny, progress=False)
+    p.filter()
+    recs = list(p.filtered.records.values())
+    assert [r["reason"] for r in recs] == ["unparseable_prediction"] * 3 and all(r["answer"] is not None for r in recs)
+    assert all("transformers" in r["teacher"] for r in recs)
+    cfg.output_dir = str(tmp_path / "b")
+    s = Pipeline(cfg, progress=False)
+    s.rationalize()
+    s.filter()
+    p = Pipeline(cfg, teacher=tiny, progress=False)
+    assert p.project() == 6
+    assert all(r["status"] == "unparseable" and r["critique"] is None and r["scores"] is None and r["reason"]
+               for r in p.projected.records.values())
+
+
+def test_cli_stages_print_reports(tmp_path, pairs, capsys):
+    from rewardkit.cli import main
+
+    out = tmp_path / "cli"
+    args = ["--config", "recipes/parrot/tiny.yaml", f"data.train={pairs}", f"output_dir={out}", "--no-progress"]
+    from pathlib import Path
+
+    args[1] = str(Path(__file__).resolve().parents[1] / "recipes" / "parrot" / "tiny.yaml")
+    assert main(["parrot", "rationalize", *args]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == {"ok": 6, "unparseable": 1, "judge_failure": 1, "skipped": 1}
+    assert main(["parrot", "filter", *args]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["kept"] == 4 and rep["keep_rate"] == 0.5
+    assert main(["parrot", "project", *args]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == {"ok": 6, "unparseable": 2}
+    assert (out / "parrot_config.yaml").is_file()
+    assert main(["parrot"]) == 2

@@ -1,0 +1,89 @@
+"""Generate-critique-refine: the decision at the threshold (by hand), the loop on a callable generator with the
+scripted critic, and end to end on the tiny SD3 pipeline with a tiny-Qwen rational critic (NaN critiques are
+never "good" and never refined)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from rewardkit.parrot.testing import ScriptedTeacher
+from rewardkit.refine import decide, refine
+
+
+def test_decide_at_threshold():
+    assert decide({"a": 3.0, "b": None, "c": 3.01}, "x") == "accepted"
+    assert decide({"a": 2.99, "b": None}, "better") == "refined"
+    assert decide({"a": 2.99, "b": None}, "  ") == "no_refined_request"
+    assert decide({"a": None, "b": None}, "x") == "critique_failed"
+    assert decide(None, "x") == "critique_failed"
+    assert decide({"a": float("nan")}, "x") == "refined"  # NaN never counts as good
+    assert decide({"a": 2.5, "b": 3.5}, "x", threshold=2.5) == "accepted"
+    assert decide({"a": 3.5, "b": None}, "x", threshold=4.0) == "refined"
+
+
+class BrightnessGenerator:
+    """Draws a grey image whose brightness grows with the prompt's length (refined prompts are longer)."""
+
+    def __init__(self, factor=6):
+        self.calls = []
+        self.factor = factor
+
+    def __call__(self, prompts, *, sources=None, seed=None):
+        self.calls.append(list(prompts))
+        return [Image.fromarray(np.full((32, 32, 3), min(255, self.factor * len(p)), dtype=np.uint8), "RGB") for p in prompts]
+
+
+def test_refine_loop_scripted_critic():
+    from rewardkit.rewards.rational import RationalReward
+
+    critic = RationalReward(judge=ScriptedTeacher())
+    gen = BrightnessGenerator()
+    prompts = ["a cat", "a very long and detailed prompt about a bright sunny beach"]  # 5 chars -> dark; 58 -> q 4
+    res = refine(gen, prompts, critic=critic)
+    r0, r1 = res.records
+    assert r1["status"] == "accepted" and r1["refined_prompts"] == [] and res.images_after[1] is res.images_before[1]
+    assert r0["status"] == "refined" and r0["refined_prompts"] == ["a cat, highly detailed, well lit"]
+    assert gen.calls == [prompts, ["a cat, highly detailed, well lit"]]  # one batch per round
+    assert r0["dimensions_before"]["text_faithfulness"] < 3.0 and r0["score_after"] > r0["score_before"]
+    # two rounds: the refined prompt is refined again while still below the threshold
+    res2 = refine(BrightnessGenerator(factor=3), ["a cat"], critic=critic, iterations=2)
+    assert res2.records[0]["iterations"] == 2 and len(res2.records[0]["refined_prompts"]) == 2
+    with pytest.raises(ValueError):
+        refine(gen, prompts, critic=critic, iterations=0)
+
+
+@pytest.mark.slow
+def test_refine_tiny_sd3_and_tiny_qwen_critic(tiny_qwen2_5_vl_dir):
+    pytest.importorskip("diffusers")
+    import rewardkit
+    from rewardkit.refine import DiffusersGenerator
+    from rewardkit.testing import tiny_sd3_pipeline
+
+    gen = DiffusersGenerator(tiny_sd3_pipeline(with_t5=False), num_inference_steps=2, height=32, width=32,
+                             guidance_scale=1.0)
+    critic = rewardkit.load_reward("rational", model=str(tiny_qwen2_5_vl_dir), device="cpu", max_new_tokens=8)
+    res = refine(gen, ["a cat", "a dog"], critic=critic)
+    assert [r["status"] for r in res.records] == ["critique_failed", "critique_failed"]
+    assert all(r["score_before"] is None and r["error_before"] for r in res.records)
+    assert len(res.images_before) == 2 and res.images_after[0] is res.images_before[0]
+
+
+def test_refine_cli_callable_generator(tmp_path, monkeypatch, tiny_qwen2_5_vl_dir):
+    import json
+
+    from rewardkit.cli import main
+
+    (tmp_path / "gcr_gen.py").write_text(
+        "import numpy as np\nfrom PIL import Image\n"
+        "def generate(prompts, sources=None, seed=None, level=9):\n"
+        "    return [Image.fromarray(np.full((32, 32, 3), int(level), dtype=np.uint8), 'RGB') for p in prompts]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rc = main(["refine", "--generator", "gcr_gen:generate", "--gen", "level=40", "--prompt", "a cat", "--prompt", "a dog",
+               "--critic-model", str(tiny_qwen2_5_vl_dir), "--device", "cpu", "--set", "max_new_tokens=6",
+               "-o", str(tmp_path / "out")])
+    assert rc == 0
+    recs = [json.loads(x) for x in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
+    assert [r["status"] for r in recs] == ["critique_failed"] * 2 and recs[0]["error_before"]
+    assert (tmp_path / "out" / "before" / "00001.png").is_file() and (tmp_path / "out" / "after" / "00000.png").is_file()
