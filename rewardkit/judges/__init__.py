@@ -21,7 +21,7 @@ from .policy import JUDGE_ERROR_POLICIES, JudgeError
 from .templates import Template, load_template
 
 __all__ = ["JudgeBackend", "Conversation", "Message", "ChoiceError", "JudgeError", "JUDGE_ERROR_POLICIES", "load_judge",
-           "resolve_judge", "Template", "load_template", "BACKENDS"]
+           "resolve_judge", "judge_spec", "Template", "load_template", "BACKENDS"]
 
 #: spec prefix -> "module:Class" (relative to this package)
 BACKENDS = {
@@ -30,6 +30,22 @@ BACKENDS = {
     "vllm": ".vllm_backend:VLLMJudge",
     "openai": ".openai_backend:OpenAIJudge",
 }
+
+
+def judge_spec(spec: str, judge_kwargs: dict[str, Any] | None = None, *, device: Any = None,
+               dtype: Any = None) -> tuple[str, dict[str, Any]]:
+    """A reward's judge option -> ``(spec with its backend prefix, load_judge kwargs)``: a bare checkpoint means
+    the transformers backend; ``device`` goes to local backends and ``dtype`` to local and vLLM ones, unless
+    ``judge_kwargs`` already set them."""
+    kind = spec.partition(":")[0]
+    if kind not in BACKENDS:
+        spec, kind = f"transformers:{spec}", "transformers"
+    kw = dict(judge_kwargs or {})
+    if device is not None and kind in ("transformers", "hf"):
+        kw.setdefault("device", device)
+    if dtype is not None and kind in ("transformers", "hf", "vllm"):
+        kw.setdefault("dtype", dtype)
+    return spec, kw
 
 
 def _backend_class(kind: str) -> type:

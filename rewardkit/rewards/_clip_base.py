@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ..reward import Reward, RewardConfig
 
@@ -29,6 +30,9 @@ class CLIPReward(Reward):
     extras = ("hf",)
     thread_safe = True  # stateless forward passes; the backbone serialises its tokenizer
     differentiable = True  # score_tensor: gradients to pixels through the torch pre-processing
+    #: True for rewards that pre-process images their own way on PIL (HPSv2's pad, the aesthetic pipeline):
+    #: no tensor fast path (and no gradients) until that pre-processing is ported to rewardkit.preprocess.
+    own_preprocessing: ClassVar[bool] = False
     #: short names -> hub ids
     VARIANTS: dict[str, str] = {}
 
@@ -50,7 +54,8 @@ class CLIPReward(Reward):
 
     @property
     def supports_tensor_input(self) -> bool:
-        return self.config.preprocess == "auto" and self.backbone.tensor_params is not None
+        return (not self.own_preprocessing and self.config.preprocess == "auto"
+                and self.backbone.tensor_params is not None)
 
     def _check_config(self) -> None:
         """Reward-specific option checks (subclasses)."""

@@ -34,13 +34,8 @@ class Aesthetic(CLIPReward):
     uses_prompt = False
     score_range = None  # nominally 1-10 (AVA ratings), but a regression output is not bounded
     Config = AestheticConfig
-    # Its own pre-processing (not CLIP's centre crop) runs on PIL images: no tensor fast path and no gradients
-    # to pixels until that pre-processing is wired into rewardkit.preprocess.
+    own_preprocessing = True  # its own PIL pre-processing (not CLIP's centre crop): no tensor path yet
     differentiable = False
-
-    @property
-    def supports_tensor_input(self) -> bool:
-        return False
 
     def _check_config(self) -> None:
         from ..convert._io import read_manifest

@@ -244,17 +244,9 @@ class EVR(JudgePolicyMixin, Reward):
 
     def _spec(self, spec: str) -> tuple[str, dict[str, Any]]:
         """A judge spec with its backend prefix, and load_judge kwargs (judge_kwargs + device/dtype)."""
-        from ..judges import BACKENDS
+        from ..judges import judge_spec
 
-        kind = spec.partition(":")[0]
-        if kind not in BACKENDS:
-            spec, kind = f"transformers:{spec}", "transformers"
-        kw = dict(self.config.judge_kwargs)
-        if self.config.device is not None and kind in ("transformers", "hf"):
-            kw.setdefault("device", self.config.device)
-        if self.config.dtype is not None and kind in ("transformers", "hf", "vllm"):
-            kw.setdefault("dtype", self.config.dtype)
-        return spec, kw
+        return judge_spec(spec, self.config.judge_kwargs, device=self.config.device, dtype=self.config.dtype)
 
     def _check_config(self) -> None:
         cfg = self.config

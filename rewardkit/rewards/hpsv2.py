@@ -39,13 +39,8 @@ class HPSv2(CLIPReward):
     score_range = (-1.0, 1.0)
     dimensions = ("cosine",)
     Config = HPSv2Config
-    # Its own pre-processing (not CLIP's centre crop) runs on PIL images: no tensor fast path and no gradients
-    # to pixels until that pre-processing is wired into rewardkit.preprocess.
+    own_preprocessing = True  # its own PIL pre-processing (not CLIP's centre crop): no tensor path yet
     differentiable = False
-
-    @property
-    def supports_tensor_input(self) -> bool:
-        return False
 
     def _check_config(self) -> None:
         from ..convert._io import read_manifest

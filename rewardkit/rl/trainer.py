@@ -36,6 +36,7 @@ import signal
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -374,7 +375,7 @@ class NFTTrainer:
             with self._autocast():
                 return self.policy.velocity(self.policy.transformer, x, sig, cond).float()
 
-        ctx = self.policy.use_old() if use_old else _null()
+        ctx = self.policy.use_old() if use_old else nullcontext()
         with ctx:
             return solvers.sample(solver or s.solver, velocity, noise, sigmas, eta=s.eta, generator=gen)
 
@@ -479,7 +480,7 @@ class NFTTrainer:
                         with self.policy.use_reference(), self._autocast():
                             v_ref = self.policy.velocity(self.policy.transformer, xt, tt, cond)
                 sync = last_micro and j == T - 1
-                ctx = self.model.no_sync() if (self.dist.world > 1 and not sync) else _null()
+                ctx = self.model.no_sync() if (self.dist.world > 1 and not sync) else nullcontext()
                 with ctx:
                     with self._autocast():
                         v_theta = self.policy.velocity(self.model, xt, tt, cond)
@@ -746,14 +747,6 @@ class NFTTrainer:
     def close(self) -> None:
         if self.dist.owns_group and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *a):
-        return False
 
 
 def train_nft(cfg: NFTConfig | dict | str | None = None, **overrides: Any) -> dict[str, Any]:

@@ -25,6 +25,7 @@ import shutil
 import signal
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -668,7 +669,7 @@ class PreferenceTrainer:
                         print(f"rewardkit: step {self.step + 1}: skipped unusable {b.reason}", file=sys.stderr)
                     inputs = {key: v.to(self.acc.device) for key, v in batch["inputs"].items()}
                     last = k == self.accum - 1
-                    ctx = self.acc.no_sync(self.model) if not last else _null()
+                    ctx = self.acc.no_sync(self.model) if not last else nullcontext()
                     with ctx:
                         with self.acc.autocast():
                             r, ls = self.model(**inputs)
@@ -756,14 +757,6 @@ def PairCollatorCopy(col):
 
     return PairCollator(col.model.__class__(copy.deepcopy(col.model.processor), col.model.template), col.base_dir,
                         skip_bad=col.skip_bad, fallback=col.fallback)
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *a):
-        return False
 
 
 def train_preference(cfg: PreferenceTrainConfig | dict | str | None = None, **overrides: Any) -> dict[str, Any]:
