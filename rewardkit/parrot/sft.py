@@ -15,6 +15,7 @@ launch`` (the Trainer reads the launcher's environment). Resumes from the last T
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -190,11 +191,14 @@ def train_sft(pipe: Any) -> dict[str, Any]:
         peft_config = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                                  target_modules=cfg.lora_target_modules or _LORA_TARGETS, task_type="CAUSAL_LM")
     run_dir = pipe.out / f"{cfg.output}-trainer"
+    # transformers >= 5.23 calls it activation checkpointing; earlier 5.x (e.g. the 5.20 that vLLM pins) gradient
+    ckpt_key = ("activation_checkpointing" if "activation_checkpointing" in
+                {f.name for f in dataclasses.fields(trl.SFTConfig)} else "gradient_checkpointing")
     args = trl.SFTConfig(
         output_dir=str(run_dir), max_steps=cfg.max_steps, num_train_epochs=cfg.num_train_epochs,
         learning_rate=cfg.learning_rate, per_device_train_batch_size=cfg.per_device_train_batch_size,
         gradient_accumulation_steps=cfg.gradient_accumulation_steps,
-        activation_checkpointing=cfg.gradient_checkpointing, bf16=cfg.bf16, fp16=False, use_cpu=cfg.use_cpu,
+        **{ckpt_key: cfg.gradient_checkpointing}, bf16=cfg.bf16, fp16=False, use_cpu=cfg.use_cpu,
         logging_steps=cfg.logging_steps, save_steps=cfg.save_steps, seed=cfg.seed, report_to=cfg.report_to,
         remove_unused_columns=False, dataset_kwargs={"skip_prepare_dataset": True}, max_length=None)
     trainer = trl.SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=processor,
