@@ -23,8 +23,8 @@ SAMPLE="${MUTATION_SAMPLE:-0}"
 # name | files to mutate (space separated) | mutant-name globs ("*" = every function) | its test files
 MODULES=(
   "metrics|rewardkit/bench/metrics.py|*|tests/test_bench_metrics.py tests/test_properties.py tests/test_behaviour_killers.py"
-  "functions|rewardkit/compose/functions.py|*|tests/test_compose.py tests/test_properties.py"
-  "losses|rewardkit/train/losses.py|*|tests/test_train_losses.py tests/test_behaviour_killers.py"
+  "functions|rewardkit/compose/functions.py|*|tests/test_compose.py tests/test_properties.py tests/test_core_contracts.py"
+  "losses|rewardkit/train/losses.py|*|tests/test_train_losses.py tests/test_behaviour_killers.py tests/test_core_contracts.py"
   "parsers|rewardkit/rewards/evr.py rewardkit/compose/rubric.py rewardkit/judges/openai_backend.py rewardkit/judges/policy.py|*.x_parse_hypothesis__* *.x_parse_intent__* *.x_parse_question_list__* *.x_read_choice_logprobs__* *.x_usable_rows__*|tests/test_judge_parsers.py"
   "soup|rewardkit/compose/soup.py|*|tests/test_soup.py tests/test_soup_patterns.py"
   "media|rewardkit/media.py|*|tests/test_bad_inputs.py tests/test_properties.py tests/test_behaviour_killers.py"
@@ -61,6 +61,7 @@ for entry in "${MODULES[@]}"; do
   echo "[mutation] $name: $module ($globs) against: $tests (limit ${TIMEOUT}s, sample ${SAMPLE:-all})"
   start=$(date +%s)
   export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+  export REWARDKIT_PROPERTY_EXAMPLES="${REWARDKIT_PROPERTY_EXAMPLES:-10}"  # per mutant
   set -f  # the globs are mutmut's, not the shell's
   if [ "$SAMPLE" -gt 0 ] || [ "$globs" != "*" ]; then
     # generate every mutant (and test only the first of each function), then pick the names to test

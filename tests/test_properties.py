@@ -7,6 +7,7 @@ function itself. Example counts are small (``max_examples``) so the file runs in
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -23,8 +24,10 @@ from rewardkit.bench import metrics as M  # noqa: E402
 from rewardkit.compose.functions import combine, group_zscore, intent_gate, veto, zscore  # noqa: E402
 from rewardkit.reward import Reward, RewardBatch, RewardOutput  # noqa: E402
 
-FAST = settings(max_examples=60, deadline=None, database=None)
-SLOWER = settings(max_examples=25, deadline=None, database=None)
+# REWARDKIT_PROPERTY_EXAMPLES caps the examples (scripts/mutation.sh runs these tests once per mutant)
+_CAP = int(os.environ.get("REWARDKIT_PROPERTY_EXAMPLES", "0")) or None
+FAST = settings(max_examples=min(60, _CAP or 60), deadline=None, database=None)
+SLOWER = settings(max_examples=min(25, _CAP or 25), deadline=None, database=None)
 
 labels = st.sampled_from([-1, 0, 1])
 # margins on a coarse grid so exact ties and equal |m| occur often
