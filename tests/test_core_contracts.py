@@ -157,3 +157,20 @@ def test_lr_at_edges():
     assert L.lr_at(0, schedule="constant", warmup_steps=2, **kw) == 0.5
     with pytest.raises(ValueError, match="unknown lr schedule"):
         L.lr_at(0, schedule="linear", **kw)
+
+
+def test_float32_outputs_even_when_the_host_sets_a_float64_default_dtype():
+    """Host programs sometimes call torch.set_default_dtype(torch.float64): the documented float32 [B] holds."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        outs = [F.zscore([1.0, 2.0]), F.group_zscore([1.0, 2.0], [0, 0]), F.intent_gate(["strict", None]),
+                F.veto(torch.tensor([1.0, -1.0], dtype=torch.float32), [1, 0]),
+                F.veto(torch.tensor([1.0, -1.0], dtype=torch.float32), [True, False], strength=0.5),
+                F.additive_penalty(torch.tensor([1.0, -1.0], dtype=torch.float32), [1, 0]),
+                F.combine([[1.0, 2.0]], [1.0], [[1, 0]])]
+    finally:
+        torch.set_default_dtype(old)
+    assert [o.dtype for o in outs] == [torch.float32] * len(outs)
+    assert outs[2].tolist() == [1.0, 0.0] and outs[3].tolist() == [0.0, -1.0] and outs[4].tolist() == [0.5, -1.0]
+    assert outs[5].tolist() == [0.0, -1.0] and outs[6].tolist() == [1.0, 0.0]
