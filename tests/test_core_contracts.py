@@ -44,6 +44,9 @@ def test_zscore_inf_is_excluded_and_all_masked_is_nan():
     assert torch.allclose(z, torch.tensor([-1.0, NAN, 1.0]), equal_nan=True)
     assert torch.isnan(F.zscore(torch.tensor([1.0, 2.0]), mask=torch.tensor([False, False]))).all()
     assert F.zscore(torch.tensor([1.0, 2.0]), mask=[True, False]).tolist()[0] == 0.0   # one sample: 0
+    # an integer 0/1 mask is a mask, not a list of indices: stats over x[0], x[2] = {1, 5}
+    z = F.zscore(torch.tensor([1.0, 3.0, 5.0]), mask=torch.tensor([1, 0, 1]))
+    assert torch.allclose(z, torch.tensor([-1.0, NAN, 1.0]), equal_nan=True)
 
 
 def test_group_zscore_mask_and_bad_keys():
@@ -168,7 +171,7 @@ def test_float32_outputs_even_when_the_host_sets_a_float64_default_dtype():
                 F.veto(torch.tensor([1.0, -1.0], dtype=torch.float32), [1, 0]),
                 F.veto(torch.tensor([1.0, -1.0], dtype=torch.float32), [True, False], strength=0.5),
                 F.additive_penalty(torch.tensor([1.0, -1.0], dtype=torch.float32), [1, 0]),
-                F.combine([[1.0, 2.0]], [1.0], [[1, 0]])]
+                F.combine([[1.0, 2.0]], [1.0], [[1, 0]]), F.combine([[1.0, 2.0]], [1.0], [[1.0, 0.0]])]
     finally:
         torch.set_default_dtype(old)
     assert [o.dtype for o in outs] == [torch.float32] * len(outs)
