@@ -33,6 +33,8 @@ def test_zscore_default_eps_boundary():
     # population std 5e-7 < 1e-6: zero-variance -> zeros; std 2e-6 > 1e-6 -> +-1
     assert torch.equal(F.zscore(torch.tensor([0.0, 1e-6])), torch.zeros(2))
     assert torch.allclose(F.zscore(torch.tensor([0.0, 4e-6])), torch.tensor([-1.0, 1.0]), atol=1e-3)
+    # "below eps" is strict: std exactly equal to eps (here 1.0) still gives z-scores
+    assert F.zscore(torch.tensor([0.0, 2.0]), eps=1.0).tolist() == [-1.0, 1.0]
     # explicit eps moves the boundary
     assert torch.equal(F.zscore(torch.tensor([0.0, 4e-6]), eps=1e-5), torch.zeros(2))
     assert torch.allclose(F.group_zscore(torch.tensor([0.0, 4e-6]), [1, 1]), torch.tensor([-1.0, 1.0]), atol=1e-3)
