@@ -179,3 +179,15 @@ def test_float32_outputs_even_when_the_host_sets_a_float64_default_dtype():
     assert [o.dtype for o in outs] == [torch.float32] * len(outs)
     assert outs[2].tolist() == [1.0, 0.0] and outs[3].tolist() == [0.0, -1.0] and outs[4].tolist() == [0.5, -1.0]
     assert outs[5].tolist() == [0.0, -1.0] and outs[6].tolist() == [1.0, 0.0]
+
+
+def test_pairwise_accuracy_b_wins_and_weighted_rao_kupper():
+    # b wins every pair: b higher in two (right), a higher in one (wrong)
+    acc, n = L.pairwise_accuracy(t(0.0, 0.0, 2.0), t(1.0, 1.0, 1.0), torch.tensor([L.LABEL_B] * 3))
+    assert (acc, n) == (pytest.approx(2 / 3), 3)
+    labels = torch.tensor([L.LABEL_A, L.LABEL_TIE])
+    # theta = 3 at ra = rb: -log P(a>b) = log 4, -log P(tie) = log 2; weights 1 and 3
+    got = L.rao_kupper_loss(t(0.0, 0.0), t(0.0, 0.0), labels, theta=3.0, weight=t(1.0, 3.0))
+    assert float(got) == pytest.approx((math.log(4) + 3 * math.log(2)) / 4)
+    with pytest.raises(ValueError, match="^winner_loser got tie labels; drop ties or use a tie-aware loss$"):
+        L.winner_loser(t(0.0), t(1.0), torch.tensor([L.LABEL_TIE]))

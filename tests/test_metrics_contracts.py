@@ -83,6 +83,7 @@ def test_bootstrap_edges():
     assert M.bootstrap_ratio_ci([], [], n_boot=7) is None
     assert M.bootstrap_ratio_ci([1.0], [0.0], n_boot=7) is None                     # nothing judged
     assert M.bootstrap_ties_ci([1], [0.5], n_boot=9) == (1.0, 1.0)                  # one valid pair
+    assert M.bootstrap_ties_ci([0], [0.5], n_boot=9) == (1.0, 1.0)                  # a human tie: eps = 0.5 wins
     assert M.bootstrap_ties_ci([1, -1], [NAN, NAN], n_boot=9) is None
     w = M.bootstrap_weights(4, 3, seed=1)
     assert w.shape == (3, 4) and (w.sum(1) == 4).all()
@@ -99,3 +100,15 @@ def test_bootstrap_vectorised_helpers_equal_a_loop_over_the_same_draws():
     num, den = M.ratio_units("accuracy_without_ties", h=h, m=m)
     loop = M.bootstrap_ci(lambda idx: M.accuracy_without_ties(h[idx], m[idx]).value, 40, n_boot=200, seed=4)
     assert M.bootstrap_ratio_ci(num, den, n_boot=200, seed=4) == pytest.approx(loop)
+
+
+def test_bootstrap_ties_ci_equals_loop_when_a_middle_threshold_wins():
+    """Human ties with small margins, decisive pairs with large ones: the best threshold is in the middle, so
+    the tie prefix counts (not only the no-tie state) decide every resample."""
+    rng = np.random.default_rng(5)
+    h = np.array([0] * 20 + [1] * 10 + [-1] * 10)
+    m = np.r_[rng.uniform(-0.3, 0.3, 20), rng.uniform(0.5, 2.0, 10), -rng.uniform(0.5, 2.0, 10)]
+    m[[0, 25]] = -m[[0, 25]]       # one decisive pair wrong, to keep the optimum below 1
+    assert M.accuracy_with_ties(h, m).extra["threshold"] > 0.2
+    loop = M.bootstrap_ci(lambda idx: M.accuracy_with_ties(h[idx], m[idx]).value, 40, n_boot=100, seed=2)
+    assert M.bootstrap_ties_ci(h, m, n_boot=100, seed=2) == pytest.approx(loop)
