@@ -45,3 +45,41 @@ def test_bench_limit_must_be_positive(tmp_path, data_root, tiny_clip_dir):
         main(["bench", "--reward", "clipscore", "--model", str(tiny_clip_dir), "--benchmark", "mmrb2/t2i",
               "--data-dir", str(data_root), "--no-cache", "--output-dir", str(tmp_path), "--limit", "0",
               "--device", "cpu"])
+
+
+def test_retry_invalid_rescores_only_cached_invalid_samples(tmp_path, data_root):
+    """docs/bench.md: invalid scores are cached; `--retry-invalid` (retry_invalid=True) re-queries exactly those."""
+    import numpy as np
+    import torch
+
+    from rewardkit.bench.harness import evaluate
+    from rewardkit.reward import Reward, RewardBatch, RewardOutput
+
+    class Flaky(Reward):
+        name = "test-flaky-brightness"
+        tasks = frozenset({"t2i"})
+        uses_prompt = False
+
+        def __init__(self, fail: bool):
+            super().__init__()
+            self.fail, self.n_scored = fail, 0
+
+        def _score(self, batch: RewardBatch) -> RewardOutput:
+            self.n_scored += len(batch)
+            vals = torch.tensor([float(np.asarray(im, dtype=np.float32).mean()) for im in batch.images])
+            bad = (vals.round() % 2 == 0) & torch.tensor(self.fail)       # a deterministic half fails
+            return RewardOutput(scores=torch.where(bad, torch.full_like(vals, float("nan")), vals),
+                                errors=["transient" if b else None for b in bad.tolist()])
+
+    kw = dict(data_dir=data_root, cache_dir=tmp_path / "cache", n_boot=0, progress=False, limit=8)
+    first = Flaky(fail=True)
+    r1 = evaluate(first, "mmrb2/t2i", **kw)
+    n_bad = r1["mmrb2/t2i"].counts["n_invalid_samples"]
+    assert 0 < n_bad < first.n_scored
+    again = Flaky(fail=False)
+    evaluate(again, "mmrb2/t2i", **kw)
+    assert again.n_scored == 0                           # invalid results are cached too
+    retry = Flaky(fail=False)
+    r3 = evaluate(retry, "mmrb2/t2i", retry_invalid=True, **kw)
+    assert retry.n_scored == n_bad                       # only the invalid ones are asked again
+    assert r3["mmrb2/t2i"].counts["n_invalid_samples"] == 0
