@@ -112,3 +112,27 @@ def test_bootstrap_ties_ci_equals_loop_when_a_middle_threshold_wins():
     assert M.accuracy_with_ties(h, m).extra["threshold"] > 0.2
     loop = M.bootstrap_ci(lambda idx: M.accuracy_with_ties(h[idx], m[idx]).value, 40, n_boot=100, seed=2)
     assert M.bootstrap_ties_ci(h, m, n_boot=100, seed=2) == pytest.approx(loop)
+
+
+def test_metric_value_to_dict_rounding_ci_and_nan():
+    d = M.MetricValue(1 / 3, 3, {"threshold": 2 / 3, "nested": {"x": NAN, "y": 0.125}, "k": "s"},
+                      ci=(0.1234567890123, NAN)).to_dict()
+    assert d == {"value": 0.3333333333, "n": 3, "ci95": [0.123456789, None], "threshold": 0.6666666667,
+                 "nested": {"x": None, "y": 0.125}, "k": "s"}
+
+
+def test_inputs_of_any_shape_are_flattened():
+    r = M.accuracy_without_ties([[1, -1], [1, 1]], np.array([[0.5, -0.5], [2.0, -1.0]]))
+    assert (r.value, r.n) == (0.75, 4)
+    with pytest.raises(ValueError, match="^labels and margins differ in length: 2 vs 3$"):
+        M.accuracy_without_ties([1, 1], [1.0, 2.0, 3.0])
+
+
+def test_genaibench_single_arrow_verdicts_and_unparsed_count():
+    r = M.genaibench_4way(["rightvote", "leftvote", "leftvote", "tievote"], ["B>A", "x", None, "[[A=B=Bad]]"])
+    assert r.value == pytest.approx(1 / 4) and r.extra["n_unparsed"] == 2
+
+
+def test_mmrb2_length_error_message():
+    with pytest.raises(ValueError, match="^chosen, forward and reverse must have the same length$"):
+        M.mmrb2_official(["A"], ["A"], [])
