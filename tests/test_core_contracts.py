@@ -191,3 +191,41 @@ def test_pairwise_accuracy_b_wins_and_weighted_rao_kupper():
     assert float(got) == pytest.approx((math.log(4) + 3 * math.log(2)) / 4)
     with pytest.raises(ValueError, match="^winner_loser got tie labels; drop ties or use a tie-aware loss$"):
         L.winner_loser(t(0.0), t(1.0), torch.tensor([L.LABEL_TIE]))
+
+
+def test_loss_dtype_follows_the_rewards_not_margin_or_weight():
+    r_w, r_l = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 0.5])          # float32 rewards
+    m64, w64 = torch.tensor([0.1, 0.2], dtype=torch.float64), torch.tensor([1.0, 2.0], dtype=torch.float64)
+    for loss in (L.bradley_terry_loss(r_w, r_l, margin=m64, weight=w64),
+                 L.uncertainty_loss(r_w, torch.zeros(2), r_l, torch.zeros(2), margin=m64, weight=w64)):
+        assert loss.dtype == torch.float32
+
+
+def test_centering_term_is_weighted_and_uses_the_sum():
+    r_w, r_l, w = t(2.0, 1.0), t(1.0, 0.0), t(3.0, 1.0)
+    bt = (3 * math.log1p(math.exp(-1.0)) + math.log1p(math.exp(-1.0))) / 4
+    # (r_w + r_l)^2 = [9, 1], weighted mean (27 + 1) / 4 = 7
+    assert float(L.bradley_terry_loss(r_w, r_l, weight=w, center_coef=0.5)) == pytest.approx(bt + 0.5 * 7)
+
+
+def test_tie_models_use_the_reward_difference_and_default_parameters():
+    ra, rb = t(1.0), t(0.5)
+    la, lb, lt = L.rao_kupper_probs(ra, rb, 3.0)
+    ea, eb = math.exp(1.0), math.exp(0.5)
+    assert math.exp(float(la)) == pytest.approx(ea / (ea + 3 * eb))
+    assert math.exp(float(lt)) == pytest.approx(8 * ea * eb / ((ea + 3 * eb) * (eb + 3 * ea)))
+    da, db, dt = L.davidson_probs(ra, rb, 2.0)
+    den = ea + eb + 2 * math.sqrt(ea * eb)
+    assert math.exp(float(da)) == pytest.approx(ea / den) and math.exp(float(dt)) == pytest.approx(
+        2 * math.sqrt(ea * eb) / den)
+    lab = torch.tensor([L.LABEL_TIE])
+    # defaults: theta = 2 (P(tie) = 3 / 9 at equal rewards), nu = 1 (P(tie) = 1 / 3)
+    assert float(L.rao_kupper_loss(t(0.0), t(0.0), lab)) == pytest.approx(-math.log(3 / 9))
+    assert float(L.davidson_loss(t(0.0), t(0.0), lab)) == pytest.approx(-math.log(1 / 3))
+
+
+def test_lr_at_short_runs_and_min_ratio():
+    assert L.lr_at(1, base_lr=1.0, total_steps=1) == pytest.approx(0.0, abs=1e-12)   # one decay step: done
+    kw = dict(base_lr=2.0, total_steps=10, min_lr_ratio=0.1)
+    assert L.lr_at(0, **kw) == pytest.approx(2.0)
+    assert L.lr_at(5, **kw) == pytest.approx(2.0 * (0.1 + 0.9 * 0.5))
