@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -419,7 +417,18 @@ def test_cache_is_keyed_by_config(tmp_path, data_root):
     b = Scaled(gain=-1.0)
     res = _run(b, "genaibench/t2i", data_root, cache_dir=tmp_path)
     assert b.n_scored == a.n_scored > 0  # another config is another cache
-    assert res["genaibench/t2i"].metrics["accuracy_without_ties"].value is not None
+    # the cached run's value is b's own (same as an uncached run), not a's
+    fresh = _run(Scaled(gain=-1.0), "genaibench/t2i", data_root, cache_dir=None)
+    first = _run(Scaled(gain=1.0), "genaibench/t2i", data_root, cache_dir=None)
+    got = res["genaibench/t2i"].metrics["accuracy_without_ties"].value
+    assert got == fresh["genaibench/t2i"].metrics["accuracy_without_ties"].value
+    assert got != first["genaibench/t2i"].metrics["accuracy_without_ties"].value
+    # and a second call with a's config is served from the cache: nothing re-scored, same value
+    again = Scaled(gain=1.0)
+    cached = _run(again, "genaibench/t2i", data_root, cache_dir=tmp_path)
+    assert again.n_scored == 0
+    assert cached["genaibench/t2i"].metrics["accuracy_without_ties"].value == \
+        first["genaibench/t2i"].metrics["accuracy_without_ties"].value
 
 
 # ------------------------------------------------------------------ built-in rewards: stored values
@@ -433,7 +442,9 @@ def test_builtin_rewards_stored_values(name, kwargs, thresholds, data_root, tiny
     reward = load_reward(name, model=str(tiny_clip_dir), device="cpu", **kwargs)
     res = _run(reward, ALL, data_root, ignore_sources=True)
     got = {b: round(r.value, 6) for b, r in res.benchmarks.items()}
-    # the tiny CLIP is random (seed 0): these pin the whole pipeline, not the model's quality
+    # REGRESSION PIN (self-generated, not independent): the tiny CLIP is random (seed 0), so these values were
+    # produced by rewardkit itself; they detect a change in the pipeline, not correctness (the metric
+    # functions have hand-computed tests in test_bench_metrics.py / test_behaviour_killers.py)
     assert got == {"mmrb2/t2i": 0.583333, "mmrb2/edit": 0.416667, "genaibench/t2i": 0.416667,
                    "genaibench/edit": 0.416667, "editreward/2pair": 0.583333, "editreward/3pair": 0.0,
                    "editreward/4pair": 0.0}
@@ -491,13 +502,7 @@ def test_cli_bench_and_report(tmp_path, data_root, tiny_clip_dir, capsys):
                  "--output-dir", str(out)]) == 2
 
 
-def test_bench_modules_import_no_heavy_libraries():
-    code = ("import sys, rewardkit.bench, rewardkit.bench.harness, rewardkit.bench.data, rewardkit.bench.report, "
-            "rewardkit.bench.synthetic, rewardkit.commands.bench\n"
-            "bad = [m for m in ('transformers', 'diffusers', 'trl', 'peft', 'vllm', 'datasets', 'matplotlib') "
-            "if m in sys.modules]\nprint(bad); sys.exit(1 if bad else 0)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stdout + out.stderr
+# the bench modules' import weight is checked in test_imports.py (one subprocess for every stage)
 
 
 def test_failed_judge_calls_are_reported_but_never_cached(tmp_path, data_root):

@@ -81,6 +81,7 @@ def test_unknown_option_lists_it(tiny_clip_dir, capsys):
     assert "scael" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_missing_extra_prints_pip_line(tmp_path):
     """With transformers unimportable, the CLI prints the exact pip command, not a traceback."""
     script = textwrap.dedent("""
@@ -99,6 +100,7 @@ def test_missing_extra_prints_pip_line(tmp_path):
     assert "Traceback" not in res.stderr
 
 
+@pytest.mark.slow
 def test_console_script_entry_point():
     res = subprocess.run([sys.executable, "-m", "rewardkit.cli", "--version"], capture_output=True, text=True)
     assert res.returncode == 0 and res.stdout.startswith("rewardkit ")

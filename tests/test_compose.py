@@ -256,6 +256,14 @@ def test_composite_tiny_is_batch_relative_and_conforms(tmp_path):
     comp = Composite.tiny(str(tmp_path))
     assert comp.batch_relative and not WeightedSum.tiny(str(tmp_path)).batch_relative
     check_reward(comp)
-    out = comp(IMGS, ["a", "b", "c", "d"])
+    prompts = ["a", "b", "c", "d"]
+    out = comp(IMGS, prompts)
     assert set(out.dimensions) == {"preference/raw", "preference/z", "alignment/raw", "alignment/z"}
-    assert close(out.scores, out.dimensions["preference/z"] + 0.5 * out.dimensions["alignment/z"])
+    # expected value from the sub-rewards scored on their own and a numpy z-score (not from out.dimensions)
+    def z(x):
+        x = np.asarray(x, dtype=np.float64)
+        return (x - x.mean()) / x.std()
+    pref = comp.rewards["preference"](IMGS, prompts).scores.numpy()
+    align = comp.rewards["alignment"](IMGS, prompts).scores.numpy()
+    assert np.ptp(pref) > 0 and np.ptp(align) > 0
+    assert np.allclose(out.scores.numpy(), z(pref) + 0.5 * z(align), atol=1e-4)

@@ -161,6 +161,23 @@ def test_to_moves_modules_and_pickles():
     assert isinstance(again, WithModule) and len(again(random_images(2), "p")) == 2
 
 
-def test_progress_bar_over_chunks(capsys):
-    out = Brightness()(random_images(4), "p", batch_size=1, progress=True)
-    assert len(out) == 4
+def test_progress_bar_over_chunks(monkeypatch):
+    """progress=True wraps the chunk loop in one tqdm bar (4 chunks, named after the reward); no bar when
+    progress is off or there is a single chunk, and the bar changes no score."""
+    import tqdm.auto
+
+    bars = []
+    real = tqdm.auto.tqdm
+
+    def spy(it, *a, **kw):
+        bars.append((len(it), kw.get("desc"), kw.get("unit")))
+        return real(it, *a, **kw)
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", spy)
+    imgs = random_images(4)
+    out = Brightness()(imgs, "p", batch_size=1, progress=True)
+    assert bars == [(4, "brightness", "batch")]
+    quiet = Brightness()(imgs, "p", batch_size=1, progress=False)
+    one_chunk = Brightness()(imgs, "p", batch_size=8, progress=True)
+    assert len(bars) == 1
+    assert torch.equal(out.scores, quiet.scores) and torch.equal(out.scores, one_chunk.scores)

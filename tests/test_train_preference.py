@@ -138,6 +138,7 @@ def test_ctrl_c_mid_step_checkpoints_and_resumes_bitwise(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_kill_and_resume_is_bitwise_identical(tmp_path):
     """SIGKILL after step 3 (last checkpoint: step 2), resume -> the same final weights as a clean run."""
     common = ["max_steps=4", "save_every=2", "log_every=1", "data.eval=null", "data_workers=2", "lora.enabled=true", "lora.r=4",
@@ -174,6 +175,8 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path):
     assert len([p for p in (killed / "checkpoints").iterdir() if p.is_dir()]) <= 2
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_two_process_gloo_keeps_replicas_in_sync(tmp_path):
     out = tmp_path / "ddp"
     # --standalone: a local c10d rendezvous on a free port chosen by torchrun itself (no port race)

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Mutation testing of the pure core with mutmut (a habit, not a CI step; see benchmarks/README.md).
+#
+#   bash scripts/mutation.sh                      # every module below
+#   bash scripts/mutation.sh metrics functions    # some of them (names from the table below)
+#
+# Each module is mutated in a scratch copy of the repository that holds ONLY its own test files, so a mutant
+# must be killed by the tests meant for that module. Runs under `nice -n 19` with a per-module time limit
+# (MUTATION_TIMEOUT seconds, default 900) and MUTATION_JOBS workers (default 2). MUTATION_SAMPLE=N tests a
+# seeded random sample of N mutants per module (default 0 = all; a module such as bench/metrics.py has ~1000
+# mutants, about an hour on 2 busy cores). Prints the surviving mutants and one score line per module:
+# killed / (killed + survived); timeouts count as killed, "no tests" as survived.
+# Needs `pip install mutmut` (in the `dev` extra).
+set -uo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+PY="${PYTHON:-python}"
+TIMEOUT="${MUTATION_TIMEOUT:-900}"
+JOBS="${MUTATION_JOBS:-2}"
+WORK="${MUTATION_WORKDIR:-$(mktemp -d -t rewardkit-mutation-XXXX)}"
+
+SAMPLE="${MUTATION_SAMPLE:-0}"
+
+# name | files to mutate (space separated) | mutant-name globs ("*" = every function) | its test files
+MODULES=(
+  "metrics|rewardkit/bench/metrics.py|*|tests/test_bench_metrics.py tests/test_properties.py tests/test_behaviour_killers.py tests/test_metrics_contracts.py"
+  "functions|rewardkit/compose/functions.py|*|tests/test_compose.py tests/test_properties.py tests/test_core_contracts.py"
+  "losses|rewardkit/train/losses.py|*|tests/test_train_losses.py tests/test_behaviour_killers.py tests/test_core_contracts.py"
+  "parsers|rewardkit/rewards/evr.py rewardkit/compose/rubric.py rewardkit/judges/openai_backend.py rewardkit/judges/policy.py|*.x_parse_hypothesis__* *.x_parse_intent__* *.x_parse_question_list__* *.x_read_choice_logprobs__* *.x_usable_rows__*|tests/test_judge_parsers.py tests/test_parser_contracts.py"
+  "soup|rewardkit/compose/soup.py|*|tests/test_soup.py tests/test_soup_patterns.py"
+  "media|rewardkit/media.py|*|tests/test_bad_inputs.py tests/test_properties.py tests/test_behaviour_killers.py"
+  "reward|rewardkit/reward.py|*|tests/test_contract.py tests/test_bad_inputs.py tests/test_properties.py"
+)
+
+want=("$@")
+summary=()
+for entry in "${MODULES[@]}"; do
+  IFS='|' read -r name module globs tests <<<"$entry"
+  if [ ${#want[@]} -gt 0 ] && [[ ! " ${want[*]} " =~ " ${name} " ]]; then continue; fi
+  missing=""
+  for f in $module; do [ -f "$ROOT/$f" ] || missing="$missing $f"; done
+  if [ -n "$missing" ]; then
+    echo "[mutation] $name:$missing not found (moved?): skipped"; summary+=("$name  skipped (no$missing)"); continue
+  fi
+  dir="$WORK/$name"
+  rm -rf "$dir" && mkdir -p "$dir/tests"
+  cp -r "$ROOT/rewardkit" "$dir/rewardkit"
+  cp "$ROOT/tests/conftest.py" "$dir/tests/"
+  for t in $tests; do [ -f "$ROOT/$t" ] && cp "$ROOT/$t" "$dir/tests/"; done
+  cp -r "$ROOT/recipes" "$dir/recipes" 2>/dev/null || true
+  find "$dir" -name __pycache__ -prune -exec rm -rf {} +
+  # mutmut reads [tool.mutmut] from pyproject.toml, else setup.cfg: give it a setup.cfg and a bare pyproject
+  printf '[project]\nname = "rewardkit-mutation-scratch"\nversion = "0"\n[tool.pytest.ini_options]\nmarkers = ["slow", "gpu", "distributed"]\n' >"$dir/pyproject.toml"
+  {
+    echo "[mutmut]"
+    echo "source_paths = rewardkit/"
+    echo "only_mutate ="
+    for f in $module; do echo "    $f"; done
+    echo "process_isolation = forkserver"
+    echo "pytest_add_cli_args = -p no:cacheprovider -q -m \"not slow and not gpu\""
+  } >"$dir/setup.cfg"
+  echo "[mutation] $name: $module ($globs) against: $tests (limit ${TIMEOUT}s, sample ${SAMPLE:-all})"
+  start=$(date +%s)
+  export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+  export REWARDKIT_PROPERTY_EXAMPLES="${REWARDKIT_PROPERTY_EXAMPLES:-10}"  # per mutant
+  set -f  # the globs are mutmut's, not the shell's
+  if [ "$SAMPLE" -gt 0 ] || [ "$globs" != "*" ]; then
+    # generate every mutant (and test only the first of each function), then pick the names to test
+    (cd "$dir" && timeout "$TIMEOUT" nice -n 19 "$PY" -m mutmut run --max-children "$JOBS" "*__mutmut_1" >"$dir/gen.log" 2>&1)
+    names=$("$PY" - "$dir" "$SAMPLE" $globs <<'PYEOF'
+import fnmatch, json, pathlib, random, sys
+d, n, globs = pathlib.Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+keys = sorted(k for meta in d.glob("mutants/**/*.py.meta") for k in json.loads(meta.read_text())["exit_code_by_key"])
+keys = [k for k in keys if any(fnmatch.fnmatch(k, g) for g in globs)]
+if n and len(keys) > n:
+    keys = sorted(random.Random(0).sample(keys, n))
+(d / "selected.txt").write_text("\n".join(keys) + "\n")
+print(" ".join(keys))
+PYEOF
+)
+  else
+    names=""
+  fi
+  (cd "$dir" && timeout "$TIMEOUT" nice -n 19 "$PY" -m mutmut run --max-children "$JOBS" $names >"$dir/run.log" 2>&1)
+  rc=$?
+  set +f
+  line=$("$PY" - "$dir" "$rc" "$(( $(date +%s) - start ))" "$name" <<'PYEOF'
+import json, pathlib, sys
+d, rc, secs, name = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+codes = {k: v for meta in d.glob("mutants/**/*.py.meta") for k, v in json.loads(meta.read_text())["exit_code_by_key"].items()}
+sel = d / "selected.txt"
+if sel.exists():
+    codes = {k: codes.get(k) for k in sel.read_text().split()}
+from mutmut.stats import status_by_exit_code as status
+st = {k: status[v] for k, v in codes.items()}
+killed = [k for k, s in st.items() if s in ("killed", "timeout", "caught by type check", "segfault")]
+survived = [k for k, s in st.items() if s in ("survived", "no tests")]
+left = [k for k, s in st.items() if k not in killed and k not in survived]
+for k in survived:
+    print(f"    {st[k]}: {k}")
+total = len(killed) + len(survived)
+score = 100.0 * len(killed) / total if total else float("nan")
+note = " (time limit hit: partial)" if rc == "124" or left else ""
+print(f"RESULT {name:10s} killed {len(killed):4d}  survived {len(survived):4d}  unchecked {len(left):4d}  "
+      f"score {score:5.1f}%  {secs}s{note}")
+PYEOF
+)
+  echo "[mutation] $name: surviving mutants (\`mutmut show <name>\` in $dir prints the diff):"
+  echo "$line" | grep -v '^RESULT'
+  line=$(echo "$line" | grep '^RESULT' | sed 's/^RESULT //')
+  echo "[mutation] $line"
+  summary+=("$line")
+done
+echo
+echo "== mutation scores (scratch: $WORK) =="
+printf '%s\n' "${summary[@]}"
