@@ -18,10 +18,15 @@ fi
 links=()
 if [ -z "${PIP_FIND_LINKS:-}" ] && [ -d /opt/wheels ]; then links=(--find-links /opt/wheels); fi
 "$VENV/bin/python" -m pip install -q --upgrade pip uv
+# torch first and explicitly, as scripts/_env.sh does (an unpinned resolve could pick a multi-GB CUDA build);
+# the resolver below then keeps the installed build (the override pins its version).
+if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+  # shellcheck disable=SC2086
+  "$VENV/bin/python" -m pip install -q "${links[@]}" ${REWARDKIT_TORCH:-torch==2.13.0}
+fi
 override="$(mktemp)"
 trap 'rm -f "$override"' EXIT
-torch_spec="${REWARDKIT_TORCH:-torch==2.13.0}"
-echo "${torch_spec%% *}" > "$override"
+echo "torch==$("$VENV/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])')" > "$override"
 "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" --resolution lowest-direct "${links[@]}" \
   --override "$override" -e ".[all,dev]"
 echo "[rewardkit] lowest versions installed:" >&2
