@@ -162,21 +162,22 @@ def test_to_moves_modules_and_pickles():
 
 
 def test_progress_bar_over_chunks(monkeypatch):
-    """progress=True wraps the chunk loop in one tqdm bar (4 chunks, named after the reward); no bar when
-    progress is off or there is a single chunk, and the bar changes no score."""
+    """progress=True shows one tqdm bar over the call's images (named after the reward, advanced chunk by
+    chunk to the total); no bar when progress is off or there is a single chunk; the bar changes no score."""
     import tqdm.auto
 
     bars = []
     real = tqdm.auto.tqdm
 
-    def spy(it, *a, **kw):
-        bars.append((len(it), kw.get("desc"), kw.get("unit")))
-        return real(it, *a, **kw)
+    def spy(*a, **kw):
+        bar = real(*a, **kw)
+        bars.append(bar)
+        return bar
 
     monkeypatch.setattr(tqdm.auto, "tqdm", spy)
     imgs = random_images(4)
     out = Brightness()(imgs, "p", batch_size=1, progress=True)
-    assert bars == [(4, "brightness", "batch")]
+    assert [(b.total, b.n, b.desc, b.unit) for b in bars] == [(4, 4, "brightness", "img")]
     quiet = Brightness()(imgs, "p", batch_size=1, progress=False)
     one_chunk = Brightness()(imgs, "p", batch_size=8, progress=True)
     assert len(bars) == 1
