@@ -150,10 +150,10 @@ def test_uncertainty_loss_margin_is_subtracted(margin):
     mu_w, mu_l, ls_w, ls_l = 1.0, 0.2, math.log(0.5), math.log(1.5)
     scale = math.sqrt(0.5 ** 2 + 1.5 ** 2)
     want = -math.log(_phi((mu_w - mu_l - margin) / scale))
-    got = L.uncertainty_loss(t(mu_w), t(ls_w), t(mu_l), t(ls_l), margin=t(margin))
+    got = L.uncertainty_loss(t(mu_w), t(ls_w), t(mu_l), t(ls_l), margin=t(margin), form="probit")
     assert float(got) == pytest.approx(want, rel=1e-9)
     # a larger required gap makes the loss larger (monotone in the margin)
-    more = L.uncertainty_loss(t(mu_w), t(ls_w), t(mu_l), t(ls_l), margin=t(margin + 0.3))
+    more = L.uncertainty_loss(t(mu_w), t(ls_w), t(mu_l), t(ls_l), margin=t(margin + 0.3), form="probit")
     assert float(more) > float(got)
 
 
@@ -162,7 +162,7 @@ def test_uncertainty_loss_weighted_margin_per_pair():
     mu_w, mu_l, m, w = [1.0, 0.0], [0.0, 0.5], [0.25, -0.25], [1.0, 3.0]
     per = [-math.log(_phi((a - b - mm) / math.sqrt(2))) for a, b, mm in zip(mu_w, mu_l, m)]
     want = (per[0] * w[0] + per[1] * w[1]) / sum(w)
-    got = L.uncertainty_loss(t(*mu_w), t(0, 0), t(*mu_l), t(0, 0), margin=t(*m), weight=t(*w))
+    got = L.uncertainty_loss(t(*mu_w), t(0, 0), t(*mu_l), t(0, 0), margin=t(*m), weight=t(*w), form="probit")
     assert float(got) == pytest.approx(want, rel=1e-9)
 
 
@@ -171,7 +171,9 @@ def test_uncertainty_loss_weighted_margin_per_pair():
 def test_trainer_loss_uses_the_batch_margin_and_weight(kind):
     from rewardkit.train.trainer import PreferenceTrainer
 
-    fake = SimpleNamespace(cfg=SimpleNamespace(loss=SimpleNamespace(kind=kind, center_coef=0.0, theta=2.0, nu=1.0)))
+    fake = SimpleNamespace(cfg=SimpleNamespace(loss=SimpleNamespace(kind=kind, center_coef=0.0, theta=2.0, nu=1.0,
+                                                                    uncertainty_form="probit",
+                                                                    uncertainty_samples=32)))
     r = torch.tensor([1.0, 0.0, 0.3, 0.4], dtype=torch.float64)      # [a0, a1, b0, b1]
     ls = torch.tensor([0.0, math.log(2.0), math.log(0.5), 0.0], dtype=torch.float64)
     labels = torch.tensor([L.LABEL_A, L.LABEL_B])                       # pair 0: a wins; pair 1: b wins
@@ -221,9 +223,9 @@ def chan_reward():
 
 
 def _z(x):
+    """The composite's default z-score (``zscore="rl"``): (x - mean) / (std + 1e-4), flow_grpo's advantage."""
     x = np.asarray(x, dtype=np.float64)
-    s = x.std()
-    return np.zeros_like(x) if s < 1e-6 else (x - x.mean()) / s
+    return (x - x.mean()) / (x.std() + 1e-4)
 
 
 IMGS = [Image.new("RGB", (4, 4), c) for c in [(200, 10, 0), (100, 200, 40), (50, 10, 90), (150, 220, 255),

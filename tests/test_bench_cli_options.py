@@ -38,13 +38,13 @@ def test_bench_limit_and_by(tmp_path, data_root, tiny_clip_dir, capsys):
     assert "by `model_a`" in capsys.readouterr().out
 
 
-def test_bench_limit_must_be_positive(tmp_path, data_root, tiny_clip_dir):
+def test_bench_limit_must_be_positive(tmp_path, data_root, tiny_clip_dir, capsys):
     from rewardkit.cli import main
 
-    with pytest.raises(SystemExit, match="--limit must be >= 1"):
-        main(["bench", "--reward", "clipscore", "--model", str(tiny_clip_dir), "--benchmark", "mmrb2/t2i",
-              "--data-dir", str(data_root), "--no-cache", "--output-dir", str(tmp_path), "--limit", "0",
-              "--device", "cpu"])
+    assert main(["bench", "--reward", "clipscore", "--model", str(tiny_clip_dir), "--benchmark", "mmrb2/t2i",
+                 "--data-dir", str(data_root), "--no-cache", "--output-dir", str(tmp_path), "--limit", "0",
+                 "--device", "cpu"]) == 2  # a usage error
+    assert "--limit must be >= 1" in capsys.readouterr().err
 
 
 def test_retry_invalid_rescores_only_cached_invalid_samples(tmp_path, data_root):

@@ -260,9 +260,9 @@ def test_composite_tiny_is_batch_relative_and_conforms(tmp_path):
     out = comp(IMGS, prompts)
     assert set(out.dimensions) == {"preference/raw", "preference/z", "alignment/raw", "alignment/z"}
     # expected value from the sub-rewards scored on their own and a numpy z-score (not from out.dimensions)
-    def z(x):
+    def z(x):  # the composite's default, zscore="rl": (x - mean) / (std + 1e-4)
         x = np.asarray(x, dtype=np.float64)
-        return (x - x.mean()) / x.std()
+        return (x - x.mean()) / (x.std() + 1e-4)
     pref = comp.rewards["preference"](IMGS, prompts).scores.numpy()
     align = comp.rewards["alignment"](IMGS, prompts).scores.numpy()
     assert np.ptp(pref) > 0 and np.ptp(align) > 0

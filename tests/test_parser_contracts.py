@@ -34,8 +34,10 @@ def test_read_choice_logprobs_names_the_problem(data, why):
 
 def test_read_choice_logprobs_values():
     top = [{"token": " Yes", "logprob": -0.25}, {"token": "No", "logprob": -1.5}, {"token": "Yes", "logprob": -9.0}]
-    # the first listing wins, a token matches with or without its leading space; absent -> -inf
-    assert read_choice_logprobs(_resp(top), ["Yes", "No", "Maybe"]) == [-0.25, -1.5, -math.inf]
+    # exact token text only (" Yes" is another token, even when it ranks higher); absent -> -inf
+    assert read_choice_logprobs(_resp(top), ["Yes", "No", "Maybe"]) == [-9.0, -1.5, -math.inf]
+    dup = [{"token": "Yes", "logprob": -0.5}, {"token": "Yes", "logprob": -3.0}, {"token": "No", "logprob": -1.0}]
+    assert read_choice_logprobs(_resp(dup), ["Yes", "No"]) == [-0.5, -1.0]  # the first listing wins
     # a tiny positive log-prob from rounding is clamped to 0
     assert read_choice_logprobs(_resp([{"token": "Yes", "logprob": 1e-9}]), ["Yes", "No"]) == [0.0, -math.inf]
     assert read_choice_logprobs(_resp([]), ["Yes"]) is None
