@@ -9,7 +9,8 @@ KINDS = ("hpsv2", "aesthetic", "imagereward", "hpsv3", "editreward")
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("convert", help="convert an official reward checkpoint (HPSv2, aesthetic, ImageReward, HPSv3)",
+    p = sub.add_parser("convert",
+                       help="convert an official reward checkpoint (HPSv2, aesthetic, ImageReward, HPSv3, EditReward)",
                        description="Convert an official reward checkpoint to a rewardkit directory. Pickled "
                                    "sources are scanned against an allow-list (tensors, storages, ordered dicts) and "
                                    "read with torch's weights-only unpickler; anything else is refused. See "
