@@ -204,7 +204,10 @@ def _read_yaml(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     with p.open(encoding="utf-8") as fh:
-        data = safe_load_yaml(fh.read())
+        try:
+            data = safe_load_yaml(fh.read())
+        except yaml.YAMLError as exc:  # malformed, or a tag the safe loader refuses to construct (!!python/...)
+            raise ConfigError(f"{p}: not a valid (safe) YAML config: {exc}") from None
     if data is None:
         return {}
     if not isinstance(data, Mapping):
