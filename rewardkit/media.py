@@ -191,8 +191,9 @@ def resized_size(image_processor: Any, w: int, h: int) -> tuple[int, int] | None
     return None
 
 
-def _open_encoded(data: bytes | None, path: Path | None) -> Image.Image:
-    src = path if path is not None else io.BytesIO(data or b"")
+def _check_encoded_source(data: bytes | None, path: Path | None) -> None:
+    """The clear messages for encoded input that cannot be an image: empty bytes, a missing / empty file, a
+    folder (shared by the header probe and the decoder)."""
     if data is not None and len(data) == 0:
         raise _Bad("empty bytes (zero-length input)")
     if path is not None:
@@ -202,6 +203,11 @@ def _open_encoded(data: bytes | None, path: Path | None) -> Image.Image:
             raise _Bad(f"is a directory, not an image: {path}")
         if path.stat().st_size == 0:
             raise _Bad(f"empty file (0 bytes): {path}")
+
+
+def _open_encoded(data: bytes | None, path: Path | None) -> Image.Image:
+    src = path if path is not None else io.BytesIO(data or b"")
+    _check_encoded_source(data, path)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -395,15 +401,7 @@ def _probe(x: ImageLike) -> tuple[int, int]:
         else:
             raise _Bad(f"unsupported image type {type(x).__name__}")
         # encoded: open lazily, read the header, close (no pixels decoded)
-        if data is not None and len(data) == 0:
-            raise _Bad("empty bytes (zero-length input)")
-        if path is not None:
-            if not path.exists():
-                raise _Bad(f"file not found: {path}")
-            if path.is_dir():
-                raise _Bad(f"is a directory, not an image: {path}")
-            if path.stat().st_size == 0:
-                raise _Bad(f"empty file (0 bytes): {path}")
+        _check_encoded_source(data, path)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(path if path is not None else io.BytesIO(data)) as im:

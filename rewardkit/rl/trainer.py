@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from .._imports import require
+from ..train.trainer import latest_checkpoint, resume_checkpoint  # same checkpoint layout as the RM trainer
 from . import nft as N
 from . import schedule as S
 from . import solvers
@@ -88,14 +89,6 @@ def load_prompts(spec: str) -> list[str]:
     if not prompts or any(not p.strip() for p in prompts):
         raise ValueError(f"{path}: no prompts (or an empty prompt)")
     return prompts
-
-
-def latest_checkpoint(output_dir: str | Path) -> Path | None:
-    ptr = Path(output_dir) / "checkpoints" / "latest"
-    if not ptr.is_file():
-        return None
-    d = ptr.parent / ptr.read_text(encoding="utf-8").strip()
-    return d if (d / "state.json").is_file() else None
 
 
 def _seed(*parts: int) -> int:
@@ -680,13 +673,7 @@ class NFTTrainer:
     # ------------------------------------------------------------------ main loop
     def train(self) -> dict[str, Any]:
         cfg = self.cfg
-        ckpt = None
-        if cfg.resume == "auto":
-            ckpt = latest_checkpoint(self.out)
-        elif cfg.resume not in ("never", "", "none"):
-            ckpt = Path(cfg.resume)
-            if not (ckpt / "state.json").is_file():
-                raise FileNotFoundError(f"resume checkpoint not found: {ckpt}")
+        ckpt = resume_checkpoint(cfg.resume, self.out)
         if ckpt is not None:
             self.load_checkpoint(ckpt)
         if self.dist.main:

@@ -163,6 +163,19 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
     return d if (d / "state.json").is_file() else None
 
 
+def resume_checkpoint(resume: str, output_dir: str | Path) -> Path | None:
+    """The checkpoint a run resumes from: ``"auto"`` = the latest one in ``output_dir`` (None when there is
+    none), ``"never"`` / ``""`` / ``"none"`` = None, else a checkpoint directory, which must exist."""
+    if resume == "auto":
+        return latest_checkpoint(output_dir)
+    if resume in ("never", "", "none"):
+        return None
+    ckpt = Path(resume)
+    if not (ckpt / "state.json").is_file():
+        raise FileNotFoundError(f"resume checkpoint not found: {ckpt}")
+    return ckpt
+
+
 def _write_text_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
     tmp.write_text(text, encoding="utf-8")
@@ -624,13 +637,7 @@ class PreferenceTrainer:
         cfg = self.cfg
         if cfg.trackers:
             self.acc.init_trackers(cfg.project_name, config=json.loads(json.dumps(dataclasses.asdict(cfg), default=str)))
-        ckpt = None
-        if cfg.resume == "auto":
-            ckpt = latest_checkpoint(self.out)
-        elif cfg.resume not in ("never", "", "none"):
-            ckpt = Path(cfg.resume)
-            if not (ckpt / "state.json").is_file():
-                raise FileNotFoundError(f"resume checkpoint not found: {ckpt}")
+        ckpt = resume_checkpoint(cfg.resume, self.out)
         if ckpt is not None:
             self.load_checkpoint(ckpt)
             self._truncate_metrics(self.step)
