@@ -11,8 +11,9 @@ transformers, diffusers, peft, trl, vllm or datasets.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ._imports import lazy_getattr
 from ._version import __version__
 
 __all__ = [
@@ -48,14 +49,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .reward import PairwiseOutput, Reward, RewardBatch, RewardConfig, RewardOutput
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'rewardkit' has no attribute {name!r}")
+__getattr__ = lazy_getattr('rewardkit', _LAZY, globals())
 
 
 def __dir__() -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 from types import ModuleType
+from typing import Any
 
 from .errors import MissingDependencyError
 
@@ -64,3 +65,17 @@ def require(module: str, extra: str | None = None, purpose: str | None = None) -
         if getattr(exc, "name", None) not in (top, module) and is_available(top):
             raise
         raise MissingDependencyError(top, extra or EXTRA_OF.get(top, "all"), purpose) from exc
+
+
+def lazy_getattr(module: str, table: dict[str, str], namespace: dict[str, Any]):
+    """A module ``__getattr__`` (PEP 562) that imports ``name`` from ``table[name]`` on first use and caches it
+    in ``namespace`` (the module's ``globals()``): public names without import-time cost."""
+
+    def __getattr__(name: str) -> Any:
+        if name in table:
+            value = getattr(importlib.import_module(table[name]), name)
+            namespace[name] = value
+            return value
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+    return __getattr__

@@ -6,7 +6,7 @@ Imports are lazy: ``import rewardkit.compose`` loads no model library.
 
 from __future__ import annotations
 
-from typing import Any
+from .._imports import lazy_getattr
 
 _LAZY = {
     "Composite": "rewardkit.compose.composite",
@@ -27,11 +27,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'rewardkit.compose' has no attribute {name!r}")
+__getattr__ = lazy_getattr('rewardkit.compose', _LAZY, globals())

@@ -17,7 +17,7 @@ works unchanged. Nothing heavy is imported until an adapter is built. See ``docs
 
 from __future__ import annotations
 
-from typing import Any
+from .._imports import lazy_getattr
 
 _LAZY = {
     "flow_grpo_scorer": "rewardkit.integrations.flow_grpo",
@@ -33,11 +33,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'rewardkit.integrations' has no attribute {name!r}")
+__getattr__ = lazy_getattr('rewardkit.integrations', _LAZY, globals())
