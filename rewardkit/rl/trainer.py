@@ -167,8 +167,30 @@ class _Dist:
 
 
 # ---------------------------------------------------------------------------------------------- rewards
+def _resolve_tiny_tree(obj: Any, root: Path, dist: "_Dist") -> Any:
+    """:func:`resolve_tiny` on every string inside nested dicts / lists (a composite's ``axes[i].options``)."""
+    if isinstance(obj, dict):
+        return {k: _resolve_tiny_tree(v, root, dist) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_resolve_tiny_tree(v, root, dist) for v in obj]
+    return resolve_tiny(obj, root, dist)
+
+
+def _batch_relative(reward: Any) -> bool:
+    """A composite whose score depends on the other samples of the call (z-scored per batch or group)."""
+    from ..compose.composite import Composite
+
+    return isinstance(reward, Composite) and reward.config.normalize in ("batch", "group")
+
+
 class _RewardScorer:
-    """Weighted sum of rewardkit rewards (flow_grpo's "avg" convention: a sum) with per-component values."""
+    """Weighted sum of rewardkit rewards (flow_grpo's "avg" convention: a sum) with per-component values.
+
+    A batch-relative composite (``normalize: batch | group``) is not scored per decoded batch: each batch
+    records its per-axis raw scores (:meth:`Composite.axis_scores`), and :meth:`finalize` runs the composite's
+    formula once over every process's samples of the epoch (:func:`rewardkit.distributed.gather_combine`), so
+    its z-scores equal one call over the whole epoch, whatever the batch size or the number of processes.
+    """
 
     def __init__(self, cfg: NFTConfig, tiny_root: Path, dist: "_Dist"):
         from ..registry import load_reward, resolve_name
@@ -180,17 +202,25 @@ class _RewardScorer:
             raise ValueError(f"reward_kwargs for rewards not in `rewards`: {sorted(unknown)}")
         self.rewards = []
         for name, raw in zip(self.names, cfg.rewards):
-            kwargs = {k: resolve_tiny(v, tiny_root, dist) for k, v in dict(cfg.reward_kwargs.get(raw, {})).items()}
+            kwargs = _resolve_tiny_tree(dict(cfg.reward_kwargs.get(raw, {})), tiny_root, dist)
             self.rewards.append(load_reward(name, **kwargs))
         self.keys = list(cfg.rewards)
+        self.deferred = {k for k, r in zip(self.keys, self.rewards) if _batch_relative(r)}
 
     def __call__(self, images: torch.Tensor, prompts: list[str]) -> dict[str, Any]:
         """images: float32 ``[B, 3, H, W]`` in [0, 1] -> ``{"total": [B], "components": {name: [B]},
-        "dimensions": {name.dim: [B]}, "errors": [B reasons or None]}`` (NaN where a reward gave no score)."""
-        comps, dims = {}, {}
+        "dimensions": {name.dim: [B]}, "errors": [B reasons or None], "axes": {name: AxisScores}}`` (NaN where a
+        reward gave no score). A batch-relative composite's component (and so the total) is NaN here; its
+        ``AxisScores`` wait in ``axes`` for :meth:`finalize`."""
+        comps, dims, axes = {}, {}, {}
         errors: list[str | None] = [None] * len(prompts)
         total = torch.zeros(len(prompts), dtype=torch.float64)
         for key, w, reward in zip(self.keys, self.weights, self.rewards):
+            if key in self.deferred:
+                axes[key] = reward.axis_scores(images, prompts, on_error="nan")
+                comps[key] = torch.full((len(prompts),), float("nan"), dtype=torch.float64)
+                total = total + comps[key]
+                continue
             out = reward(images, prompts, on_error="nan")
             s = out.scores.double()
             comps[key] = s
@@ -200,6 +230,48 @@ class _RewardScorer:
                 if e and errors[i] is None:
                     errors[i] = f"{key}: {e}"
             total = total + w * s  # NaN propagates: a sample missing any component has no total
+        return {"total": total, "components": comps, "dimensions": dims, "errors": errors, "axes": axes}
+
+    def finalize(self, results: list[dict[str, Any]], prompt_ids: torch.Tensor) -> dict[str, Any]:
+        """This process's batch results of one epoch (or evaluation), concatenated, with every batch-relative
+        composite combined over all processes' samples. Collective when a composite is deferred: every process
+        must call it. ``prompt_ids`` ``[n]`` (this process's, in batch order) are the groups of
+        ``normalize: group`` composites grouped by prompt. Returns ``{"total": [n], "components": {name: [n]},
+        "dimensions": {name.dim: [n]}, "errors": [n]}`` (float64)."""
+        from ..distributed import gather_combine
+
+        n = sum(len(r["errors"]) for r in results)
+        cat = (lambda xs: torch.cat(xs)) if results else (lambda xs: torch.zeros(0, dtype=torch.float64))
+        comps = {k: cat([r["components"][k] for r in results]) for k in (results[0]["components"] if results else self.keys)}
+        dims = {k: cat([r["dimensions"][k] for r in results]) for k in (results[0]["dimensions"] if results else [])}
+        errors = [e for r in results for e in r["errors"]]
+        if len(prompt_ids) != n:
+            raise ValueError(f"{len(prompt_ids)} prompt ids for {n} scored samples")
+        for key, reward in zip(self.keys, self.rewards):
+            if key not in self.deferred:
+                continue
+            from ..compose.composite import AxisScores
+
+            parts = [r["axes"][key] for r in results if "axes" in r and key in r["axes"]]
+            if len(parts) != len(results):
+                raise ValueError(f"{key}: batch results without the composite's axis scores")
+            names = list(reward.rewards)
+            local = AxisScores.cat(parts) if parts else AxisScores.empty(0, names, [a.name for a in reward.axes])
+            by_prompt = reward.config.normalize == "group" and reward.config.group_by == "prompt"
+            out = gather_combine(reward, local, local=True,
+                                 group_keys=[int(p) for p in prompt_ids] if by_prompt else None)
+            comps[key] = out.scores.double()
+            for d, v in out.dimensions.items():
+                dims[f"{key}.{d}"] = v.double()
+            for i, e in enumerate(out.errors):
+                if e and errors[i] is None:
+                    errors[i] = f"{key}: {e}"
+        if self.deferred:
+            total = torch.zeros(n, dtype=torch.float64)
+            for key, w in zip(self.keys, self.weights):
+                total = total + w * comps[key]  # NaN propagates as in __call__
+        else:
+            total = cat([r["total"] for r in results])
         return {"total": total, "components": comps, "dimensions": dims, "errors": errors}
 
 
@@ -397,14 +469,11 @@ class NFTTrainer:
     def _advantages(self, buf: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
         """r ``[local_n]`` (float64) and the valid mask, from rewards gathered over all processes."""
         t = self.cfg.train
-        res = buf["rewards"]
-        total = torch.cat([r["total"] for r in res])
-        keys = list(res[0]["components"])
-        dims = list(res[0]["dimensions"])
-        comp = torch.stack([torch.cat([r["components"][k] for r in res]) for k in keys] +
-                           [torch.cat([r["dimensions"][k] for r in res]) for k in dims], dim=1) \
+        fin = self.scorer.finalize(buf["rewards"], buf["prompt"])  # collective for batch-relative composites
+        total, errors = fin["total"], fin["errors"]
+        keys, dims = list(fin["components"]), list(fin["dimensions"])
+        comp = torch.stack([fin["components"][k] for k in keys] + [fin["dimensions"][k] for k in dims], dim=1) \
             if keys or dims else torch.zeros(len(total), 0, dtype=torch.float64)
-        errors = [e for r in res for e in r["errors"]]
         bad = [(i, errors[i]) for i in range(len(total)) if not math.isfinite(float(total[i]))]
         if bad and self.cfg.invalid_rewards == "raise":
             i, why = bad[0]
@@ -535,23 +604,22 @@ class NFTTrainer:
         if self.ema is not None:
             for p, e in zip(self.trainable, self.ema):
                 p.copy_(e)
-        totals, comps = [], {}
+        results, ids = [], []
         try:
             for start in range(0, len(idx), s.batch_size):
                 texts = [self.prompts[i] for i in idx[start:start + s.batch_size]]
                 cond = self.policy.encode(texts)
                 noise = torch.randn(self.policy.latent_shape(len(texts), s.resolution), generator=gen).to(self.device)
                 x0 = self._rollout(cond, cond, noise, gen, steps=s.eval_num_steps, solver=s.eval_solver, use_old=False)
-                res = self.scorer(self.policy.decode(x0).cpu(), texts)
-                totals.append(res["total"])
-                for k, v in res["components"].items():
-                    comps.setdefault(k, []).append(v)
+                results.append(self.scorer(self.policy.decode(x0).cpu(), texts))
+                ids += idx[start:start + s.batch_size]
         finally:
             for p, b in zip(self.trainable, backup):
                 p.copy_(b)
+        fin = self.scorer.finalize(results, torch.tensor(ids, dtype=torch.long))
+        comps = {**fin["components"], **fin["dimensions"]}
         keys = ["total"] + sorted(comps)
-        cols = [torch.cat(totals) if totals else torch.zeros(0, dtype=torch.float64)] + \
-               [torch.cat(comps[k]) for k in sorted(comps)]
+        cols = [fin["total"]] + [comps[k] for k in sorted(comps)]
         # per key: (sum of finite values, count) summed over processes
         stats = torch.tensor([[float(c[torch.isfinite(c)].sum()), float(torch.isfinite(c).sum())] for c in cols],
                              dtype=torch.float64, device=self.device)

@@ -1,0 +1,137 @@
+"""A batch-relative composite as the NFT trainer's reward: scored per decoded batch as axis scores, combined
+once over the whole epoch (so the z-scores do not depend on the sampling batch size), group normalisation by
+prompt index, NaN per sample, and a tiny end-to-end run from a YAML-style config with ``tiny:`` paths nested
+in the axes' options."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rewardkit.compose.composite import Composite
+from rewardkit.reward import Reward, RewardBatch, RewardOutput
+from test_rl_trainer import tiny_cfg, tiny_dirs  # noqa: F401  (the fixture, shared with the trainer tests)
+
+NAN = float("nan")
+
+
+class MeanRed(Reward):
+    """Score = mean of the red channel (hand-computable); a sample whose green channel is all 1 has no score."""
+
+    name = "test-mean-red"
+
+    def __init__(self, scale: float = 1.0):
+        super().__init__()
+        self.scale = scale
+
+    def _score(self, batch: RewardBatch) -> RewardOutput:
+        vals, errs = [], []
+        for img in batch.images:
+            t = torch.tensor(__import__("numpy").array(img), dtype=torch.float64) / 255.0
+            if bool((t[..., 1] == 1.0).all()):
+                vals.append(NAN)
+                errs.append("green image")
+            else:
+                vals.append(float(t[..., 0].mean()) * self.scale)
+                errs.append(None)
+        return RewardOutput(scores=torch.tensor(vals, dtype=torch.float32), errors=errs)
+
+
+def scorer_with(reward, weight=1.0, key="comp"):
+    from rewardkit.rl.trainer import _batch_relative, _RewardScorer
+
+    sc = object.__new__(_RewardScorer)
+    sc.names, sc.weights, sc.rewards, sc.keys = [key], [weight], [reward], [key]
+    sc.deferred = {key} if _batch_relative(reward) else set()
+    return sc
+
+
+def images(reds, green=None):
+    """float ``[B, 3, 4, 4]`` with constant red channels ``reds`` (green 1 where ``green`` lists the index)."""
+    x = torch.zeros(len(reds), 3, 4, 4)
+    for i, r in enumerate(reds):
+        x[i, 0] = r
+        if green is not None and i in green:
+            x[i, 1] = 1.0
+    return x
+
+
+def zs(vals, eps=1e-4):
+    m = sum(vals) / len(vals)
+    sd = math.sqrt(sum((v - m) ** 2 for v in vals) / len(vals))
+    return [(v - m) / (sd + eps) for v in vals]
+
+
+def test_batch_composite_is_combined_over_the_whole_epoch():
+    """Two decoded batches of 3: each axis is z-scored over all 6 samples (per-batch z-scores would differ)."""
+    comp = Composite(axes=[{"name": "a"}, {"name": "b", "weight": 0.5}],
+                     rewards={"a": MeanRed(1.0), "b": MeanRed(-2.0)})
+    sc = scorer_with(comp, weight=2.0)
+    reds = [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+    q = [round(r * 255) / 255 for r in reds]        # the images are quantised to uint8 on the way in
+    res = [sc(images(reds[:3]), ["p"] * 3), sc(images(reds[3:]), ["p"] * 3)]
+    assert all(math.isnan(float(v)) for r in res for v in r["total"])   # nothing final before finalize
+    fin = sc.finalize(res, torch.tensor([0, 0, 0, 1, 1, 1]))
+    za, zb = zs(q), zs([-2 * v for v in q])
+    expect = [2.0 * (x + 0.5 * y) for x, y in zip(za, zb)]
+    assert torch.allclose(fin["total"], torch.tensor(expect, dtype=torch.float64), atol=1e-5)
+    assert torch.allclose(fin["components"]["comp"], torch.tensor(expect, dtype=torch.float64) / 2, atol=1e-5)
+    assert torch.allclose(fin["dimensions"]["comp.a/raw"], torch.tensor(q, dtype=torch.float64), atol=1e-6)
+    # per-batch z-scoring (the old behaviour) gives a different answer on the same inputs
+    per_batch = zs(q[:3]) + zs(q[3:])
+    assert max(abs(a - b) for a, b in zip(per_batch, za)) > 0.3
+
+
+def test_group_composite_groups_by_prompt_index_and_invalid_sample_is_nan():
+    comp = Composite(axes=[{"name": "a"}], rewards={"a": MeanRed()}, normalize="group")
+    sc = scorer_with(comp)
+    reds = [0.0, 0.4, 0.2, 1.0, 0.6, 0.8]
+    q = [round(r * 255) / 255 for r in reds]
+    # identical prompt texts, two prompt indices: groups follow the indices, not the strings
+    res = [sc(images(reds[:3], green={2}), ["same"] * 3), sc(images(reds[3:]), ["same"] * 3)]
+    ids = torch.tensor([0, 1, 0, 1, 0, 1])
+    fin = sc.finalize(res, ids)
+    total = fin["total"]
+    assert math.isnan(float(total[2])) and "green image" in fin["errors"][2]
+    g0 = zs([q[0], q[4]])                 # group 0 without the invalid sample 2
+    g1 = zs([q[1], q[3], q[5]])
+    expect = [g0[0], g1[0], NAN, g1[1], g0[1], g1[2]]
+    assert torch.allclose(total, torch.tensor(expect, dtype=torch.float64), atol=1e-5, equal_nan=True)
+    with pytest.raises(ValueError, match="prompt ids"):
+        sc.finalize(res, ids[:5])
+
+
+def test_per_sample_rewards_are_not_deferred():
+    comp = Composite(axes=[{"name": "a"}], rewards={"a": MeanRed()}, normalize="none")
+    sc = scorer_with(comp)
+    assert not sc.deferred
+    r = sc(images([0.2, 0.6]), ["x", "y"])
+    assert torch.allclose(r["total"], torch.tensor([51 / 255, 153 / 255], dtype=torch.float64), atol=1e-6)
+    fin = sc.finalize([r], torch.tensor([0, 1]))
+    assert torch.equal(fin["total"], r["total"])
+
+
+@pytest.mark.slow
+def test_nft_run_with_a_yaml_composite_reward(tmp_path, tiny_dirs):
+    """One epoch with ``rewards: {composite: 1}`` whose axes name ``tiny:clip`` checkpoints in their options:
+    the composite and its per-axis dimensions are logged, z-scored over the epoch (mean 0 by construction)."""
+    from rewardkit.rl.trainer import NFTTrainer
+
+    cfg = tiny_cfg(tmp_path / "run", tiny_dirs, num_epochs=1, save_every=0,
+                   rewards={"composite": 1.0},
+                   reward_kwargs={"composite": {"axes": [
+                       {"name": "pref", "reward": "pickscore", "options": {"model": "tiny:clip", "device": "cpu"}},
+                       {"name": "align", "reward": "clipscore", "weight": 0.5,
+                        "options": {"model": "tiny:clip", "device": "cpu"}}]}})
+    cfg.rewards = {"composite": 1.0}                    # not merged with the base config's pickscore
+    cfg.reward_kwargs = {"composite": cfg.reward_kwargs["composite"]}
+    tr = NFTTrainer(cfg)
+    assert tr.scorer.deferred == {"composite"}
+    rec = tr.run_epoch()
+    assert rec["invalid_rewards"] == 0
+    assert abs(rec["reward/total/mean"]) < 1e-5                       # sum of epoch z-scores
+    assert rec["reward/composite.pref/z/std"] == pytest.approx(1.0, abs=1e-2)
+    assert math.isfinite(rec["reward/composite.pref/raw/mean"])
+    assert "reward/composite.align/z/mean" in rec and "reward/composite.align/raw/std" in rec
