@@ -306,6 +306,10 @@ class NFTTrainer:
         self.sigmas = S.flow_sigmas(s.num_steps, s.shift)
         self.num_train_t = S.num_train_timesteps(s.num_steps, t.timestep_fraction)
         self.prompts = load_prompts(cfg.prompts)
+        if cfg.eval_every and min(cfg.eval_prompts, len(self.prompts)) < self.dist.world:
+            # every process evaluates a share of the prompts and the statistics are all-reduced by key
+            raise ValueError(f"eval_prompts = {min(cfg.eval_prompts, len(self.prompts))} evaluation prompt(s) for "
+                             f"{self.dist.world} processes: give at least one per process, or eval_every: 0")
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
 
