@@ -384,11 +384,12 @@ def score_tensor(reward: "Reward", images: torch.Tensor, prompt: Any, *, batch_s
 
     if not reward.differentiable:
         raise TypeError(f"reward {reward.name!r} is not differentiable (reward.differentiable is False); "
-                        "rewards with gradients to pixels: clipscore, pickscore, preference")
+                        "rewards with gradients to pixels: the `grad` column of `rewardkit ls` (clipscore, "
+                        "pickscore, preference, hpsv2, hpsv3, aesthetic, imagereward)")
     if not is_float_batch(images):
         what = f"{type(images).__name__}" + (f" {images.dtype} {tuple(images.shape)}" if isinstance(images, torch.Tensor) else "")
         raise RewardInputError(f"score_tensor takes a float tensor [B, 3, H, W] in [0, 1], got {what}")
-    if not reward.supports_tensor_input:
+    if not reward.supports_score_tensor:
         raise RewardInputError(f"reward {reward.name!r}: its image processor has settings the torch "
                                "pre-processing does not reproduce, so it cannot give gradients to pixels")
     if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1):
@@ -405,19 +406,22 @@ def score_tensor(reward: "Reward", images: torch.Tensor, prompt: Any, *, batch_s
     chunk = batch_size or n
     outs = []
     lock = reward._lock if not reward.thread_safe else None
-    for s in range(0, n, chunk):
-        pix = images[s:s + chunk]
-        batch = RewardBatch(images=pix.clamp(0.0, 1.0) if clamp else pix, prompts=prompts[s:s + chunk])
-        with torch.enable_grad():
+    # everything under enable_grad, the slicing and the final cat included: under an outer no_grad (an RL
+    # rollout) any op outside it would cut the graph back to the pixels
+    with torch.enable_grad():
+        for s in range(0, n, chunk):
+            pix = images[s:s + chunk]
+            batch = RewardBatch(images=pix.clamp(0.0, 1.0) if clamp else pix, prompts=prompts[s:s + chunk])
             if lock is not None:
                 with lock:
                     out = reward._score(batch)
             else:
                 out = reward._score(batch)
-        if not isinstance(out, RewardOutput) or len(out) != len(batch):
-            raise RuntimeError(f"{type(reward).__name__}._score returned a bad output for score_tensor")
-        bad = [i for i, v in enumerate(out.valid.tolist()) if not v]
-        if bad:
-            raise RuntimeError(f"reward {reward.name!r} gave no score for sample {s + bad[0]}: {out.errors[bad[0]]}")
-        outs.append(out.scores.to(images.device))
-    return torch.cat(outs)
+            if not isinstance(out, RewardOutput) or len(out) != len(batch):
+                raise RuntimeError(f"{type(reward).__name__}._score returned a bad output for score_tensor")
+            bad = [i for i, v in enumerate(out.valid.tolist()) if not v]
+            if bad:
+                raise RuntimeError(f"reward {reward.name!r} gave no score for sample {s + bad[0]}: "
+                                   f"{out.errors[bad[0]]}")
+            outs.append(out.scores.to(images.device))
+        return torch.cat(outs)

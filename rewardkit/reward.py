@@ -374,6 +374,13 @@ class Reward(abc.ABC):
         device (see :mod:`rewardkit.preprocess`). ``__call__`` then passes such tensors through unconverted."""
         return False
 
+    @property
+    def supports_score_tensor(self) -> bool:
+        """True when :meth:`score_tensor` can pre-process a float ``[B, 3, H, W]`` tensor in torch. Default: the
+        same as :attr:`supports_tensor_input`. Rewards whose calls keep their published PIL recipe (``hpsv2``,
+        ``aesthetic``, ``imagereward``) have a torch port of it for gradients only, and override this."""
+        return self.supports_tensor_input
+
     def score_tensor(self, images: torch.Tensor, prompt: str | Sequence[str] | None = None, *,
                      batch_size: int | None = None) -> torch.Tensor:
         """Scores with gradients to the pixels, for reward-guided fine-tuning (ReFL, DRaFT, AlignProp).

@@ -1,8 +1,10 @@
 """Building blocks of the published rewards (``hpsv2``, ``aesthetic``, ``imagereward``): their MLP heads and
 their exact image preprocessing, written from the published recipes (see docs/zoo.md for sources).
 
-Preprocessing returns float32 ``[B, 3, S, S]`` pixel tensors. The per-image cores take a float ``[3, H, W]``
-tensor in [0, 1] where the recipe allows it (HPSv2), so an on-device / differentiable path can reuse them.
+Preprocessing returns float32 ``[B, 3, S, S]`` pixel tensors. Each recipe has a PIL entry point (the ordinary
+call: ``hpsv2_pixels``, ``openai_clip_pixels``) and a torch one on float ``[B, 3, H, W]`` tensors in [0, 1]
+(``hpsv2_pixel_values``, ``openai_clip_pixel_values``: on the tensor's device, differentiable, what
+``Reward.score_tensor`` uses).
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["RatingMLP", "hpsv2_transform", "hpsv2_pixels", "openai_clip_pixels", "CLIP_MEAN", "CLIP_STD",
+__all__ = ["RatingMLP", "hpsv2_transform", "hpsv2_pixels", "hpsv2_pixel_values", "hpsv2_resize_shape",
+           "openai_clip_pixels", "openai_clip_pixel_values", "openai_clip_resize_shape", "CLIP_MEAN", "CLIP_STD",
            "to_unit_tensor"]
 
 #: OpenAI CLIP normalisation (HPSv2, ImageReward and the aesthetic predictor all use it).
@@ -73,29 +76,58 @@ def _normalize(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> 
     return (x - m) / s
 
 
-def hpsv2_transform(x: torch.Tensor, size: int = 224, mean: Sequence[float] = CLIP_MEAN,
-                    std: Sequence[float] = CLIP_STD) -> torch.Tensor:
-    """HPSv2's evaluation transform on one float ``[3, H, W]`` image in [0, 1] -> ``[3, size, size]``.
+def _compute_dtype(x: torch.Tensor) -> torch.Tensor:
+    """fp32, or float64 kept as is (so gradients of the torch recipes can be checked in double precision)."""
+    return x if x.dtype == torch.float64 else x.float()
 
-    OpenCLIP ``ResizeMaxSize`` as HPSv2 applies it (after ``ToTensor``, so torchvision's tensor resize):
-    bicubic, antialiased resize of the longest side to ``size`` (the other side ``round(side * scale)``), then
-    a centred zero pad (black, before normalisation; left / top get ``pad // 2``), then CLIP mean / std.
-    Upstream skips the pad when the longest side is already ``size``, which only works for square images
-    (a non-square one crashes the ViT); here such images are padded too. Differentiable in ``x``.
-    """
-    if x.ndim != 3 or x.shape[0] != 3:
-        raise ValueError(f"expected a [3, H, W] image tensor, got {tuple(x.shape)}")
-    h, w = int(x.shape[1]), int(x.shape[2])
+
+def hpsv2_resize_shape(h: int, w: int, size: int = 224) -> tuple[int, int]:
+    """``(h, w)`` after HPSv2's ``ResizeMaxSize``: the longest side to ``size``, the other ``round(side * scale)``
+    (Python's round, as upstream). Raises ValueError when a side would round to 0 (aspect ratio over
+    ``2 * size``: upstream crashes there too)."""
     scale = size / float(max(h, w))
-    if scale != 1.0:
-        nh, nw = round(h * scale), round(w * scale)
-        x = torch.nn.functional.interpolate(x[None], size=(nh, nw), mode="bicubic", align_corners=False,
-                                            antialias=True)[0]
-        h, w = nh, nw
+    nh, nw = round(h * scale), round(w * scale)
+    if nh < 1 or nw < 1:
+        raise ValueError(f"a {w}x{h} image has a side of 0 pixels after HPSv2's resize to {size} "
+                         f"(aspect ratio {max(h, w) / min(h, w):.0f} is over {2 * size})")
+    return nh, nw
+
+
+def hpsv2_pixel_values(x: torch.Tensor, size: int = 224, mean: Sequence[float] = CLIP_MEAN,
+                       std: Sequence[float] = CLIP_STD) -> torch.Tensor:
+    """HPSv2's evaluation transform on a batch: float ``[B, 3, H, W]`` in [0, 1] -> fp32 ``[B, 3, size, size]``
+    (float64 for float64 input).
+
+    OpenCLIP ``ResizeMaxSize`` as HPSv2 applies it (after ``ToTensor``, so torchvision's resize of a float
+    tensor, i.e. ``interpolate(mode="bicubic", antialias=True)``, one joint call, no clamping): the longest side
+    to ``size`` (:func:`hpsv2_resize_shape`), then a centred zero pad (black, before normalisation; left / top
+    get ``pad // 2``), then CLIP mean / std. Upstream skips the pad when the longest side is already ``size``,
+    which only works for square images (a non-square one crashes the ViT); here such images are padded too.
+    Differentiable in ``x`` (runs on ``x``'s device).
+
+    This is the whole recipe for both paths: the ordinary call runs it on the 8-bit decoded image (as
+    ``hpsv2.score`` does), ``score_tensor`` on the caller's float tensor, so the two differ only by the 8-bit
+    rounding of the input (none for a tensor of ``k / 255`` values).
+    """
+    if x.ndim != 4 or x.shape[1] != 3:
+        raise ValueError(f"expected a [B, 3, H, W] image tensor, got {tuple(x.shape)}")
+    x = _compute_dtype(x)
+    h, w = int(x.shape[-2]), int(x.shape[-1])
+    if max(h, w) != size:
+        h, w = hpsv2_resize_shape(h, w, size)
+        x = torch.nn.functional.interpolate(x, size=(h, w), mode="bicubic", align_corners=False, antialias=True)
     ph, pw = size - h, size - w
     if ph or pw:
         x = torch.nn.functional.pad(x, (pw // 2, pw - pw // 2, ph // 2, ph - ph // 2), value=0.0)
     return _normalize(x, mean, std)
+
+
+def hpsv2_transform(x: torch.Tensor, size: int = 224, mean: Sequence[float] = CLIP_MEAN,
+                    std: Sequence[float] = CLIP_STD) -> torch.Tensor:
+    """:func:`hpsv2_pixel_values` on one float ``[3, H, W]`` image in [0, 1] -> ``[3, size, size]``."""
+    if x.ndim != 3 or x.shape[0] != 3:
+        raise ValueError(f"expected a [3, H, W] image tensor, got {tuple(x.shape)}")
+    return hpsv2_pixel_values(x[None], size, mean, std)[0]
 
 
 def hpsv2_pixels(images: Sequence[Any], size: int = 224) -> torch.Tensor:
@@ -118,16 +150,45 @@ def openai_clip_pixels(images: Sequence[Any], size: int = 224, mean: Sequence[fl
     out = []
     for im in images:
         w, h = im.size
-        if w <= h:
-            nw, nh = size, int(size * h / w)
-        else:
-            nw, nh = int(size * w / h), size
+        nh, nw = openai_clip_resize_shape(h, w, size)
         if (nw, nh) != (w, h):
             im = im.resize((nw, nh), Image.BICUBIC)
         top, left = int(round((nh - size) / 2.0)), int(round((nw - size) / 2.0))
         im = im.crop((left, top, left + size, top + size))
         out.append(_normalize(to_unit_tensor(im), mean, std))
     return torch.stack(out) if out else torch.zeros(0, 3, size, size)
+
+
+def openai_clip_resize_shape(h: int, w: int, size: int = 224) -> tuple[int, int]:
+    """``(h, w)`` after torchvision ``Resize(size)``: the shorter side to ``size``, the longer
+    ``int(size * long / short)`` (truncated)."""
+    return (int(size * h / w), size) if w <= h else (size, int(size * w / h))
+
+
+def openai_clip_pixel_values(x: torch.Tensor, size: int = 224, mean: Sequence[float] = CLIP_MEAN,
+                             std: Sequence[float] = CLIP_STD) -> torch.Tensor:
+    """:func:`openai_clip_pixels` in torch, for gradients: float ``[B, 3, H, W]`` in [0, 1] (any float dtype and
+    device) -> fp32 ``[B, 3, size, size]`` (float64 for float64 input) on ``x``'s device, differentiable in ``x``.
+
+    Same geometry as the PIL recipe (:func:`openai_clip_resize_shape`; ``CenterCrop`` offsets
+    ``int(round((side - size) / 2))``, Python's round, which differs from ``(side - size) // 2`` when
+    ``side - size`` is 3 mod 4); the bicubic resize is :func:`rewardkit.preprocess.resize` (PIL's antialiased
+    ``a = -0.5`` kernel, horizontal pass then vertical, each saturated to [0, 1] as PIL's 8-bit passes are).
+    Residual difference to the PIL recipe: PIL resamples 8-bit images in fixed point and rounds after each
+    pass; this runs in fp32. Measured on 8-bit natural-like images (sizes 33x120 to 1024x768, resized to 32 and
+    to 224): at most 0.0042 per pixel of the [0, 1] range, 0.0012 on average; up to 0.008 (natural) / 0.055
+    (sharp-edged blocks, isolated pixels) on tall images, where PIL's pass order differs (see
+    docs/tensors-and-gradients.md for the score differences).
+    """
+    from ..preprocess import resize
+
+    if x.ndim != 4 or x.shape[1] != 3:
+        raise ValueError(f"expected a [B, 3, H, W] image tensor, got {tuple(x.shape)}")
+    h, w = int(x.shape[-2]), int(x.shape[-1])
+    nh, nw = openai_clip_resize_shape(h, w, size)
+    x = resize(_compute_dtype(x), (nh, nw), "bicubic")
+    top, left = int(round((nh - size) / 2.0)), int(round((nw - size) / 2.0))
+    return _normalize(x[..., top:top + size, left:left + size], mean, std)
 
 
 def clip_image_embeddings(model: Any, pixels: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""Shared plumbing of the CLIP-based rewards (``clipscore``, ``pickscore``): config fields, loading, devices."""
+"""Shared plumbing of the CLIP-based rewards (``clipscore``, ``pickscore``, ``hpsv2``, ``aesthetic``): config fields,
+loading, devices."""
 
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ class CLIPReward(Reward):
     extras = ("hf",)
     thread_safe = True  # stateless forward passes; the backbone serialises its tokenizer
     differentiable = True  # score_tensor: gradients to pixels through the torch pre-processing
-    #: True for rewards that pre-process images their own way on PIL (HPSv2's pad, the aesthetic pipeline):
-    #: no tensor fast path (and no gradients) until that pre-processing is ported to rewardkit.preprocess.
+    #: True for rewards with their own published pre-processing (HPSv2's pad, OpenAI CLIP's transform for the
+    #: aesthetic predictor) instead of the Hugging Face processor's: calls keep that exact recipe on PIL (no
+    #: tensor fast path), and score_tensor runs its torch port (rewardkit.models.zoo).
     own_preprocessing: ClassVar[bool] = False
     #: short names -> hub ids
     VARIANTS: dict[str, str] = {}
@@ -56,6 +58,10 @@ class CLIPReward(Reward):
     def supports_tensor_input(self) -> bool:
         return (not self.own_preprocessing and self.config.preprocess == "auto"
                 and self.backbone.tensor_params is not None)
+
+    @property
+    def supports_score_tensor(self) -> bool:
+        return self.own_preprocessing or self.supports_tensor_input
 
     def _check_config(self) -> None:
         """Reward-specific option checks (subclasses)."""

@@ -4,7 +4,14 @@
 ``hpsv2.score(...)`` returns (about 0.2-0.35 for real images). The HPSv2 benchmark tables report ``100 *
 cosine`` (e.g. 27.5): pass ``scale=100`` to get that convention. Images go through HPSv2's own
 preprocessing (longest side to 224, bicubic, centred zero pad; not CLIP's centre crop), see
-:func:`rewardkit.models.zoo.hpsv2_transform`.
+:func:`rewardkit.models.zoo.hpsv2_pixel_values`.
+
+Differentiable: ``reward.score_tensor(images, prompts)`` runs the same recipe in torch on a float
+``[B, 3, H, W]`` tensor (HPSv2 itself resizes the float tensor after ``ToTensor``, so the recipe is torch
+already); it differs from the ordinary call only by the 8-bit rounding of the input that the call's decoding
+adds: identical pixels and scores for ``k / 255`` values (measured difference 0 on the tiny model), and for other
+floats the input's 8-bit rounding (at most 0.5 / 255 per input pixel; cosine differences up to 2e-4 measured).
+Ordinary calls always take the PIL route.
 
 Weights: convert the official file once, offline (the runtime reads safetensors only)::
 
@@ -39,8 +46,8 @@ class HPSv2(CLIPReward):
     score_range = (-1.0, 1.0)
     dimensions = ("cosine",)
     Config = HPSv2Config
-    own_preprocessing = True  # its own PIL pre-processing (not CLIP's centre crop): no tensor path yet
-    differentiable = False
+    own_preprocessing = True  # HPSv2's resize-longest + pad, not the processor's centre crop
+    differentiable = True  # score_tensor: the same recipe on the caller's float tensor
 
     def _check_config(self) -> None:
         from ..convert._io import read_manifest
@@ -57,15 +64,27 @@ class HPSv2(CLIPReward):
     def _processor_for(self, model: str) -> str:
         return self.config.processor or model
 
+    def _image_processors(self) -> list:
+        # the size checks follow HPSv2's own resize (longest side to the model's size), not the saved CLIP
+        # processor's shortest-edge rule (which would over-estimate the resized size of long images)
+        from types import SimpleNamespace
+
+        size = int(self.backbone.model.config.vision_config.image_size)
+        return [SimpleNamespace(do_resize=True, size={"longest_edge": size})]
+
     def _score(self, batch: RewardBatch) -> RewardOutput:
-        from ..models.zoo import clip_image_embeddings, hpsv2_pixels
+        from ..models.zoo import clip_image_embeddings, hpsv2_pixel_values, hpsv2_pixels
 
         uniq = list(dict.fromkeys(batch.prompts))
         text_emb, truncated = self.backbone.embed_texts(uniq)
         idx = torch.tensor([uniq.index(p) for p in batch.prompts], device=text_emb.device)
         size = int(self.backbone.model.config.vision_config.image_size)
-        img_emb = clip_image_embeddings(self.backbone.model, hpsv2_pixels(batch.images, size))
-        cos = (img_emb * text_emb[idx]).sum(-1).cpu()
+        if isinstance(batch.images, torch.Tensor):  # score_tensor: float [B, 3, H, W], differentiable
+            pixels = hpsv2_pixel_values(batch.images.to(self._device), size)
+        else:
+            pixels = hpsv2_pixels(batch.images, size)
+        img_emb = clip_image_embeddings(self.backbone.model, pixels)
+        cos = (img_emb * text_emb[idx]).sum(-1)  # stays on the device for score_tensor (RewardOutput moves it)
         return RewardOutput(scores=cos * float(self.config.scale), dimensions={"cosine": cos},
                             info={"model": self.config.model, "version": self.manifest.get("variant"),
                                   "scale": self.config.scale, "prompts_truncated": truncated})

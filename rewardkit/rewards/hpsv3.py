@@ -37,7 +37,7 @@ class HPSv3(PreferenceReward):
     tasks = frozenset({"t2i"})
     dimensions = ("sigma", "log_sigma")
     Config = HPSv3Config
-    differentiable = False  # the tensor fast path applies; gradients to pixels are not tested for HPSv3 yet
+    differentiable = True  # the Qwen-VL tensor path (tests/test_zoo_gradients.py)
 
     def __init__(self, config=None, /, **overrides):
         from ..config import build_config
