@@ -21,6 +21,11 @@ decoding; default 8 MiB) are refused at once (not retried).
   read from ``" Yes"``). A choice absent from the top list gets probability 0 (its true log-prob is below
   the smallest listed one: the error is bounded by that value, see ``describe()["top_logprobs"]``).
 
+``raw_choice_probs`` (full-vocabulary probabilities, not renormalised; VQAScore's default) reads the same
+response strictly (:func:`read_raw_logprobs`): exact on a vLLM server; elsewhere a choice absent from the top
+alternatives has an unknown probability and its row is NaN + reason (never 0, never the bound), and any
+malformed, duplicated, NaN / positive, or over-unity (summing above 1) log-probability is NaN + reason.
+
 A row where no choice is listed, where a listed choice's log-prob is NaN / +inf / positive (off-scale), or
 where every listed choice is ``-inf`` is NaN (no usable probability: the rewards report that question
 unanswered). A server that returns no log-probabilities at all, or a malformed log-prob structure, raises

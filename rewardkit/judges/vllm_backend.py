@@ -14,6 +14,8 @@ prefix across the K samples and the verification questions.
 ``vllm`` extra's floor): the engine returns the exact log-probability of every choice, whatever its rank
 (raw full-vocabulary log-softmax, vLLM's default ``logprobs_mode``), and rewardkit renormalises over the
 choices. A row where the engine returns no log-probability for a choice is NaN, never a guess.
+``raw_choice_probs`` returns the same values un-renormalised (``exp`` of each choice's full-vocabulary
+log-probability); it refuses an engine built with a ``logprobs_mode`` other than ``raw_logprobs``.
 
 Sampling seeds are per request, derived from (seed, conversation content, sample) so that a
 conversation's samples do not depend on the rest of the batch. Every sampling field is set explicitly
