@@ -7,8 +7,9 @@ probabilities, with one vision encode per distinct image per call. Score in [0, 
 **Which probability** (``probability=``):
 
 - ``"full"`` (default, t2v_metrics parity): ``P(Yes)`` under the softmax over the **whole vocabulary** at the
-  first answer position, as t2v_metrics computes it for its Qwen-VL (and LLaVA / CLIP-FlanT5) scorers
-  (``softmax(scores[0])[id("Yes")]``). Through :meth:`~rewardkit.judges.JudgeBackend.raw_choice_probs`: exact on
+  first answer position, as t2v_metrics computes it for its Qwen-VL scorers (``softmax(scores[0])[id("Yes")]``
+  after a one-token greedy ``generate``; its CLIP-FlanT5 scorer also uses full-vocabulary probabilities, as
+  ``exp(-mean cross-entropy)`` over the answer's label tokens). Through :meth:`~rewardkit.judges.JudgeBackend.raw_choice_probs`: exact on
   the transformers and vLLM backends and on a vLLM server; on another OpenAI-compatible server "Yes" must be
   among the ``top_logprobs`` alternatives, else the sample is NaN + reason (its probability is unknown).
   Mass the model puts on other tokens (" Yes", "yes", "The") lowers the score.
