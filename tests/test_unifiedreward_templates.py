@@ -65,6 +65,7 @@ def test_parse_edit_scores_accepts(text, want):
     ('{"reasoning": "x", "score": [NaN, 21]}', "unreadable JSON"),
     ('{"reasoning": "x", "score": [Infinity, 21]}', "unreadable JSON"),
     ('{"reasoning": "x", "score": [1e400, 21]}', "outside"),
+    ('{"reasoning": "x", "score": [' + "9" * 400 + ', 21]}', "outside"),   # an int no float holds
     ('{"reasoning": "x", "score": [20, 21]', "no JSON object"),
     ('"score": [20, 21]', "no JSON object"),
     ('{"reasoning": "x" "score": [20, 21]}', "unreadable JSON"),
@@ -291,3 +292,37 @@ def test_edit_template_conformance_on_a_tiny_judge(tmp_path):
     src, e = random_images(2, seed=10)
     out = r([e], "add a hat", sources=[[src]], on_error="nan")
     assert not out.valid[0] and "answer" in out.errors[0]
+
+
+class _BrightEdit(JudgeBackend):
+    """Edit answers from the pixels: every score = 25 * brightness of the last image of the conversation."""
+
+    kind = "bright-edit"
+
+    def generate(self, conversations, *, n=1, temperature=0.0, max_new_tokens=256, stop=None, seed=None):
+        import numpy as np
+
+        out = []
+        for conv in conversations:
+            ims, _ = content(conv)
+            v = 25.0 * float(np.asarray(ims[-1], dtype=np.float32).mean() / 255.0)
+            out.append([f'{{\n"reasoning" : "by brightness",\n"score" : [{v:.4f}, {v:.4f}],\n}}'])
+        return out
+
+    def choice_probs(self, conversations, choices):
+        raise NotImplementedError
+
+
+def test_bench_runs_the_edit_template(tmp_path):
+    """`rewardkit bench`'s harness on the synthetic edit benchmarks: sources reach the judge, every sample
+    parses (no invalid judgement), the edit template scores pointwise."""
+    from rewardkit.bench import evaluate
+    from rewardkit.bench.synthetic import write_synthetic_benchmarks
+    from rewardkit.rewards.unifiedreward import UnifiedReward
+
+    write_synthetic_benchmarks(tmp_path / "data", n_pairs=6, n_groups=2)
+    res = evaluate(UnifiedReward(judge=_BrightEdit(), template="edit"), ["genaibench/edit"],
+                   data_dir=tmp_path / "data", cache_dir=None, n_boot=0, progress=False)
+    r = res.benchmarks["genaibench/edit"]
+    assert r.counts["n_invalid_samples"] == 0 and r.counts["n_scored_now"] > 0, r.counts
+    assert 0.0 <= r.metrics[r.primary].value <= 1.0

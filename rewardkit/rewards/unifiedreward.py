@@ -210,7 +210,10 @@ def parse_edit_scores(text: Any, lo: float = 0.0, hi: float = 25.0) -> tuple[lis
         return None, f"score must be a list of two numbers, got {json.dumps(sc)[:40]}"
     if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in sc):
         return None, f"score {json.dumps(sc)[:40]} holds a non-number"
-    vals = [float(v) for v in sc]
+    try:
+        vals = [float(v) for v in sc]
+    except OverflowError:  # an integer too large for a float
+        return None, f"score {json.dumps(sc)[:40]} outside [{lo:g}, {hi:g}]"
     if not all(lo <= v <= hi for v in vals):  # NaN-safe
         return None, f"score {vals} outside [{lo:g}, {hi:g}]"
     return vals, None
