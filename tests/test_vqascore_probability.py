@@ -159,7 +159,7 @@ def test_vqascore_full_is_nan_safe(value, ok):
         assert bool(out.valid[0]) and float(out.scores[0]) == pytest.approx(value)
     else:
         assert not bool(out.valid[0]) and math.isnan(float(out.scores[0]))
-        assert out.errors[0] in ("backend says why", "the judge returned no probability for the answer label")
+        assert out.errors[0] == "backend says why"
 
 
 # ------------------------------------------------------------------------------------------ vLLM (stand-in)
@@ -346,3 +346,66 @@ def test_openai_malformed_logprobs_are_nan_with_reason(raw_server, top):
     out = load_reward("vqascore", judge=openai_judge(raw_server))(random_images(1, seed=5), "a cat", on_error="nan")
     assert not bool(out.valid[0]) and math.isnan(float(out.scores[0]))
     assert out.errors[0].startswith(raw_server.url), out.errors[0]
+
+
+# ------------------------------------------------------------------------------------------ the misbehaving server
+VQA_CASES = {  # case -> (server mode or script, reason must mention (full), reason must mention (yes_no))
+    "ok": ("ok", None, None),
+    "no_logprobs": ("nologprobs", "no log-probabilities", "log-prob"),
+    "labels_missing": ("labels_missing", "not among the server's top 2", "no usable"),
+    "neg_inf_logprobs": ("neginf", "-inf", "no usable"),
+    "nan_logprobs": ("nanlp", "off-scale", "no usable"),
+    "off_scale": ("offscale", "off-scale", "no usable"),
+    "malformed_json": ("malformed", "judge call failed", "judge call failed"),
+    "500_then_ok": (["500"], None, None),
+    "slow_drip": ("drip", "Timeout", "Timeout"),
+    "huge_body": ("huge_nolength", "max_response_bytes", "max_response_bytes"),
+}
+
+
+@pytest.fixture(scope="module")
+def misbehaving():
+    pytest.importorskip("httpx")
+    from test_judge_fake_server import FakeServer
+
+    s = FakeServer()
+    yield s
+    s.close()
+
+
+@pytest.mark.parametrize("probability", ["full", "yes_no"])
+@pytest.mark.parametrize("case", sorted(VQA_CASES))
+def test_vqascore_through_the_misbehaving_server(misbehaving, case, probability):
+    """Every case ends in the judge's own P(Yes) (0.1: the question holds "NOPE") or NaN + a reason, never a
+    finite score the judge did not give; a failing request is NaN with on_error="nan" (judge policy "auto")."""
+    import time
+
+    from rewardkit import load_reward
+    from rewardkit.judges.openai_backend import OpenAIJudge
+
+    mode, must_full, must_yn = VQA_CASES[case]
+    misbehaving.mode, misbehaving.script, misbehaving.poison = "ok", [], None
+    j = OpenAIJudge(misbehaving.url, model="fake", api_key="", timeout=0.5 if case == "slow_drip" else 1.0,
+                    max_retries=1, backoff=0.01, concurrency=4, check_tokens=False, max_response_bytes=256 * 1024,
+                    server="openai")
+    r = load_reward("vqascore", judge=j, probability=probability)
+    if isinstance(mode, list):
+        misbehaving.script = list(mode)
+    else:
+        misbehaving.mode = mode
+    t = time.monotonic()
+    out = r(random_images(2, seed=6), "a NOPE cat", on_error="nan")
+    assert time.monotonic() - t < 15
+    must = must_full if probability == "full" else must_yn
+    for i in range(2):
+        if must is None:
+            assert bool(out.valid[i]) and float(out.scores[i]) == pytest.approx(0.1, rel=1e-5), out.errors[i]
+        else:
+            assert not bool(out.valid[i]) and math.isnan(float(out.scores[i])), (case, out.scores)
+            assert must in out.errors[i], (case, out.errors[i])
+    if must in ("judge call failed", "Timeout", "max_response_bytes"):  # a failed call, not an answer:
+        from rewardkit.judges.openai_backend import JudgeServerError
+
+        with pytest.raises(JudgeServerError):  # on_error="raise" (the default) raises it
+            r(random_images(1, seed=6), "a NOPE cat")
+    misbehaving.mode = "ok"

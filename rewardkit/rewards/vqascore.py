@@ -30,6 +30,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..judges.policy import (JUDGE_FAILURE_PREFIX, JudgePolicyMixin, call_rows, check_policy, describe_failure,
+                             is_judge_failure, judge_policy)
 from ..reward import Reward, RewardBatch, RewardConfig, RewardOutput
 
 
@@ -65,6 +67,8 @@ class VQAScoreConfig(RewardConfig):
     template: str = "default"
     #: "full": P(Yes) under the full-vocabulary softmax (t2v_metrics); "yes_no": renormalised over Yes / No
     probability: str = "full"
+    #: what a failing judge call gives (rewardkit.judges.policy): "auto" (follow the call's on_error), "nan", "raise"
+    on_judge_error: str = "auto"
     batch_size: int = 16
 
 
@@ -72,7 +76,7 @@ class VQAScoreConfig(RewardConfig):
 PROBABILITIES = ("full", "yes_no")
 
 
-class VQAScore(Reward):
+class VQAScore(JudgePolicyMixin, Reward):
     """VQAScore: P("Yes") of a VLM judge to 'Does this figure show "{prompt}"?'."""
 
     name: ClassVar[str] = "vqascore"
@@ -93,6 +97,7 @@ class VQAScore(Reward):
             raise ValueError(f"batch_size must be >= 1, got {cfg.batch_size}")
         if cfg.probability not in PROBABILITIES:
             raise ValueError(f"probability must be one of {PROBABILITIES}, got {cfg.probability!r}")
+        check_policy(cfg.on_judge_error, self.name)
         self.template = load_template("vqascore", cfg.template)
         self.labels = [str(self.template["answer"]), str(self.template["negative"])]
         self.judge = judge_from_config(judge, cfg, owner=self.name)
@@ -108,27 +113,39 @@ class VQAScore(Reward):
     def _score(self, batch: RewardBatch) -> RewardOutput:
         convs = [self.conversation(im, p) for im, p in zip(batch.images, batch.prompts)]
         n = len(convs)
+        isolate = judge_policy(self.config.on_judge_error) == "nan"
+        info = {"template": self.template.id, "judge": self.judge.describe(), "probability": self.config.probability}
         reasons: list[str | None] = [None] * n
-        if self.config.probability == "full":
-            why: list = []
-            try:
-                raw = self.judge.raw_choice_probs(convs, self.labels[:1], reasons=why)
-            except NotImplementedError as exc:
-                raise NotImplementedError(f"{exc}; use probability='yes_no' (renormalised over Yes / No) with this "
-                                          "backend") from None
-            p_yes = torch.as_tensor(raw, dtype=torch.float32).reshape(n, 1)[:, 0].clone()
-            if len(why) == n:
-                reasons = list(why)
-        else:
-            probs = torch.as_tensor(self.judge.choice_probs(convs, self.labels), dtype=torch.float32).reshape(n, 2)
-            p_yes = torch.where(torch.isfinite(probs).all(1), probs[:, 0], torch.full((n,), float("nan")))
+        try:
+            if self.config.probability == "full":
+                why: list = []
+                try:
+                    raw, failed = call_rows(self.judge, "raw_choice_probs", convs, self.labels[:1], reasons=why,
+                                            isolate=isolate)
+                except NotImplementedError as exc:
+                    raise NotImplementedError(f"{exc}; use probability='yes_no' (renormalised over Yes / No) with "
+                                              "this backend") from None
+                p_yes = torch.as_tensor(raw, dtype=torch.float32).reshape(n, 1)[:, 0].clone()
+                if len(why) == n:
+                    reasons = list(why)
+            else:
+                probs, failed = call_rows(self.judge, "choice_probs", convs, self.labels, isolate=isolate)
+                probs = torch.as_tensor(probs, dtype=torch.float32).reshape(n, 2)
+                p_yes = torch.where(torch.isfinite(probs).all(1), probs[:, 0], torch.full((n,), float("nan")))
+        except Exception as exc:  # noqa: BLE001 - re-raised unless the judge policy says NaN
+            if not (isolate and is_judge_failure(exc)):
+                raise
+            return RewardOutput(scores=torch.full((n,), float("nan")), valid=torch.zeros(n, dtype=torch.bool),
+                                errors=[describe_failure(exc)] * n, info=info)
+        for i, err in enumerate(failed):
+            if err is not None:  # this sample's request failed after its retries; the others are kept
+                reasons[i] = f"{JUDGE_FAILURE_PREFIX}: {err}"
+                p_yes[i] = float("nan")
         ok = torch.isfinite(p_yes) & (p_yes >= 0) & (p_yes <= 1)  # NaN fails every comparison: invalid
-        errors = [None if bool(v) else (reasons[i] or "the judge returned no probability for the answer label")
+        errors = [None if bool(v) else (reasons[i] or "the judge returned no probability for the answer label (no usable log-probability)")
                   for i, v in enumerate(ok)]
         p_yes[~ok] = float("nan")
-        return RewardOutput(scores=p_yes, valid=ok, errors=errors,
-                            info={"template": self.template.id, "judge": self.judge.describe(),
-                                  "probability": self.config.probability})
+        return RewardOutput(scores=p_yes, valid=ok, errors=errors, info=info)
 
     @classmethod
     def tiny(cls, workdir: str) -> "VQAScore":
