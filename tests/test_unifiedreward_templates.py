@@ -286,7 +286,7 @@ def test_edit_template_conformance_on_a_tiny_judge(tmp_path):
     from rewardkit.rewards.unifiedreward import UnifiedReward
 
     base = UnifiedReward.tiny(str(tmp_path))
-    r = UnifiedReward(judge=base.judge, template="edit", max_new_tokens=6)
+    r = UnifiedReward(judge=base.judge, template="edit", max_new_tokens=2)
     for name, check in CHECKS.items():
         check(r)
     src, e = random_images(2, seed=10)
