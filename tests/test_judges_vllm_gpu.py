@@ -40,6 +40,20 @@ def test_vllm_choice_probs_match_transformers(vllm_judge, tiny_qwen2_5_vl_dir):
     torch.testing.assert_close(p, ref, atol=2e-3, rtol=0)
 
 
+def test_vllm_raw_choice_probs_match_transformers(vllm_judge, tiny_qwen2_5_vl_dir):
+    """Full-vocabulary P(label) (VQAScore's default) agrees with the transformers backend's exact softmax."""
+    from rewardkit.judges import load_judge
+    from rewardkit.testing import random_images
+
+    ims = random_images(2, sizes=[(56, 56), (40, 64)], seed=6)
+    convs = [conv(ims[:1], 'Does this figure show "a cat"? Please answer Yes or No.'), conv(ims[1:], "Yes or No?")]
+    reasons: list = []
+    p = vllm_judge.raw_choice_probs(convs, ["Yes", "No"], reasons=reasons)
+    assert reasons == [None, None] and p.shape == (2, 2) and (p.sum(-1) < 1).all()
+    ref = load_judge(f"transformers:{tiny_qwen2_5_vl_dir}", device="cpu").raw_choice_probs(convs, ["Yes", "No"])
+    torch.testing.assert_close(p, ref, rtol=2e-3, atol=1e-6)
+
+
 def test_vllm_generate_n_samples_greedy_and_seeded(vllm_judge, tiny_qwen2_5_vl_dir):
     from rewardkit.judges import load_judge
     from rewardkit.testing import random_images

@@ -120,7 +120,7 @@ def test_vqascore_scripted():
     from rewardkit.rewards.vqascore import VQAScore
 
     judge = Scripted(probs=[[0.8, 0.2], [float("nan"), float("nan")], [0.1, 0.9]])
-    r = VQAScore(judge=judge)
+    r = VQAScore(judge=judge, probability="yes_no")  # a backend with renormalised choice_probs only
     out = r(random_images(3), ["a red apple", "a cat", "two birds"])
     assert judge.choices == ["Yes", "No"]
     assert out.scores[0].item() == pytest.approx(0.8) and out.scores[2].item() == pytest.approx(0.1)
@@ -129,13 +129,14 @@ def test_vqascore_scripted():
 
 
 def test_vqascore_matches_a_direct_forward(tiny_qwen2_5_vl_dir):
-    """P(Yes)/(P(Yes)+P(No)) at the first answer position of the same tiny model, computed by hand."""
+    """probability="yes_no": P(Yes)/(P(Yes)+P(No)) at the first answer position of the same tiny model, by hand
+    (the full-vocabulary default: tests/test_vqascore_probability.py)."""
     import transformers
 
     from rewardkit.models.vlm import load_processor
     from rewardkit.rewards.vqascore import VQAScore
 
-    r = VQAScore(judge=f"transformers:{tiny_qwen2_5_vl_dir}", judge_kwargs={"device": "cpu"})
+    r = VQAScore(judge=f"transformers:{tiny_qwen2_5_vl_dir}", judge_kwargs={"device": "cpu"}, probability="yes_no")
     ims = random_images(2, sizes=[(40, 40), (56, 28)], seed=3)
     prompts = ["a red apple", "two birds"]
     got = r(ims, prompts)

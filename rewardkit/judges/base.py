@@ -29,7 +29,7 @@ class ChoiceError(ValueError):
 
 
 class JudgeBackend(abc.ABC):
-    """Two operations over batches of multimodal conversations."""
+    """Two operations over batches of multimodal conversations (plus the optional :meth:`raw_choice_probs`)."""
 
     #: backend kind, e.g. "transformers", "vllm", "openai"
     kind: str = ""
@@ -55,6 +55,22 @@ class JudgeBackend(abc.ABC):
         the choice tokens, renormalised over the choices). Raises :class:`ChoiceError` when a choice is not
         exactly one token.
         """
+
+    def raw_choice_probs(self, conversations: Sequence[Conversation], choices: Sequence[str], *,
+                         reasons: list | None = None):
+        """Full-vocabulary probabilities of single-token answers at the start of the assistant turn.
+
+        Returns a float32 tensor ``[B, len(choices)]``: ``softmax(logits over the whole vocabulary)[choice
+        token]`` at the first answer position, **not** renormalised over the choices (a row sums to at most 1).
+        An entry the backend cannot know exactly is NaN, never a guess or a bound; with ``reasons`` (a list)
+        it is filled with one entry per conversation, None or why that row holds a NaN. Raises
+        :class:`ChoiceError` when a choice is not exactly one token. Backends without access to full-vocabulary
+        log-probabilities raise ``NotImplementedError`` (the default).
+
+        :meth:`choice_probs` is the renormalised form: ``choice_probs = raw / raw.sum(-1)`` where both exist.
+        """
+        raise NotImplementedError(f"the {self.kind or type(self).__name__} judge backend does not expose "
+                                  "full-vocabulary choice probabilities (raw_choice_probs)")
 
     def describe(self) -> dict[str, Any]:
         """JSON-serialisable identity of the backend (recorded in reward outputs' ``info``)."""

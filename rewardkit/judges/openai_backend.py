@@ -21,6 +21,11 @@ decoding; default 8 MiB) are refused at once (not retried).
   read from ``" Yes"``). A choice absent from the top list gets probability 0 (its true log-prob is below
   the smallest listed one: the error is bounded by that value, see ``describe()["top_logprobs"]``).
 
+``raw_choice_probs`` (full-vocabulary probabilities, not renormalised; VQAScore's default) reads the same
+response strictly (:func:`read_raw_logprobs`): exact on a vLLM server; elsewhere a choice absent from the top
+alternatives has an unknown probability and its row is NaN + reason (never 0, never the bound), and any
+malformed, duplicated, NaN / positive, or over-unity (summing above 1) log-probability is NaN + reason.
+
 A row where no choice is listed, where a listed choice's log-prob is NaN / +inf / positive (off-scale), or
 where every listed choice is ``-inf`` is NaN (no usable probability: the rewards report that question
 unanswered). A server that returns no log-probabilities at all, or a malformed log-prob structure, raises
@@ -51,7 +56,7 @@ from typing import Any, Sequence
 from .base import ChoiceError, Conversation, JudgeBackend
 from .policy import JudgeError
 
-__all__ = ["OpenAIJudge", "JudgeServerError", "to_openai_messages", "read_choice_logprobs"]
+__all__ = ["OpenAIJudge", "JudgeServerError", "to_openai_messages", "read_choice_logprobs", "read_raw_logprobs"]
 
 _RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 _MAX_LOGPROB = 1e-4  # a log-probability above this (rounding aside) is off-scale
@@ -181,6 +186,67 @@ def read_choice_logprobs(data: Any, choices: Sequence[str], *,
     if all(x == -math.inf for x in present):
         return None
     return [min(x, 0.0) if x is not None else -math.inf for x in row]
+
+
+def read_raw_logprobs(data: Any, choices: Sequence[str], *,
+                      token_ids: Sequence[int] | None = None) -> tuple[list[float] | None, str | None]:
+    """Full-vocabulary log-probabilities of ``choices`` in one chat-completion response, strictly.
+
+    Returns ``(one log-probability per choice, None)`` or ``(None, reason)``; never raises on the response's
+    content. With ``token_ids`` (a vLLM server asked with ``logprob_token_ids``) each choice is read by id and
+    must be present: its value is exact whatever its rank. Otherwise by exact token text among the
+    ``top_logprobs`` alternatives: a choice that is not listed has an unknown probability (only bounded by the
+    smallest listed one), which is a NaN + reason, never 0 or the bound. Refused as well: a response without
+    log-probabilities, a malformed structure, a choice listed twice with different values, a NaN / positive
+    log-probability (or ``-inf`` for a listed top alternative), and listed alternatives whose probabilities
+    sum above 1 (they are then not full-vocabulary log-probabilities).
+    """
+    ch = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(ch, list) or not ch or not isinstance(ch[0], dict):
+        return None, "unreadable logprobs (no choices)"
+    lp = ch[0].get("logprobs")
+    content = lp.get("content") if isinstance(lp, dict) else None
+    if lp is None or content is None or content == []:
+        return None, "the server returned no log-probabilities (it or the model does not support logprobs)"
+    if not isinstance(content, list) or not isinstance(content[0], dict):
+        return None, "unreadable logprobs (content is not a list of token entries)"
+    top = content[0].get("top_logprobs")
+    if not isinstance(top, list) or not top:
+        return None, "unreadable logprobs (no top_logprobs list)"
+    table: dict[str, float] = {}
+    for alt in top:
+        if not isinstance(alt, dict) or not isinstance(alt.get("token"), str):
+            return None, "unreadable logprobs (an alternative without a string token)"
+        v = alt.get("logprob")
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return None, f"unreadable logprobs (logprob {v!r} of {alt['token']!r} is not a number)"
+        v = float(v)
+        if not (v <= _MAX_LOGPROB):  # NaN-safe: NaN and positive values are off-scale
+            return None, f"off-scale log-probability {v!r} for {alt['token']!r}"
+        if alt["token"] in table and table[alt["token"]] != v:
+            return None, f"token {alt['token']!r} listed twice with different log-probabilities"
+        table[alt["token"]] = min(v, 0.0)
+    total = math.fsum(math.exp(v) for v in table.values())
+    if total > 1.0 + 1e-2:  # (a tolerance for servers that round log-probabilities)
+        return None, f"the listed log-probabilities sum to probability {total:.4f} > 1: not full-vocabulary values"
+    if token_ids is not None:
+        keys = [f"token_id:{t}" for t in token_ids]
+    else:
+        keys = list(choices)
+    row, missing = [], []
+    for c, k in zip(choices, keys):
+        if k not in table:
+            missing.append(c)
+        row.append(table.get(k))
+    if missing:
+        if token_ids is not None:
+            return None, f"the server gave no log-probability for {missing} (asked for their exact ids)"
+        floor = min(table.values())
+        return None, (f"{missing} not among the server's top {len(table)} alternatives: the full-vocabulary "
+                      f"probability is unknown (only known to be below {math.exp(floor):.3g})")
+    if token_ids is None and any(v == -math.inf for v in row):
+        return None, "a top alternative with log-probability -inf (unusable)"
+    return row, None
 
 
 def _image_url(im: Any) -> str:
@@ -477,6 +543,47 @@ class OpenAIJudge(JudgeBackend):
             if row is None:
                 continue  # no usable probability: NaN row (the rewards report the question unanswered)
             out[i] = torch.softmax(torch.tensor(row, dtype=torch.float64), dim=0).float()
+        return out
+
+    def raw_choice_probs(self, conversations: Sequence[Conversation], choices: Sequence[str], *,
+                         reasons: list | None = None, row_errors: list | None = None):
+        """Full-vocabulary probabilities (see :meth:`JudgeBackend.raw_choice_probs`), read strictly by
+        :func:`read_raw_logprobs`: exact on a vLLM server (``logprob_token_ids``); elsewhere a choice outside the
+        server's ``top_logprobs`` alternatives is NaN + reason (its value is unknown). ``reasons`` gets one entry
+        per conversation; ``row_errors`` as in :meth:`choice_probs` (failed requests)."""
+        import torch
+
+        if not choices or len(set(choices)) != len(choices):
+            raise ChoiceError(f"choices must be distinct and non-empty, got {list(choices)}")
+        ids = self._check_single_tokens(tuple(choices))
+        exact_ids = ids is not None and self.is_vllm
+        sampling = self._sampling_fields(0.0)
+        cache: dict[int, str] = {}
+        msgs = [to_openai_messages(c, cache) for c in conversations]
+
+        def one(m):
+            body = {"model": self.model, "messages": m, "max_tokens": 1, **sampling,
+                    "logprobs": True, "top_logprobs": self.top_logprobs, **self.extra_body}
+            if exact_ids:
+                body.update(top_logprobs=len(ids), logprob_token_ids=list(ids), return_tokens_as_token_ids=True)
+            return read_raw_logprobs(self._post("/chat/completions", body), choices,
+                                     token_ids=ids if exact_ids else None)
+
+        rows = self._map(one, msgs, row_errors)
+        out = torch.full((len(rows), len(choices)), float("nan"))
+        why: list[str | None] = []
+        for i, r in enumerate(rows):
+            if r is None:  # the request failed (row_errors holds its message)
+                why.append(row_errors[i] if row_errors and i < len(row_errors) else "the judge call failed")
+                continue
+            row, reason = r
+            why.append(None if row is None else reason)
+            if row is None:
+                why[-1] = f"{self.base_url}: {reason}"
+                continue
+            out[i] = torch.exp(torch.tensor(row, dtype=torch.float64)).float()
+        if reasons is not None:
+            reasons[:] = why
         return out
 
     def _check_single_tokens(self, choices: tuple[str, ...]) -> list[int] | None:

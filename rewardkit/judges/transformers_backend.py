@@ -199,6 +199,29 @@ class TransformersJudge(JudgeBackend):
     def choice_probs(self, conversations: Sequence[Conversation], choices: Sequence[str]):
         import torch
 
+        # renormalised over the choices: softmax of the choice logits
+        return self._next_token_scores(conversations, choices, lambda logits, ids: torch.softmax(logits[:, ids], -1))
+
+    def raw_choice_probs(self, conversations: Sequence[Conversation], choices: Sequence[str], *,
+                         reasons: list | None = None):
+        """Exact full-vocabulary probabilities (see :meth:`JudgeBackend.raw_choice_probs`): ``softmax`` over the
+        whole vocabulary of the first answer position's logits (float32), read at each choice token. Same
+        prefix reuse and one vision encode per image as :meth:`choice_probs`. A row is NaN only when the model's
+        logits are not finite (``reasons`` says so)."""
+        import torch
+
+        out = self._next_token_scores(conversations, choices,
+                                      lambda logits, ids: torch.log_softmax(logits, -1)[:, ids].exp()).clone()
+        bad = ~torch.isfinite(out).all(1)
+        out[bad] = float("nan")
+        if reasons is not None:
+            reasons[:] = ["the judge model's logits are not finite" if bool(b) else None for b in bad]
+        return out
+
+    def _next_token_scores(self, conversations: Sequence[Conversation], choices: Sequence[str], fn):
+        """``fn(float32 next-token logits [R, V], choice ids) -> [R, C]`` for every conversation -> ``[B, C]``."""
+        import torch
+
         ids = self.choice_token_ids(choices)
         if not conversations:
             return torch.zeros(0, len(ids))
@@ -207,13 +230,12 @@ class TransformersJudge(JudgeBackend):
             probs = torch.zeros(len(convs), len(ids))
             if self.packed_scoring and self._attn_impl() in ("sdpa", "eager"):
                 for members, logits in self._packed_logits(convs, images):
-                    probs[members] = torch.softmax(logits.float()[:, ids], dim=-1).cpu()
+                    probs[members] = fn(logits.float(), ids).cpu()
                 return probs
             rows = [(c, 0) for c in range(len(convs))]
             for chunk, run in self._row_chunks(convs, images, rows):
                 logits, _, _ = run()  # [R, V]
-                sel = logits.float()[:, ids]
-                probs[[c for c, _ in chunk]] = torch.softmax(sel, dim=-1).cpu()
+                probs[[c for c, _ in chunk]] = fn(logits.float(), ids).cpu()
             return probs
 
     def choice_token_ids(self, choices: Sequence[str]) -> list[int]:

@@ -14,6 +14,8 @@ prefix across the K samples and the verification questions.
 ``vllm`` extra's floor): the engine returns the exact log-probability of every choice, whatever its rank
 (raw full-vocabulary log-softmax, vLLM's default ``logprobs_mode``), and rewardkit renormalises over the
 choices. A row where the engine returns no log-probability for a choice is NaN, never a guess.
+``raw_choice_probs`` returns the same values un-renormalised (``exp`` of each choice's full-vocabulary
+log-probability); it refuses an engine built with a ``logprobs_mode`` other than ``raw_logprobs``.
 
 Sampling seeds are per request, derived from (seed, conversation content, sample) so that a
 conversation's samples do not depend on the rest of the batch. Every sampling field is set explicitly
@@ -98,6 +100,8 @@ class VLLMJudge(JudgeBackend):
         else:
             self.llm, self.model_id = model, getattr(model, "model_id", type(model).__name__)
         self.logprobs = int(logprobs)
+        lp_mode = engine_kwargs.get("logprobs_mode")
+        self._engine_logprobs_mode = None if lp_mode is None else str(getattr(lp_mode, "value", lp_mode))
         self.tokenizer = self.llm.get_tokenizer()
         # The template renderer: the processor's (what the transformers backend and vLLM's chat use).
         self.processor = processor if processor is not None else self.tokenizer
@@ -155,9 +159,9 @@ class VLLMJudge(JudgeBackend):
         # greedy decoding gives one answer: vLLM refuses n > 1 at temperature 0, so replicate it
         return [t * n if greedy else t for t in texts]
 
-    def choice_probs(self, conversations: Sequence[Conversation], choices: Sequence[str]):
-        import torch
-
+    def _choice_logprobs(self, conversations: Sequence[Conversation], choices: Sequence[str]):
+        """Each conversation's next-token log-probabilities of the choice tokens -> ``(ids, rows)``: a row is a
+        list with one float per choice, or None where the engine reported no log-probability for a choice."""
         check_choices(choices)
         ids = []
         for c in choices:
@@ -165,20 +169,78 @@ class VLLMJudge(JudgeBackend):
             if len(t) != 1:
                 raise ChoiceError(f"choice {c!r} is {len(t)} tokens for this tokenizer; choice_probs needs single tokens")
             ids.append(t[0])
+        if len(set(ids)) != len(ids):
+            raise ChoiceError(f"choices {list(choices)} map to repeated token ids {ids}")
         if len(ids) > self.logprobs:
             raise ValueError(f"{len(ids)} choices but the engine returns at most {self.logprobs} log-probs; "
                              "build the judge with logprobs >= the number of choices")
         if not conversations:
-            return torch.zeros(0, len(ids))
+            return ids, []
         prompts = [p for p, _ in self._prompts(conversations)]
         # exact label log-probs: logprobs must equal len(logprob_token_ids) when both are set (vLLM 0.32)
         params = self._sampling(n=1, temperature=0.0, max_tokens=1, logprobs=len(ids), logprob_token_ids=list(ids))
         outs = self._generate(prompts, params)
-        probs = torch.full((len(prompts), len(ids)), float("nan"))
-        for i, out in enumerate(outs):
+        rows = []
+        for out in outs:
             table = out.outputs[0].logprobs[0]  # {token_id: Logprob}: the sampled token + every choice id
-            row = [table[t].logprob if t in table else None for t in ids]
-            if any(x is None for x in row):
+            row = [float(table[t].logprob) if t in table else None for t in ids]
+            rows.append(None if any(x is None for x in row) else row)
+        return ids, rows
+
+    def choice_probs(self, conversations: Sequence[Conversation], choices: Sequence[str]):
+        import torch
+
+        ids, rows = self._choice_logprobs(conversations, choices)
+        probs = torch.full((len(rows), len(ids)), float("nan"))
+        for i, row in enumerate(rows):
+            if row is None:
                 continue  # the engine did not report a choice: NaN (the caller marks the sample invalid)
             probs[i] = torch.softmax(torch.tensor(row, dtype=torch.float64), 0).float()
         return probs
+
+    def raw_choice_probs(self, conversations: Sequence[Conversation], choices: Sequence[str], *,
+                         reasons: list | None = None):
+        """Exact full-vocabulary probabilities (see :meth:`JudgeBackend.raw_choice_probs`): ``exp`` of the
+        log-probability vLLM reports for each choice id through ``logprob_token_ids`` (whatever its rank), under
+        the engine's default ``logprobs_mode="raw_logprobs"`` (log-softmax of the raw logits over the whole
+        vocabulary, before penalties and temperature). An engine built with another ``logprobs_mode`` is refused.
+        A choice the engine did not report, or a NaN / positive log-probability, is NaN + reason."""
+        import torch
+
+        mode = self._logprobs_mode()
+        if mode not in (None, "raw_logprobs"):
+            raise ValueError(f"raw_choice_probs needs an engine with logprobs_mode='raw_logprobs' (full-vocabulary "
+                             f"log-probabilities of the raw logits); this one uses {mode!r}")
+        ids, rows = self._choice_logprobs(conversations, choices)
+        probs = torch.full((len(rows), len(ids)), float("nan"))
+        why: list[str | None] = [None] * len(rows)
+        for i, row in enumerate(rows):
+            if row is None:
+                why[i] = "the engine reported no log-probability for a choice"
+                continue
+            bad = [c for c, x in zip(choices, row) if not (x <= 1e-4)]  # NaN or above 0: off-scale (NaN-safe test)
+            if bad:
+                why[i] = f"unusable log-probability for {bad}: {row}"
+                continue
+            probs[i] = torch.exp(torch.tensor(row, dtype=torch.float64).clamp(max=0.0)).float()
+        if reasons is not None:
+            reasons[:] = why
+        return probs
+
+    def _logprobs_mode(self) -> str | None:
+        """The engine's ``logprobs_mode`` when it can be read (None: unknown, vLLM's default is raw_logprobs)."""
+        if self._engine_logprobs_mode is not None:
+            return self._engine_logprobs_mode
+        for path in (("llm_engine", "model_config", "logprobs_mode"), ("llm_engine", "vllm_config", "model_config",
+                                                                        "logprobs_mode")):
+            obj: Any = self.llm
+            for name in path:
+                obj = getattr(obj, name, None)
+                if obj is None:
+                    break
+            if isinstance(obj, str):
+                return obj
+            v = getattr(obj, "value", None)  # an enum
+            if isinstance(v, str):
+                return v
+        return None

@@ -1,23 +1,38 @@
 """UnifiedReward (Wang et al. 2025, CodeGoat24/UnifiedReward): a generative judge (stock Qwen2.5-VL / Qwen3-VL
-checkpoints, e.g. ``CodeGoat24/UnifiedReward-qwen-7b``) with its own text-to-image prompts, on the judge engine
-(any backend).
+checkpoints, e.g. ``CodeGoat24/UnifiedReward-qwen-7b``) with its own prompts, on the judge engine (any backend).
 
-- Pointwise (``reward(images, prompt)``): UnifiedReward's prompt asks for key elements and a score from 1 to 5
-  after ``Final Score:``; the score is that number, in [1, 5]. The whole answer is the sample's rationale.
-- Pairwise (``reward.compare(a, b, prompt)``): UnifiedReward's pairwise prompt; the answer must contain exactly
-  one kind of conclusion, "Image 1 is better", "Image 2 is better" or "Both images are equally good"
-  (1, 0, 0.5). By default asked in both orders, ``P(a) = (v(a, b) + 1 - v(b, a)) / 2`` (cancels position bias).
+Templates (``template=``, files under ``rewardkit/templates/unifiedreward/``, each citing its source script):
 
-Parsing is strict: an answer without a well-formed verdict, with contradictory verdicts, or with a score outside
-[1, 5] gives NaN and the reason (the answer text stays in ``rationales``), never a default score. Editing
-templates (UnifiedReward-Edit) are not included yet.
+- ``"t2i"`` (default, UnifiedReward 1.0): pointwise, key elements and a score from 1 to 5 after
+  ``Final Score:`` (score in [1, 5]); pairwise (``compare``), exactly one kind of conclusion, "Image 1 is better",
+  "Image 2 is better" or "Both images are equally good" (1, 0, 0.5).
+- ``"2.0"`` (UnifiedReward-2.0): pointwise ``Alignment / Coherence / Style Score (1-5): X`` lines, each in
+  [1, 5], as dimensions; the score is their mean (rewardkit's choice: upstream reports the three). Pairwise:
+  per axis ``Image 1: x`` / ``Image 2: y`` relative scores in [0, 1] summing to 1 (within 0.01); the verdict
+  for image 1 is the mean of its three relative scores.
+- ``"think"`` (UnifiedReward-Think): pairwise only, a chain of thought ending in exactly one
+  ``<answer>Image 1 is better</answer>`` (or Image 2). Calling the reward pointwise raises; use ``compare``.
+- ``"edit"`` (UnifiedReward-Edit, task ``edit``: ``reward(edited, instruction, sources=[[source], ...])``):
+  two prompts per sample, instruction following over [source, edited] (``[editing success, over-editing]``) and
+  quality over [edited] (``[naturalness, artifacts]``), each a JSON ``{"reasoning": ..., "score": [a, b]}`` with
+  scores in [0, 25]. The score is VIEScore's ``sqrt(min(instruction scores) * min(quality scores))`` in [0, 25];
+  the four scores and both minima are dimensions. No native pairwise prompt with a stated answer format was
+  published, so ``compare`` uses the default ``sigmoid((s_a - s_b) / T)`` on the pointwise scores.
+
+``compare`` asks both orders by default: ``P(a) = (v(a, b) + 1 - v(b, a)) / 2`` (cancels position bias). The
+whole answer is the sample's rationale.
+
+Parsing is strict: an answer without a well-formed verdict / score, with contradictory or repeated ones, or with a
+value outside its scale gives NaN and the reason (the answer text stays in ``rationales``), never a default score.
 
     load_reward("unifiedreward", judge="transformers:CodeGoat24/UnifiedReward-qwen-7b",
                 judge_kwargs={"dtype": "bfloat16"})
+    load_reward("unifiedreward", template="edit", judge=...)(edited, "add a hat", sources=[[source]])
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -27,7 +42,8 @@ import torch
 
 from ..reward import PairwiseOutput, Reward, RewardBatch, RewardConfig, RewardOutput
 
-__all__ = ["UnifiedReward", "parse_final_score", "parse_pair_verdict"]
+__all__ = ["UnifiedReward", "parse_final_score", "parse_pair_verdict", "parse_axis_scores", "parse_pair_axis_scores",
+           "parse_think_verdict", "parse_edit_scores"]
 
 _MARKER = re.compile(r"Final Score\s*:", re.IGNORECASE)
 # after the marker: optional bold, a plain decimal number, optional "/5" or "/ 5", optional bold, optional
@@ -78,6 +94,136 @@ def parse_pair_verdict(text: Any) -> tuple[float | None, str | None]:
     return found.pop(), None
 
 
+_NUM = r"(\d+(?:\.\d+)?)"  # a plain non-negative decimal: no sign, no exponent, no "nan"
+_AXES = ("Alignment", "Coherence", "Style")
+
+
+def parse_axis_scores(text: Any, axes: Sequence[str] = _AXES, lo: float = 1.0,
+                      hi: float = 5.0) -> tuple[dict[str, float] | None, str | None]:
+    """UnifiedReward-2.0 pointwise lines ``<Axis> Score (1-5): X`` -> ``({axis: value}, None)`` or
+    ``(None, reason)``. Each axis must be named on exactly one line, in exactly that form, with a value in
+    ``[lo, hi]`` (optional ``**`` bold around the label or the value)."""
+    if not isinstance(text, str) or not text.strip():
+        return None, "empty answer"
+    out: dict[str, float] = {}
+    for axis in axes:
+        lines = [ln for ln in text.splitlines() if re.search(rf"\b{axis} Score\b", ln, re.IGNORECASE)]
+        if not lines:
+            return None, f"no '{axis} Score' in the answer"
+        if len(lines) > 1:
+            return None, f"'{axis} Score' given {len(lines)} times"
+        m = re.fullmatch(rf"[ \t]*(?:[-*][ \t]+)?(?:\*\*)?{axis} Score \(1-5\)(?:\*\*)?[ \t]*:(?:\*\*)?[ \t]*"
+                         rf"(?:\*\*)?{_NUM}(?:\*\*)?[ \t]*\.?[ \t]*", lines[0], re.IGNORECASE)
+        if m is None:
+            return None, f"malformed '{axis} Score' line: {lines[0].strip()[:60]!r}"
+        x = float(m.group(1))
+        if not (lo <= x <= hi):  # NaN-safe (a NaN fails both comparisons)
+            return None, f"{axis} score {x:g} outside [{lo:g}, {hi:g}]"
+        out[axis.lower()] = x
+    return out, None
+
+
+def parse_pair_axis_scores(text: Any, axes: Sequence[str] = _AXES,
+                           tol: float = 0.01) -> tuple[dict[str, tuple[float, float]] | None, str | None]:
+    """UnifiedReward-2.0 pairwise blocks ``<Axis> Score:`` / ``Image 1: x`` / ``Image 2: y`` ->
+    ``({axis: (x, y)}, None)`` or ``(None, reason)``. Each axis exactly once, both values in [0, 1], summing to
+    1 within ``tol``."""
+    if not isinstance(text, str) or not text.strip():
+        return None, "empty answer"
+    out: dict[str, tuple[float, float]] = {}
+    for axis in axes:
+        n = len(re.findall(rf"\b{axis} Score\b", text, re.IGNORECASE))
+        if n != 1:
+            return None, f"'{axis} Score' given {n} times" if n else f"no '{axis} Score' in the answer"
+        m = re.search(rf"(?:^|\n)[ \t]*(?:\*\*)?{axis} Score(?:\*\*)?[ \t]*:(?:\*\*)?[ \t]*\r?\n"
+                      rf"[ \t]*(?:[-*][ \t]+)?Image 1[ \t]*:[ \t]*{_NUM}[ \t]*\r?\n"
+                      rf"[ \t]*(?:[-*][ \t]+)?Image 2[ \t]*:[ \t]*{_NUM}[ \t]*(?:\r?\n|$)", text, re.IGNORECASE)
+        if m is None:
+            return None, f"malformed '{axis} Score' block (expected 'Image 1: x' and 'Image 2: y' lines)"
+        a, b = float(m.group(1)), float(m.group(2))
+        if not (0.0 <= a <= 1.0 and 0.0 <= b <= 1.0):
+            return None, f"{axis} relative scores {a:g}, {b:g} outside [0, 1]"
+        if not (abs(a + b - 1.0) <= tol):
+            return None, f"{axis} relative scores {a:g} + {b:g} do not sum to 1"
+        out[axis.lower()] = (a, b)
+    return out, None
+
+
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
+
+
+def parse_think_verdict(text: Any) -> tuple[float | None, str | None]:
+    """UnifiedReward-Think's ``<answer>Image 1 is better</answer>`` -> (1.0 / 0.0, None) or (None, reason).
+
+    Exactly one ``<answer>`` block, holding exactly "Image 1 is better" or "Image 2 is better" (case and a final
+    full stop aside)."""
+    if not isinstance(text, str) or not text.strip():
+        return None, "empty answer"
+    opened = len(re.findall(r"<answer>", text, re.IGNORECASE))
+    blocks = _ANSWER.findall(text)
+    if not blocks:
+        return None, "no <answer>...</answer> block" if not opened else "unclosed <answer> block"
+    if len(blocks) > 1 or opened != 1:
+        return None, f"{max(opened, len(blocks))} <answer> blocks"
+    got = blocks[0].strip()
+    got = got[:-1].rstrip() if got.endswith(".") else got
+    verdict = {"image 1 is better": 1.0, "image 2 is better": 0.0}.get(got.lower())
+    if verdict is None:
+        return None, f"<answer> holds {blocks[0].strip()[:60]!r}, not 'Image 1 is better' or 'Image 2 is better'"
+    return verdict, None
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"non-finite number {name}")
+
+
+def parse_edit_scores(text: Any, lo: float = 0.0, hi: float = 25.0) -> tuple[list[float] | None, str | None]:
+    """UnifiedReward-Edit's JSON answer ``{"reasoning": "...", "score": [a, b]}`` -> ``([a, b], None)`` or
+    ``(None, reason)``.
+
+    The answer holds one JSON object (text or a code fence around it is allowed; a trailing comma before a
+    closing brace, as in the prompt's own example, is tolerated) with exactly the keys ``score`` and optionally
+    ``reasoning`` (a string); ``score`` is a list of exactly two numbers in ``[lo, hi]``; ``"score"`` appears once.
+    """
+    if not isinstance(text, str) or not text.strip():
+        return None, "empty answer"
+    n = len(re.findall(r'"score"\s*:', text))
+    if n != 1:
+        return None, f'"score" given {n} times' if n else 'no "score" in the answer'
+    start, end = text.find("{"), text.rfind("}")
+    if start < 0 or end < start:
+        return None, "no JSON object in the answer"
+    body = re.sub(r",\s*([}\]])", r"\1", text[start:end + 1])
+    try:
+        obj = json.loads(body, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as exc:
+        return None, f"unreadable JSON answer ({str(exc)[:60]})"
+    if not isinstance(obj, dict):
+        return None, "the JSON answer is not an object"
+    extra = sorted(set(obj) - {"score", "reasoning"})
+    if extra:
+        return None, f"unexpected keys {extra} in the JSON answer"
+    if "reasoning" in obj and not isinstance(obj["reasoning"], str):
+        return None, "reasoning is not a string"
+    sc = obj.get("score")
+    if not isinstance(sc, list) or len(sc) != 2:
+        return None, f"score must be a list of two numbers, got {json.dumps(sc)[:40]}"
+    if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in sc):
+        return None, f"score {json.dumps(sc)[:40]} holds a non-number"
+    try:
+        vals = [float(v) for v in sc]
+    except OverflowError:  # an integer too large for a float
+        return None, f"score {json.dumps(sc)[:40]} outside [{lo:g}, {hi:g}]"
+    if not all(lo <= v <= hi for v in vals):  # NaN-safe
+        return None, f"score {vals} outside [{lo:g}, {hi:g}]"
+    return vals, None
+
+
+#: template ``pointwise_format`` / ``pairwise_format`` values (the t2i 1.0 template's are the defaults)
+POINTWISE_FORMATS = ("final_score", "acs", "edit_json")
+PAIRWISE_FORMATS = ("verdict", "pair_scores", "think_verdict")
+
+
 @dataclass
 class UnifiedRewardConfig(RewardConfig):
     #: judge spec for :func:`rewardkit.judges.load_judge`; or pass a backend object as ``judge=``
@@ -96,10 +242,10 @@ class UnifiedRewardConfig(RewardConfig):
 
 
 class UnifiedReward(Reward):
-    """UnifiedReward judge: 1-5 'Final Score' pointwise, native pairwise verdicts for compare()."""
+    """UnifiedReward judge with its published prompts (see the module docstring for the templates)."""
 
     name: ClassVar[str] = "unifiedreward"
-    tasks = frozenset({"t2i"})
+    tasks = frozenset({"t2i", "edit"})  # the family; an instance takes its template's task
     score_range = (1.0, 5.0)
     extras = ("hf",)
     compare_temperature = 0.5
@@ -115,9 +261,28 @@ class UnifiedReward(Reward):
         cfg = self.config
         if cfg.batch_size < 1 or cfg.max_new_tokens < 1:
             raise ValueError("batch_size and max_new_tokens must be >= 1")
-        self.template = load_template("unifiedreward", cfg.template)
-        self.score_range = (float(self.template["score_min"]), float(self.template["score_max"]))
-        self.compare_is_symmetric = bool(cfg.both_orders)
+        t = self.template = load_template("unifiedreward", cfg.template)
+        self.score_range = (float(t["score_min"]), float(t["score_max"]))
+        lo, hi = self.score_range
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+            raise ValueError(f"template {t.id}: score_min < score_max required, got {lo}, {hi}")
+        self.compare_temperature = (hi - lo) / 8.0  # 0.5 on the 1-5 scale
+        task = str(t.get("task", "t2i"))
+        if task not in ("t2i", "edit"):
+            raise ValueError(f"template {t.id}: task must be 't2i' or 'edit', got {task!r}")
+        self.tasks = frozenset({task})
+        self.pointwise_format = t.get("pointwise_format", "final_score" if "pointwise" in t.fields else None)
+        self.pairwise_format = t.get("pairwise_format", "verdict" if "pairwise" in t.fields else None)
+        if self.pointwise_format is not None and self.pointwise_format not in POINTWISE_FORMATS:
+            raise ValueError(f"template {t.id}: pointwise_format must be one of {POINTWISE_FORMATS}")
+        if self.pairwise_format is not None and self.pairwise_format not in PAIRWISE_FORMATS:
+            raise ValueError(f"template {t.id}: pairwise_format must be one of {PAIRWISE_FORMATS}")
+        if (self.pointwise_format == "edit_json") != (task == "edit"):
+            raise ValueError(f"template {t.id}: the edit_json pointwise format goes with task 'edit' only")
+        self.dimensions = {"acs": ("alignment", "coherence", "style"),
+                           "edit_json": ("editing_success", "overediting", "naturalness", "artifacts",
+                                         "semantic_consistency", "perceptual_quality")}.get(self.pointwise_format, ())
+        self.compare_is_symmetric = bool(cfg.both_orders) and self.pairwise_format is not None
         self.judge = judge_from_config(judge, cfg, owner=self.name)
         self.default_batch_size = cfg.batch_size
 
@@ -128,28 +293,92 @@ class UnifiedReward(Reward):
         outs = self.judge.generate(convs, n=1, temperature=0.0, max_new_tokens=self.config.max_new_tokens)
         return [o[0] if o else "" for o in outs]
 
+    @staticmethod
+    def _turn(images: list, text: str) -> list[dict[str, Any]]:
+        """One user turn, images first (as UnifiedReward's scripts send them)."""
+        return [{"role": "user", "content": [*({"type": "image", "image": im} for im in images),
+                                             {"type": "text", "text": text}]}]
+
     def _score(self, batch: RewardBatch) -> RewardOutput:
-        convs = [[{"role": "user", "content": [{"type": "image", "image": im},
-                                               {"type": "text", "text": self.template.render("pointwise", prompt=p)}]}]
+        if self.pointwise_format is None:
+            raise NotImplementedError(f"template {self.template.id} has no pointwise prompt (UnifiedReward-Think "
+                                      "is pairwise only): use reward.compare(images_a, images_b, prompt)")
+        if self.pointwise_format == "edit_json":
+            return self._score_edit(batch)
+        convs = [self._turn([im], self.template.render("pointwise", prompt=p))
                  for im, p in zip(batch.images, batch.prompts)]
         texts = self._ask(convs)
         lo, hi = self.score_range
         scores, errors = [], []
+        dims: dict[str, list[float]] = {d: [] for d in self.dimensions}
         for t in texts:
-            v, why = parse_final_score(t, lo, hi)
+            if self.pointwise_format == "acs":
+                axes, why = parse_axis_scores(t, lo=lo, hi=hi)
+                v = None if axes is None else sum(axes.values()) / len(axes)
+                for d in self.dimensions:
+                    dims[d].append(float("nan") if axes is None else axes[d])
+            else:
+                v, why = parse_final_score(t, lo, hi)
             scores.append(float("nan") if v is None else v)
             errors.append(why)
         return RewardOutput(scores=torch.tensor(scores), valid=torch.tensor([e is None for e in errors]),
-                            errors=errors, rationales=texts,
+                            errors=errors, rationales=texts, dimensions=dims,
                             info={"template": self.template.id, "judge": self.judge.describe()})
+
+    def _score_edit(self, batch: RewardBatch) -> RewardOutput:
+        """Two prompts per sample (instruction following on [source, edited], quality on [edited]), one
+        ``generate`` call; score = sqrt(min(instruction scores) * min(quality scores))."""
+        n = len(batch)
+        srcs = batch.sources or [[] for _ in range(n)]
+        convs = []
+        for im, p, src in zip(batch.images, batch.prompts, srcs):
+            if len(src) != 1:
+                raise ValueError(f"UnifiedReward-Edit takes exactly one source image per sample, got {len(src)}")
+            convs.append(self._turn([src[0], im], self.template.render("instruction_following", prompt=p)))
+            convs.append(self._turn([im], self.template.render("quality")))
+        texts = self._ask(convs)
+        lo, hi = self.score_range
+        nan = float("nan")
+        scores, errors, rats = [], [], []
+        dims: dict[str, list[float]] = {d: [] for d in self.dimensions}
+        for i in range(n):
+            sc_text, pq_text = texts[2 * i], texts[2 * i + 1]
+            sc, why_sc = parse_edit_scores(sc_text, lo, hi)
+            pq, why_pq = parse_edit_scores(pq_text, lo, hi)
+            for d, v in zip(("editing_success", "overediting"), sc or (nan, nan)):
+                dims[d].append(v)
+            for d, v in zip(("naturalness", "artifacts"), pq or (nan, nan)):
+                dims[d].append(v)
+            dims["semantic_consistency"].append(min(sc) if sc else nan)
+            dims["perceptual_quality"].append(min(pq) if pq else nan)
+            why = "; ".join(f"{w} answer: {e}" for w, e in (("instruction-following", why_sc), ("quality", why_pq)) if e)
+            scores.append(math.sqrt(min(sc) * min(pq)) if sc and pq else nan)
+            errors.append(why or None)
+            rats.append(f"{sc_text}\n---\n{pq_text}")
+        return RewardOutput(scores=torch.tensor(scores), valid=torch.tensor([e is None for e in errors]),
+                            errors=errors, rationales=rats, dimensions=dims,
+                            info={"template": self.template.id, "judge": self.judge.describe()})
+
+    def _verdict(self, text: str) -> tuple[float | None, str | None]:
+        """P(image 1 better) from one pairwise answer, per the template's format."""
+        if self.pairwise_format == "think_verdict":
+            return parse_think_verdict(text)
+        if self.pairwise_format == "pair_scores":
+            axes, why = parse_pair_axis_scores(text)
+            return (None, why) if axes is None else (sum(a for a, _ in axes.values()) / len(axes), None)
+        return parse_pair_verdict(text)
 
     def compare(self, images_a: Any, images_b: Any, prompt: str | Sequence[str] | None = None, *,
                 sources: Sequence[Any] | None = None, metadata: Sequence[dict[str, Any] | None] | None = None,
                 batch_size: int | None = None, on_error: str = "raise") -> PairwiseOutput:
-        """P(a preferred over b) from UnifiedReward's pairwise prompt (see the module docstring)."""
+        """P(a preferred over b) from UnifiedReward's pairwise prompt (see the module docstring); a template
+        without one (``edit``) compares its pointwise scores (``Reward.compare``)."""
         from .. import media
         from ..errors import RewardInputError
 
+        if self.pairwise_format is None:
+            return super().compare(images_a, images_b, prompt, sources=sources, metadata=metadata,
+                                   batch_size=batch_size, on_error=on_error)
         if on_error not in ("raise", "nan"):
             raise ValueError(f"on_error must be 'raise' or 'nan', got {on_error!r}")
         a, b = media.split_batch(images_a), media.split_batch(images_b)
@@ -183,16 +412,14 @@ class UnifiedReward(Reward):
                     text = self.template.render("pairwise", prompt=prompts[i])
                     pairs = [pil[i], pil[i][::-1]][:orders]
                     for first, second in pairs:
-                        convs.append([{"role": "user", "content": [{"type": "image", "image": first},
-                                                                   {"type": "image", "image": second},
-                                                                   {"type": "text", "text": text}]}])
+                        convs.append(self._turn([first, second], text))
                 texts = self._ask(convs)
                 for j, i in enumerate(idx):
                     answers = texts[j * orders:(j + 1) * orders]
                     rationales[i] = "\n---\n".join(answers)
-                    v_ab, why = parse_pair_verdict(answers[0])
+                    v_ab, why = self._verdict(answers[0])
                     if v_ab is not None and orders == 2:
-                        v_ba, why2 = parse_pair_verdict(answers[1])
+                        v_ba, why2 = self._verdict(answers[1])
                         why = None if v_ba is not None else f"swapped order: {why2}"
                         v = None if v_ba is None else 0.5 * (v_ab + 1.0 - v_ba)
                     else:

@@ -4,11 +4,21 @@ probability that a VLM answers "Yes" to ``Does this figure show "{prompt}"? Plea
 Runs on any judge backend (transformers, vLLM, OpenAI-compatible) through the judge engine's label
 probabilities, with one vision encode per distinct image per call. Score in [0, 1].
 
-**Normalisation.** The judge engine returns label probabilities renormalised over the labels, so the score
-here is ``P(Yes) / (P(Yes) + P(No))`` at the first answer position. t2v_metrics (v3.1, Qwen-VL models) reports
-``P(Yes)`` under the full-vocabulary softmax; the two agree when the model puts (almost) all its mass on
-Yes / No, as instruction-tuned VLMs do for this question, and rank images identically per model only in that
-case. Use the same template for both if you compare numbers across tools.
+**Which probability** (``probability=``):
+
+- ``"full"`` (default, t2v_metrics parity): ``P(Yes)`` under the softmax over the **whole vocabulary** at the
+  first answer position, as t2v_metrics computes it for its Qwen-VL scorers (``softmax(scores[0])[id("Yes")]``
+  after a one-token greedy ``generate``; its CLIP-FlanT5 scorer also uses full-vocabulary probabilities, as
+  ``exp(-mean cross-entropy)`` over the answer's label tokens). Through :meth:`~rewardkit.judges.JudgeBackend.raw_choice_probs`: exact on
+  the transformers and vLLM backends and on a vLLM server; on another OpenAI-compatible server "Yes" must be
+  among the ``top_logprobs`` alternatives, else the sample is NaN + reason (its probability is unknown).
+  Mass the model puts on other tokens (" Yes", "yes", "The") lowers the score.
+- ``"yes_no"``: ``P(Yes) / (P(Yes) + P(No))``, renormalised over the two answers (the judge engine's
+  ``choice_probs``); the two agree when the model puts (almost) all its mass on Yes / No.
+
+Differences that remain from t2v_metrics: it reads ``generate()``'s scores, i.e. after the checkpoint's
+``generation_config`` logits processors (a repetition penalty, if the checkpoint sets one, lowers "Yes", which
+appears in the question); rewardkit reads the raw logits.
 
     load_reward("vqascore", judge="transformers:Qwen/Qwen2.5-VL-7B-Instruct", judge_kwargs={"dtype": "bfloat16"})
 """
@@ -20,6 +30,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..judges.policy import (JUDGE_FAILURE_PREFIX, JudgePolicyMixin, call_rows, check_policy, describe_failure,
+                             is_judge_failure, judge_policy)
 from ..reward import Reward, RewardBatch, RewardConfig, RewardOutput
 
 
@@ -53,10 +65,18 @@ class VQAScoreConfig(RewardConfig):
     dtype: str | None = None
     #: template under rewardkit/templates/vqascore/ (or a YAML path): question, answer, negative
     template: str = "default"
+    #: "full": P(Yes) under the full-vocabulary softmax (t2v_metrics); "yes_no": renormalised over Yes / No
+    probability: str = "full"
+    #: what a failing judge call gives (rewardkit.judges.policy): "auto" (follow the call's on_error), "nan", "raise"
+    on_judge_error: str = "auto"
     batch_size: int = 16
 
 
-class VQAScore(Reward):
+#: ``probability=`` options: full-vocabulary P(Yes) (t2v_metrics) or renormalised over Yes / No
+PROBABILITIES = ("full", "yes_no")
+
+
+class VQAScore(JudgePolicyMixin, Reward):
     """VQAScore: P("Yes") of a VLM judge to 'Does this figure show "{prompt}"?'."""
 
     name: ClassVar[str] = "vqascore"
@@ -75,6 +95,9 @@ class VQAScore(Reward):
         cfg = self.config
         if cfg.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {cfg.batch_size}")
+        if cfg.probability not in PROBABILITIES:
+            raise ValueError(f"probability must be one of {PROBABILITIES}, got {cfg.probability!r}")
+        check_policy(cfg.on_judge_error, self.name)
         self.template = load_template("vqascore", cfg.template)
         self.labels = [str(self.template["answer"]), str(self.template["negative"])]
         self.judge = judge_from_config(judge, cfg, owner=self.name)
@@ -89,13 +112,40 @@ class VQAScore(Reward):
 
     def _score(self, batch: RewardBatch) -> RewardOutput:
         convs = [self.conversation(im, p) for im, p in zip(batch.images, batch.prompts)]
-        probs = torch.as_tensor(self.judge.choice_probs(convs, self.labels), dtype=torch.float32).reshape(len(convs), 2)
-        p_yes = probs[:, 0].clone()
-        ok = torch.isfinite(probs).all(1) & (p_yes >= 0) & (p_yes <= 1)
-        errors = [None if bool(v) else "the judge returned no probability for the answer labels" for v in ok]
+        n = len(convs)
+        isolate = judge_policy(self.config.on_judge_error) == "nan"
+        info = {"template": self.template.id, "judge": self.judge.describe(), "probability": self.config.probability}
+        reasons: list[str | None] = [None] * n
+        try:
+            if self.config.probability == "full":
+                why: list = []
+                try:
+                    raw, failed = call_rows(self.judge, "raw_choice_probs", convs, self.labels[:1], reasons=why,
+                                            isolate=isolate)
+                except NotImplementedError as exc:
+                    raise NotImplementedError(f"{exc}; use probability='yes_no' (renormalised over Yes / No) with "
+                                              "this backend") from None
+                p_yes = torch.as_tensor(raw, dtype=torch.float32).reshape(n, 1)[:, 0].clone()
+                if len(why) == n:
+                    reasons = list(why)
+            else:
+                probs, failed = call_rows(self.judge, "choice_probs", convs, self.labels, isolate=isolate)
+                probs = torch.as_tensor(probs, dtype=torch.float32).reshape(n, 2)
+                p_yes = torch.where(torch.isfinite(probs).all(1), probs[:, 0], torch.full((n,), float("nan")))
+        except Exception as exc:  # noqa: BLE001 - re-raised unless the judge policy says NaN
+            if not (isolate and is_judge_failure(exc)):
+                raise
+            return RewardOutput(scores=torch.full((n,), float("nan")), valid=torch.zeros(n, dtype=torch.bool),
+                                errors=[describe_failure(exc)] * n, info=info)
+        for i, err in enumerate(failed):
+            if err is not None:  # this sample's request failed after its retries; the others are kept
+                reasons[i] = f"{JUDGE_FAILURE_PREFIX}: {err}"
+                p_yes[i] = float("nan")
+        ok = torch.isfinite(p_yes) & (p_yes >= 0) & (p_yes <= 1)  # NaN fails every comparison: invalid
+        errors = [None if bool(v) else (reasons[i] or "the judge returned no probability for the answer label (no usable log-probability)")
+                  for i, v in enumerate(ok)]
         p_yes[~ok] = float("nan")
-        return RewardOutput(scores=p_yes, valid=ok, errors=errors,
-                            info={"template": self.template.id, "judge": self.judge.describe()})
+        return RewardOutput(scores=p_yes, valid=ok, errors=errors, info=info)
 
     @classmethod
     def tiny(cls, workdir: str) -> "VQAScore":
