@@ -40,6 +40,8 @@ from typing import Any, ClassVar, Sequence
 
 import torch
 
+from ..judges.policy import (_CALL_ON_ERROR, JUDGE_FAILURE_PREFIX, JudgeError, JudgePolicyMixin, call_rows,
+                             check_policy, describe_failure, is_judge_failure, judge_policy)
 from ..reward import PairwiseOutput, Reward, RewardBatch, RewardConfig, RewardOutput
 
 __all__ = ["UnifiedReward", "parse_final_score", "parse_pair_verdict", "parse_axis_scores", "parse_pair_axis_scores",
@@ -238,10 +240,12 @@ class UnifiedRewardConfig(RewardConfig):
     max_new_tokens: int = 512  # UnifiedReward's inference scripts
     #: compare(): ask both orders and average (True) or only (a, b)
     both_orders: bool = True
+    #: what a failing judge call gives (rewardkit.judges.policy): "auto" (follow the call's on_error), "nan", "raise"
+    on_judge_error: str = "auto"
     batch_size: int = 8
 
 
-class UnifiedReward(Reward):
+class UnifiedReward(JudgePolicyMixin, Reward):
     """UnifiedReward judge with its published prompts (see the module docstring for the templates)."""
 
     name: ClassVar[str] = "unifiedreward"
@@ -261,6 +265,7 @@ class UnifiedReward(Reward):
         cfg = self.config
         if cfg.batch_size < 1 or cfg.max_new_tokens < 1:
             raise ValueError("batch_size and max_new_tokens must be >= 1")
+        check_policy(cfg.on_judge_error, self.name)
         t = self.template = load_template("unifiedreward", cfg.template)
         self.score_range = (float(t["score_min"]), float(t["score_max"]))
         lo, hi = self.score_range
@@ -289,9 +294,22 @@ class UnifiedReward(Reward):
     def _call_scope(self):
         return self.judge.session()
 
-    def _ask(self, convs: list) -> list[str]:
-        outs = self.judge.generate(convs, n=1, temperature=0.0, max_new_tokens=self.config.max_new_tokens)
-        return [o[0] if o else "" for o in outs]
+    def _ask(self, convs: list) -> tuple[list[str], list[str | None]]:
+        """The judge's answers and, per conversation, the failure of its request (None when answered). A
+        failure that the policy (``on_judge_error``) does not turn into NaN raises; under the NaN policy a failure
+        of the whole batch fails every conversation of it."""
+        isolate = judge_policy(self.config.on_judge_error) == "nan"
+        try:
+            outs, failed = call_rows(self.judge, "generate", convs, isolate=isolate, n=1, temperature=0.0,
+                                     max_new_tokens=self.config.max_new_tokens)
+        except Exception as exc:  # noqa: BLE001 - re-raised unless the judge policy says NaN
+            if not (isolate and is_judge_failure(exc)):
+                raise
+            return [""] * len(convs), [describe_failure(exc)] * len(convs)
+        if len(outs) != len(convs):
+            raise JudgeError(f"the judge returned {len(outs)} answers for {len(convs)} conversations")
+        return ([o[0] if o else "" for o in outs],
+                [None if e is None else f"{JUDGE_FAILURE_PREFIX}: {e}" for e in failed])
 
     @staticmethod
     def _turn(images: list, text: str) -> list[dict[str, Any]]:
@@ -307,12 +325,16 @@ class UnifiedReward(Reward):
             return self._score_edit(batch)
         convs = [self._turn([im], self.template.render("pointwise", prompt=p))
                  for im, p in zip(batch.images, batch.prompts)]
-        texts = self._ask(convs)
+        texts, failed = self._ask(convs)
         lo, hi = self.score_range
         scores, errors = [], []
         dims: dict[str, list[float]] = {d: [] for d in self.dimensions}
-        for t in texts:
-            if self.pointwise_format == "acs":
+        for t, fail in zip(texts, failed):
+            if fail is not None:  # the request failed: no answer to parse
+                v, why, axes = None, fail, None
+                for d in self.dimensions:
+                    dims[d].append(float("nan"))
+            elif self.pointwise_format == "acs":
                 axes, why = parse_axis_scores(t, lo=lo, hi=hi)
                 v = None if axes is None else sum(axes.values()) / len(axes)
                 for d in self.dimensions:
@@ -336,15 +358,15 @@ class UnifiedReward(Reward):
                 raise ValueError(f"UnifiedReward-Edit takes exactly one source image per sample, got {len(src)}")
             convs.append(self._turn([src[0], im], self.template.render("instruction_following", prompt=p)))
             convs.append(self._turn([im], self.template.render("quality")))
-        texts = self._ask(convs)
+        texts, failed = self._ask(convs)
         lo, hi = self.score_range
         nan = float("nan")
         scores, errors, rats = [], [], []
         dims: dict[str, list[float]] = {d: [] for d in self.dimensions}
         for i in range(n):
             sc_text, pq_text = texts[2 * i], texts[2 * i + 1]
-            sc, why_sc = parse_edit_scores(sc_text, lo, hi)
-            pq, why_pq = parse_edit_scores(pq_text, lo, hi)
+            sc, why_sc = (None, failed[2 * i]) if failed[2 * i] else parse_edit_scores(sc_text, lo, hi)
+            pq, why_pq = (None, failed[2 * i + 1]) if failed[2 * i + 1] else parse_edit_scores(pq_text, lo, hi)
             for d, v in zip(("editing_success", "overediting"), sc or (nan, nan)):
                 dims[d].append(v)
             for d, v in zip(("naturalness", "artifacts"), pq or (nan, nan)):
@@ -404,30 +426,37 @@ class UnifiedReward(Reward):
         ok = [i for i in range(n) if errors[i] is None]
         orders = 2 if self.config.both_orders else 1
         chunk = batch_size or self.default_batch_size or max(len(ok), 1)
-        with self._lock, self._call_scope():
-            for s in range(0, len(ok), chunk):
-                idx = ok[s:s + chunk]
-                convs = []
-                for i in idx:
-                    text = self.template.render("pairwise", prompt=prompts[i])
-                    pairs = [pil[i], pil[i][::-1]][:orders]
-                    for first, second in pairs:
-                        convs.append(self._turn([first, second], text))
-                texts = self._ask(convs)
-                for j, i in enumerate(idx):
-                    answers = texts[j * orders:(j + 1) * orders]
-                    rationales[i] = "\n---\n".join(answers)
-                    v_ab, why = self._verdict(answers[0])
-                    if v_ab is not None and orders == 2:
-                        v_ba, why2 = self._verdict(answers[1])
-                        why = None if v_ba is not None else f"swapped order: {why2}"
-                        v = None if v_ba is None else 0.5 * (v_ab + 1.0 - v_ba)
-                    else:
-                        v = v_ab
-                    if v is None:
-                        errors[i] = why
-                    else:
-                        prob[i] = v
+        token = _CALL_ON_ERROR.set(on_error) if _CALL_ON_ERROR.get() is None else None  # for on_judge_error=auto
+        try:
+            with self._lock, self._call_scope():
+                for s in range(0, len(ok), chunk):
+                    idx = ok[s:s + chunk]
+                    convs = []
+                    for i in idx:
+                        text = self.template.render("pairwise", prompt=prompts[i])
+                        pairs = [pil[i], pil[i][::-1]][:orders]
+                        for first, second in pairs:
+                            convs.append(self._turn([first, second], text))
+                    texts, failed = self._ask(convs)
+                    for j, i in enumerate(idx):
+                        answers = texts[j * orders:(j + 1) * orders]
+                        fails = failed[j * orders:(j + 1) * orders]
+                        rationales[i] = "\n---\n".join(answers)
+                        v_ab, why = (None, fails[0]) if fails[0] else self._verdict(answers[0])
+                        if v_ab is not None and orders == 2:
+                            v_ba, why2 = (None, fails[1]) if fails[1] else self._verdict(answers[1])
+                            # a failed request keeps its reason's prefix (a score cache must not store it)
+                            why = None if v_ba is not None else (why2 if fails[1] else f"swapped order: {why2}")
+                            v = None if v_ba is None else 0.5 * (v_ab + 1.0 - v_ba)
+                        else:
+                            v = v_ab
+                        if v is None:
+                            errors[i] = why
+                        else:
+                            prob[i] = v
+        finally:
+            if token is not None:
+                _CALL_ON_ERROR.reset(token)
         valid = torch.isfinite(prob)
         return PairwiseOutput(prob_a=prob, valid=valid, errors=errors, rationales=rationales,
                               info={"template": self.template.id, "judge": self.judge.describe(),
