@@ -527,3 +527,252 @@ def test_composites_none_normalisation_and_gather_combine_without_a_process_grou
         part = v[3 * k:3 * k + 3]
         torch.testing.assert_close(g[3 * k:3 * k + 3], (part - part.mean()) / (part.std(unbiased=False) + 1e-4),
                                    atol=1e-5, rtol=0)
+
+
+# ============================================================================================== docs/rl.md
+def test_rl_defaults_and_presets_are_the_documented_ones():
+    """docs/rl.md "Defaults (DiffusionNFT's official code) and presets" and the E²PO knob table, row by row."""
+    from rewardkit.config import build_config
+    from rewardkit.rl.config import PRESETS, NFTConfig, preset
+
+    c = NFTConfig()
+    m, s, t, lo = c.model, c.sample, c.train, c.lora
+    assert "stable-diffusion-3.5-medium" in m.pretrained and m.max_sequence_length == 128
+    assert (s.num_steps, s.solver, s.resolution, s.group_size, s.num_groups) == (10, "dpm2", 512, 24, 48)
+    assert (s.batch_size, t.batch_size, s.eval_num_steps, s.eval_solver) == (9, 9, 40, "euler")
+    assert (lo.r, lo.alpha, lo.init) == (32, 64.0, "gaussian")
+    assert len(lo.target_modules) == 8 and all(x.startswith("attn.") for x in lo.target_modules)
+    assert c.mixed_precision == "fp16" and c.seed == 42 and c.invalid_rewards == "drop" and c.resume == "auto"
+    assert (t.lr, t.adam_beta1, t.adam_beta2, t.weight_decay, t.adam_eps) == (3e-4, 0.9, 0.999, 1e-4, 1e-8)
+    assert (t.beta, t.kl_coef, t.adv_clip_max, t.timestep_fraction) == (1.0, 1e-4, 5.0, 0.99)
+    assert (t.decay_type, t.ema, t.ema_decay, t.max_grad_norm, t.steps_per_epoch) == ("linear_to_0_5", True, 0.9, 1.0, 1)
+    e = c.e2po
+    assert (e.enabled, e.num_variants, e.steps, e.lr, e.weight_decay, e.sigma_init, e.delta_max) == \
+        (False, 12, 300, 1e-3, 0.01, 1e-4, 0.05)
+    assert (e.lambda_div, e.mu, e.eps, e.rho, e.encoders, e.truncate_after_eos, e.warn_band) == \
+        (50.0, 0.80, 0.01, 0.4, ["clip_l"], True, 0.1)
+    assert set(PRESETS) == {"geneval", "pickscore", "hpsv2", "ocr", "multi_reward", "e2po_geneval_k12",
+                            "e2po_geneval_k4", "e2po_pickscore_k3"}
+    built = {name: build_config(NFTConfig, preset(name)) for name in PRESETS}
+    assert {n: b.train.beta for n, b in built.items() if b.train.beta != 1.0} == {"ocr": 0.1, "multi_reward": 0.1}
+    assert {n: b.train.decay_type for n, b in built.items() if b.train.decay_type != "linear_to_0_5"} == \
+        {"ocr": "delayed_linear_to_0_999"}
+    e2po = {n: (b.e2po.enabled, b.e2po.num_variants, b.e2po.lambda_div, b.sample.group_size % b.e2po.num_variants)
+            for n, b in built.items() if b.e2po.enabled}
+    assert e2po == {"e2po_geneval_k12": (True, 12, 50.0, 0), "e2po_geneval_k4": (True, 4, 100.0, 0),
+                    "e2po_pickscore_k3": (True, 3, 50.0, 0)}
+    assert set(built["multi_reward"].rewards) == {"pickscore", "hpsv2", "clipscore"}
+
+
+def test_rl_start_checks_fail_before_any_model_loads(tmp_path):
+    """docs/rl.md: a preset naming a reward rewardkit does not register fails at start with the list of known
+    rewards; num_groups x group_size must be a multiple of processes x sample.batch_size. (The pipeline path does
+    not exist: reaching it would be a different error.)"""
+    from rewardkit.config import build_config
+    from rewardkit.registry import RegistryError
+    from rewardkit.rl.config import NFTConfig, preset
+    from rewardkit.rl.trainer import NFTTrainer
+
+    small = {"model": {"pretrained": str(tmp_path / "no-such-pipeline")}, "cpu": True, "output_dir": str(tmp_path / "o"),
+             "sample": {"batch_size": 4, "num_groups": 2, "group_size": 4}, "train": {"batch_size": 4}}
+    from rewardkit.config import _merge
+
+    with pytest.raises(RegistryError, match=r"'geneval'.*Known rewards: .*pickscore"):
+        NFTTrainer(build_config(NFTConfig, _merge(preset("geneval"), small)))
+    with pytest.raises(ValueError, match="hpsv2 needs model=.*rewardkit convert hpsv2"):  # registered; no weights
+        NFTTrainer(build_config(NFTConfig, _merge(preset("hpsv2"), small)))
+    odd = _merge(small, {"sample": {"batch_size": 3}})
+    with pytest.raises(ValueError, match="multiple of processes"):
+        NFTTrainer(build_config(NFTConfig, odd))
+
+
+@pytest.fixture(scope="module")
+def rl_tiny_dirs(tmp_path_factory, tiny_clip_dir):
+    pytest.importorskip("diffusers")
+    from rewardkit.testing import save_tiny_checkpoint
+
+    return {"sd3": str(save_tiny_checkpoint("sd3", tmp_path_factory.mktemp("rl_sd3"))), "clip": str(tiny_clip_dir)}
+
+
+def test_rl_fp16_epoch_autocast_fp32_vae_adamw_clipping_and_logged_keys(tmp_path, rl_tiny_dirs):
+    """docs/rl.md: fp16 = autocast (the transformer's matmuls run in fp16) + GradScaler with fp32 master weights and
+    an fp32 VAE; AdamW with the configured betas / weight decay / eps; gradients clipped to train.max_grad_norm
+    before the step (grad_norm logs the norm before clipping); the epoch record has the documented keys."""
+    from rewardkit.config import build_config
+    from rewardkit.rl.config import NFTConfig
+    from rewardkit.rl.trainer import NFTTrainer
+
+    n_threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: one thread is fastest
+    try:
+        cfg = build_config(NFTConfig, {
+            "output_dir": str(tmp_path), "seed": 3, "cpu": True, "mixed_precision": "fp16", "progress": False,
+            "resume": "never", "num_epochs": 1, "reward_workers": 1,
+            "model": {"pretrained": rl_tiny_dirs["sd3"], "max_sequence_length": 8}, "lora": {"r": 4, "alpha": 8},
+            "sample": {"num_steps": 2, "resolution": 32, "batch_size": 4, "num_groups": 2, "group_size": 2},
+            "train": {"batch_size": 4, "lr": 1e-3, "max_grad_norm": 1e-4, "ema": False},
+            "rewards": {"pickscore": 1.0}, "reward_kwargs": {"pickscore": {"model": rl_tiny_dirs["clip"], "device": "cpu"}}})
+        tr = NFTTrainer(cfg)
+        seen = {"transformer": set(), "vae": set()}
+        lin = next(mod for n, mod in tr.policy.transformer.named_modules()
+                   if isinstance(mod, torch.nn.Linear) and n.endswith("to_q.base_layer"))
+        lin.register_forward_hook(lambda mod, i, o: seen["transformer"].add(o.dtype))
+        tr.policy.vae.decoder.register_forward_hook(lambda mod, i, o: seen["vae"].add(o.dtype))
+        norms = []
+
+        def at_step(opt, args, kwargs):
+            g = [p.grad.double().norm() for grp in opt.param_groups for p in grp["params"] if p.grad is not None]
+            norms.append(float(torch.stack(g).norm()))
+
+        tr.opt.register_step_pre_hook(at_step)
+        group = tr.opt.param_groups[0]
+        assert type(tr.opt) is torch.optim.AdamW
+        assert (group["lr"], group["betas"], group["weight_decay"], group["eps"]) == (1e-3, (0.9, 0.999), 1e-4, 1e-8)
+        rec = tr.run_epoch()
+    finally:
+        torch.set_num_threads(n_threads)
+    assert seen == {"transformer": {torch.float16}, "vae": {torch.float32}}
+    assert all(p.dtype == torch.float32 for p in tr.trainable)
+    assert tr.scaler.is_enabled() and rec["grad_scale"] == tr.scaler.get_scale()
+    assert len(norms) == 1 and norms[0] == pytest.approx(1e-4, rel=1e-3)   # clipped to max_grad_norm
+    assert rec["grad_norm"] > 1e-3                                        # the norm before clipping
+    documented = {"reward/pickscore/mean", "reward/pickscore/std", "zero_std_group_ratio", "invalid_rewards", "r/mean",
+                  "r/hist", "loss", "policy_loss", "unweighted_policy_loss", "kl", "old_deviation", "x0_norm",
+                  "grad_norm", "grad_scale", "old_decay", "time/e2po_s", "time/sample_s", "time/train_s"}
+    assert documented <= set(rec), sorted(documented - set(rec))
+    assert rec["old_decay"] == pytest.approx(min(0.001 * 1, 0.5))         # d = min(0.001 step, 0.5) after step 1
+
+
+# ============================================================================================== docs/tensors-and-gradients.md
+@pytest.fixture(scope="module")
+def cos_clip(tiny_clip_dir):
+    from rewardkit import load_reward
+
+    return load_reward("clipscore", model=str(tiny_clip_dir), convention="cosine", device="cpu")
+
+
+def _pixels(b=4, h=40, w=48, seed=0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return 0.25 + 0.5 * torch.rand(b, 3, h, w, generator=g)
+
+
+def test_processor_settings_the_torch_path_cannot_follow_keep_the_processor_path(tiny_clip_dir, tmp_path, monkeypatch):
+    """tensors-and-gradients.md: resampling other than bicubic / bilinear, padding or no rescaling keep a reward on
+    the processor path (supports_tensor_input False, float tensors go through PIL); so do numpy arrays and paths."""
+    import shutil
+
+    from rewardkit import load_reward, media
+
+    calls = {"pil": 0}
+    real = media._to_pil
+    monkeypatch.setattr(media, "_to_pil", lambda v: (calls.__setitem__("pil", calls["pil"] + 1), real(v))[1])
+    x = _pixels(b=2)
+    auto = load_reward("clipscore", model=str(tiny_clip_dir), convention="cosine", device="cpu")
+    assert auto.supports_tensor_input
+    auto(x, "a cat")
+    assert calls["pil"] == 0
+    auto(x.permute(0, 2, 3, 1).numpy(), "a cat")  # a float numpy batch: the processor path
+    assert calls["pil"] == 2
+    for i, im in enumerate(x):
+        media.to_pil(im).save(tmp_path / f"{i}.png")
+    auto([str(tmp_path / "0.png"), str(tmp_path / "1.png")], "a cat")
+    assert calls["pil"] >= 4
+    for change in ({"resample": 0}, {"do_rescale": False}, {"do_pad": True}):
+        d = tmp_path / ("clip-" + "-".join(change))
+        shutil.copytree(tiny_clip_dir, d)
+        cfg_file = d / "processor_config.json"  # transformers 5: the image processor's settings live here
+        cfg = json.loads(cfg_file.read_text())
+        cfg["image_processor"].update(change)
+        cfg_file.write_text(json.dumps(cfg))
+        r = load_reward("clipscore", model=str(d), convention="cosine", device="cpu")
+        assert not r.supports_tensor_input, change
+        before = calls["pil"]
+        r(x, "a cat")
+        assert calls["pil"] == before + 2, change
+
+
+def test_score_tensor_under_no_grad_and_its_refusals(cos_clip):
+    """tensors-and-gradients.md: score_tensor turns autograd on inside (works under an outer no_grad), returns
+    float32 [B] on the input's device for any float dtype, takes one prompt or B, and refuses NaN / Inf, values
+    outside [0, 1], and a wrong shape, naming the sample."""
+    from rewardkit.errors import RewardInputError
+
+    x = _pixels(b=2).requires_grad_(True)
+    with torch.no_grad():
+        s = cos_clip.score_tensor(x, "a cat")
+    assert s.requires_grad and s.dtype == torch.float32 and s.shape == (2,) and s.device == x.device
+    s.sum().backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0
+    torch.testing.assert_close(cos_clip.score_tensor(x.detach().double(), ["a cat", "a cat"]).detach(), s.detach(),
+                               atol=1e-5, rtol=0)
+    for value, index in ((float("inf"), 1), (1.5, 0), (-0.2, 1)):
+        bad = _pixels(b=2)
+        bad[index, 1, 2, 3] = value
+        with pytest.raises(RewardInputError) as ei:
+            cos_clip.score_tensor(bad, "a cat")
+        assert ei.value.index == index
+    for shape in ((2, 4, 32, 32), (3, 32, 32), (2, 1, 32, 32)):
+        with pytest.raises(RewardInputError):
+            cos_clip.score_tensor(torch.rand(shape), "a cat")
+    with pytest.raises((RewardInputError, ValueError)):
+        cos_clip.score_tensor(_pixels(b=2), ["one prompt for two images"])
+
+
+def test_hessel_clipscore_has_zero_gradient_where_the_cosine_is_negative(tiny_clip_dir, cos_clip):
+    """tensors-and-gradients.md: the default Hessel convention 2.5 max(cos, 0) gives no gradient where cos < 0;
+    the cosine convention does."""
+    from rewardkit import load_reward
+
+    hessel = load_reward("clipscore", model=str(tiny_clip_dir), device="cpu")
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.rand(8, 3, 32, 32, generator=g), torch.rand(8, 3, 1, 1, generator=g).expand(8, 3, 32, 32)])
+    pairs = [(i, p) for p in ("a red car on a road", "zzz qqq", "blue") for i in range(16)]
+    cos = cos_clip.score_tensor(x[[i for i, _ in pairs]], [p for _, p in pairs]).detach()
+    assert (cos < 0).any() and (cos > 0).any()
+    neg, pos = pairs[int(torch.nonzero(cos < 0)[0])], pairs[int(torch.nonzero(cos > 0)[0])]
+    xi = x[[neg[0], pos[0]]].clone().requires_grad_(True)
+    pr = [neg[1], pos[1]]
+    h = hessel.score_tensor(xi, pr)
+    c2 = cos_clip.score_tensor(xi.detach(), pr)
+    assert c2[0] < 0 < c2[1]
+    torch.testing.assert_close(h.detach(), 2.5 * c2.clamp_min(0), atol=1e-5, rtol=0)
+    h.sum().backward()
+    assert xi.grad[0].abs().sum() == 0 and xi.grad[1].abs().sum() > 0
+    xc = x[[neg[0]]].clone().requires_grad_(True)
+    cos_clip.score_tensor(xc, pr[:1]).sum().backward()
+    assert xc.grad.abs().sum() > 0
+
+
+def test_preference_calibration_normalises_differentiably(tmp_path):
+    """tensors-and-gradients.md: a preference model with a calibration normalises inside score_tensor:
+    "calibration" is (raw - mean) / std (gradient = raw gradient / std), "quantile" the piecewise-linear CDF."""
+    from rewardkit import load_reward
+    from rewardkit.calibration import calibration_stats
+    from rewardkit.models.preference import PreferenceModel
+    from rewardkit.rewards.preference import PreferenceReward
+
+    raw_reward = PreferenceReward.tiny(str(tmp_path))
+    d = tmp_path / "tiny-preference"
+    x = _pixels(b=3, h=32, w=32, seed=2)
+    raw = raw_reward(x, "a cat").scores
+    stats = calibration_stats(torch.cat([raw, raw + 0.3, raw - 0.2, raw * 1.5]))
+    PreferenceModel.save_calibration(raw_reward.model, d, stats)
+    xg = x.clone().requires_grad_(True)
+    raw_reward.score_tensor(xg, "a cat").sum().backward()
+    raw_grad = xg.grad.clone()
+
+    cal = load_reward("preference", model=str(d), normalize="calibration", device="cpu")
+    xc = x.clone().requires_grad_(True)
+    z = cal.score_tensor(xc, "a cat")
+    torch.testing.assert_close(z.detach(), ((raw.double() - stats["mean"]) / stats["std"]).float(), atol=1e-4, rtol=0)
+    z.sum().backward()
+    torch.testing.assert_close(xc.grad, raw_grad / stats["std"], atol=1e-6, rtol=1e-3)
+
+    qr = load_reward("preference", model=str(d), normalize="quantile", device="cpu")
+    qs = sorted((float(k), v) for k, v in stats["quantiles"].items())
+    ref = torch.tensor([float(np.interp(float(r), [v for _, v in qs], [q for q, _ in qs])) for r in raw])
+    xq = x.clone().requires_grad_(True)
+    q = qr.score_tensor(xq, "a cat")
+    torch.testing.assert_close(q.detach(), ref.float(), atol=1e-4, rtol=0)
+    q.sum().backward()
+    assert torch.isfinite(xq.grad).all() and xq.grad.abs().sum() > 0
