@@ -594,24 +594,61 @@ def rl_tiny_dirs(tmp_path_factory, tiny_clip_dir):
     return {"sd3": str(save_tiny_checkpoint("sd3", tmp_path_factory.mktemp("rl_sd3"))), "clip": str(tiny_clip_dir)}
 
 
+def _rl_cfg(out, dirs, **over):
+    from rewardkit.config import _merge, build_config
+    from rewardkit.rl.config import NFTConfig
+
+    base = {"output_dir": str(out), "seed": 3, "cpu": True, "mixed_precision": "no", "progress": False,
+            "resume": "never", "num_epochs": 1, "reward_workers": 1, "save_every": 1, "eval_every": 0,
+            "model": {"pretrained": dirs["sd3"], "max_sequence_length": 8}, "lora": {"r": 4, "alpha": 8},
+            "sample": {"num_steps": 2, "resolution": 32, "batch_size": 4, "num_groups": 2, "group_size": 2},
+            "train": {"batch_size": 4, "lr": 1e-3, "ema": False},
+            "rewards": {"pickscore": 1.0}, "reward_kwargs": {"pickscore": {"model": dirs["clip"], "device": "cpu"}}}
+    return build_config(NFTConfig, _merge(base, over))
+
+
+def test_rl_resume_auto_continues_and_never_starts_over(tmp_path, rl_tiny_dirs):
+    """docs/rl.md: running the same command again resumes from checkpoints/latest (metrics before it kept);
+    `resume=never` starts over; `resume=<dir>` names a checkpoint, which must exist."""
+    from rewardkit.rl.trainer import NFTTrainer
+
+    def epochs():
+        return [json.loads(x).get("epoch") if "final" not in x else "final"
+                for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+
+    n_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        def run(**over):
+            """Train; return (summary, the epochs this run computed itself)."""
+            tr = NFTTrainer(_rl_cfg(tmp_path, rl_tiny_dirs, **over))
+            ran, real = [], tr.run_epoch
+            tr.run_epoch = lambda: (ran.append(tr.epoch + 1), real())[1]
+            out = tr.train()
+            return (out["epoch"], out["global_step"], ran)
+
+        assert run(num_epochs=1) == (1, 1, [1]) and epochs() == [1, "final"]
+        assert run(num_epochs=2, resume="auto") == (2, 2, [2]) and epochs() == [1, 2, "final"]  # epoch 1 not redone
+        ckpt = tmp_path / "checkpoints" / "epoch-000001"
+        assert ckpt.is_dir()
+        assert run(num_epochs=1, resume="never") == (1, 1, [1]) and epochs() == [1, "final"]
+        assert run(num_epochs=2, resume=str(ckpt)) == (2, 2, [2])
+        with pytest.raises(FileNotFoundError, match="resume checkpoint not found"):
+            NFTTrainer(_rl_cfg(tmp_path, rl_tiny_dirs, resume=str(tmp_path / "nope"))).train()
+    finally:
+        torch.set_num_threads(n_threads)
+
+
 def test_rl_fp16_epoch_autocast_fp32_vae_adamw_clipping_and_logged_keys(tmp_path, rl_tiny_dirs):
     """docs/rl.md: fp16 = autocast (the transformer's matmuls run in fp16) + GradScaler with fp32 master weights and
     an fp32 VAE; AdamW with the configured betas / weight decay / eps; gradients clipped to train.max_grad_norm
     before the step (grad_norm logs the norm before clipping); the epoch record has the documented keys."""
-    from rewardkit.config import build_config
-    from rewardkit.rl.config import NFTConfig
     from rewardkit.rl.trainer import NFTTrainer
 
     n_threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny models: one thread is fastest
     try:
-        cfg = build_config(NFTConfig, {
-            "output_dir": str(tmp_path), "seed": 3, "cpu": True, "mixed_precision": "fp16", "progress": False,
-            "resume": "never", "num_epochs": 1, "reward_workers": 1,
-            "model": {"pretrained": rl_tiny_dirs["sd3"], "max_sequence_length": 8}, "lora": {"r": 4, "alpha": 8},
-            "sample": {"num_steps": 2, "resolution": 32, "batch_size": 4, "num_groups": 2, "group_size": 2},
-            "train": {"batch_size": 4, "lr": 1e-3, "max_grad_norm": 1e-4, "ema": False},
-            "rewards": {"pickscore": 1.0}, "reward_kwargs": {"pickscore": {"model": rl_tiny_dirs["clip"], "device": "cpu"}}})
+        cfg = _rl_cfg(tmp_path, rl_tiny_dirs, mixed_precision="fp16", save_every=0, train={"max_grad_norm": 1e-4})
         tr = NFTTrainer(cfg)
         seen = {"transformer": set(), "vae": set()}
         lin = next(mod for n, mod in tr.policy.transformer.named_modules()
