@@ -742,7 +742,11 @@ def test_score_tensor_under_no_grad_and_its_refusals(cos_clip):
     assert x.grad is not None and x.grad.abs().sum() > 0
     torch.testing.assert_close(cos_clip.score_tensor(x.detach().double(), ["a cat", "a cat"]).detach(), s.detach(),
                                atol=1e-5, rtol=0)
-    for value, index in ((float("inf"), 1), (1.5, 0), (-0.2, 1)):
+    edge = _pixels(b=2)
+    edge[0, 0, 0, 0], edge[1, 2, 5, 5] = 1.0 + 5e-4, -5e-4           # within the 1e-3 tolerance: clamped
+    torch.testing.assert_close(cos_clip.score_tensor(edge, "a cat").detach(),
+                               cos_clip.score_tensor(edge.clamp(0, 1), "a cat").detach(), atol=0, rtol=0)
+    for value, index in ((float("inf"), 1), (1.5, 0), (-0.2, 1), (1.002, 0), (-0.002, 1)):
         bad = _pixels(b=2)
         bad[index, 1, 2, 3] = value
         with pytest.raises(RewardInputError) as ei:
@@ -813,3 +817,75 @@ def test_preference_calibration_normalises_differentiably(tmp_path):
     torch.testing.assert_close(q.detach(), ref.float(), atol=1e-4, rtol=0)
     q.sum().backward()
     assert torch.isfinite(xq.grad).all() and xq.grad.abs().sum() > 0
+
+
+def test_qwen_tensor_path_retires_itself_when_the_first_check_differs(tmp_path, monkeypatch):
+    """tensors-and-gradients.md: on its first call the Qwen-VL tensor path checks its token ids, masks and grid
+    against the processor; any difference retires it for that model and the processor path is used instead."""
+    from rewardkit import load_reward, media, preprocess
+    from rewardkit.rewards.preference import PreferenceReward
+
+    PreferenceReward.tiny(str(tmp_path))
+    d = str(tmp_path / "tiny-preference")
+    proc = load_reward("preference", model=d, preprocess="processor", device="cpu")
+    auto = load_reward("preference", model=d, device="cpu")
+    assert auto.supports_tensor_input
+    real = preprocess.qwen_pixel_values
+
+    def off_by_one_grid(images, params):
+        pv, grid = real(images, params)
+        return pv, grid + torch.tensor([0, 0, 2])     # a torch path that disagrees with the processor
+
+    monkeypatch.setattr(preprocess, "qwen_pixel_values", off_by_one_grid)
+    x = _pixels(b=2, h=32, w=32, seed=4)
+    ref = proc(x, "a cat").scores
+    n_pil = {"n": 0}
+    to_pil = media.to_pil
+    monkeypatch.setattr(media, "to_pil", lambda v: (n_pil.__setitem__("n", n_pil["n"] + 1), to_pil(v))[1])
+    torch.testing.assert_close(auto(x, "a cat").scores, ref, atol=1e-5, rtol=0)   # answered by the processor path
+    assert auto.model._encoder._tensor_ok is False and not auto.supports_tensor_input
+    assert n_pil["n"] >= 2
+
+
+def test_rl_reward_scorer_weighted_sum_components_dimensions_and_nan(tmp_path, monkeypatch):
+    """docs/rl.md "Rewards": each reward gets the decoded float NCHW images in [0, 1] and the prompts with
+    on_error="nan"; the training reward is sum(weight * score); each component and each reward dimension is
+    kept for the logs; a sample missing any component has no total (NaN) and its reason."""
+    from rewardkit import registry
+    from rewardkit.rl.config import NFTConfig
+    from rewardkit.rl.trainer import _RewardScorer
+
+    class Fake(Reward):
+        name = "fake"
+
+        def __init__(self, offset):
+            super().__init__()
+            self.offset, self.seen = offset, []
+
+        def __call__(self, images, prompts, **kw):
+            self.seen.append((images, list(prompts), kw))
+            v = images.mean(dim=(1, 2, 3)).double() + self.offset
+            bad = images.mean(dim=(1, 2, 3)) < 0.05
+            return RewardOutput(scores=torch.where(bad, float("nan"), v).float(),
+                                errors=["too dark" if b else None for b in bad.tolist()],
+                                dimensions={"half": (v / 2).float()})
+
+        def _score(self, batch):  # unused: __call__ is overridden to see the call's arguments
+            raise AssertionError
+
+    fakes = {"ra": Fake(1.0), "rb": Fake(-3.0)}
+    monkeypatch.setattr(registry, "resolve_name", lambda n: n)
+    monkeypatch.setattr(registry, "load_reward", lambda name, **kw: fakes[name])
+    cfg = NFTConfig(rewards={"ra": 2.0, "rb": -0.5})
+    scorer = _RewardScorer(cfg, tmp_path, None)
+    x = torch.stack([torch.full((3, 8, 8), v) for v in (0.2, 0.01, 0.7)])
+    out = scorer(x, ["p0", "p1", "p2"])
+    for f in fakes.values():
+        images, prompts, kw = f.seen[-1]
+        assert images is x and prompts == ["p0", "p1", "p2"] and kw.get("on_error") == "nan"
+    m = torch.tensor([0.2, 0.01, 0.7], dtype=torch.float64)
+    expected = 2.0 * (m + 1.0) - 0.5 * (m - 3.0)
+    assert torch.allclose(out["total"][[0, 2]], expected[[0, 2]], atol=1e-6) and torch.isnan(out["total"][1])
+    assert set(out["components"]) == {"ra", "rb"} and set(out["dimensions"]) == {"ra.half", "rb.half"}
+    assert torch.allclose(out["components"]["ra"][[0, 2]], (m + 1.0)[[0, 2]], atol=1e-6)
+    assert out["errors"] == [None, "ra: too dark", None]
