@@ -239,7 +239,7 @@ def test_base_model_option_loads_the_named_base(lora_model_on_base_a, tiny_qwen2
 
 
 # ---------------------------------------------------------------------------------------------- bench --revision
-def test_bench_revision_reaches_the_hub_loader_and_the_record(tmp_path, tiny_clip_dir, monkeypatch):
+def test_bench_revision_reaches_the_hub_loader_and_the_record(tmp_path, tiny_clip_dir, monkeypatch, capsys):
     """docs/bench.md `--revision` (pin the dataset commit): passed to datasets.load_dataset as revision=, with the
     spec's dataset / config / split, and recorded in the result's data block. (The score cache is keyed by image
     bytes, not by revision: the same images under another revision reuse their scores, by design.)"""
@@ -270,6 +270,11 @@ def test_bench_revision_reaches_the_hub_loader_and_the_record(tmp_path, tiny_cli
     data = rec["benchmarks"]["mmrb2/t2i"]["data"]
     assert data["source"] == "hub" and data["revision"] == "0123abc"
     assert rec["settings"]["revision"] == "0123abc"
+    # with local data only, a revision would be silently meaningless: a usage error before any model loads
+    calls.clear()
+    assert main(["bench", "--reward", "clipscore", "--model", str(tmp_path / "unused"), "--benchmark", "mmrb2/t2i",
+                 "--data-dir", str(tmp_path / "data"), "--no-cache", "--revision", "0123abc"]) == 2
+    assert "--revision" in capsys.readouterr().err and calls == []
 
 
 # ============================================================================================== docs/integrations.md
