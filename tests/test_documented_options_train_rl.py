@@ -466,6 +466,9 @@ def test_verl_prompt_lookup_sources_layouts_and_no_micro_batching():
         with ThreadPoolExecutor(4) as ex:
             res = list(ex.map(lambda i: f(solution_image=solid(100 + i), ground_truth="p", extra_info={}), range(8)))
         assert [c["n"] for c in p.calls] == [1] * 8 and all(set(r) == {"score", "valid"} for r in res)
+    for bad in ({"micro_batch": -1}, {"max_wait_s": -0.1}, {"max_wait_s": 11.0}, {"max_wait_s": float("nan")}):
+        with pytest.raises(ValueError, match="micro_batch|max_wait_s"):
+            verl_compute_score(Probe(), **bad)
 
 
 class _GradProbe(Reward):
