@@ -404,11 +404,11 @@ def score_tensor(reward: "Reward", images: torch.Tensor, prompt: Any, *, batch_s
     if n == 0:
         return torch.zeros(0, device=images.device)
     chunk = batch_size or n
-    outs = []
     lock = reward._lock if not reward.thread_safe else None
-    # everything under enable_grad, the slicing and the final cat included: under an outer no_grad (an RL
-    # rollout) any op outside it would cut the graph back to the pixels
+    # autograd on for everything that touches the pixels: the slice, the clamp, the model and the final cat (any
+    # of them under an outer no_grad would cut the graph)
     with torch.enable_grad():
+        outs = []
         for s in range(0, n, chunk):
             pix = images[s:s + chunk]
             batch = RewardBatch(images=pix.clamp(0.0, 1.0) if clamp else pix, prompts=prompts[s:s + chunk])
@@ -421,7 +421,6 @@ def score_tensor(reward: "Reward", images: torch.Tensor, prompt: Any, *, batch_s
                 raise RuntimeError(f"{type(reward).__name__}._score returned a bad output for score_tensor")
             bad = [i for i, v in enumerate(out.valid.tolist()) if not v]
             if bad:
-                raise RuntimeError(f"reward {reward.name!r} gave no score for sample {s + bad[0]}: "
-                                   f"{out.errors[bad[0]]}")
+                raise RuntimeError(f"reward {reward.name!r} gave no score for sample {s + bad[0]}: {out.errors[bad[0]]}")
             outs.append(out.scores.to(images.device))
         return torch.cat(outs)

@@ -132,6 +132,12 @@ def run(args: argparse.Namespace) -> int:
         _check_local_data(benches, data_dir)  # wrong or shared files: say so before any model loads
     except BenchDataError as exc:
         raise UsageError(str(exc)) from None
+    if args.revision and data_dir is not None:
+        from ..bench.harness import _data_path
+
+        if all(_data_path(data_dir, get_spec(b)) is not None for b in benches):
+            raise UsageError("--revision pins the hub dataset, but every benchmark reads local files (--data-dir), "
+                             "so it would be ignored; drop one of the two")
     from .. import distributed
 
     if distributed.init_from_env():  # torchrun / accelerate launch: score shards, rank 0 writes the report

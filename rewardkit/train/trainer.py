@@ -144,6 +144,11 @@ def _validate(cfg: PreferenceTrainConfig) -> None:
         raise ValueError(f"loss.uncertainty_samples must be >= 1, got {cfg.loss.uncertainty_samples}")
     if (cfg.loss.kind == "uncertainty") != (cfg.model.head == "uncertainty"):
         raise ValueError("loss.kind=uncertainty and model.head=uncertainty go together")
+    o = cfg.optim
+    if not o.lr > 0 or (o.head_lr is not None and not o.head_lr >= 0):  # NaN-safe comparisons
+        raise ValueError(f"optim.lr must be > 0 and optim.head_lr >= 0 (or null), got {o.lr!r} / {o.head_lr!r}")
+    if not cfg.num_epochs >= 1:
+        raise ValueError(f"num_epochs must be >= 1, got {cfg.num_epochs!r}")
     if cfg.mixed_precision not in ("no", "bf16", "fp16"):
         raise ValueError(f"mixed_precision must be no, bf16 or fp16, got {cfg.mixed_precision!r}")
     if cfg.micro_batch_size < 1 or cfg.global_batch_size < 1:
@@ -249,6 +254,12 @@ class PreferenceTrainer:
         GradientState._reset_state()
         self.acc = accelerate.Accelerator(mixed_precision=cfg.mixed_precision, cpu=cpu,
                                           log_with=list(cfg.trackers) or None, project_dir=cfg.output_dir)
+        if cfg.mixed_precision == "fp16" and self.acc.device.type == "cpu" and not self.acc.native_amp:
+            # accelerate silently trains fp32 when asked for fp16 on a CPU. torch has CPU fp16 autocast and a
+            # CPU GradScaler: switch them on through accelerate's own attributes (set before prepare(), so the
+            # optimizer wrapper steps through the scaler and clip_grad_norm_ unscales first).
+            self.acc.native_amp = True
+            self.acc.scaler = torch.amp.GradScaler("cpu")
         self.out = Path(cfg.output_dir)
         self.world, self.rank = self.acc.num_processes, self.acc.process_index
         per_step = cfg.micro_batch_size * self.world
@@ -330,8 +341,9 @@ class PreferenceTrainer:
         head_params = [p for p in model.head.parameters() if p.requires_grad]
         head_ids = {id(p) for p in head_params}
         body = [p for p in model.parameters() if p.requires_grad and id(p) not in head_ids]
+        head_lr = o.lr if o.head_lr is None else o.head_lr  # head_lr=0 freezes the head (not "use lr")
         groups = [{"params": body, "lr": o.lr, "lr_scale": 1.0},
-                  {"params": head_params, "lr": o.head_lr or o.lr, "lr_scale": (o.head_lr or o.lr) / o.lr}]
+                  {"params": head_params, "lr": head_lr, "lr_scale": head_lr / o.lr}]
         groups = [g for g in groups if g["params"]]
         opt = torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay,
                                 foreach=False)
