@@ -212,6 +212,16 @@ def test_evr_reference_roles_reach_every_question(imgs):
     assert not any("image 1:" in _texts(c) for c in judge2.gen_convs)
 
 
+def test_evr_one_judge_session_per_call_across_chunks(imgs):
+    """docs/judges.md: a reward call is one judge session whatever `batch_size` chunks it into (the tiny-Qwen
+    test in test_evr.py counts the encoded images; this counts the sessions and the chunked calls)."""
+    judge = scripted()
+    out = EVR(judge=judge, k=3)(imgs[:3], INSTRUCTION, sources=[imgs[1:3]] * 3, batch_size=1)
+    assert out.valid.all() and judge.sessions == 1
+    assert [c[0] for c in judge.gen_calls] == [5, 5, 5]   # three chunks of one candidate x five dimensions
+    assert EVR(judge=scripted(), k=3).default_batch_size == 8
+
+
 def test_evr_model_shorthand_and_judge_kwargs(tiny_qwen2_5_vl_dir, server):
     # --model / model= is shorthand for a transformers judge; a spec with a backend prefix is used as is
     evr = EVR(model=str(tiny_qwen2_5_vl_dir), device="cpu", k=1, max_retries=0, max_new_tokens=2)
