@@ -1,0 +1,412 @@
+"""Documented options of docs/serve.md, docs/zoo.md and docs/parrot.md that had no test of their own (see the
+map in tests/README.md). Expected values are computed in the test, by hand or by a few lines of reference."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from rewardkit import Reward, RewardOutput, load_reward  # noqa: E402
+from rewardkit.testing import random_images  # noqa: E402
+
+
+# ============================================================================================== serve
+class MetaRecorder(Reward):
+    """score = mean pixel value + len(prompt) + metadata["bonus"] (0 without); records every call."""
+
+    name = "meta-recorder"
+    tasks = frozenset({"t2i"})
+    thread_safe = False
+
+    def __init__(self, delay: float = 0.0):
+        super().__init__()
+        self.delay = delay
+        self.calls: list[tuple[int, bool]] = []   # (images, any metadata given)
+
+    @staticmethod
+    def expected(im, prompt: str, meta: dict | None) -> float:
+        return float(np.asarray(im, dtype=np.float64).mean()) + len(prompt) + float((meta or {}).get("bonus", 0))
+
+    def _score(self, batch):
+        self.calls.append((len(batch), any(batch.metadata)))
+        if self.delay:
+            time.sleep(self.delay)
+        return RewardOutput(scores=torch.tensor([self.expected(im, p, m) for im, p, m
+                                                 in zip(batch.images, batch.prompts, batch.metadata)]))
+
+
+@pytest.fixture(scope="module")
+def serve_mod():
+    pytest.importorskip("starlette")
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("httpx")
+    import rewardkit.server as srv
+
+    return srv
+
+
+def test_max_batch_bounds_every_merged_model_call(serve_mod):
+    from rewardkit.client import RemoteReward
+
+    rec = MetaRecorder(delay=0.15)
+    handle = serve_mod.serve_in_thread(rec, serve_mod.ServerConfig(max_batch=3, max_wait_ms=100.0))
+    try:
+        remote = RemoteReward(url=handle.url)
+        ims = random_images(10, seed=2)
+        with ThreadPoolExecutor(10) as pool:
+            outs = list(pool.map(lambda i: remote([ims[i]], f"p{i}"), range(10)))
+        sizes = [n for n, _ in rec.calls]
+        assert sum(sizes) == 10 and max(sizes) <= 3, sizes
+        assert max(sizes) >= 2, f"nothing was merged: {sizes}"
+        for i, o in enumerate(outs):
+            assert o.scores[0].item() == pytest.approx(MetaRecorder.expected(ims[i], f"p{i}", None), rel=1e-6)
+        # two-image requests: two of them (4 images) would exceed max_batch = 3, so none is merged
+        rec.calls.clear()
+        with ThreadPoolExecutor(6) as pool:
+            outs = list(pool.map(lambda i: remote(ims[i:i + 2], "q"), range(6)))
+        assert [n for n, _ in rec.calls] == [2] * 6, rec.calls
+        assert all(o.valid.all() for o in outs)
+    finally:
+        handle.stop()
+
+
+def test_max_wait_ms_holds_a_batch_open_for_late_requests(serve_mod):
+    from rewardkit.client import RemoteReward
+
+    rec = MetaRecorder()
+    handle = serve_mod.serve_in_thread(rec, serve_mod.ServerConfig(max_batch=8, max_wait_ms=1500.0))
+    try:
+        remote = RemoteReward(url=handle.url)
+        ims = random_images(2, seed=3)
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(remote, [ims[0]], "a")
+            time.sleep(0.3)                 # the second request arrives while the first one's batch waits
+            second = pool.submit(remote, [ims[1]], "b")
+            first.result(30), second.result(30)
+        assert [n for n, _ in rec.calls] == [2], rec.calls
+    finally:
+        handle.stop()
+
+
+def test_requests_with_and_without_metadata_are_never_merged(serve_mod):
+    from rewardkit.client import RemoteReward
+
+    rec = MetaRecorder(delay=0.1)
+    handle = serve_mod.serve_in_thread(rec, serve_mod.ServerConfig(max_batch=64, max_wait_ms=150.0))
+    try:
+        remote = RemoteReward(url=handle.url)
+        ims = random_images(8, seed=4)
+        metas = [{"bonus": 1000.0 * (i + 1)} if i % 2 else None for i in range(8)]
+
+        def call(i):
+            return remote([ims[i]], "x", metadata=None if metas[i] is None else [metas[i]])
+
+        with ThreadPoolExecutor(8) as pool:
+            outs = list(pool.map(call, range(8)))
+        for i, o in enumerate(outs):   # each request gets its own metadata's score
+            assert o.scores[0].item() == pytest.approx(MetaRecorder.expected(ims[i], "x", metas[i]), rel=1e-6)
+        assert sum(n for n, _ in rec.calls) == 8 and len(rec.calls) < 8   # merging did happen
+    finally:
+        handle.stop()
+
+
+def test_client_validates_inputs_before_sending(serve_mod):
+    from rewardkit.client import RemoteReward
+
+    rec = MetaRecorder()
+    handle = serve_mod.serve_in_thread(rec, serve_mod.ServerConfig())
+    try:
+        remote = RemoteReward(url=handle.url)
+        good = random_images(2, seed=5)
+        out = remote([good[0], b"not an image", good[1]], "a", on_error="nan")
+        assert out.valid.tolist() == [True, False, True] and out.errors[1]
+        assert rec.calls == [(2, False)]          # the corrupt sample never reached the server
+    finally:
+        handle.stop()
+
+
+def test_client_token_from_the_environment(serve_mod, monkeypatch):
+    from rewardkit.client import RemoteReward, RemoteRewardError
+
+    handle = serve_mod.serve_in_thread(MetaRecorder(), serve_mod.ServerConfig(token="env-secret"))
+    try:
+        monkeypatch.delenv("REWARDKIT_SERVE_TOKEN", raising=False)
+        with pytest.raises(RemoteRewardError, match="401"):
+            RemoteReward(url=handle.url)
+        monkeypatch.setenv("REWARDKIT_SERVE_TOKEN", "env-secret")
+        assert RemoteReward(url=handle.url)(random_images(1), "a").valid.all()
+        monkeypatch.setenv("REWARDKIT_SERVE_TOKEN", "wrong")
+        assert RemoteReward(url=handle.url, token="env-secret")(random_images(1), "a").valid.all()  # token= wins
+    finally:
+        handle.stop()
+
+
+def test_remote_reward_through_load_reward_and_the_score_command(serve_mod, tiny_clip_dir, tmp_path):
+    """`load_reward("remote", url=...)` and `rewardkit score --reward remote --set url=...` give the
+    in-process scores."""
+    from rewardkit.cli import main
+
+    clip = load_reward("clipscore", model=str(tiny_clip_dir), convention="cosine")
+    handle = serve_mod.serve_in_thread(clip, serve_mod.ServerConfig())
+    try:
+        ims = random_images(3, seed=6)
+        want = clip(ims, "a cat").scores
+        remote = load_reward("remote", url=handle.url)
+        assert torch.equal(remote(ims, "a cat").scores, want)
+        paths = []
+        for i, im in enumerate(ims):
+            paths.append(str(tmp_path / f"{i}.png"))
+            im.save(paths[-1])
+        out = tmp_path / "s.jsonl"
+        assert main(["score", "--reward", "remote", "--set", f"url={handle.url}", "--prompt", "a cat", *paths,
+                     "-o", str(out), "--no-progress"]) == 0
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+        torch.testing.assert_close(torch.tensor([r["score"] for r in rows]), want, atol=0, rtol=0)
+    finally:
+        handle.stop()
+
+
+def test_serve_command_options_reach_the_server(serve_mod, monkeypatch, capsys, tiny_clip_dir, tmp_path):
+    """--max-batch / --max-wait-ms / --max-body-mb / --max-images / --timeout / --token-file / --devices /
+    --set reach the app (read back through GET /info)."""
+    import uvicorn
+    from starlette.testclient import TestClient
+
+    from rewardkit.cli import main
+
+    seen: dict = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app, **kw))
+    monkeypatch.delenv("REWARDKIT_SERVE_TOKEN", raising=False)
+    tok = tmp_path / "token"
+    tok.write_text("  file-secret\n")
+    assert main(["serve", "-r", "clipscore", "-m", str(tiny_clip_dir), "--set", "convention=cosine",
+                 "--devices", "cpu,cpu", "--max-batch", "7", "--max-wait-ms", "3", "--max-body-mb", "2",
+                 "--max-images", "9", "--timeout", "11", "--token-file", str(tok), "--host", "0.0.0.0",
+                 "--port", "0"]) == 0
+    err = capsys.readouterr().err
+    assert "WARNING" in err and "WITHOUT authentication" not in err   # a token is set: the milder warning
+    with TestClient(seen["app"]) as tc:
+        assert tc.get("/info").status_code == 401
+        info = tc.get("/info", headers={"Authorization": "Bearer file-secret"}).json()
+    assert info["limits"] == {"max_batch": 7, "max_wait_ms": 3.0, "max_body_bytes": 2 * 1024 * 1024,
+                              "max_images": 9, "timeout": 11.0}
+    assert info["replicas"] == ["cpu", "cpu"] and info["config"]["convention"] == "cosine" and info["auth"]
+    # the documented defaults
+    assert main(["serve", "-r", "clipscore", "-m", str(tiny_clip_dir), "--port", "0"]) == 0
+    with TestClient(seen["app"]) as tc:
+        info = tc.get("/info").json()
+    assert info["limits"] == {"max_batch": 32, "max_wait_ms": 5.0, "max_body_bytes": 64 * 1024 * 1024,
+                              "max_images": 256, "timeout": 120.0}
+    assert info["auth"] is False and seen["host"] == "127.0.0.1" and seen["port"] == 0
+    # REWARDKIT_SERVE_TOKEN configures the server when there is no --token-file
+    monkeypatch.setenv("REWARDKIT_SERVE_TOKEN", "env-secret")
+    assert main(["serve", "-r", "clipscore", "-m", str(tiny_clip_dir), "--port", "0"]) == 0
+    with TestClient(seen["app"]) as tc:
+        assert tc.get("/info").status_code == 401
+        assert tc.get("/info", headers={"Authorization": "Bearer env-secret"}).status_code == 200
+    tok.write_text("\n")
+    capsys.readouterr()
+    assert main(["serve", "-r", "clipscore", "-m", str(tiny_clip_dir), "--token-file", str(tok)]) != 0
+    assert "is empty" in capsys.readouterr().err      # an empty token file is refused, never "no auth"
+
+
+def test_app_factory_devices_variable(serve_mod, monkeypatch, tiny_clip_dir):
+    from starlette.testclient import TestClient
+
+    cfg = tiny_clip_dir.parent / "serve-clip-devices.yaml"
+    cfg.write_text(f"model: {tiny_clip_dir}\n")
+    monkeypatch.setenv("REWARDKIT_SERVE_REWARD", "clipscore")
+    monkeypatch.setenv("REWARDKIT_SERVE_CONFIG", str(cfg))
+    monkeypatch.setenv("REWARDKIT_SERVE_DEVICES", "cpu,cpu")
+    monkeypatch.delenv("REWARDKIT_SERVE_TOKEN", raising=False)
+    with TestClient(serve_mod.app_from_env()) as tc:
+        info = tc.get("/info").json()
+    assert info["replicas"] == ["cpu", "cpu"] and info["auth"] is False
+    monkeypatch.delenv("REWARDKIT_SERVE_REWARD")
+    with pytest.raises(RuntimeError, match="REWARDKIT_SERVE_REWARD"):
+        serve_mod.app_from_env()
+
+
+class _ScriptedRewardServer:
+    """A stand-in rewardkit server: /info answers, /score answers the scripted statuses first."""
+
+    INFO = {"reward": "stand-in", "tasks": ["t2i"], "dimensions": [], "higher_is_better": True,
+            "score_range": None, "uses_prompt": True, "batch_relative": False}
+
+    def __init__(self, script: list[tuple[int, dict]]):
+        self.script, self.posts = list(script), 0
+        me = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _send(self, code, body, headers=()):
+                raw = json.dumps(body).encode()
+                self.send_response(code)
+                for k, v in headers:
+                    self.send_header(k, v)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def do_GET(self):
+                self._send(200, me.INFO)
+
+            def do_POST(self):
+                n = len(json.loads(self.rfile.read(int(self.headers["Content-Length"])))["images"])
+                me.posts += 1
+                if me.script:
+                    code, headers = me.script.pop(0)
+                    return self._send(code, {"error": f"scripted {code}"}, headers.items())
+                self._send(200, {"scores": [0.25] * n, "valid": [True] * n, "errors": [None] * n})
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.mark.parametrize("status", [429, 502, 503, 504])
+def test_client_retries_the_documented_statuses(status):
+    pytest.importorskip("httpx")
+    from rewardkit.client import RemoteReward
+
+    s = _ScriptedRewardServer([(status, {"Retry-After": "0"}), (status, {"Retry-After": "0"})])
+    try:
+        out = RemoteReward(url=s.url, max_retries=2)(random_images(1), "a")
+        assert out.scores.tolist() == [0.25] and s.posts == 3
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("status", [400, 404, 500, 413])
+def test_client_other_errors_raise_at_once_with_the_message(status):
+    pytest.importorskip("httpx")
+    from rewardkit.client import RemoteReward, RemoteRewardError
+
+    s = _ScriptedRewardServer([(status, {})])
+    try:
+        with pytest.raises(RemoteRewardError, match=f"HTTP {status}: scripted {status}"):
+            RemoteReward(url=s.url, max_retries=3)(random_images(1), "a")
+        assert s.posts == 1
+    finally:
+        s.close()
+
+
+def test_client_retry_after_is_honoured_and_capped_and_retries_are_bounded():
+    pytest.importorskip("httpx")
+    from rewardkit.client import RemoteReward, RemoteRewardError
+
+    s = _ScriptedRewardServer([(503, {"Retry-After": "0.6"})])
+    try:
+        t0 = time.monotonic()
+        RemoteReward(url=s.url, max_retries=1)(random_images(1), "a")
+        assert time.monotonic() - t0 >= 0.55            # waited as told
+    finally:
+        s.close()
+    s = _ScriptedRewardServer([(429, {"Retry-After": "30"})])
+    try:
+        t0 = time.monotonic()
+        RemoteReward(url=s.url, max_retries=1, max_backoff=0.2)(random_images(1), "a")
+        assert time.monotonic() - t0 < 5                # capped at max_backoff
+    finally:
+        s.close()
+    s = _ScriptedRewardServer([(503, {"Retry-After": "0"})] * 5)
+    try:
+        with pytest.raises(RemoteRewardError, match="failed after 2 attempts"):
+            RemoteReward(url=s.url, max_retries=1)(random_images(1), "a")
+        assert s.posts == 2
+    finally:
+        s.close()
+
+
+# ============================================================================================== zoo
+ZOO_ALIASES = {"hps": "hpsv2", "hpsv2.1": "hpsv2", "laion-aesthetic": "aesthetic", "image-reward": "imagereward",
+               "edit-reward": "editreward", "unified-reward": "unifiedreward", "vqa-score": "vqascore"}
+
+
+def test_zoo_names_aliases_and_ls(capsys):
+    from rewardkit import registry
+    from rewardkit.cli import main
+
+    for alias, name in ZOO_ALIASES.items():
+        assert registry.resolve_name(alias) == name, alias
+    assert main(["ls"]) == 0
+    listed = capsys.readouterr().out
+    for name in ("hpsv2", "aesthetic", "imagereward", "hpsv3", "editreward", "unifiedreward", "vqascore"):
+        assert name in listed, name
+
+
+@pytest.fixture(scope="module")
+def zoo_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("zoo")
+
+
+def test_imagereward_normalize_option(zoo_dir):
+    from rewardkit.rewards.imagereward import ImageReward
+
+    reward = ImageReward.tiny(str(zoo_dir))
+    ims = random_images(3, seed=7)
+    prompts = ["a cat", "a red car on a road", "two birds"]
+    out = reward(ims, prompts)
+    raw = out.dimensions["raw"]
+    torch.testing.assert_close(out.scores, (raw - 0.16717) / 1.03334, atol=1e-4, rtol=1e-4)
+    plain = ImageReward(model=reward.config.model, device="cpu", normalize=False)(ims, prompts)
+    torch.testing.assert_close(plain.scores, raw, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(plain.dimensions["raw"], raw, atol=1e-5, rtol=1e-5)
+    assert out.info["model"] == reward.config.model    # the model directory is recorded
+
+
+def test_aesthetic_ignores_the_prompt(zoo_dir):
+    from rewardkit.rewards.aesthetic import Aesthetic
+
+    reward = Aesthetic.tiny(str(zoo_dir))
+    ims = random_images(3, seed=8)
+    alone = reward(ims).scores
+    assert torch.equal(reward(ims, "a cat").scores, alone)
+    assert torch.equal(reward(ims, ["x", "a long prompt about a dog", ""]).scores, alone)
+    assert len(set(alone.tolist())) == 3            # not a constant
+    assert reward.tasks == frozenset({"t2i"}) and reward(ims).info["model"] == reward.config.model
+
+
+def test_converted_directory_manifest_and_dtype(zoo_dir):
+    from rewardkit.convert import convert
+    from rewardkit.rewards.hpsv2 import HPSv2
+    from safetensors.torch import load_file
+
+    reward = HPSv2.tiny(str(zoo_dir))
+    out = Path(reward.config.model)
+    src = zoo_dir / "HPS_v2.1_compressed.pt"
+    man = json.loads((out / "rewardkit.json").read_text())
+    assert man["reward"] == "hpsv2"
+    assert man["source"] == {"file": src.name, "sha256": hashlib.sha256(src.read_bytes()).hexdigest()}
+    weights = [load_file(p) for p in out.glob("*.safetensors")]
+    assert weights and all(v.dtype == torch.float16 for w in weights for v in w.values() if v.is_floating_point())
+    f32 = convert("hpsv2", src, zoo_dir / "hpsv2-f32", tokenizer=str(zoo_dir / "tiny-clip-tokenizer"),
+                  vision_heads=2, text_heads=2, dtype="float32")
+    weights = [load_file(p) for p in Path(f32).glob("*.safetensors")]
+    assert weights and all(v.dtype == torch.float32 for w in weights for v in w.values() if v.is_floating_point())
+    # scale=100 is the leaderboard's x100 of the same cosine; compare() is sigmoid(s_a - s_b)
+    ims = random_images(4, seed=9)
+    base = reward(ims, "a cat")
+    hundred = HPSv2(model=str(out), device="cpu", scale=100)(ims, "a cat")
+    torch.testing.assert_close(hundred.scores, 100 * base.scores, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(hundred.dimensions["cosine"], base.dimensions["cosine"])
+    pair = reward.compare(ims[:2], ims[2:], "a cat")
+    torch.testing.assert_close(pair.prob_a, torch.sigmoid(base.scores[:2] - base.scores[2:]), atol=1e-6, rtol=1e-5)
