@@ -26,6 +26,7 @@ pytest.importorskip("httpx")
 from PIL import Image  # noqa: E402
 from test_evr import PAPER_CASE, ScriptedJudge, cot, scripted  # noqa: E402
 from test_judges_openai import Server  # noqa: E402
+from test_judges_vllm_rules import vllm_stub  # noqa: E402,F401 (fixture)
 
 from rewardkit import load_reward  # noqa: E402
 from rewardkit.rewards.evr import EVR, EVRConfig  # noqa: E402
@@ -283,6 +284,33 @@ def test_openai_server_kind_forced(server):
     j = load_judge(f"openai:{server.url}", model="m", api_key="k", backoff=0.01)
     j.choice_probs([conv], ["Yes", "No"])
     assert "logprob_token_ids" not in server.requests[-1]["body"]
+
+
+def test_openai_other_4xx_fail_at_once_but_429_and_5xx_are_retried(server):
+    from rewardkit.judges import load_judge
+    from rewardkit.judges.openai_backend import JudgeServerError
+
+    conv = [{"role": "user", "content": [{"type": "text", "text": "q"}]}]
+    j = load_judge(f"openai:{server.url}", model="m", api_key="k", backoff=0.01, max_retries=3, server="openai")
+    server.script = ["400logprobs"]
+    with pytest.raises(JudgeServerError, match="logprobs"):
+        j.choice_probs([conv], ["Yes", "No"])
+    assert len(server.requests) == 1                      # a 400 is not retried, the server's message is kept
+    server.script = ["429", "500", "500"]
+    torch.testing.assert_close(j.choice_probs([conv], ["Yes", "No"]), torch.tensor([[2 / 3, 1 / 3]]))
+    assert len(server.requests) == 1 + 4                  # three retried failures, then the answer
+
+
+def test_vllm_logprobs_option_must_cover_the_choices(vllm_stub, tiny_qwen2_5_vl_dir):
+    from rewardkit.judges import load_judge
+
+    conv = [{"role": "user", "content": [{"type": "text", "text": "q"}]}]
+    judge = load_judge(f"vllm:{tiny_qwen2_5_vl_dir}", logprobs=2)
+    assert vllm_stub.created[-1].engine_kwargs["max_logprobs"] >= 2
+    judge.choice_probs([conv], ["Yes", "No"])
+    with pytest.raises(ValueError, match="logprobs >= the number of choices"):
+        judge.choice_probs([conv], ["Yes", "No", "A"])
+    assert load_judge(f"vllm:{tiny_qwen2_5_vl_dir}").describe()["logprobs"] == 20   # the documented default
 
 
 def test_transformers_max_rows_and_max_prefixes_do_not_change_answers(tiny_qwen2_5_vl_dir, imgs):
