@@ -528,3 +528,37 @@ def test_rational_reward_custom_template(tmp_path):
     # scripted: text faithfulness = physical quality = 4 (bright), others N/A -> mean 4 -> (4 - 1) / 3 = 1
     assert out.valid.all() and out.scores[0].item() == pytest.approx(1.0)
     assert out.info["template"] == "parrot/mine@5"
+
+
+def test_server_decodes_encoded_files_with_the_bomb_guard(serve_mod):
+    """An encoded file over the pixel limit is that sample's error (NaN + reason); raw pixels over it are 413."""
+    import base64
+    import io
+
+    import httpx
+
+    from rewardkit import media
+
+    rec = MetaRecorder()
+    handle = serve_mod.serve_in_thread(rec, serve_mod.ServerConfig())
+    old = media.get_max_pixels()
+    try:
+        small, big = random_images(2, sizes=[(8, 8), (64, 64)], seed=12)
+
+        def png(im):
+            buf = io.BytesIO()
+            im.save(buf, format="PNG")
+            return base64.b64encode(buf.getvalue()).decode()
+
+        media.set_max_pixels(1000)                       # 64 x 64 = 4096 pixels is over it, 8 x 8 is not
+        res = httpx.post(handle.url + "/score", json={"images": [png(small), png(big)], "prompt": "a"}, timeout=30)
+        body = res.json()
+        assert res.status_code == 200 and body["valid"] == [True, False] and body["scores"][1] is None
+        assert "pixel" in body["errors"][1].lower() or "bomb" in body["errors"][1].lower(), body["errors"][1]
+        assert body["scores"][0] == pytest.approx(MetaRecorder.expected(small, "a", None), rel=1e-6)
+        raw = np.asarray(big, dtype=np.uint8)
+        wire = {"data": base64.b64encode(raw.tobytes()).decode(), "shape": list(raw.shape), "dtype": "uint8"}
+        assert httpx.post(handle.url + "/score", json={"images": [wire], "prompt": "a"}, timeout=30).status_code == 413
+    finally:
+        media.set_max_pixels(old)
+        handle.stop()
