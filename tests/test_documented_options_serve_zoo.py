@@ -562,3 +562,14 @@ def test_server_decodes_encoded_files_with_the_bomb_guard(serve_mod):
     finally:
         media.set_max_pixels(old)
         handle.stop()
+
+
+def test_hpsv3_sigma_and_log_sigma_dimensions(zoo_dir):
+    """docs/zoo.md: HPSv3's `[:, 1]` (log sigma) is `out.dimensions["sigma"].log()` or `["log_sigma"]`."""
+    from rewardkit.rewards.hpsv3 import HPSv3
+
+    reward = HPSv3.tiny(str(zoo_dir))
+    assert reward.dimensions == ("sigma", "log_sigma") and reward.tasks == frozenset({"t2i"})
+    out = reward(random_images(2, sizes=[(40, 40), (64, 36)], seed=13), ["a cat", "a red car"])
+    torch.testing.assert_close(out.dimensions["sigma"], out.dimensions["log_sigma"].exp())
+    assert out.info["model"] == reward.config.model and out.info["reward"] == "hpsv3"
