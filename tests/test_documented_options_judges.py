@@ -323,10 +323,28 @@ def test_transformers_max_rows_and_max_prefixes_do_not_change_answers(tiny_qwen2
     convs = [conv(i % 3, f"question {j}? Yes or No.") for j, i in enumerate(range(6))]
     ref = load_judge(f"transformers:{tiny_qwen2_5_vl_dir}", device="cpu")
     small = load_judge(f"transformers:{tiny_qwen2_5_vl_dir}", device="cpu", max_rows=1, max_prefixes=1)
-    torch.testing.assert_close(small.choice_probs(convs, ["Yes", "No"]), ref.choice_probs(convs, ["Yes", "No"]),
-                               rtol=1e-5, atol=1e-6)
+    def batches(judge):   # the batch size of every language-model forward during one choice_probs call
+        seen = []
+        h = judge.model.model.language_model.register_forward_pre_hook(
+            lambda m, a, k: seen.append(int((k["inputs_embeds"] if k.get("inputs_embeds") is not None
+                                             else k["input_ids"]).shape[0])), with_kwargs=True)
+        try:
+            probs = judge.choice_probs(convs, ["Yes", "No"])
+        finally:
+            h.remove()
+        return probs, seen
+
+    (p_ref, b_ref), (p_small, b_small) = batches(ref), batches(small)
+    torch.testing.assert_close(p_small, p_ref, rtol=1e-5, atol=1e-6)
+    assert max(b_ref) > 1 and set(b_small) == {1}   # 3 prefixes / 6 rows at once by default; one at a time here
     assert small.generate(convs[:3], max_new_tokens=4) == ref.generate(convs[:3], max_new_tokens=4)
     assert small.stats["prefixes"] >= 3   # one prefix per distinct image, prefilled one at a time
+    # load_judge((model, processor)): already loaded transformers objects, same answers
+    from rewardkit.judges.transformers_backend import TransformersJudge
+
+    objs = load_judge((ref.model, ref.processor))
+    assert isinstance(objs, TransformersJudge) and objs.model is ref.model
+    torch.testing.assert_close(objs.choice_probs(convs[:2], ["Yes", "No"]), ref.choice_probs(convs[:2], ["Yes", "No"]))
     with pytest.raises(ValueError, match="max_rows and max_prefixes"):
         load_judge(f"transformers:{tiny_qwen2_5_vl_dir}", device="cpu", max_prefixes=0)
 
