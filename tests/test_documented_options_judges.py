@@ -301,6 +301,19 @@ def test_openai_other_4xx_fail_at_once_but_429_and_5xx_are_retried(server):
     assert len(server.requests) == 1 + 4                  # three retried failures, then the answer
 
 
+def test_openai_concurrency_requests_in_flight(server):
+    """`concurrency` requests in flight: 4 questions to a server that takes 1 s each."""
+    from rewardkit.judges import load_judge
+
+    server.default = "slow"
+    convs = [[{"role": "user", "content": [{"type": "text", "text": f"q{i}"}]}] for i in range(4)]
+    for concurrency, check in ((1, lambda t: t >= 3.9), (4, lambda t: t < 3.0)):
+        j = load_judge(f"openai:{server.url}", model="m", api_key="k", concurrency=concurrency, server="openai")
+        t0 = time.monotonic()
+        j.choice_probs(convs, ["Yes", "No"])
+        assert check(time.monotonic() - t0), (concurrency, time.monotonic() - t0)
+
+
 def test_vllm_logprobs_option_must_cover_the_choices(vllm_stub, tiny_qwen2_5_vl_dir):
     from rewardkit.judges import load_judge
 

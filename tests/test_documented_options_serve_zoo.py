@@ -573,3 +573,23 @@ def test_hpsv3_sigma_and_log_sigma_dimensions(zoo_dir):
     out = reward(random_images(2, sizes=[(40, 40), (64, 36)], seed=13), ["a cat", "a red car"])
     torch.testing.assert_close(out.dimensions["sigma"], out.dimensions["log_sigma"].exp())
     assert out.info["model"] == reward.config.model and out.info["reward"] == "hpsv3"
+
+
+def test_refine_defaults_threshold_three_and_one_iteration():
+    """docs/parrot.md: regenerate when an applicable dimension is below 3.0 (`threshold=`); one iteration."""
+    from test_refine import BrightnessGenerator
+
+    from rewardkit.parrot.testing import ScriptedTeacher
+    from rewardkit.refine import refine
+    from rewardkit.rewards.rational import RationalReward
+
+    critic = RationalReward(judge=ScriptedTeacher())
+    # "a cat" at brightness 25 * 5 = 125: q = round(2 * (1 + 3 * 125 / 255)) / 2 = 2.5 on both applicable dims
+    res = refine(BrightnessGenerator(factor=25), ["a cat"], critic=critic)
+    assert res.records[0]["status"] == "refined"                      # 2.5 < 3.0
+    res = refine(BrightnessGenerator(factor=25), ["a cat"], critic=critic, threshold=2.5)
+    assert res.records[0]["status"] == "accepted"                     # 2.5 >= 2.5
+    # factor 3: "a cat" -> q 1.0; the refined request (32 characters, brightness 96) -> q 2.0, still below 3.0,
+    # yet the default runs one iteration only
+    res = refine(BrightnessGenerator(factor=3), ["a cat"], critic=critic)
+    assert res.records[0]["iterations"] == 1 and len(res.records[0]["refined_prompts"]) == 1
