@@ -24,7 +24,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("httpx")
 
 from PIL import Image  # noqa: E402
-from test_evr import PAPER_CASE, ScriptedJudge, cot, scripted  # noqa: E402
+from test_evr import PAPER_CASE, ScriptedJudge, scripted  # noqa: E402
 from test_judges_openai import Server  # noqa: E402
 from test_judges_vllm_rules import vllm_stub  # noqa: E402,F401 (fixture)
 
@@ -231,7 +231,6 @@ def test_evr_model_shorthand_and_judge_kwargs(tiny_qwen2_5_vl_dir, server):
     assert evr.judge.describe()["kind"] == "openai" and evr.judge.model == "served-name"
 
 
-@pytest.mark.slow
 def test_evr_command_line_against_an_openai_server(server, tmp_path, imgs):
     """The documented `rewardkit score -r evr --set judge=openai:... judge_kwargs.model=... k=4 verifier=binary`."""
     from rewardkit.cli import main
@@ -301,6 +300,7 @@ def test_openai_other_4xx_fail_at_once_but_429_and_5xx_are_retried(server):
     assert len(server.requests) == 1 + 4                  # three retried failures, then the answer
 
 
+@pytest.mark.slow
 def test_openai_concurrency_requests_in_flight(server):
     """`concurrency` requests in flight: 4 questions to a server that takes 1 s each."""
     from rewardkit.judges import load_judge
@@ -420,6 +420,7 @@ def test_ocr_min_side_upscales_small_images(fake_tesseract):
     assert calls()[-1]["size"] == [100 + 20, 50 + 20]           # already large enough
 
 
+@pytest.mark.slow
 def test_ocr_timeout_marks_the_sample_invalid(fake_tesseract, monkeypatch):
     exe, _ = fake_tesseract
     monkeypatch.setenv("FAKE_TESSERACT_SLEEP", "20")
@@ -431,6 +432,7 @@ def test_ocr_timeout_marks_the_sample_invalid(fake_tesseract, monkeypatch):
     assert "tesseract failed" in out.errors[0] and "timeout" in out.errors[0]
 
 
+@pytest.mark.slow
 def test_ocr_num_workers_bounds_concurrent_processes(fake_tesseract, monkeypatch):
     exe, calls = fake_tesseract
     monkeypatch.setenv("FAKE_TESSERACT_SLEEP", "0.4")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
