@@ -253,6 +253,49 @@ def test_evr_command_line_against_an_openai_server(server, tmp_path, imgs):
 
 
 # ============================================================================================== judge backends
+def test_backend_signatures_and_defaults_are_the_documented_ones():
+    import inspect
+
+    from rewardkit.judges.openai_backend import OpenAIJudge
+    from rewardkit.judges.transformers_backend import TransformersJudge
+    from rewardkit.judges.vllm_backend import VLLMJudge
+
+    want = {"n": 1, "temperature": 0.0, "max_new_tokens": 256, "stop": None, "seed": None}
+    for cls in (TransformersJudge, VLLMJudge, OpenAIJudge):
+        sig = inspect.signature(cls.generate).parameters
+        assert {k: sig[k].default for k in want} == want, cls.__name__
+
+    def defaults(fn, *names):
+        sig = inspect.signature(fn).parameters
+        return {k: sig[k].default for k in names}
+
+    assert defaults(OpenAIJudge.__init__, "timeout", "max_response_bytes", "top_logprobs", "check_tokens",
+                    "server") == {"timeout": 120.0, "max_response_bytes": 8 * 1024 * 1024, "top_logprobs": 20,
+                                  "check_tokens": True, "server": "auto"}
+    assert defaults(TransformersJudge.__init__, "packed_scoring", "trust_remote_code") == {
+        "packed_scoring": False, "trust_remote_code": False}
+    assert defaults(VLLMJudge.__init__, "logprobs") == {"logprobs": 20}
+
+
+def test_vllm_prefix_caching_is_forced_on(vllm_stub, tiny_qwen2_5_vl_dir):
+    from rewardkit.judges import load_judge
+
+    load_judge(f"vllm:{tiny_qwen2_5_vl_dir}", enable_prefix_caching=False)
+    kw = vllm_stub.created[-1].engine_kwargs
+    assert kw["enable_prefix_caching"] is True and kw["trust_remote_code"] is False
+
+
+def test_choice_probs_rows_are_float32_and_sum_to_one(server):
+    from rewardkit.judges import load_judge
+
+    conv = [{"role": "user", "content": [{"type": "text", "text": "q"}]}]
+    server.top = [("Yes", math.log(0.5)), ("No", math.log(0.2)), ("Maybe", math.log(0.3))]
+    p = load_judge(f"openai:{server.url}", model="m", api_key="k", server="openai").choice_probs([conv] * 2,
+                                                                                                ["Yes", "No"])
+    assert p.dtype == torch.float32 and p.shape == (2, 2)
+    torch.testing.assert_close(p, torch.tensor([[5 / 7, 2 / 7]] * 2))   # renormalised over the two choices
+
+
 def test_openai_api_key_from_the_environment(server, monkeypatch, imgs):
     from rewardkit.judges import load_judge
 
