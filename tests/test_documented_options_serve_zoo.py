@@ -592,3 +592,31 @@ def test_refine_defaults_threshold_three_and_one_iteration():
     # yet the default runs one iteration only
     res = refine(BrightnessGenerator(factor=3), ["a cat"], critic=critic)
     assert res.records[0]["iterations"] == 1 and len(res.records[0]["refined_prompts"]) == 1
+
+
+def test_client_sends_raw_pixels_by_default_and_png_on_request(serve_mod, monkeypatch):
+    """serve.md: RemoteReward sends `{"data", "shape": [H, W, 3], "dtype": "uint8"}` by default, PNG with
+    `encoding="png"`; both decode to the same pixels."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    from rewardkit.client import RemoteReward
+
+    handle = serve_mod.serve_in_thread(MetaRecorder(), serve_mod.ServerConfig())
+    try:
+        im = random_images(1, sizes=[(20, 12)], seed=14)[0]
+        bodies = []
+        for enc in (None, "png"):
+            remote = RemoteReward(url=handle.url) if enc is None else RemoteReward(url=handle.url, encoding=enc)
+            orig = remote._request
+            monkeypatch.setattr(remote, "_request", lambda m, p, b=None, _o=orig: (bodies.append(b), _o(m, p, b))[1])
+            remote([im], "a")
+        raw, png = bodies[0]["images"][0], bodies[1]["images"][0]
+        assert raw["shape"] == [12, 20, 3] and raw["dtype"] == "uint8"
+        assert base64.b64decode(raw["data"]) == np.asarray(im, dtype=np.uint8).tobytes()
+        decoded = Image.open(io.BytesIO(base64.b64decode(png)))
+        assert decoded.format == "PNG" and decoded.convert("RGB").tobytes() == im.tobytes()
+    finally:
+        handle.stop()
