@@ -620,3 +620,38 @@ def test_client_sends_raw_pixels_by_default_and_png_on_request(serve_mod, monkey
         assert decoded.format == "PNG" and decoded.convert("RGB").tobytes() == im.tobytes()
     finally:
         handle.stop()
+
+
+def test_editreward_single_source_only_and_its_dimensions(zoo_dir):
+    """zoo.md: single-source edits only; dimensions instruction_following, visual_quality, log_sigma; the score
+    is the mean of the two heads' mu."""
+    from rewardkit.rewards.editreward import EditReward
+
+    reward = EditReward.tiny(str(zoo_dir))
+    ims = random_images(4, sizes=[(40, 40), (64, 36)], seed=15)
+    out = reward(ims[:2], "add a hat", sources=[[ims[2]], [ims[3]]])
+    assert set(out.dimensions) == {"instruction_following", "visual_quality", "log_sigma"}
+    torch.testing.assert_close(out.scores, (out.dimensions["instruction_following"] + out.dimensions["visual_quality"]) / 2)
+    two = reward(ims[:1], "add a hat", sources=[[ims[2], ims[3]]], on_error="nan")
+    assert not two.valid[0] and "takes one" in two.errors[0]
+
+
+def test_unifiedreward_decoding_defaults():
+    """zoo.md: greedy decoding, 512 new tokens, compare() asks both orders by default."""
+    from rewardkit.rewards.unifiedreward import UnifiedRewardConfig
+
+    from test_zoo_judges import Scripted
+
+    from rewardkit.rewards.unifiedreward import UnifiedReward
+
+    cfg = UnifiedRewardConfig()
+    assert cfg.max_new_tokens == 512 and cfg.both_orders is True
+
+    class Recording(Scripted):
+        def generate(self, conversations, **kw):
+            self.kw = kw
+            return super().generate(conversations, **kw)
+
+    judge = Recording(["Final Score: 4"])
+    UnifiedReward(judge=judge)(random_images(1), "a cat")
+    assert judge.kw["temperature"] == 0.0 and judge.kw["max_new_tokens"] == 512
