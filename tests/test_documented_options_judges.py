@@ -452,6 +452,37 @@ def test_ocr_lang_and_psm_reach_tesseract(fake_tesseract):
     assert calls()[-1]["args"] == ["-l", "eng+deu", "--psm", "11", "txt"]
 
 
+@pytest.mark.parametrize("read,prompt,options,want", [
+    # default: case folded, whitespace removed, full match, divided by |t| and clipped: "open" vs "shopopennow"
+    ("Shop OPEN now", '"open"', {}, 0.0),                                   # d = 7 -> 1 - min(7, 4) / 4
+    ("Shop OPEN now", '"open"', {"match": "substring"}, 1.0),               # closest substring: d = 0
+    ("OPEN", '"open"', {}, 1.0),
+    ("OPEN", '"open"', {"case_sensitive": True}, 0.0),                      # d = 4
+    ("a b", '"ab"', {}, 1.0),                                               # "ab" vs "ab"
+    ("a b", '"ab"', {"whitespace": "collapse"}, 0.5),                       # "ab" vs "a b": d = 1
+    ("abcd", '"ab"', {}, 0.0),                                              # d = 2 -> 1 - 2 / 2
+    ("abcd", '"ab"', {"normalize_by": "max"}, 0.5),                         # 1 - 2 / max(2, 4)
+    ("HELLO WORLD", 'a sign "hello" and a banner "world"', {}, 1.0),         # spans joined by a space
+])
+def test_ocr_text_options_reach_the_reward(fake_tesseract, monkeypatch, read, prompt, options, want):
+    exe, _ = fake_tesseract
+    monkeypatch.setenv("FAKE_TESSERACT_TEXT", read)
+    out = load_reward("ocr", tesseract_cmd=exe, num_workers=1, **options)([Image.new("RGB", (40, 30), "white")],
+                                                                          [prompt])
+    assert out.valid.all() and out.scores[0].item() == pytest.approx(want)
+    assert out.details[0]["read"] == read
+
+
+def test_ocr_defaults_are_the_documented_ones(fake_tesseract):
+    from rewardkit.rewards.ocr import OCRConfig
+
+    cfg = OCRConfig()
+    assert (cfg.lang, cfg.psm, cfg.min_side, cfg.num_workers, cfg.case_sensitive, cfg.whitespace, cfg.match,
+            cfg.normalize_by) == ("eng", 3, 0, 0, False, "remove", "full", "target")
+    exe, _ = fake_tesseract
+    assert load_reward("ocr", tesseract_cmd=exe)._workers == min(4, os.cpu_count() or 1)   # 0 = min(4, CPUs)
+
+
 def test_ocr_min_side_upscales_small_images(fake_tesseract):
     exe, calls = fake_tesseract
     im = Image.new("RGB", (100, 50), "white")   # W x H
