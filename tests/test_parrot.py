@@ -179,6 +179,12 @@ def test_sft_tiny_student_trains_and_loads_as_rational(tmp_path, lora):
     assert summary["examples"] == 9 and summary["pairwise"] == 3 and summary["steps"] == 2
     again = train_sft(Pipeline(cfg, progress=False))  # rerun: resumes from the final checkpoint, no extra step
     assert again["already_trained"] and again["steps"] == 2
+    # the documented outputs: the examples trained on, the merged student with its provenance, the checkpoints
+    out_dir = tmp_path / "out"
+    examples = [json.loads(x) for x in (out_dir / "sft_examples.jsonl").read_text().splitlines()]
+    assert len(examples) == summary["examples"]
+    assert (out_dir / "student" / "parrot_provenance.json").is_file()
+    assert any(p.name.startswith("checkpoint-") for p in (out_dir / "student-trainer").iterdir())
     base = load_student("tiny:qwen2_5_vl")[0].state_dict()
     new = load_student(str(tmp_path / "out" / "student"))[0].state_dict()  # the loader users go through
     assert set(new) == set(base)

@@ -1,0 +1,657 @@
+"""Documented options of docs/serve.md, docs/zoo.md and docs/parrot.md that had no test of their own (see the
+map in tests/README.md). Expected values are computed in the test, by hand or by a few lines of reference."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from rewardkit import Reward, RewardOutput, load_reward  # noqa: E402
+from rewardkit.testing import random_images  # noqa: E402
+
+
+# ============================================================================================== serve
+class MetaRecorder(Reward):
+    """score = mean pixel value + len(prompt) + metadata["bonus"] (0 without); records every call."""
+
+    name = "meta-recorder"
+    tasks = frozenset({"t2i"})
+    thread_safe = False
+
+    def __init__(self, delay: float = 0.0):
+        super().__init__()
+        self.delay = delay
+        self.calls: list[tuple[int, bool]] = []   # (images, any metadata given)
+
+    @staticmethod
+    def expected(im, prompt: str, meta: dict | None) -> float:
+        return float(np.asarray(im, dtype=np.float64).mean()) + len(prompt) + float((meta or {}).get("bonus", 0))
+
+    def _score(self, batch):
+        self.calls.append((len(batch), any(batch.metadata)))
+        if self.delay:
+            time.sleep(self.delay)
+        return RewardOutput(scores=torch.tensor([self.expected(im, p, m) for im, p, m
+                                                 in zip(batch.images, batch.prompts, batch.metadata)]))
+
+
+@pytest.fixture(scope="module")
+def serve_mod():
+    pytest.importorskip("starlette")
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("httpx")
+    import rewardkit.server as srv
+
+    return srv
+
+
+def test_max_batch_bounds_every_merged_model_call(serve_mod):
+    from rewardkit.client import RemoteReward
+
+    rec = MetaRecorder(delay=0.15)
+    handle = serve_mod.serve_in_thread(rec, serve_mod.ServerConfig(max_batch=3, max_wait_ms=100.0))
+    try:
+        remote = RemoteReward(url=handle.url)
+        ims = random_images(10, seed=2)
+        with ThreadPoolExecutor(10) as pool:
+            outs = list(pool.map(lambda i: remote([ims[i]], f"p{i}"), range(10)))
+        sizes = [n for n, _ in rec.calls]
+        assert sum(sizes) == 10 and max(sizes) <= 3, sizes
+        assert max(sizes) >= 2, f"nothing was merged: {sizes}"
+        for i, o in enumerate(outs):
+            assert o.scores[0].item() == pytest.approx(MetaRecorder.expected(ims[i], f"p{i}", None), rel=1e-6)
+        # two-image requests: two of them (4 images) would exceed max_batch = 3, so none is merged
+        rec.calls.clear()
+        with ThreadPoolExecutor(6) as pool:
+            outs = list(pool.map(lambda i: remote(ims[i:i + 2], "q"), range(6)))
+        assert [n for n, _ in rec.calls] == [2] * 6, rec.calls
+        assert all(o.valid.all() for o in outs)
+    finally:
+        handle.stop()
+
+
+def test_max_wait_ms_holds_a_batch_open_for_late_requests(serve_mod):
+    from rewardkit.client import RemoteReward
+
+    rec = MetaRecorder()
+    handle = serve_mod.serve_in_thread(rec, serve_mod.ServerConfig(max_batch=8, max_wait_ms=1500.0))
+    try:
+        remote = RemoteReward(url=handle.url)
+        ims = random_images(2, seed=3)
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(remote, [ims[0]], "a")
+            time.sleep(0.3)                 # the second request arrives while the first one's batch waits
+            second = pool.submit(remote, [ims[1]], "b")
+            first.result(30), second.result(30)
+        assert [n for n, _ in rec.calls] == [2], rec.calls
+    finally:
+        handle.stop()
+
+
+def test_requests_with_and_without_metadata_are_never_merged(serve_mod):
+    from rewardkit.client import RemoteReward
+
+    rec = MetaRecorder(delay=0.1)
+    handle = serve_mod.serve_in_thread(rec, serve_mod.ServerConfig(max_batch=64, max_wait_ms=150.0))
+    try:
+        remote = RemoteReward(url=handle.url)
+        ims = random_images(8, seed=4)
+        metas = [{"bonus": 1000.0 * (i + 1)} if i % 2 else None for i in range(8)]
+
+        def call(i):
+            return remote([ims[i]], "x", metadata=None if metas[i] is None else [metas[i]])
+
+        with ThreadPoolExecutor(8) as pool:
+            outs = list(pool.map(call, range(8)))
+        for i, o in enumerate(outs):   # each request gets its own metadata's score
+            assert o.scores[0].item() == pytest.approx(MetaRecorder.expected(ims[i], "x", metas[i]), rel=1e-6)
+        assert sum(n for n, _ in rec.calls) == 8 and len(rec.calls) < 8   # merging did happen
+    finally:
+        handle.stop()
+
+
+def test_client_validates_inputs_before_sending(serve_mod):
+    from rewardkit.client import RemoteReward
+
+    rec = MetaRecorder()
+    handle = serve_mod.serve_in_thread(rec, serve_mod.ServerConfig())
+    try:
+        remote = RemoteReward(url=handle.url)
+        good = random_images(2, seed=5)
+        out = remote([good[0], b"not an image", good[1]], "a", on_error="nan")
+        assert out.valid.tolist() == [True, False, True] and out.errors[1]
+        assert rec.calls == [(2, False)]          # the corrupt sample never reached the server
+    finally:
+        handle.stop()
+
+
+def test_client_token_from_the_environment(serve_mod, monkeypatch):
+    from rewardkit.client import RemoteReward, RemoteRewardError
+
+    handle = serve_mod.serve_in_thread(MetaRecorder(), serve_mod.ServerConfig(token="env-secret"))
+    try:
+        monkeypatch.delenv("REWARDKIT_SERVE_TOKEN", raising=False)
+        with pytest.raises(RemoteRewardError, match="401"):
+            RemoteReward(url=handle.url)
+        monkeypatch.setenv("REWARDKIT_SERVE_TOKEN", "env-secret")
+        assert RemoteReward(url=handle.url)(random_images(1), "a").valid.all()
+        monkeypatch.setenv("REWARDKIT_SERVE_TOKEN", "wrong")
+        assert RemoteReward(url=handle.url, token="env-secret")(random_images(1), "a").valid.all()  # token= wins
+    finally:
+        handle.stop()
+
+
+def test_remote_reward_through_load_reward_and_the_score_command(serve_mod, tiny_clip_dir, tmp_path):
+    """`load_reward("remote", url=...)` and `rewardkit score --reward remote --set url=...` give the
+    in-process scores."""
+    from rewardkit.cli import main
+
+    clip = load_reward("clipscore", model=str(tiny_clip_dir), convention="cosine")
+    handle = serve_mod.serve_in_thread(clip, serve_mod.ServerConfig())
+    try:
+        ims = random_images(3, seed=6)
+        want = clip(ims, "a cat").scores
+        remote = load_reward("remote", url=handle.url)
+        assert torch.equal(remote(ims, "a cat").scores, want)
+        paths = []
+        for i, im in enumerate(ims):
+            paths.append(str(tmp_path / f"{i}.png"))
+            im.save(paths[-1])
+        out = tmp_path / "s.jsonl"
+        assert main(["score", "--reward", "remote", "--set", f"url={handle.url}", "--prompt", "a cat", *paths,
+                     "-o", str(out), "--no-progress"]) == 0
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+        torch.testing.assert_close(torch.tensor([r["score"] for r in rows]), want, atol=0, rtol=0)
+    finally:
+        handle.stop()
+
+
+def test_serve_command_options_reach_the_server(serve_mod, monkeypatch, capsys, tiny_clip_dir, tmp_path):
+    """--max-batch / --max-wait-ms / --max-body-mb / --max-images / --timeout / --token-file / --devices /
+    --set reach the app (read back through GET /info)."""
+    import uvicorn
+    from starlette.testclient import TestClient
+
+    from rewardkit.cli import main
+
+    seen: dict = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app, **kw))
+    monkeypatch.delenv("REWARDKIT_SERVE_TOKEN", raising=False)
+    tok = tmp_path / "token"
+    tok.write_text("  file-secret\n")
+    assert main(["serve", "-r", "clipscore", "-m", str(tiny_clip_dir), "--set", "convention=cosine",
+                 "--devices", "cpu,cpu", "--max-batch", "7", "--max-wait-ms", "3", "--max-body-mb", "2",
+                 "--max-images", "9", "--timeout", "11", "--token-file", str(tok), "--host", "0.0.0.0",
+                 "--port", "0"]) == 0
+    err = capsys.readouterr().err
+    assert "WARNING" in err and "WITHOUT authentication" not in err   # a token is set: the milder warning
+    with TestClient(seen["app"]) as tc:
+        assert tc.get("/info").status_code == 401
+        info = tc.get("/info", headers={"Authorization": "Bearer file-secret"}).json()
+    assert info["limits"] == {"max_batch": 7, "max_wait_ms": 3.0, "max_body_bytes": 2 * 1024 * 1024,
+                              "max_images": 9, "timeout": 11.0}
+    assert info["replicas"] == ["cpu", "cpu"] and info["config"]["convention"] == "cosine" and info["auth"]
+    # the documented defaults
+    assert main(["serve", "-r", "clipscore", "-m", str(tiny_clip_dir), "--port", "0"]) == 0
+    with TestClient(seen["app"]) as tc:
+        info = tc.get("/info").json()
+    assert info["limits"] == {"max_batch": 32, "max_wait_ms": 5.0, "max_body_bytes": 64 * 1024 * 1024,
+                              "max_images": 256, "timeout": 120.0}
+    assert info["auth"] is False and seen["host"] == "127.0.0.1" and seen["port"] == 0
+    # REWARDKIT_SERVE_TOKEN configures the server when there is no --token-file
+    monkeypatch.setenv("REWARDKIT_SERVE_TOKEN", "env-secret")
+    assert main(["serve", "-r", "clipscore", "-m", str(tiny_clip_dir), "--port", "0"]) == 0
+    with TestClient(seen["app"]) as tc:
+        assert tc.get("/info").status_code == 401
+        assert tc.get("/info", headers={"Authorization": "Bearer env-secret"}).status_code == 200
+    tok.write_text("\n")
+    capsys.readouterr()
+    assert main(["serve", "-r", "clipscore", "-m", str(tiny_clip_dir), "--token-file", str(tok)]) != 0
+    assert "is empty" in capsys.readouterr().err      # an empty token file is refused, never "no auth"
+
+
+def test_app_factory_devices_variable(serve_mod, monkeypatch, tiny_clip_dir):
+    from starlette.testclient import TestClient
+
+    cfg = tiny_clip_dir.parent / "serve-clip-devices.yaml"
+    cfg.write_text(f"model: {tiny_clip_dir}\n")
+    monkeypatch.setenv("REWARDKIT_SERVE_REWARD", "clipscore")
+    monkeypatch.setenv("REWARDKIT_SERVE_CONFIG", str(cfg))
+    monkeypatch.setenv("REWARDKIT_SERVE_DEVICES", "cpu,cpu")
+    monkeypatch.delenv("REWARDKIT_SERVE_TOKEN", raising=False)
+    with TestClient(serve_mod.app_from_env()) as tc:
+        info = tc.get("/info").json()
+    assert info["replicas"] == ["cpu", "cpu"] and info["auth"] is False
+    monkeypatch.delenv("REWARDKIT_SERVE_REWARD")
+    with pytest.raises(RuntimeError, match="REWARDKIT_SERVE_REWARD"):
+        serve_mod.app_from_env()
+
+
+class _ScriptedRewardServer:
+    """A stand-in rewardkit server: /info answers, /score answers the scripted statuses first."""
+
+    INFO = {"reward": "stand-in", "tasks": ["t2i"], "dimensions": [], "higher_is_better": True,
+            "score_range": None, "uses_prompt": True, "batch_relative": False}
+
+    def __init__(self, script: list[tuple[int, dict]]):
+        self.script, self.posts = list(script), 0
+        me = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _send(self, code, body, headers=()):
+                raw = json.dumps(body).encode()
+                self.send_response(code)
+                for k, v in headers:
+                    self.send_header(k, v)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def do_GET(self):
+                self._send(200, me.INFO)
+
+            def do_POST(self):
+                n = len(json.loads(self.rfile.read(int(self.headers["Content-Length"])))["images"])
+                me.posts += 1
+                if me.script:
+                    code, headers = me.script.pop(0)
+                    return self._send(code, {"error": f"scripted {code}"}, headers.items())
+                self._send(200, {"scores": [0.25] * n, "valid": [True] * n, "errors": [None] * n})
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.mark.parametrize("status", [429, 502, 503, 504])
+def test_client_retries_the_documented_statuses(status):
+    pytest.importorskip("httpx")
+    from rewardkit.client import RemoteReward
+
+    s = _ScriptedRewardServer([(status, {"Retry-After": "0"}), (status, {"Retry-After": "0"})])
+    try:
+        out = RemoteReward(url=s.url, max_retries=2)(random_images(1), "a")
+        assert out.scores.tolist() == [0.25] and s.posts == 3
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("status", [400, 404, 500, 413])
+def test_client_other_errors_raise_at_once_with_the_message(status):
+    pytest.importorskip("httpx")
+    from rewardkit.client import RemoteReward, RemoteRewardError
+
+    s = _ScriptedRewardServer([(status, {})])
+    try:
+        with pytest.raises(RemoteRewardError, match=f"HTTP {status}: scripted {status}"):
+            RemoteReward(url=s.url, max_retries=3)(random_images(1), "a")
+        assert s.posts == 1
+    finally:
+        s.close()
+
+
+def test_client_retry_after_is_honoured_and_capped_and_retries_are_bounded():
+    pytest.importorskip("httpx")
+    from rewardkit.client import RemoteReward, RemoteRewardError
+
+    s = _ScriptedRewardServer([(503, {"Retry-After": "0.6"})])
+    try:
+        t0 = time.monotonic()
+        RemoteReward(url=s.url, max_retries=1)(random_images(1), "a")
+        assert time.monotonic() - t0 >= 0.55            # waited as told
+    finally:
+        s.close()
+    s = _ScriptedRewardServer([(429, {"Retry-After": "30"})])
+    try:
+        t0 = time.monotonic()
+        RemoteReward(url=s.url, max_retries=1, max_backoff=0.2)(random_images(1), "a")
+        assert time.monotonic() - t0 < 5                # capped at max_backoff
+    finally:
+        s.close()
+    s = _ScriptedRewardServer([(503, {"Retry-After": "0"})] * 5)
+    try:
+        with pytest.raises(RemoteRewardError, match="failed after 2 attempts"):
+            RemoteReward(url=s.url, max_retries=1)(random_images(1), "a")
+        assert s.posts == 2
+    finally:
+        s.close()
+
+
+# ============================================================================================== zoo
+ZOO_ALIASES = {"hps": "hpsv2", "hpsv2.1": "hpsv2", "laion-aesthetic": "aesthetic", "image-reward": "imagereward",
+               "edit-reward": "editreward", "unified-reward": "unifiedreward", "vqa-score": "vqascore"}
+
+
+def test_zoo_names_aliases_and_ls(capsys):
+    from rewardkit import registry
+    from rewardkit.cli import main
+
+    for alias, name in ZOO_ALIASES.items():
+        assert registry.resolve_name(alias) == name, alias
+    assert main(["ls"]) == 0
+    listed = capsys.readouterr().out
+    for name in ("hpsv2", "aesthetic", "imagereward", "hpsv3", "editreward", "unifiedreward", "vqascore"):
+        assert name in listed, name
+
+
+@pytest.fixture(scope="module")
+def zoo_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("zoo")
+
+
+def test_imagereward_normalize_option(zoo_dir):
+    from rewardkit.rewards.imagereward import ImageReward
+
+    reward = ImageReward.tiny(str(zoo_dir))
+    ims = random_images(3, seed=7)
+    prompts = ["a cat", "a red car on a road", "two birds"]
+    out = reward(ims, prompts)
+    raw = out.dimensions["raw"]
+    torch.testing.assert_close(out.scores, (raw - 0.16717) / 1.03334, atol=1e-4, rtol=1e-4)
+    plain = ImageReward(model=reward.config.model, device="cpu", normalize=False)(ims, prompts)
+    torch.testing.assert_close(plain.scores, raw, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(plain.dimensions["raw"], raw, atol=1e-5, rtol=1e-5)
+    assert out.info["model"] == reward.config.model    # the model directory is recorded
+
+
+def test_aesthetic_ignores_the_prompt(zoo_dir):
+    from rewardkit.rewards.aesthetic import Aesthetic
+
+    reward = Aesthetic.tiny(str(zoo_dir))
+    ims = random_images(3, seed=8)
+    alone = reward(ims).scores
+    assert torch.equal(reward(ims, "a cat").scores, alone)
+    assert torch.equal(reward(ims, ["x", "a long prompt about a dog", ""]).scores, alone)
+    assert len(set(alone.tolist())) == 3            # not a constant
+    assert reward.tasks == frozenset({"t2i"}) and reward(ims).info["model"] == reward.config.model
+
+
+def test_converted_directory_manifest_and_dtype(zoo_dir):
+    from rewardkit.convert import convert
+    from rewardkit.rewards.hpsv2 import HPSv2
+    from safetensors.torch import load_file
+
+    reward = HPSv2.tiny(str(zoo_dir))
+    out = Path(reward.config.model)
+    src = zoo_dir / "HPS_v2.1_compressed.pt"
+    man = json.loads((out / "rewardkit.json").read_text())
+    assert man["reward"] == "hpsv2"
+    assert man["source"] == {"file": src.name, "sha256": hashlib.sha256(src.read_bytes()).hexdigest()}
+    weights = [load_file(p) for p in out.glob("*.safetensors")]
+    assert weights and all(v.dtype == torch.float16 for w in weights for v in w.values() if v.is_floating_point())
+    f32 = convert("hpsv2", src, zoo_dir / "hpsv2-f32", tokenizer=str(zoo_dir / "tiny-clip-tokenizer"),
+                  vision_heads=2, text_heads=2, dtype="float32")
+    weights = [load_file(p) for p in Path(f32).glob("*.safetensors")]
+    assert weights and all(v.dtype == torch.float32 for w in weights for v in w.values() if v.is_floating_point())
+    # scale=100 is the leaderboard's x100 of the same cosine; compare() is sigmoid(s_a - s_b)
+    ims = random_images(4, seed=9)
+    base = reward(ims, "a cat")
+    hundred = HPSv2(model=str(out), device="cpu", scale=100)(ims, "a cat")
+    torch.testing.assert_close(hundred.scores, 100 * base.scores, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(hundred.dimensions["cosine"], base.dimensions["cosine"])
+    pair = reward.compare(ims[:2], ims[2:], "a cat")
+    torch.testing.assert_close(pair.prob_a, torch.sigmoid(base.scores[:2] - base.scores[2:]), atol=1e-6, rtol=1e-5)
+
+
+# ============================================================================================== parrot
+def _grey(v: int):
+    from PIL import Image
+
+    return Image.fromarray(np.full((32, 32, 3), v, dtype=np.uint8), "RGB")
+
+
+@pytest.fixture
+def parrot_pairs(tmp_path) -> Path:
+    """Three t2i pairs (label A, B, A), one single-source edit, one two-source edit (skipped)."""
+    d = tmp_path / "pairs"
+    d.mkdir()
+    for name, v in (("bright", 255), ("dark", 0), ("src", 128), ("src2", 64)):
+        _grey(v).save(d / f"{name}.png")
+    rows = [("a cat", "bright", "dark", "A", []), ("a dog", "dark", "bright", "B", []),
+            ("a car", "bright", "dark", "A", []), ("add a hat", "bright", "dark", "A", ["src.png"]),
+            ("merge them", "bright", "dark", "A", ["src.png", "src2.png"])]
+    with open(d / "metadata.jsonl", "w") as f:
+        for p, a, b, lab, src in rows:
+            f.write(json.dumps({"prompt": p, "image_a": f"{a}.png", "image_b": f"{b}.png", "label": lab,
+                                "sources": src}) + "\n")
+    return d
+
+
+class RecordingTeacher:
+    """Wraps the scripted teacher: records each stage's conversations (by the template's markers) and sessions."""
+
+    def __new__(cls):
+        from rewardkit.parrot.testing import ScriptedTeacher, _parts
+
+        class _T(ScriptedTeacher):
+            def __init__(self):
+                super().__init__()
+                self.seen: dict[str, list[tuple[int, str]]] = {"rationale": [], "filter": [], "project": []}
+                self.sessions = 0
+
+            def session(self):
+                self.sessions += 1
+                return super().session()
+
+            def generate(self, conversations, **kw):
+                for c in conversations:
+                    imgs, text = _parts(c)
+                    stage = ("filter" if "--- evaluation ---" in text else "project"
+                             if "--- reference comparison ---" in text else "rationale")
+                    self.seen[stage].append((len(imgs), text))
+                return super().generate(conversations, **kw)
+
+        return _T()
+
+
+def test_parrot_stages_see_what_the_doc_says(tmp_path, parrot_pairs):
+    """Stage 1 sees the pair, the request (+ source) and the human label; stage 2 neither the label nor any
+    image, only the rationale; stage 3 one image of the pair (+ source) with the rationale as a hint.
+    Multi-reference edits are skipped."""
+    from rewardkit.parrot.pipeline import DataCfg, ParrotConfig, Pipeline
+
+    teacher = RecordingTeacher()
+    cfg = ParrotConfig(output_dir=str(tmp_path / "out"), data=DataCfg(train=str(parrot_pairs)), batch_size=2)
+    pipe = Pipeline(cfg, teacher=teacher, progress=False)
+    rep = pipe.run_stages()
+    rats = {r["row"]: r for r in pipe.rationales.records.values()}
+    assert rats[4]["status"] == "skipped" and "multi-reference" in rats[4]["reason"]
+    assert rep["counts"]["skipped"] == 1 and rep["kept"] == 4
+    seen = teacher.seen
+    # stage 1: 2 images (t2i) or 3 (source + pair), the label stated
+    assert sorted(n for n, _ in seen["rationale"]) == [2, 2, 2, 3]
+    labels = [t.split("Human annotators preferred Image", 1)[1].strip()[0] for _, t in seen["rationale"]]
+    assert sorted(labels) == ["A", "A", "A", "B"]
+    # stage 2: no image, no label, the rationale text itself
+    assert len(seen["filter"]) == 4 and all(n == 0 for n, _ in seen["filter"])
+    assert not any("Human annotators preferred" in t for _, t in seen["filter"])
+    for _, t in seen["filter"]:
+        assert any(r["rationale"] and r["rationale"] in t for r in rats.values())
+    # stage 3: each image of a kept pair alone (+ the source for the edit), the verified rationale as a hint
+    assert len(seen["project"]) == 8 and sorted(n for n, _ in seen["project"]) == [1] * 6 + [2] * 2
+    for _, t in seen["project"]:
+        assert any(r["rationale"] and r["rationale"] in t for r in rats.values())
+    # `parrot run` keeps one judge session per batch of pairs across stages 1-3 (5 pairs, batch_size 2)
+    assert teacher.sessions == 3
+
+
+def test_parrot_custom_template_is_used_and_recorded(tmp_path, parrot_pairs):
+    import yaml
+
+    from rewardkit.judges import load_template
+    from rewardkit.parrot.pipeline import DataCfg, ParrotConfig, Pipeline
+
+    data = yaml.safe_load(Path(load_template("parrot").path).read_text(encoding="utf-8"))
+    data["version"] = "9"
+    path = tmp_path / "my_parrot.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    cfg = ParrotConfig(output_dir=str(tmp_path / "out"), data=DataCfg(train=str(parrot_pairs)),
+                       template=str(path), batch_size=8)
+    pipe = Pipeline(cfg, teacher=RecordingTeacher(), progress=False)
+    pipe.run_stages()
+    for name in ("rationales", "filtered", "projected"):
+        rows = [json.loads(x) for x in (tmp_path / "out" / f"{name}.jsonl").read_text().splitlines()]
+        assert rows and all(r["template"] == "parrot/my_parrot@9" for r in rows), name
+
+
+def test_rational_reward_custom_template(tmp_path):
+    import yaml
+
+    from rewardkit.judges import load_template
+    from rewardkit.parrot.testing import ScriptedTeacher
+
+    data = yaml.safe_load(Path(load_template("parrot").path).read_text(encoding="utf-8"))
+    data["version"] = "5"
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    r = load_reward("rational", judge=ScriptedTeacher(), template=str(path))
+    out = r([_grey(255)], "a cat")
+    # scripted: text faithfulness = physical quality = 4 (bright), others N/A -> mean 4 -> (4 - 1) / 3 = 1
+    assert out.valid.all() and out.scores[0].item() == pytest.approx(1.0)
+    assert out.info["template"] == "parrot/mine@5"
+
+
+def test_server_decodes_encoded_files_with_the_bomb_guard(serve_mod):
+    """An encoded file over the pixel limit is that sample's error (NaN + reason); raw pixels over it are 413."""
+    import base64
+    import io
+
+    import httpx
+
+    from rewardkit import media
+
+    rec = MetaRecorder()
+    handle = serve_mod.serve_in_thread(rec, serve_mod.ServerConfig())
+    old = media.get_max_pixels()
+    try:
+        small, big = random_images(2, sizes=[(8, 8), (64, 64)], seed=12)
+
+        def png(im):
+            buf = io.BytesIO()
+            im.save(buf, format="PNG")
+            return base64.b64encode(buf.getvalue()).decode()
+
+        media.set_max_pixels(1000)                       # 64 x 64 = 4096 pixels is over it, 8 x 8 is not
+        res = httpx.post(handle.url + "/score", json={"images": [png(small), png(big)], "prompt": "a"}, timeout=30)
+        body = res.json()
+        assert res.status_code == 200 and body["valid"] == [True, False] and body["scores"][1] is None
+        assert "pixel" in body["errors"][1].lower() or "bomb" in body["errors"][1].lower(), body["errors"][1]
+        assert body["scores"][0] == pytest.approx(MetaRecorder.expected(small, "a", None), rel=1e-6)
+        raw = np.asarray(big, dtype=np.uint8)
+        wire = {"data": base64.b64encode(raw.tobytes()).decode(), "shape": list(raw.shape), "dtype": "uint8"}
+        assert httpx.post(handle.url + "/score", json={"images": [wire], "prompt": "a"}, timeout=30).status_code == 413
+    finally:
+        media.set_max_pixels(old)
+        handle.stop()
+
+
+def test_hpsv3_sigma_and_log_sigma_dimensions(zoo_dir):
+    """docs/zoo.md: HPSv3's `[:, 1]` (log sigma) is `out.dimensions["sigma"].log()` or `["log_sigma"]`."""
+    from rewardkit.rewards.hpsv3 import HPSv3
+
+    reward = HPSv3.tiny(str(zoo_dir))
+    assert reward.dimensions == ("sigma", "log_sigma") and reward.tasks == frozenset({"t2i"})
+    out = reward(random_images(2, sizes=[(40, 40), (64, 36)], seed=13), ["a cat", "a red car"])
+    torch.testing.assert_close(out.dimensions["sigma"], out.dimensions["log_sigma"].exp())
+    assert out.info["model"] == reward.config.model and out.info["reward"] == "hpsv3"
+
+
+def test_refine_defaults_threshold_three_and_one_iteration():
+    """docs/parrot.md: regenerate when an applicable dimension is below 3.0 (`threshold=`); one iteration."""
+    from test_refine import BrightnessGenerator
+
+    from rewardkit.parrot.testing import ScriptedTeacher
+    from rewardkit.refine import refine
+    from rewardkit.rewards.rational import RationalReward
+
+    critic = RationalReward(judge=ScriptedTeacher())
+    # "a cat" at brightness 25 * 5 = 125: q = round(2 * (1 + 3 * 125 / 255)) / 2 = 2.5 on both applicable dims
+    res = refine(BrightnessGenerator(factor=25), ["a cat"], critic=critic)
+    assert res.records[0]["status"] == "refined"                      # 2.5 < 3.0
+    res = refine(BrightnessGenerator(factor=25), ["a cat"], critic=critic, threshold=2.5)
+    assert res.records[0]["status"] == "accepted"                     # 2.5 >= 2.5
+    # factor 3: "a cat" -> q 1.0; the refined request (32 characters, brightness 96) -> q 2.0, still below 3.0,
+    # yet the default runs one iteration only
+    res = refine(BrightnessGenerator(factor=3), ["a cat"], critic=critic)
+    assert res.records[0]["iterations"] == 1 and len(res.records[0]["refined_prompts"]) == 1
+
+
+def test_client_sends_raw_pixels_by_default_and_png_on_request(serve_mod, monkeypatch):
+    """serve.md: RemoteReward sends `{"data", "shape": [H, W, 3], "dtype": "uint8"}` by default, PNG with
+    `encoding="png"`; both decode to the same pixels."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    from rewardkit.client import RemoteReward
+
+    handle = serve_mod.serve_in_thread(MetaRecorder(), serve_mod.ServerConfig())
+    try:
+        im = random_images(1, sizes=[(20, 12)], seed=14)[0]
+        bodies = []
+        for enc in (None, "png"):
+            remote = RemoteReward(url=handle.url) if enc is None else RemoteReward(url=handle.url, encoding=enc)
+            orig = remote._request
+            monkeypatch.setattr(remote, "_request", lambda m, p, b=None, _o=orig: (bodies.append(b), _o(m, p, b))[1])
+            remote([im], "a")
+        raw, png = bodies[0]["images"][0], bodies[1]["images"][0]
+        assert raw["shape"] == [12, 20, 3] and raw["dtype"] == "uint8"
+        assert base64.b64decode(raw["data"]) == np.asarray(im, dtype=np.uint8).tobytes()
+        decoded = Image.open(io.BytesIO(base64.b64decode(png)))
+        assert decoded.format == "PNG" and decoded.convert("RGB").tobytes() == im.tobytes()
+    finally:
+        handle.stop()
+
+
+def test_editreward_single_source_only_and_its_dimensions(zoo_dir):
+    """zoo.md: single-source edits only; dimensions instruction_following, visual_quality, log_sigma; the score
+    is the mean of the two heads' mu."""
+    from rewardkit.rewards.editreward import EditReward
+
+    reward = EditReward.tiny(str(zoo_dir))
+    ims = random_images(4, sizes=[(40, 40), (64, 36)], seed=15)
+    out = reward(ims[:2], "add a hat", sources=[[ims[2]], [ims[3]]])
+    assert set(out.dimensions) == {"instruction_following", "visual_quality", "log_sigma"}
+    torch.testing.assert_close(out.scores, (out.dimensions["instruction_following"] + out.dimensions["visual_quality"]) / 2)
+    two = reward(ims[:1], "add a hat", sources=[[ims[2], ims[3]]], on_error="nan")
+    assert not two.valid[0] and "takes one" in two.errors[0]
+
+
+def test_unifiedreward_decoding_defaults():
+    """zoo.md: greedy decoding, 512 new tokens, compare() asks both orders by default."""
+    from rewardkit.rewards.unifiedreward import UnifiedRewardConfig
+
+    from test_zoo_judges import Scripted
+
+    from rewardkit.rewards.unifiedreward import UnifiedReward
+
+    cfg = UnifiedRewardConfig()
+    assert cfg.max_new_tokens == 512 and cfg.both_orders is True
+
+    class Recording(Scripted):
+        def generate(self, conversations, **kw):
+            self.kw = kw
+            return super().generate(conversations, **kw)
+
+    judge = Recording(["Final Score: 4"])
+    UnifiedReward(judge=judge)(random_images(1), "a cat")
+    assert judge.kw["temperature"] == 0.0 and judge.kw["max_new_tokens"] == 512
