@@ -448,7 +448,8 @@ class Reward(abc.ABC):
         # inputs are caught here, before any chunk is scored.
         errors: list[str | None] = [None] * n
         for i in range(n):
-            errors[i] = meta_errors[i] or self._precheck(prompts[i], raw[i], None if srcs is None else srcs[i])
+            errors[i] = meta_errors[i] or self._precheck(prompts[i], raw[i], None if srcs is None else srcs[i]) \
+                or self._check_sample_metadata(metas[i], None if srcs is None else srcs[i])
             if errors[i] is not None and on_error == "raise":
                 raise RewardInputError(errors[i], index=i)
         todo = [i for i in range(n) if errors[i] is None]
@@ -516,6 +517,11 @@ class Reward(abc.ABC):
                 imgs, src_lists, idx = [], [], []  # drop our references: the chunk's images can be freed
         if idx:
             yield batch()
+
+    def _check_sample_metadata(self, meta: dict[str, Any], sources: Any) -> str | None:
+        """A reward's own check of one sample's metadata (e.g. EVR's ``reference_roles`` against the number of
+        references): the reason it is unusable, or None. ``sources`` is the sample's raw, undecoded entry."""
+        return None
 
     def _precheck(self, prompt: Any, image: Any, sources: Any) -> str | None:
         """Cheap per-sample checks (no pixel decoded); the reason a sample is bad, or None."""

@@ -207,10 +207,23 @@ def test_evr_reference_roles_reach_every_question(imgs):
     reward.compare(imgs[:1], imgs[3:4], INSTRUCTION, sources=[imgs[1:3]],
                    metadata=[{"reference_roles": ["object", "scene"]}])
     assert len(judge.prob_convs) == 2 and all(roles in _texts(c) for c in judge.prob_convs)
-    # without roles (or with a count that does not match the references) nothing is added
+    # roles that do not match the references are that sample's input error (never silently dropped), and the
+    # judge is not asked about it; the other samples are scored
     judge2 = recording()
-    EVR(judge=judge2, k=3)(imgs[:1], INSTRUCTION, sources=[imgs[1:3]], metadata=[{"reference_roles": ["object"]}])
-    assert not any("image 1:" in _texts(c) for c in judge2.gen_convs)
+    out = EVR(judge=judge2, k=3)(imgs[:2], INSTRUCTION, sources=[imgs[1:3], imgs[1:3]],
+                                 metadata=[{"reference_roles": ["object"]}, {}], on_error="nan")
+    assert out.valid.tolist() == [False, True]
+    assert "1 role(s) for 2 reference image(s)" in out.errors[0]
+    assert not any("image 1:" in _texts(c) for c in judge2.gen_convs) and judge2.gen_convs
+    from rewardkit.errors import RewardInputError
+    with pytest.raises(RewardInputError, match="reference_roles"):
+        EVR(judge=recording(), k=3)(imgs[:1], INSTRUCTION, sources=[imgs[1:3]],
+                                    metadata=[{"reference_roles": ["object", 3]}])
+    with pytest.raises(RewardInputError, match="1 role"):        # compare() counts the references alone
+        EVR(judge=recording(), k=3).compare(imgs[:1], imgs[3:4], INSTRUCTION, sources=[imgs[1:3]],
+                                            metadata=[{"reference_roles": ["object"]}])
+    empty = EVR(judge=recording(), k=3)(imgs[:1], INSTRUCTION, sources=[imgs[1:3]], metadata=[{"reference_roles": []}])
+    assert empty.valid.all()                                   # [] = no roles
 
 
 def test_evr_one_judge_session_per_call_across_chunks(imgs):

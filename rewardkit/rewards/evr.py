@@ -265,9 +265,23 @@ class EVR(JudgePolicyMixin, Reward):
                 raise ValueError(f"unknown EVR dimensions {unknown}; choose from {DIMENSIONS} (or RC, SC, H, IC, Q)")
 
     # ------------------------------------------------------------------ prompts
-    def _ref_roles(self, meta: dict[str, Any], n: int) -> str:
+    def _check_sample_metadata(self, meta: dict[str, Any], sources: Any) -> str | None:
+        """``reference_roles``: one non-empty string per reference image, or absent (None / [] = no roles)."""
         roles = meta.get("reference_roles")
-        if roles and len(roles) == n:
+        if roles is None or (isinstance(roles, (list, tuple)) and not roles):
+            return None
+        if not isinstance(roles, (list, tuple)) or not all(isinstance(r, str) and r.strip() for r in roles):
+            return f"metadata reference_roles must be a list of non-empty strings, got {roles!r}"
+        items, err = self._source_items(sources) if sources is not None else ([], None)
+        n_refs = len(items) - (1 if meta.get(_PAIRWISE_KEY) else 0)  # compare() packs candidate b last
+        if err is None and len(roles) != n_refs:
+            return (f"metadata reference_roles names {len(roles)} role(s) for {n_refs} reference image(s); "
+                    "give one per reference, in order")
+        return None
+
+    def _ref_roles(self, meta: dict[str, Any], n: int) -> str:
+        roles = meta.get("reference_roles")  # checked per sample by _check_sample_metadata
+        if roles:
             return " (" + "; ".join(f"image {i + 1}: {r}" for i, r in enumerate(roles)) + ")"
         return ""
 
