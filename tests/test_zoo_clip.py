@@ -156,6 +156,23 @@ def test_hpsv2_conversion_parity(hps):
     assert hpsv2_pixels([], 32).shape == (0, 3, 32, 32)
 
 
+def test_hpsv2_image_too_long_for_its_resize_is_that_samples_error(hps):
+    """At size 32 a 7000x64 image (aspect 109, inside the default bound of 200) has a 0-pixel side after
+    HPSv2's longest-side resize (round(64 * 32 / 7000) = 0): that sample is NaN + reason, the other is scored
+    (before: a ValueError failed the whole call)."""
+    from PIL import Image
+
+    from rewardkit.rewards.hpsv2 import HPSv2
+
+    reward = HPSv2(model=str(hps[1]), device="cpu")
+    ok = Image.new("RGB", (64, 64), (200, 30, 30))
+    out = reward([Image.new("RGB", (7000, 64)), ok], "a cat", on_error="nan")
+    assert out.valid.tolist() == [False, True] and "side of 0 pixels" in out.errors[0]
+    torch.testing.assert_close(out.scores[1:], reward([ok], "a cat").scores)
+    edge = Image.new("RGB", (2048, 64))  # aspect 32: round(64 * 32 / 2048) = 1 pixel, still scored
+    assert reward([edge], "a cat", on_error="nan").valid.all()
+
+
 def test_aesthetic_conversion_parity(tmp_path, tiny_clip_dir):
     from transformers import CLIPModel
 
