@@ -183,6 +183,28 @@ def _batch_relative(reward: Any) -> bool:
     return isinstance(reward, Composite) and reward.config.normalize in ("batch", "group")
 
 
+def _check_batch_relative(key: str, reward: Any) -> None:
+    """Refuse the batch-relative rewards :meth:`_RewardScorer.finalize` cannot combine over the epoch (their
+    statistics would silently be those of one decoded batch, or of no groups at all)."""
+    from ..compose.composite import Composite
+
+    if getattr(reward, "batch_relative", False) and not _batch_relative(reward):
+        raise ValueError(f"reward {key!r} normalises over each call (e.g. a served composite), which the NFT "
+                         "trainer would call once per decoded batch: use a local `composite` reward, or a "
+                         "per-sample normalisation")
+    if not isinstance(reward, Composite):
+        return
+    if _batch_relative(reward) and reward.config.normalize == "group" and reward.config.group_by != "prompt":
+        raise ValueError(f"reward {key!r}: group_by={reward.config.group_by!r} reads sample metadata, which the NFT "
+                         "trainer does not have (every sample would fall in one group): use group_by: prompt "
+                         "(groups by prompt index)")
+    for name, sub in reward.rewards.items():
+        if getattr(sub, "batch_relative", False):
+            raise ValueError(f"reward {key!r}: its axis {name!r} normalises over each call, which would be one "
+                             "decoded batch, not the epoch: only the outer composite may use normalize: batch | group")
+        _check_batch_relative(f"{key}.{name}", sub)
+
+
 class _RewardScorer:
     """Weighted sum of rewardkit rewards (flow_grpo's "avg" convention: a sum) with per-component values.
 
@@ -205,6 +227,8 @@ class _RewardScorer:
             kwargs = _resolve_tiny_tree(dict(cfg.reward_kwargs.get(raw, {})), tiny_root, dist)
             self.rewards.append(load_reward(name, **kwargs))
         self.keys = list(cfg.rewards)
+        for key, r in zip(self.keys, self.rewards):
+            _check_batch_relative(key, r)
         self.deferred = {k for k, r in zip(self.keys, self.rewards) if _batch_relative(r)}
 
     def __call__(self, images: torch.Tensor, prompts: list[str]) -> dict[str, Any]:
