@@ -69,3 +69,62 @@ def test_rl_served_batch_relative_reward_is_refused():
 
     with pytest.raises(ValueError, match="normalises over each call"):
         _check_batch_relative("remote", Served())
+
+
+# ---------------------------------------------------------------------------------------------- preference trainer
+def _pref():
+    import test_documented_options_train_rl as d  # tiny-run helpers (recipes/arena_rm/tiny.yaml, step recorder)
+
+    return d
+
+
+def _is_head(name: str) -> bool:
+    return name.startswith("head.")
+
+
+def test_resume_follows_the_configured_head_lr_not_the_checkpoints(tmp_path):
+    """load_checkpoint restored each param group's `lr_scale` (and weight decay, betas, eps) from the checkpoint,
+    and the trainer sets lr = schedule * lr_scale every step: a checkpoint written before `head_lr: 0` meant
+    "freeze" (the old code stored scale 1 for it), or any run resumed with a new head_lr, kept training the head
+    at the old rate. Resumed with head_lr=0, the head must not move; the body follows optim.lr."""
+    d = _pref()
+    lr = 1e-3
+    out = tmp_path / "run"
+    first = d.run_recording(d.tiny_cfg(out, "max_steps=1", f"optim.lr={lr}", "optim.head_lr=0.05",
+                                       "optim.max_grad_norm=null"))
+    assert first["steps"][0]["lrs"] == [lr, 0.05]
+    after_first = {n: p.detach().clone() for n, p in first["trainer"].model_raw.named_parameters()}
+    second = d.run_recording(d.tiny_cfg(out, "max_steps=2", f"optim.lr={lr}", "optim.head_lr=0",
+                                        "optim.max_grad_norm=null", "optim.weight_decay=0.25"))
+    tr = second["trainer"]
+    assert [r for r in second["metrics"] if r["split"] == "info"][-1]["resumed_from"]
+    assert len(second["steps"]) == 1 and second["steps"][0]["lrs"] == [lr, 0.0]
+    assert [g["weight_decay"] for g in d._inner(tr.opt).param_groups] == [0.25, 0.25]
+    now = dict(tr.model_raw.named_parameters())
+    head = [n for n in now if _is_head(n)]
+    assert head and all(torch.equal(now[n].detach(), after_first[n]) for n in head)
+    body_move = max((now[n].detach() - after_first[n]).abs().max().item()
+                    for n, p in now.items() if p.requires_grad and not _is_head(n))
+    assert body_move > 0.5 * lr  # Adam's step ~ lr (plus decoupled decay lr * 0.25 * |w|)
+
+
+def test_frozen_head_does_not_take_part_in_gradient_clipping(tmp_path):
+    """With head_lr=0 the head is frozen, but its gradients were part of the clipped total norm, so they scaled
+    the body's update (and the logged grad_norm). Expected: the body's gradients clipped by the body's own norm,
+    computed here from an unclipped run on the same data."""
+    d = _pref()
+    ref = d.run_recording(d.tiny_cfg(tmp_path / "ref", "max_steps=1", "optim.head_lr=0", "optim.max_grad_norm=null"))
+    grads = ref["steps"][0]["grads"]
+    norm = lambda gs: math.sqrt(sum(float(g.double().pow(2).sum()) for g in gs))  # noqa: E731
+    body = {n: g for n, g in grads.items() if not _is_head(n)}
+    b_norm, all_norm = norm(body.values()), norm(grads.values())
+    max_norm = 0.5 * b_norm
+    right, wrong = max_norm / (b_norm + 1e-6), max_norm / (all_norm + 1e-6)
+    assert abs(right - wrong) > 4e-4 * right  # the head's gradient is large enough to tell them apart (vs rtol 1e-4)
+    run = d.run_recording(d.tiny_cfg(tmp_path / "clip", "max_steps=1", "optim.head_lr=0",
+                                     f"optim.max_grad_norm={max_norm!r}"))
+    got = run["steps"][0]["grads"]
+    for n, g in body.items():
+        torch.testing.assert_close(got[n], g * right, rtol=1e-4, atol=1e-9)
+    logged = [r["grad_norm"] for r in run["metrics"] if r["split"] == "train"]
+    assert logged == [pytest.approx(b_norm, rel=1e-5)]

@@ -347,8 +347,13 @@ class PreferenceTrainer:
         groups = [g for g in groups if g["params"]]
         opt = torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay,
                                 foreach=False)
+        # what the config says, per group: resume keeps the optimizer's state but not these (a checkpoint's lr_scale,
+        # weight decay, betas, eps would override a changed config, e.g. head_lr: 0)
+        self._group_hparams = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
         self.model, self.opt = self.acc.prepare(model, opt)
         self.trainable = [p for p in model.parameters() if p.requires_grad]
+        # gradient clipping: the parameters that are updated (a frozen head, head_lr: 0, must not scale the body's)
+        self._clip_params = [p for g in opt.param_groups if g["lr_scale"] > 0 for p in g["params"]]
         self.step = 0
 
     def _preflight(self, ds: Any, base: Any, split: str, preflight_pairs: Any) -> Any:
@@ -457,6 +462,8 @@ class PreferenceTrainer:
         inner = self.opt.optimizer if hasattr(self.opt, "optimizer") else self.opt
         inner.load_state_dict(_unflatten_optimizer(st.load_file(str(path / "optimizer.safetensors")),
                                                    state["optimizer"]))
+        for g, hp in zip(inner.param_groups, self._group_hparams):
+            g.update(hp)
         if state.get("scaler") and getattr(self.acc, "scaler", None) is not None:
             self.acc.scaler.load_state_dict(state["scaler"])
         rng_file = path / f"rng-rank{self.rank}.safetensors"
@@ -701,7 +708,7 @@ class PreferenceTrainer:
                     local_pairs += len(chunk)
                 grad_norm = None
                 if cfg.optim.max_grad_norm:
-                    grad_norm = self.acc.clip_grad_norm_(self.trainable, cfg.optim.max_grad_norm)
+                    grad_norm = self.acc.clip_grad_norm_(self._clip_params, cfg.optim.max_grad_norm)
                 lr = L.lr_at(self.step, base_lr=cfg.optim.lr, total_steps=self.total_steps, warmup_steps=self.warmup,
                              schedule=cfg.optim.schedule, min_lr_ratio=cfg.optim.min_lr_ratio)
                 for g in self.opt.param_groups:
