@@ -153,3 +153,16 @@ def test_hpsv2_score_tensor_refuses_a_side_that_rounds_to_zero_as_input_error(hp
     ok = torch.full((1, 3, 2, 70), 0.5, requires_grad=True)  # round(64 / 70) = 1 row: accepted
     hpsv2_tiny.score_tensor(ok, "a cat").sum().backward()
     assert ok.grad is not None and torch.isfinite(ok.grad).all()
+
+
+@pytest.mark.parametrize("bad", ["optim.lr=inf", "optim.lr=1e400", "optim.head_lr=inf", "optim.max_grad_norm=-1",
+                                 "optim.max_grad_norm=nan"])
+def test_non_finite_lr_and_bad_max_grad_norm_are_refused(tmp_path, bad):
+    """An infinite lr turned the first Adam step into inf / NaN weights; a negative max_grad_norm made torch scale
+    every gradient by max_norm / norm < 0, i.e. gradient ascent, silently; NaN made every gradient NaN."""
+    from rewardkit.train.trainer import _validate
+
+    with pytest.raises(ValueError, match="lr|max_grad_norm"):
+        _validate(_pref().tiny_cfg(tmp_path, bad))
+    for ok in ("optim.max_grad_norm=0", "optim.max_grad_norm=null", "optim.max_grad_norm=inf", "optim.head_lr=0"):
+        _validate(_pref().tiny_cfg(tmp_path, ok))

@@ -145,8 +145,12 @@ def _validate(cfg: PreferenceTrainConfig) -> None:
     if (cfg.loss.kind == "uncertainty") != (cfg.model.head == "uncertainty"):
         raise ValueError("loss.kind=uncertainty and model.head=uncertainty go together")
     o = cfg.optim
-    if not o.lr > 0 or (o.head_lr is not None and not o.head_lr >= 0):  # NaN-safe comparisons
-        raise ValueError(f"optim.lr must be > 0 and optim.head_lr >= 0 (or null), got {o.lr!r} / {o.head_lr!r}")
+    if not 0 < o.lr < math.inf or (o.head_lr is not None and not 0 <= o.head_lr < math.inf):  # NaN-safe
+        raise ValueError(f"optim.lr must be > 0 and optim.head_lr >= 0 (or null), both finite, got {o.lr!r} / "
+                         f"{o.head_lr!r}")
+    if o.max_grad_norm is not None and not o.max_grad_norm >= 0:  # NaN-safe
+        # a negative norm would flip the clipped gradients' sign (torch scales by max_norm / norm)
+        raise ValueError(f"optim.max_grad_norm must be >= 0 (0 or null: no clipping), got {o.max_grad_norm!r}")
     if not cfg.num_epochs >= 1:
         raise ValueError(f"num_epochs must be >= 1, got {cfg.num_epochs!r}")
     if cfg.mixed_precision not in ("no", "bf16", "fp16"):
