@@ -275,6 +275,14 @@ def test_bench_revision_reaches_the_hub_loader_and_the_record(tmp_path, tiny_cli
     assert main(["bench", "--reward", "clipscore", "--model", str(tmp_path / "unused"), "--benchmark", "mmrb2/t2i",
                  "--data-dir", str(tmp_path / "data"), "--no-cache", "--revision", "0123abc"]) == 2
     assert "--revision" in capsys.readouterr().err and calls == []
+    # the Python API refuses it too (it used to ignore the revision silently)
+    from rewardkit import load_reward
+    from rewardkit.bench.harness import evaluate
+
+    with pytest.raises(ValueError, match="revision"):
+        evaluate(load_reward("clipscore", model=str(tiny_clip_dir), device="cpu"), ["mmrb2/t2i"],
+                 data_dir=tmp_path / "data", revision="0123abc", cache_dir=None)
+    assert calls == []
 
 
 # ============================================================================================== docs/integrations.md

@@ -135,3 +135,23 @@ def test_nft_run_with_a_yaml_composite_reward(tmp_path, tiny_dirs):
     assert rec["reward/composite.pref/z/std"] == pytest.approx(1.0, abs=1e-2)
     assert math.isfinite(rec["reward/composite.pref/raw/mean"])
     assert "reward/composite.align/z/mean" in rec and "reward/composite.align/raw/std" in rec
+    # evaluation: the z-scored total is meaningless (mean 0, groups of one): the axes' raw scores are logged
+    ev = tr.evaluate()
+    assert "eval/reward/total/mean" not in ev and "eval/reward/composite/mean" not in ev
+    assert not any(k.endswith("/z/mean") for k in ev)
+    assert math.isfinite(ev["eval/reward/composite.pref/raw/mean"])
+    # curves: the raw axis series are drawn, the z-scores are not
+    import json
+
+    from rewardkit.rl import curves
+
+    m = tmp_path / "m.jsonl"
+    m.write_text(json.dumps({"epoch": 1, **{k: v for k, v in rec.items() if isinstance(v, (int, float))}}) + "\n")
+    drawn = []
+    real = curves._series
+    curves._series = lambda recs, key: (drawn.append(key), real(recs, key))[1]
+    try:
+        curves.plot_curves(m, tmp_path / "c.png")
+    finally:
+        curves._series = real
+    assert "reward/composite.pref/raw/mean" in drawn and "reward/composite.pref/z/mean" not in drawn

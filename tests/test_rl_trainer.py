@@ -229,6 +229,18 @@ def test_config_validation_and_presets():
         bad.validate()
     with pytest.raises(ConfigError):
         build_config(NFTConfig, {"train": {"lrr": 1.0}})
+    # optimizer settings that would silently train wrong: NaN / inf / negative; a negative max_grad_norm makes
+    # clip_grad_norm_ multiply the gradients by a negative factor (gradient ascent)
+    for train, what in [({"lr": float("nan")}, "train.lr"), ({"lr": float("inf")}, "train.lr"), ({"lr": 0.0}, "train.lr"),
+                        ({"max_grad_norm": -1.0}, "max_grad_norm"), ({"max_grad_norm": float("nan")}, "max_grad_norm"),
+                        ({"max_grad_norm": 0.0}, "max_grad_norm"), ({"weight_decay": float("nan")}, "weight_decay"),
+                        ({"adam_beta2": 1.0}, "adam_beta"), ({"adam_eps": 0.0}, "adam_eps")]:
+        with pytest.raises(ValueError, match=what):
+            build_config(NFTConfig, {"train": train}).validate()
+    build_config(NFTConfig, {"train": {"max_grad_norm": float("inf")}}).validate()   # inf: no clipping
+    for w in (float("inf"), float("nan"), True):
+        with pytest.raises(ValueError, match="finite number"):
+            build_config(NFTConfig, {"rewards": {"pickscore": w}}).validate()
 
 
 def test_cli_help_and_print_config(capsys):

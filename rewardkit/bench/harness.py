@@ -496,6 +496,9 @@ def evaluate(
         raise ValueError("no benchmarks given")
     if limit is not None and limit < 1:
         raise ValueError("limit must be >= 1")
+    if revision and data_dir is not None and all(_data_path(data_dir, s) is not None for s in specs):
+        raise ValueError("revision pins the hub dataset, but every benchmark reads local files (data_dir), so it "
+                         "would be ignored; drop one of the two")
     requested_mode = mode
     mode, mode_reason = _resolve_mode(reward, mode)  # re-checked on the first loaded comparison
     cfg = config_dict(reward)

@@ -7,6 +7,7 @@ optimizer step per epoch. On fewer GPUs keep ``num_groups * group_size`` and rai
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,8 +110,18 @@ class NFTConfig:
         if not self.rewards:
             raise ValueError("rewards: give at least one {name: weight}")
         for name, w in self.rewards.items():
-            if not isinstance(w, (int, float)) or w != w:
-                raise ValueError(f"rewards.{name}: weight must be a number, got {w!r}")
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w):
+                raise ValueError(f"rewards.{name}: weight must be a finite number, got {w!r}")
+        # the optimizer always clips: a negative norm would flip the gradients (silent ascent), 0 or NaN zero them
+        # (written so that NaN fails every check)
+        if not (isinstance(t.lr, (int, float)) and 0 < t.lr < math.inf):
+            raise ValueError(f"train.lr must be a finite number > 0, got {t.lr!r}")
+        if not (isinstance(t.max_grad_norm, (int, float)) and t.max_grad_norm > 0):
+            raise ValueError(f"train.max_grad_norm must be > 0 (inf: no clipping), got {t.max_grad_norm!r}")
+        if not (0 <= t.weight_decay < math.inf and 0 < t.adam_eps < math.inf
+                and 0 <= t.adam_beta1 < 1 and 0 <= t.adam_beta2 < 1):
+            raise ValueError("train.weight_decay must be finite >= 0, adam_eps finite > 0, adam_beta1 / adam_beta2 "
+                             f"in [0, 1); got {t.weight_decay!r}, {t.adam_eps!r}, {t.adam_beta1!r}, {t.adam_beta2!r}")
         if min(s.batch_size, s.num_groups, s.group_size, t.batch_size, t.steps_per_epoch, s.num_steps) < 1:
             raise ValueError("batch sizes, num_groups, group_size, steps and steps_per_epoch must be >= 1")
         if s.group_size < 2:

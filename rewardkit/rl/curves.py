@@ -37,8 +37,11 @@ def plot_curves(metrics: str | Path, out: str | Path, e2po: Any = None) -> Path 
     recs = [r for r in recs if "final" not in r and "epoch" in r]
     if not recs:
         return None
-    comps = sorted({k.split("/")[1] for r in recs for k in r if k.startswith("reward/") and k.endswith("/mean")
-                    and not k.endswith("_anchor") and "/mean_" not in k})
+    # every logged reward series (total, components, dimensions such as a composite's "<name>.<axis>/raw"),
+    # except z-scores and gates: a z-scored series has mean 0 by construction
+    names = {k[len("reward/"):-len("/mean")] for r in recs for k in r
+             if k.startswith("reward/") and k.endswith("/mean") and "/mean_" not in k}
+    comps = sorted(c for c in names if c.rsplit("/", 1)[-1] not in ("z", "z_vetoed", "gate"))
     e2po_keys = sorted({k for r in recs for k in r if k.startswith("e2po/") and k.endswith("anchor_sim_mean")})
     panels = 4 + (1 if e2po_keys else 0)
     fig, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.4), squeeze=False)

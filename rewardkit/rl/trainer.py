@@ -645,9 +645,17 @@ class NFTTrainer:
             for p, b in zip(self.trainable, backup):
                 p.copy_(b)
         fin = self.scorer.finalize(results, torch.tensor(ids, dtype=torch.long))
-        comps = {**fin["components"], **fin["dimensions"]}
-        keys = ["total"] + sorted(comps)
-        cols = [fin["total"]] + [comps[k] for k in sorted(comps)]
+        comps = {"total": fin["total"], **fin["components"], **fin["dimensions"]}
+        if self.scorer.deferred:
+            # a batch-relative composite's value is relative to the other samples (its mean is 0 by
+            # construction, and each evaluation prompt is a group of one): log its axes' raw scores, not the
+            # z-scores, its component or the total
+            deferred = self.scorer.deferred
+            comps = {k: v for k, v in comps.items()
+                     if k != "total" and k not in deferred
+                     and not (k.split(".", 1)[0] in deferred and k.rsplit("/", 1)[-1] in ("z", "z_vetoed"))}
+        keys = sorted(comps)
+        cols = [comps[k] for k in keys]
         # per key: (sum of finite values, count) summed over processes
         stats = torch.tensor([[float(c[torch.isfinite(c)].sum()), float(torch.isfinite(c).sum())] for c in cols],
                              dtype=torch.float64, device=self.device)
