@@ -213,7 +213,12 @@ def read_raw_logprobs(data: Any, choices: Sequence[str], *,
     top = content[0].get("top_logprobs")
     if not isinstance(top, list) or not top:
         return None, "unreadable logprobs (no top_logprobs list)"
+    if token_ids is not None:
+        keys = [f"token_id:{t}" for t in token_ids]
+    else:
+        keys = list(choices)
     table: dict[str, float] = {}
+    entries: set[tuple[str, float]] = set()  # distinct (token, value): what the over-unity check sums
     for alt in top:
         if not isinstance(alt, dict) or not isinstance(alt.get("token"), str):
             return None, "unreadable logprobs (an alternative without a string token)"
@@ -223,16 +228,16 @@ def read_raw_logprobs(data: Any, choices: Sequence[str], *,
         v = float(v)
         if not (v <= _MAX_LOGPROB):  # NaN-safe: NaN and positive values are off-scale
             return None, f"off-scale log-probability {v!r} for {alt['token']!r}"
-        if alt["token"] in table and table[alt["token"]] != v:
-            return None, f"token {alt['token']!r} listed twice with different log-probabilities"
-        table[alt["token"]] = min(v, 0.0)
-    total = math.fsum(math.exp(v) for v in table.values())
+        v = min(v, 0.0)
+        tok = alt["token"]
+        # Distinct tokens may share a text (byte pieces shown as U+FFFD): harmless unless the text is a choice's
+        if tok in table and table[tok] != v and tok in keys:
+            return None, f"token {tok!r} listed twice with different log-probabilities"
+        table.setdefault(tok, v)
+        entries.add((tok, v))
+    total = math.fsum(math.exp(v) for _, v in entries)
     if total > 1.0 + 1e-2:  # (a tolerance for servers that round log-probabilities)
         return None, f"the listed log-probabilities sum to probability {total:.4f} > 1: not full-vocabulary values"
-    if token_ids is not None:
-        keys = [f"token_id:{t}" for t in token_ids]
-    else:
-        keys = list(choices)
     row, missing = [], []
     for c, k in zip(choices, keys):
         if k not in table:
