@@ -250,3 +250,31 @@ def test_unifiedreward_templates_render_prompts_with_braces_verbatim(prompt):
                 assert prompt in text and "{{" not in text.replace(prompt, "")
         if "quality" in t.fields:  # no placeholder: the JSON example's braces come out single
             assert '{\n\n"reasoning"' in t.render("quality")
+
+
+# --------------------------------------------------------------- raw probabilities from a server without logprobs
+def test_vqascore_full_on_a_server_without_logprobs_is_a_judge_failure():
+    """Bug: with probability='full' a server that returns no log-probabilities at all gave NaN + a reason without
+    the failure prefix (the bench cache kept it: fixing the server did not help) and never raised with
+    on_error='raise'; probability='yes_no' (choice_probs) raises JudgeServerError for the same server."""
+    pytest.importorskip("httpx")
+    from test_judge_fake_server import FakeServer
+
+    from rewardkit.judges.openai_backend import JudgeServerError, OpenAIJudge
+    from rewardkit.rewards.vqascore import VQAScore
+
+    server = FakeServer()
+    try:
+        server.mode = "nologprobs"
+        judge = OpenAIJudge(server.url, model="fake", api_key="", timeout=2.0, max_retries=0, check_tokens=False,
+                            server="openai")
+        ims = random_images(2, seed=6)
+        for probability in ("full", "yes_no"):
+            r = VQAScore(judge=judge, probability=probability)
+            out = r(ims, "a cat", on_error="nan")
+            assert not out.valid.any()
+            assert all(e.startswith(JUDGE_FAILURE_PREFIX) and "log-prob" in e for e in out.errors), out.errors
+            with pytest.raises(JudgeServerError, match="log-prob"):
+                r(ims, "a cat", on_error="raise")
+    finally:
+        server.close()
