@@ -759,10 +759,13 @@ class Reward(abc.ABC):
         diff = (ca - cb) if self.higher_is_better else (cb - ca)
         prob = torch.sigmoid(diff / self.compare_temperature)
         valid = out.valid[:n] & out.valid[n:]
+        from .judges.policy import join_reasons
+
         errors = []
         for i in range(n):
             ea, eb = out.errors[i], out.errors[n + i]
-            errors.append(None if valid[i] else "; ".join(f"{w}: {e}" for w, e in (("a", ea), ("b", eb)) if e))
+            # (a judge failure leads the reason with its prefix: a score cache must not store it)
+            errors.append(None if valid[i] else (join_reasons([("a", ea), ("b", eb)]) or ""))
         prob = torch.where(valid, prob, torch.full_like(prob, float("nan")))
         return PairwiseOutput(prob_a=prob, valid=valid, errors=errors, info=out.info,
                               scores_a=out.scores[:n], scores_b=out.scores[n:])

@@ -24,7 +24,9 @@ decoding; default 8 MiB) are refused at once (not retried).
 ``raw_choice_probs`` (full-vocabulary probabilities, not renormalised; VQAScore's default) reads the same
 response strictly (:func:`read_raw_logprobs`): exact on a vLLM server; elsewhere a choice absent from the top
 alternatives has an unknown probability and its row is NaN + reason (never 0, never the bound), and any
-malformed, duplicated, NaN / positive, or over-unity (summing above 1) log-probability is NaN + reason.
+malformed, duplicated, NaN / positive, or over-unity (summing above 1) log-probability is NaN + reason. A
+response without any log-probabilities (the server or model does not support them) fails the request, as in
+``choice_probs``.
 
 A row where no choice is listed, where a listed choice's log-prob is NaN / +inf / positive (off-scale), or
 where every listed choice is ``-inf`` is NaN (no usable probability: the rewards report that question
@@ -61,6 +63,8 @@ __all__ = ["OpenAIJudge", "JudgeServerError", "to_openai_messages", "read_choice
 _RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 _MAX_LOGPROB = 1e-4  # a log-probability above this (rounding aside) is off-scale
 _GREEDY_EPS = 1e-5  # vLLM treats temperatures below this as greedy
+# read_raw_logprobs' reason for a response without any log-probabilities: the server's capability, not an answer
+_NO_LOGPROBS = "the server returned no log-probabilities (it or the model does not support logprobs)"
 
 
 class JudgeServerError(JudgeError):
@@ -207,13 +211,18 @@ def read_raw_logprobs(data: Any, choices: Sequence[str], *,
     lp = ch[0].get("logprobs")
     content = lp.get("content") if isinstance(lp, dict) else None
     if lp is None or content is None or content == []:
-        return None, "the server returned no log-probabilities (it or the model does not support logprobs)"
+        return None, _NO_LOGPROBS
     if not isinstance(content, list) or not isinstance(content[0], dict):
         return None, "unreadable logprobs (content is not a list of token entries)"
     top = content[0].get("top_logprobs")
     if not isinstance(top, list) or not top:
         return None, "unreadable logprobs (no top_logprobs list)"
+    if token_ids is not None:
+        keys = [f"token_id:{t}" for t in token_ids]
+    else:
+        keys = list(choices)
     table: dict[str, float] = {}
+    entries: set[tuple[str, float]] = set()  # distinct (token, value): what the over-unity check sums
     for alt in top:
         if not isinstance(alt, dict) or not isinstance(alt.get("token"), str):
             return None, "unreadable logprobs (an alternative without a string token)"
@@ -223,16 +232,16 @@ def read_raw_logprobs(data: Any, choices: Sequence[str], *,
         v = float(v)
         if not (v <= _MAX_LOGPROB):  # NaN-safe: NaN and positive values are off-scale
             return None, f"off-scale log-probability {v!r} for {alt['token']!r}"
-        if alt["token"] in table and table[alt["token"]] != v:
-            return None, f"token {alt['token']!r} listed twice with different log-probabilities"
-        table[alt["token"]] = min(v, 0.0)
-    total = math.fsum(math.exp(v) for v in table.values())
+        v = min(v, 0.0)
+        tok = alt["token"]
+        # Distinct tokens may share a text (byte pieces shown as U+FFFD): harmless unless the text is a choice's
+        if tok in table and table[tok] != v and tok in keys:
+            return None, f"token {tok!r} listed twice with different log-probabilities"
+        table.setdefault(tok, v)
+        entries.add((tok, v))
+    total = math.fsum(math.exp(v) for _, v in entries)
     if total > 1.0 + 1e-2:  # (a tolerance for servers that round log-probabilities)
         return None, f"the listed log-probabilities sum to probability {total:.4f} > 1: not full-vocabulary values"
-    if token_ids is not None:
-        keys = [f"token_id:{t}" for t in token_ids]
-    else:
-        keys = list(choices)
     row, missing = [], []
     for c, k in zip(choices, keys):
         if k not in table:
@@ -566,8 +575,11 @@ class OpenAIJudge(JudgeBackend):
                     "logprobs": True, "top_logprobs": self.top_logprobs, **self.extra_body}
             if exact_ids:
                 body.update(top_logprobs=len(ids), logprob_token_ids=list(ids), return_tokens_as_token_ids=True)
-            return read_raw_logprobs(self._post("/chat/completions", body), choices,
-                                     token_ids=ids if exact_ids else None)
+            row, reason = read_raw_logprobs(self._post("/chat/completions", body), choices,
+                                            token_ids=ids if exact_ids else None)
+            if reason == _NO_LOGPROBS:  # a server without logprobs support fails the call (as choice_probs does):
+                raise JudgeServerError(f"{self.base_url}: {reason}")  # never an answer a score cache keeps
+            return row, reason
 
         rows = self._map(one, msgs, row_errors)
         out = torch.full((len(rows), len(choices)), float("nan"))

@@ -28,7 +28,8 @@ from contextvars import ContextVar
 from typing import Any
 
 __all__ = ["JudgeError", "JUDGE_ERROR_POLICIES", "JUDGE_FAILURES", "JudgePolicyMixin", "judge_policy",
-           "check_policy", "usable_rows", "call_rows", "describe_failure", "is_judge_failure", "JUDGE_FAILURE_PREFIX"]
+           "check_policy", "usable_rows", "call_rows", "describe_failure", "is_judge_failure", "JUDGE_FAILURE_PREFIX",
+           "join_reasons"]
 
 JUDGE_ERROR_POLICIES = ("auto", "nan", "raise")
 
@@ -70,6 +71,22 @@ JUDGE_FAILURE_PREFIX = "judge call failed"
 
 def describe_failure(exc: BaseException) -> str:
     return f"{JUDGE_FAILURE_PREFIX}: {type(exc).__name__}: {exc}"
+
+
+def join_reasons(parts: Any) -> str | None:
+    """One sample's reason from labelled parts ``[(label, reason or None), ...]``: ``"label: reason; ..."``,
+    None when every reason is None. Judge failures come first as ``"judge call failed (label): ..."``, so that a
+    combined reason holding a failure still starts with :data:`JUDGE_FAILURE_PREFIX` (a score cache must not
+    store it: the next run asks again)."""
+    fails, others = [], []
+    for label, reason in parts:
+        if not reason:
+            continue
+        if reason.startswith(JUDGE_FAILURE_PREFIX):
+            fails.append(f"{JUDGE_FAILURE_PREFIX} ({label}){reason[len(JUDGE_FAILURE_PREFIX):]}")
+        else:
+            others.append(f"{label}: {reason}")
+    return "; ".join(fails + others) or None
 
 
 class JudgePolicyMixin:

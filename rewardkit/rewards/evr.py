@@ -413,8 +413,9 @@ class EVR(JudgePolicyMixin, Reward):
             for d, dim in enumerate(self.dims):
                 c = b * D + d
                 bad = [i for i in range(K) if parsed[c][i] is None]
-                if c in failed:
-                    reasons.append(f"{dim}: {JUDGE_FAILURE_PREFIX}: {failed[c]}")
+                if c in failed:  # first, with the prefix leading the reason: a score cache must not store it
+                    reasons.insert(sum(r.startswith(JUDGE_FAILURE_PREFIX) for r in reasons),
+                                   f"{JUDGE_FAILURE_PREFIX} ({dim}): {failed[c]}")
                 elif bad and (cfg.unparsed == "invalid" or len(bad) == K):
                     sample = raw[c][bad[0]][-1] if raw[c][bad[0]] else ""
                     reasons.append(f"{dim}: {len(bad)}/{K} hypotheses unparseable after {cfg.max_retries} "

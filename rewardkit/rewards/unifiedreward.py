@@ -41,7 +41,7 @@ from typing import Any, ClassVar, Sequence
 import torch
 
 from ..judges.policy import (_CALL_ON_ERROR, JUDGE_FAILURE_PREFIX, JudgeError, JudgePolicyMixin, call_rows,
-                             check_policy, describe_failure, is_judge_failure, judge_policy)
+                             check_policy, describe_failure, is_judge_failure, join_reasons, judge_policy)
 from ..reward import PairwiseOutput, Reward, RewardBatch, RewardConfig, RewardOutput
 
 __all__ = ["UnifiedReward", "parse_final_score", "parse_pair_verdict", "parse_axis_scores", "parse_pair_axis_scores",
@@ -50,7 +50,8 @@ __all__ = ["UnifiedReward", "parse_final_score", "parse_pair_verdict", "parse_ax
 _MARKER = re.compile(r"Final Score\s*:", re.IGNORECASE)
 # after the marker: optional bold, a plain decimal number, optional "/5" or "/ 5", optional bold, optional
 # full stop, then the end of the line. Nothing else ("4 out of 5", "3-4", "five", "1e1" are refused).
-_VALUE = re.compile(r"[ \t]*(?:\*\*)?[ \t]*(\d+(?:\.\d+)?)[ \t]*(?:/[ \t]*(\d+))?[ \t]*(?:\*\*)?[ \t]*\.?[ \t]*(?:\r?\n|$)")
+# ASCII digits only: Python's \d would also take "４" (fullwidth) or "٣" (Arabic-Indic) as a score.
+_VALUE = re.compile(r"[ \t]*(?:\*\*)?[ \t]*([0-9]+(?:\.[0-9]+)?)[ \t]*(?:/[ \t]*([0-9]+))?[ \t]*(?:\*\*)?[ \t]*\.?[ \t]*(?:\r?\n|$)")
 _VERDICTS = (("Image 1 is better", 1.0), ("Image 2 is better", 0.0), ("Both images are equally good", 0.5))
 
 
@@ -96,7 +97,7 @@ def parse_pair_verdict(text: Any) -> tuple[float | None, str | None]:
     return found.pop(), None
 
 
-_NUM = r"(\d+(?:\.\d+)?)"  # a plain non-negative decimal: no sign, no exponent, no "nan"
+_NUM = r"([0-9]+(?:\.[0-9]+)?)"  # a plain non-negative ASCII decimal: no sign, no exponent, no "nan"
 _AXES = ("Alignment", "Coherence", "Style")
 
 
@@ -162,7 +163,9 @@ def parse_think_verdict(text: Any) -> tuple[float | None, str | None]:
     if not isinstance(text, str) or not text.strip():
         return None, "empty answer"
     opened = len(re.findall(r"<answer>", text, re.IGNORECASE))
-    blocks = _ANSWER.findall(text)
+    if opened > 1:  # refused before the lazy block search, which is quadratic in the number of opening tags
+        return None, f"{opened} <answer> blocks"
+    blocks = _ANSWER.findall(text) if opened else []
     if not blocks:
         return None, "no <answer>...</answer> block" if not opened else "unclosed <answer> block"
     if len(blocks) > 1 or opened != 1:
@@ -177,6 +180,18 @@ def parse_think_verdict(text: Any) -> tuple[float | None, str | None]:
 
 def _refuse_constant(name: str) -> float:
     raise ValueError(f"non-finite number {name}")
+
+
+def _refuse_duplicate_keys(pairs: list) -> dict:
+    out: dict = {}
+    dup = []
+    for k, v in pairs:
+        if k in out:
+            dup.append(k)
+        out[k] = v
+    if dup:  # json.loads would keep the last one silently (e.g. a second "sc\\u006fre" the text count misses)
+        raise ValueError(f"key(s) {sorted(set(dup))[:3]} given twice")
+    return out
 
 
 def parse_edit_scores(text: Any, lo: float = 0.0, hi: float = 25.0) -> tuple[list[float] | None, str | None]:
@@ -197,7 +212,7 @@ def parse_edit_scores(text: Any, lo: float = 0.0, hi: float = 25.0) -> tuple[lis
         return None, "no JSON object in the answer"
     body = re.sub(r",\s*([}\]])", r"\1", text[start:end + 1])
     try:
-        obj = json.loads(body, parse_constant=_refuse_constant)
+        obj = json.loads(body, parse_constant=_refuse_constant, object_pairs_hook=_refuse_duplicate_keys)
     except (ValueError, RecursionError) as exc:
         return None, f"unreadable JSON answer ({str(exc)[:60]})"
     if not isinstance(obj, dict):
@@ -373,7 +388,8 @@ class UnifiedReward(JudgePolicyMixin, Reward):
                 dims[d].append(v)
             dims["semantic_consistency"].append(min(sc) if sc else nan)
             dims["perceptual_quality"].append(min(pq) if pq else nan)
-            why = "; ".join(f"{w} answer: {e}" for w, e in (("instruction-following", why_sc), ("quality", why_pq)) if e)
+            # a failed request leads the reason with its prefix (a score cache must not store it)
+            why = join_reasons([("instruction-following answer", why_sc), ("quality answer", why_pq)])
             scores.append(math.sqrt(min(sc) * min(pq)) if sc and pq else nan)
             errors.append(why or None)
             rats.append(f"{sc_text}\n---\n{pq_text}")

@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..judges.policy import (JUDGE_FAILURE_PREFIX, JudgePolicyMixin, call_rows, check_policy, describe_failure,
-                             is_judge_failure, judge_policy)
+                             is_judge_failure, judge_policy, usable_rows)
 from ..reward import Reward, RewardBatch, RewardConfig, RewardOutput
 
 
@@ -130,8 +130,14 @@ class VQAScore(JudgePolicyMixin, Reward):
                     reasons = list(why)
             else:
                 probs, failed = call_rows(self.judge, "choice_probs", convs, self.labels, isolate=isolate)
-                probs = torch.as_tensor(probs, dtype=torch.float32).reshape(n, 2)
-                p_yes = torch.where(torch.isfinite(probs).all(1), probs[:, 0], torch.full((n,), float("nan")))
+                # a row must be a distribution over (Yes, No): finite, in [0, 1], summing to 1 (else unanswered)
+                raw_rows = torch.as_tensor(probs, dtype=torch.float32)
+                probs, usable = usable_rows(raw_rows, n, 2)
+                p_yes = probs[:, 0].clone()
+                for i in range(n):
+                    if not bool(usable[i]) and bool(torch.isfinite(raw_rows[i]).all()):
+                        reasons[i] = (f"the judge's probabilities for {self.labels} are {raw_rows[i].tolist()}, "
+                                      "not a distribution over the answers")
         except Exception as exc:  # noqa: BLE001 - re-raised unless the judge policy says NaN
             if not (isolate and is_judge_failure(exc)):
                 raise
