@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from rewardkit.judges.policy import JUDGE_FAILURE_PREFIX
 import torch
 
 from rewardkit import media
@@ -359,6 +361,40 @@ def test_four_way_judge(data_root):
     assert m.n == 24 and m.extra["n_unparsed"] == 4
     assert m.value == pytest.approx(10 / 24)
     assert res["genaibench/t2i"].primary == "genaibench_4way"
+
+
+class FlakyFourWay(MeanPixel):
+    """4-way judge. ``flaky``: the 1st and 3rd pairs it is asked about fail (a failed judge call, reported through
+    ``reasons``) and the 2nd gets an unparsed answer; otherwise every pair is answered "[[A=B]]"."""
+
+    name = "test-flaky-four-way"
+
+    def __init__(self, flaky: bool):
+        super().__init__()
+        self.flaky, self.asked = flaky, 0
+
+    def judge_4way(self, images_a, images_b, prompts, *, sources=None, reasons=None):
+        why = []
+        for _ in images_a:
+            k = self.asked
+            self.asked += 1
+            bad = self.flaky and k in (0, 1, 2)
+            why.append((JUDGE_FAILURE_PREFIX + ": HTTP 503" if k != 1 else "unparsed") if bad else None)
+        reasons[:] = why
+        return [None if w else "[[A=B]]" for w in why]
+
+
+def test_four_way_judge_failures_are_not_cached(tmp_path, data_root):
+    """A 4-way verdict missing because the judge call failed is reported invalid and asked again next run; an
+    unparsed answer is a (wrong) answer and is cached."""
+    cache = tmp_path / "cache"
+    r = FlakyFourWay(flaky=True)
+    first = _run(r, "genaibench/t2i", data_root, mode="scalar", cache_dir=cache)
+    assert r.asked == 24 and first["genaibench/t2i"].metrics["genaibench_4way"].extra["n_unparsed"] == 3
+    r2 = FlakyFourWay(flaky=False)
+    second = _run(r2, "genaibench/t2i", data_root, mode="scalar", cache_dir=cache)
+    assert r2.asked == 2                                      # only the two failed pairs were asked again
+    assert second["genaibench/t2i"].metrics["genaibench_4way"].extra["n_unparsed"] == 1
 
 
 # ------------------------------------------------------------------ cache and resume

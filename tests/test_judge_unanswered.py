@@ -283,7 +283,7 @@ def test_composite_forwards_policy_and_follows_its_own_on_error():
     comp = Composite(cfg, judge=PoisonImage())
     assert comp.rewards["faith"].config.on_judge_error == "auto"
     out = comp([POISON, IMG], "a cat", metadata=META, batch_size=1, on_error="nan")
-    assert math.isnan(out.scores[0]) and "axis 'faith': judge call failed" in out.errors[0]
+    assert math.isnan(out.scores[0]) and out.errors[0].startswith("judge call failed (axis 'faith'): ")
     assert out.scores[1] == 1.0 and out.valid[1]
     with pytest.raises(JudgeServerError):                # the outermost call's on_error decides
         comp([POISON, IMG], "a cat", metadata=META, batch_size=1)

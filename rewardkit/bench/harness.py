@@ -18,6 +18,7 @@ Scores are cached on disk (:mod:`rewardkit.bench.cache`), committed after every 
 from __future__ import annotations
 
 import datetime as _dt
+import inspect
 import json
 import math
 import subprocess
@@ -272,17 +273,27 @@ class _Scorer:
         bar = self._bar(len(todo), desc)
         mine = []
         try:
+            takes_reasons = "reasons" in inspect.signature(self.reward.judge_4way).parameters
+        except (TypeError, ValueError):
+            takes_reasons = False
+        try:
             for s in range(0, len(todo), self.batch_size):
                 chunk = todo[s:s + self.batch_size]
                 t0 = time.perf_counter()
+                why: list = []
+                extra = {"reasons": why} if takes_reasons else {}
                 answers = self.reward.judge_4way([pairs[k][0] for k in chunk], [pairs[k][1] for k in chunk],
                                                  [pairs[k][2] for k in chunk],
-                                                 sources=[pairs[k][3] for k in chunk] if use_sources else None)
+                                                 sources=[pairs[k][3] for k in chunk] if use_sources else None,
+                                                 **extra)
                 self.model_seconds += time.perf_counter() - t0
                 if len(answers) != len(chunk):
                     raise RuntimeError(f"judge_4way returned {len(answers)} answers for {len(chunk)} pairs")
-                rows = [(k, a, None if a else "no verdict") for k, a in zip(chunk, answers)]
-                self.cache.put_verdicts(rows)
+                if len(why) != len(chunk):
+                    why = [None] * len(chunk)
+                rows = [(k, a, None if a else (w or "no verdict")) for k, a, w in zip(chunk, answers, why)]
+                # a failed judge call is not an answer: not cached, asked again next run
+                self.cache.put_verdicts([r for r in rows if r[1] or not str(r[2]).startswith(JUDGE_FAILURE_PREFIX)])
                 found.update({k: (a, e) for k, a, e in rows})
                 mine.extend(rows)
                 bar.update(len(chunk))

@@ -31,7 +31,7 @@ import torch
 
 from ..config import _read_yaml, build_config, parse_overrides
 from ..errors import ConfigError
-from ..judges.policy import JUDGE_ERROR_POLICIES, JudgePolicyMixin
+from ..judges.policy import JUDGE_ERROR_POLICIES, JudgePolicyMixin, join_reasons
 from ..reward import Reward, RewardBatch, RewardConfig, RewardOutput
 from .functions import DEFAULT_EPS, ZSCORE_MODES, additive_penalty, combine, group_zscore, intent_gate, veto, zscore
 
@@ -455,17 +455,20 @@ class Composite(JudgePolicyMixin, Reward):
         keys = list(ax.group_keys if group_keys is None else group_keys)
         if len(keys) != n:
             raise ValueError(f"got {len(keys)} group keys for {n} samples")
-        errors: list[list[str]] = [[e] if e else [] for e in ax.input_errors]
+        # per sample: its input error, else (label, reason) of each enabled axis without a score
+        parts: list[list[tuple[str, str]]] = [[] for _ in range(n)]
         for a in self.axes:
             g, v = ax.gates[a.name], ax.valid[a.name]
             for i in range(n):
                 if not ax.input_errors[i] and g[i] > 0 and not bool(v[i]):
-                    errors[i].append(f"axis {a.name!r}: {ax.errors[a.name][i]}")
+                    parts[i].append((f"axis {a.name!r}", ax.errors[a.name][i] or "no score"))
         has_det = "detectors" in self.rewards
         if has_det:
             for i in range(n):
                 if not ax.input_errors[i] and not bool(ax.valid["detectors"][i]):
-                    errors[i].append(f"detectors: {ax.errors['detectors'][i]}")
+                    parts[i].append(("detectors", ax.errors["detectors"][i] or "no verdict"))
+        # a judge failure leads the reason ("judge call failed (axis 'x'): ..."): a score cache must not store it
+        errors: list[str | None] = [ax.input_errors[i] or join_reasons(parts[i]) for i in range(n)]
         usable = torch.tensor([not e for e in errors], dtype=torch.bool)   # valid on every enabled axis
 
         dims: dict[str, torch.Tensor] = {}
@@ -502,7 +505,7 @@ class Composite(JudgePolicyMixin, Reward):
         scores = combine(terms, weights, gates)
         valid = usable & torch.isfinite(scores)
         scores = torch.where(valid, scores, torch.full_like(scores, float("nan")))
-        errs = ["; ".join(e) if e else (None if bool(valid[i]) else "non-finite composite score")
+        errs = [e if e else (None if bool(valid[i]) else "non-finite composite score")
                 for i, e in enumerate(errors)]
         details = [{"intent": lab} for lab in ax.intents] if any(lab is not None for lab in ax.intents) else None
         return RewardOutput(scores=scores, valid=valid, errors=errs, dimensions=dims, info=info, details=details)

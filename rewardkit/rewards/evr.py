@@ -478,12 +478,18 @@ class EVR(JudgePolicyMixin, Reward):
 
     def judge_4way(self, images_a: Any, images_b: Any, prompt: str | Sequence[str] | None = None, *,
                    sources: Sequence[Any] | None = None, metadata: Sequence[dict[str, Any] | None] | None = None,
-                   batch_size: int | None = None) -> list[str | None]:
+                   batch_size: int | None = None, reasons: list | None = None) -> list[str | None]:
         """GenAI-Bench's four-way verdict per pair: ``"A>B"``, ``"B>A"``, ``"A=B=Good"`` or ``"A=B=Bad"``
         (None when the judge gave no probabilities). One native question with four single-token answers,
-        asked in both orders; the verdict is the argmax of the order-averaged probabilities."""
+        asked in both orders; the verdict is the argmax of the order-averaged probabilities. ``reasons`` (a list)
+        receives one entry per pair: why it has no verdict (a failed judge call starts with
+        ``JUDGE_FAILURE_PREFIX``), None where it has one."""
         out = self._pair_call(images_a, images_b, prompt, sources, metadata, "4way", batch_size, "nan")
-        return [d["verdict"] if (bool(v) and d) else None for d, v in zip(out.details or [None] * len(out), out.valid)]
+        verdicts = [d["verdict"] if (bool(v) and d) else None
+                    for d, v in zip(out.details or [None] * len(out), out.valid)]
+        if reasons is not None:
+            reasons[:] = [None if v is not None else (e or "no verdict") for v, e in zip(verdicts, out.errors)]
+        return verdicts
 
     def _pair_call(self, images_a, images_b, prompt, sources, metadata, mode: str, batch_size, on_error):
         from .. import media
