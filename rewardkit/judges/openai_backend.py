@@ -521,12 +521,10 @@ class OpenAIJudge(JudgeBackend):
 
         return [r if r is not None else [] for r in self._map(one, msgs, row_errors)]
 
-    def choice_probs(self, conversations: Sequence[Conversation], choices: Sequence[str], *,
-                     row_errors: list | None = None):
-        """As the protocol; with ``row_errors`` (a list, filled with one entry per conversation) a request
-        that fails after its retries gives a NaN row and its error message instead of raising."""
-        import torch
-
+    def _logprob_requests(self, conversations: Sequence[Conversation], choices: Sequence[str], read, row_errors):
+        """One ``max_tokens=1`` request per conversation asking for the choices' log-probabilities (on a vLLM
+        server the exact log-prob of each choice id, keyed by id in the answer); ``read(data, choices,
+        token_ids=...)`` turns each response into a row. Returns the rows (None where a request failed)."""
         if not choices or len(set(choices)) != len(choices):
             raise ChoiceError(f"choices must be distinct and non-empty, got {list(choices)}")
         ids = self._check_single_tokens(tuple(choices))
@@ -538,15 +536,25 @@ class OpenAIJudge(JudgeBackend):
         def one(m):
             body = {"model": self.model, "messages": m, "max_tokens": 1, **sampling,
                     "logprobs": True, "top_logprobs": self.top_logprobs, **self.extra_body}
-            if exact_ids:  # vLLM: the exact log-prob of each choice id, keyed by id in the answer
+            if exact_ids:
                 body.update(top_logprobs=len(ids), logprob_token_ids=list(ids), return_tokens_as_token_ids=True)
-            data = self._post("/chat/completions", body)
+            return read(self._post("/chat/completions", body), choices, token_ids=ids if exact_ids else None)
+
+        return self._map(one, msgs, row_errors)
+
+    def choice_probs(self, conversations: Sequence[Conversation], choices: Sequence[str], *,
+                     row_errors: list | None = None):
+        """As the protocol; with ``row_errors`` (a list, filled with one entry per conversation) a request
+        that fails after its retries gives a NaN row and its error message instead of raising."""
+        import torch
+
+        def read(data, choices, token_ids):
             try:
-                return read_choice_logprobs(data, choices, token_ids=ids if exact_ids else None)
+                return read_choice_logprobs(data, choices, token_ids=token_ids)
             except JudgeServerError as exc:
                 raise JudgeServerError(f"{self.base_url}: {exc}") from None
 
-        rows = self._map(one, msgs, row_errors)
+        rows = self._logprob_requests(conversations, choices, read, row_errors)
         out = torch.full((len(rows), len(choices)), float("nan"))
         for i, row in enumerate(rows):
             if row is None:
@@ -562,26 +570,13 @@ class OpenAIJudge(JudgeBackend):
         per conversation; ``row_errors`` as in :meth:`choice_probs` (failed requests)."""
         import torch
 
-        if not choices or len(set(choices)) != len(choices):
-            raise ChoiceError(f"choices must be distinct and non-empty, got {list(choices)}")
-        ids = self._check_single_tokens(tuple(choices))
-        exact_ids = ids is not None and self.is_vllm
-        sampling = self._sampling_fields(0.0)
-        cache: dict[int, str] = {}
-        msgs = [to_openai_messages(c, cache) for c in conversations]
-
-        def one(m):
-            body = {"model": self.model, "messages": m, "max_tokens": 1, **sampling,
-                    "logprobs": True, "top_logprobs": self.top_logprobs, **self.extra_body}
-            if exact_ids:
-                body.update(top_logprobs=len(ids), logprob_token_ids=list(ids), return_tokens_as_token_ids=True)
-            row, reason = read_raw_logprobs(self._post("/chat/completions", body), choices,
-                                            token_ids=ids if exact_ids else None)
+        def read(data, choices, token_ids):
+            row, reason = read_raw_logprobs(data, choices, token_ids=token_ids)
             if reason == _NO_LOGPROBS:  # a server without logprobs support fails the call (as choice_probs does):
                 raise JudgeServerError(f"{self.base_url}: {reason}")  # never an answer a score cache keeps
             return row, reason
 
-        rows = self._map(one, msgs, row_errors)
+        rows = self._logprob_requests(conversations, choices, read, row_errors)
         out = torch.full((len(rows), len(choices)), float("nan"))
         why: list[str | None] = []
         for i, r in enumerate(rows):
