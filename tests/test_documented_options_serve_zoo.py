@@ -101,21 +101,43 @@ def test_max_wait_ms_holds_a_batch_open_for_late_requests(serve_mod):
 def test_requests_with_and_without_metadata_are_never_merged(serve_mod):
     from rewardkit.client import RemoteReward
 
-    rec = MetaRecorder(delay=0.1)
-    handle = serve_mod.serve_in_thread(rec, serve_mod.ServerConfig(max_batch=64, max_wait_ms=150.0))
+    class Blocking(MetaRecorder):
+        """The first model call holds the model until the other requests have queued up (deterministic merging,
+        whatever the machine's load); later calls are immediate."""
+
+        def __init__(self):
+            super().__init__()
+            self.release = threading.Event()
+            self.kinds: list[set] = []
+
+        def _score(self, batch):
+            if not self.calls:
+                self.release.wait(10.0)
+            self.kinds.append({bool(m) for m in batch.metadata})   # with / without metadata in this model call
+            return super()._score(batch)
+
+    rec = Blocking()
+    handle = serve_mod.serve_in_thread(rec, serve_mod.ServerConfig(max_batch=64, max_wait_ms=5.0))
     try:
         remote = RemoteReward(url=handle.url)
-        ims = random_images(8, seed=4)
-        metas = [{"bonus": 1000.0 * (i + 1)} if i % 2 else None for i in range(8)]
+        ims = random_images(9, seed=4)
+        metas = [{"bonus": 1000.0 * (i + 1)} if i % 2 else None for i in range(9)]
 
         def call(i):
             return remote([ims[i]], "x", metadata=None if metas[i] is None else [metas[i]])
 
-        with ThreadPoolExecutor(8) as pool:
-            outs = list(pool.map(call, range(8)))
+        with ThreadPoolExecutor(9) as pool:
+            first = pool.submit(call, 0)                   # occupies the model (held until released)
+            time.sleep(0.3)
+            rest = [pool.submit(call, i) for i in range(1, 9)]
+            time.sleep(1.0)                                # the 8 requests queue behind the held call
+            rec.release.set()
+            outs = [first.result(timeout=30)] + [f.result(timeout=30) for f in rest]
         for i, o in enumerate(outs):   # each request gets its own metadata's score
             assert o.scores[0].item() == pytest.approx(MetaRecorder.expected(ims[i], "x", metas[i]), rel=1e-6)
-        assert sum(n for n, _ in rec.calls) == 8 and len(rec.calls) < 8   # merging did happen
+        sizes = [n for n, _ in rec.calls]
+        assert sum(sizes) == 9 and len(rec.calls) < 9, rec.calls   # merging did happen
+        assert all(len(k) == 1 for k in rec.kinds), rec.kinds     # ... never across with / without metadata
     finally:
         handle.stop()
 
