@@ -109,7 +109,8 @@ def test_read_adapter_missing_files(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"no adapter_model.safetensors$"):
         S.read_adapter(p)
     (p / "adapter_model.bin").write_bytes(b"\x80\x04pickle")
-    with pytest.raises(FileNotFoundError, match="found adapter_model.bin.*never unpickles"):
+    with pytest.raises(FileNotFoundError, match=r"no adapter_model.safetensors \(found adapter_model.bin: convert it "
+                                                r"to safetensors; rewardkit never unpickles weights\)$"):
         S.read_adapter(p)
 
 
@@ -181,6 +182,11 @@ def test_soup_extras_refusals(tmp_path):
         S.soup_extras([a, _extras_adapter(tmp_path / "b", [[1.0, 2.0, 3.0]], [4.0])], [0.5, 0.5])
     with pytest.raises(ValueError, match=r"different token ids.*\[7\], \[8\]"):
         S.soup_extras([a, _extras_adapter(tmp_path / "c", [[1.0, 2.0]], [4.0], ids=(8,))], [0.5, 0.5])
+    # the same ids by module, written in another key order, are the same ids
+    rows = {f"{P}embed.token_adapter.trainable_tokens_delta": torch.ones(1, 2)}
+    d1 = S.read_adapter(_adapter(tmp_path / "d1", {"trainable_token_indices": {"embed": [1], "lm": [2]}}, rows))
+    d2 = S.read_adapter(_adapter(tmp_path / "d2", {"trainable_token_indices": {"lm": [2], "embed": [1]}}, rows))
+    assert torch.equal(S.soup_extras([d1, d2], [0.5, 0.5])[0][f"{P}embed"], torch.ones(1, 2))
 
 
 # ------------------------------------------------------------------ the saved adapter
@@ -199,6 +205,11 @@ def test_saved_adapter_is_the_rank_concatenation(tmp_path, two):
     assert cfg["target_modules"] == ["k", "q"]
     meta = json.loads((out / "soup.json").read_text())
     assert meta["sources"] == [str(p) for p in two] and meta["weights"] == [0.25, 2.0]
+    assert meta["method"] == "rank-concatenation (exact delta average)"
+    from safetensors import safe_open
+
+    with safe_open(str(out / "adapter_model.safetensors"), "pt") as f:
+        assert f.metadata() == {"format": "pt"}   # transformers / peft loaders expect format=pt
     assert meta["non_lora"] == {"trainable_token_rows": [], "modules_to_save": [],
                                 "rule": "weighted average of values (weights sum to 1)"}
     # reading it back gives the same dense deltas
@@ -291,14 +302,15 @@ def test_merge_adds_deltas_in_the_base_dtype_and_copies_the_rest(tmp_path, two):
 
 def test_merge_rows_and_modules_to_save(tmp_path):
     base = _base(tmp_path / "base", {"model.embed.weight": torch.zeros(4, 2), "model.score.weight": torch.zeros(1, 2),
-                                     "model.score.bias": torch.zeros(1)})
+                                     "model.score.bias": torch.zeros(1), "model.head.proj.bias": torch.zeros(2)})
     out = S.merge_into_checkpoint({}, base, tmp_path / "out", rows={f"{P}embed": ([1, 3], torch.tensor([[1.0, 2.0], [3.0, 4.0]]))},
                                   full={f"{P}score.weight": torch.tensor([[7.0, 8.0]]),
-                                        f"{P}score.bias": torch.tensor([9.0])})
+                                        f"{P}score.bias": torch.tensor([9.0]), f"{P}head.proj.bias": torch.tensor([1.0, 2.0])})
     t = st.load_file(str(out / "model.safetensors"))
     assert torch.equal(t["model.embed.weight"], torch.tensor([[0.0, 0.0], [1.0, 2.0], [0.0, 0.0], [3.0, 4.0]]))
     assert torch.equal(t["model.score.bias"], torch.tensor([9.0]))
     assert torch.equal(t["model.score.weight"], torch.tensor([[7.0, 8.0]]))
+    assert torch.equal(t["model.head.proj.bias"], torch.tensor([1.0, 2.0]))   # module "head.proj", leaf "bias"
     with pytest.raises(ValueError, match=r"rows \[4\] do not fit 'model.embed.weight' of shape \(4, 2\)"):
         S.merge_into_checkpoint({}, base, tmp_path / "o2", rows={f"{P}embed": ([4], torch.ones(1, 2))})
     with pytest.raises(ValueError, match="do not fit"):
