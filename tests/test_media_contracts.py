@@ -118,6 +118,11 @@ def test_shapes_and_layouts():
     im = media.to_pil(chw)
     assert im.size == (5, 2) and im.getpixel((4, 1)) == (10, 0, 99)
     assert media.to_pil(torch.full((1, 2, 3), 7, dtype=torch.uint8)).getpixel((2, 1)) == (7, 7, 7)
+    _bad(torch.empty(3, 2, 2, device="meta"), r"^tensor of shape \(3, 2, 2\) is on the 'meta' device and holds no data$")
+    _bad(torch.zeros(3, 2, 2).to_sparse(), r"^torch.sparse_coo tensors are not images; pass a dense tensor \(.to_dense\(\)\)$")
+    _bad(torch.zeros(3, 2, 2, dtype=torch.complex64), "^complex tensors are not images$")
+    param = torch.nn.Parameter(torch.full((3, 2, 2), 0.2))   # a module's weight is a tensor too
+    assert media.to_pil(param).getpixel((0, 0)) == (51, 51, 51) and media.probe_size(param) == (2, 2)
     hwc = np.zeros((2, 5, 3), np.uint8)
     hwc[1, 4] = (1, 2, 3)
     assert media.to_pil(hwc).getpixel((4, 1)) == (1, 2, 3)
@@ -139,6 +144,8 @@ def test_alpha_is_composited_onto_white():
     assert _px(rgba)[0].tolist() == want
     assert _px(Image.fromarray(rgba, "RGBA"))[0].tolist() == want
     assert _px(torch.from_numpy(rgba).permute(2, 0, 1))[0].tolist() == want
+    # premultiplied RGBa: transparent is white too
+    assert _px(Image.new("RGBa", (1, 1), (0, 0, 0, 0)))[0, 0].tolist() == [255, 255, 255]
     pa = Image.new("PA", (1, 1))
     pa.putpalette([10, 20, 30] * 256)
     pa.putpixel((0, 0), (0, 0))
@@ -155,6 +162,10 @@ def test_integer_and_float_pil_modes():
     # mode I: divided by 257 only when it holds values over 255; else 8-bit values as they are
     assert _px(im("I", [0, 100, 255]))[0, :, 0].tolist() == [0, 100, 255]
     assert _px(im("I", [0, 257 * 100, 256]))[0, :, 0].tolist() == [0, 100, 1]
+    assert _px(im("I", [0, 256]))[0, :, 0].tolist() == [0, 1]                 # 256 > 255: scaled
+    assert _px(im("I", [0, 100_000, -5]))[0, :, 0].tolist() == [0, 255, 0]   # clipped to [0, 255], no wrap-around
+    # mode I;16 is 16-bit whatever its values: always divided by 257
+    assert _px(im("I;16", [0, 200]))[0, :, 0].tolist() == [0, 1]
     # mode F: [0, 1] when its maximum is <= 1 (times 255), else [0, 255]; clipped
     assert _px(im("F", [0.0, 0.5, 1.0]))[0, :, 0].tolist() == [0, 128, 255]
     assert _px(im("F", [0.0, 1.5, 300.0, -4.0]))[0, :, 0].tolist() == [0, 2, 255, 0]
@@ -327,7 +338,8 @@ def test_split_batch_forms():
             media.split_batch(bad)
     with pytest.raises(RewardInputError, match="^unsupported images type int$"):
         media.split_batch(3)
-    with pytest.raises(RewardInputError, match="cannot split the image batch tensor"):
+    with pytest.raises(RewardInputError, match=r"cannot split the image batch tensor \(torch.strided, cpu\): "
+                                               r"RuntimeError: no unbind$"):
         media.split_batch(Tensor._make_subclass(Tensor, torch.zeros(1, 3, 2, 2)))
 
 
