@@ -220,6 +220,8 @@ def test_to_moves_modules_and_subclass_to_gets_a_resolved_device():
 
     r = M()
     assert r.to("cpu") is r and r.device == torch.device("cpu") and isinstance(r.device, torch.device)
+    r.to("meta")   # a device every torch has, other than the cpu: the modules really move
+    assert r.lin.weight.device.type == "meta" and r.device == torch.device("meta")
     seen = []
 
     class Own(Red):
@@ -337,7 +339,7 @@ def test_metadata_rules():
         r([img(1), img(2)], "p", metadata=[{"a": 1}, "oops"])
     assert ei.value.index == 1
     assert r._metadata(None, 2) == [{}, {}] and r._metadata(iter([{}, None]), 2) == [{}, {}]
-    with pytest.raises(RewardInputError) as ei:
+    with pytest.raises(RewardInputError, match="^sample 1: metadata entries must be dicts \\(or None\\), got int") as ei:
         r._metadata([{}, 5], 2)
     assert ei.value.index == 1
 
@@ -496,6 +498,7 @@ def test_progress_bar_only_over_several_chunks(monkeypatch):
 def test_image_processor_discovery_and_resize_check():
     ip1 = types.SimpleNamespace(size={"height": 100, "width": 100}, do_resize=True)
     ip2 = types.SimpleNamespace(size={"shortest_edge": 10}, do_resize=True)
+    ip3 = types.SimpleNamespace(size={"longest_edge": 10}, do_resize=True)
     no_size = types.SimpleNamespace(do_resize=True)
 
     class WithProcs(Red):
@@ -503,13 +506,14 @@ def test_image_processor_discovery_and_resize_check():
             super().__init__()
             self.a = types.SimpleNamespace(image_processor=ip1)
             self.b = types.SimpleNamespace(processor=types.SimpleNamespace(image_processor=ip2))
-            self.c = types.SimpleNamespace(backbone=types.SimpleNamespace(processor=types.SimpleNamespace(image_processor=ip1)))
+            self.c = types.SimpleNamespace(backbone=types.SimpleNamespace(processor=types.SimpleNamespace(image_processor=ip3)))
+            self.c2 = types.SimpleNamespace(backbone=types.SimpleNamespace(image_processor=ip1))   # seen already
             self.d = types.SimpleNamespace(image_processor=no_size)
             self.e = "image_processor"
 
     r = WithProcs()
     found = r._image_processors()
-    assert found == [ip1, ip2] and r._image_processors() is found      # cached
+    assert found == [ip1, ip2, ip3] and r._image_processors() is found      # cached
     media.set_max_pixels(5_000)
     try:
         # 100x100 after ip1's resize: 10,000 pixels, over the limit although the image is 4x4
@@ -600,3 +604,14 @@ def test_float_batches_take_the_tensor_path_only_when_supported(monkeypatch):
     e = type("FastEdit", (Edit,), {"supports_tensor_input": True})()
     assert isinstance(e(x, "p", sources=[[img(1)], [img(1)]]), RewardOutput)   # sources: the PIL path
     assert len(calls) == 1
+
+
+def test_score_tensor_hands_over_to_preprocess(monkeypatch):
+    from rewardkit import preprocess
+
+    seen = []
+    monkeypatch.setattr(preprocess, "score_tensor", lambda reward, images, prompt, **kw: seen.append(
+        (reward, images, prompt, kw)) or "scores")
+    r, x = Red(), torch.rand(1, 3, 2, 2)
+    assert r.score_tensor(x, ["p"], batch_size=4) == "scores"
+    assert seen == [(r, x, ["p"], {"batch_size": 4})]
