@@ -176,8 +176,14 @@ def test_soup_extras_weighted_values(tmp_path):
 
 def test_soup_extras_refusals(tmp_path):
     a = _extras_adapter(tmp_path / "a", [[1.0, 2.0]], [4.0])
-    with pytest.raises(ValueError, match="different trainable-token rows"):
-        S.soup_extras([a, S.read_adapter(_adapter(tmp_path / "p", {}, _lora("q", *A_Q)))], [0.5, 0.5])
+    plain = S.read_adapter(_adapter(tmp_path / "p", {}, _lora("q", *A_Q)))
+    with pytest.raises(ValueError, match=f"^the adapters carry different trainable-token rows: {tmp_path / 'a'}: "
+                                         rf"\['base_model.model.embed'\]; {tmp_path / 'p'}: \[\]$"):
+        S.soup_extras([a, plain], [0.5, 0.5])
+    saved = S.read_adapter(_adapter(tmp_path / "s", {"modules_to_save": ["score"]},
+                                    {**_lora("q", *A_Q), f"{P}score.weight": torch.ones(1)}))
+    with pytest.raises(ValueError, match="^the adapters carry different modules_to_save tensors: "):
+        S.soup_extras([saved, plain], [0.5, 0.5])
     with pytest.raises(ValueError, match=r"'base_model.model.embed' has different shapes across adapters: \[\(1, 2\), \(1, 3\)\]"):
         S.soup_extras([a, _extras_adapter(tmp_path / "b", [[1.0, 2.0, 3.0]], [4.0])], [0.5, 0.5])
     with pytest.raises(ValueError, match=r"different token ids.*\[7\], \[8\]"):
@@ -395,6 +401,10 @@ def test_soup_of_preference_directories(tmp_path):
     h = st.load_file(str(out / "head.safetensors"))
     assert torch.equal(h["w"], torch.tensor([[2.5, 5.0]])) and torch.equal(h["b"], torch.tensor([4.0]))
     assert h["w"].dtype == torch.float32
+    from safetensors import safe_open
+
+    with safe_open(str(out / "head.safetensors"), "pt") as f:
+        assert f.metadata() == {"format": "rewardkit-preference"}   # the models' own format tag
     d = S.soup_deltas([S.read_adapter(out / "adapter")], [1.0])[f"{P}q"]
     # 0.25 * 1 * [[3, 6], [4, 8]] + 0.75 * (1/2) * [[1, 1], [0, 2]]
     assert torch.allclose(d, torch.tensor([[0.75 + 0.375, 1.5 + 0.375], [1.0, 2.0 + 0.75]]))
@@ -407,6 +417,14 @@ def test_soup_of_preference_directories(tmp_path):
     # an earlier soup is replaced; default weights 1/2 each
     out = S.soup_preference_models([a, b], tmp_path / "out")
     assert torch.equal(st.load_file(str(out / "head.safetensors"))["b"], torch.tensor([3.0]))
+    # models without a format tag: the head gets an empty one
+    for m in (a, b):
+        cfg = json.loads((m / "preference_config.json").read_text())
+        del cfg["format"]
+        (m / "preference_config.json").write_text(json.dumps(cfg))
+    out = S.soup_preference_models([a, b], tmp_path / "untagged")
+    with safe_open(str(out / "head.safetensors"), "pt") as f:
+        assert f.metadata() == {"format": ""}
 
 
 def test_soup_of_preference_directories_refusals(tmp_path):
@@ -417,7 +435,8 @@ def test_soup_of_preference_directories_refusals(tmp_path):
     plain = _adapter(tmp_path / "plain", {}, _lora("q", *A_Q))
     with pytest.raises(ValueError, match="not a rewardkit preference model"):
         S.lora_soup([a, plain], tmp_path / "o")
-    with pytest.raises(ValueError, match="fully fine-tuned preference model \\(weights: 'full'\\)"):
+    with pytest.raises(ValueError, match="fully fine-tuned preference model \\(weights: 'full'\\); soup averages LoRA "
+                                         "models \\(train with lora.enabled=true\\)"):
         S.soup_preference_models([a, _pref(tmp_path / "full", head, cfg={"weights": "full"})], tmp_path / "o")
     nohead = _pref(tmp_path / "nohead", head)
     (nohead / "head.safetensors").rename(nohead / "head.bin")
@@ -430,8 +449,9 @@ def test_soup_of_preference_directories_refusals(tmp_path):
         other = _pref(tmp_path / f"diff-{key}", head, cfg={key: "other"})
         with pytest.raises(ValueError, match=f"differ in {key}: only models of one base"):
             S.soup_preference_models([a, other], tmp_path / "o")
-    with pytest.raises(ValueError, match="different tokenizers"):
-        S.soup_preference_models([a, _pref(tmp_path / "tok", head, tokenizer=b"other")], tmp_path / "o")
+    tok = _pref(tmp_path / "tok", head, tokenizer=b"other")
+    with pytest.raises(ValueError, match=f"^{tok} and {a} have different tokenizers$"):
+        S.soup_preference_models([a, tok], tmp_path / "o")
     with pytest.raises(ValueError, match="sum to 1"):
         S.soup_preference_models([a, a], tmp_path / "o", [1.0, 1.0])
     with pytest.raises(ValueError, match="heads have different tensors or shapes"):
