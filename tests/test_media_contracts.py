@@ -118,8 +118,10 @@ def test_shapes_and_layouts():
     im = media.to_pil(chw)
     assert im.size == (5, 2) and im.getpixel((4, 1)) == (10, 0, 99)
     assert media.to_pil(torch.full((1, 2, 3), 7, dtype=torch.uint8)).getpixel((2, 1)) == (7, 7, 7)
-    _bad(torch.empty(3, 2, 2, device="meta"), r"^tensor of shape \(3, 2, 2\) is on the 'meta' device and holds no data$")
-    _bad(torch.zeros(3, 2, 2).to_sparse(), r"^torch.sparse_coo tensors are not images; pass a dense tensor \(.to_dense\(\)\)$")
+    _bad(torch.empty(3, 2, 2, device="meta"),
+         r"^tensor of shape \(3, 2, 2\) is on the 'meta' device and holds no data$")
+    _bad(torch.zeros(3, 2, 2).to_sparse(),
+         r"^torch.sparse_coo tensors are not images; pass a dense tensor \(.to_dense\(\)\)$")
     _bad(torch.zeros(3, 2, 2, dtype=torch.complex64), "^complex tensors are not images$")
     param = torch.nn.Parameter(torch.full((3, 2, 2), 0.2))   # a module's weight is a tensor too
     assert media.to_pil(param).getpixel((0, 0)) == (51, 51, 51) and media.probe_size(param) == (2, 2)

@@ -152,8 +152,8 @@ def test_reward_batch_defaults_and_select():
     assert b.metadata == [{}, {}, {}] and b.indices == [0, 1, 2] and b.sources is None and b.chunk_size is None
     b.metadata[0]["x"] = 1
     assert b.metadata[1] == {}                        # one dict per sample, not one shared
-    b = RewardBatch(images=ims, prompts=["a", "b", "c"], sources=[[], [ims[0]], []], metadata=[{"m": 0}, {"m": 1}, {"m": 2}],
-                    indices=[5, 6, 7], chunk_size=2)
+    b = RewardBatch(images=ims, prompts=["a", "b", "c"], sources=[[], [ims[0]], []],
+                    metadata=[{"m": 0}, {"m": 1}, {"m": 2}], indices=[5, 6, 7], chunk_size=2)
     s = b.select([2, 0])
     assert s.images == [ims[2], ims[0]] and s.prompts == ["c", "a"] and s.sources == [[], []]
     assert s.metadata == [{"m": 2}, {"m": 0}] and s.indices == [7, 5] and s.chunk_size == 2
@@ -339,7 +339,8 @@ def test_metadata_rules():
         r([img(1), img(2)], "p", metadata=[{"a": 1}, "oops"])
     assert ei.value.index == 1
     assert r._metadata(None, 2) == [{}, {}] and r._metadata(iter([{}, None]), 2) == [{}, {}]
-    with pytest.raises(RewardInputError, match="^sample 1: metadata entries must be dicts \\(or None\\), got int") as ei:
+    with pytest.raises(RewardInputError,
+                       match="^sample 1: metadata entries must be dicts \\(or None\\), got int") as ei:
         r._metadata([{}, 5], 2)
     assert ei.value.index == 1
 
@@ -402,7 +403,8 @@ def test_scatter_fills_invalid_samples():
         def _score(self, batch):
             n = len(batch)
             return RewardOutput(scores=torch.arange(n, dtype=torch.float32) + 1, valid=[True] * (n - 1) + [False],
-                                dimensions={"d": [10.0 * (i + 1) for i in range(n)]}, rationales=[f"r{i}" for i in batch.indices],
+                                dimensions={"d": [10.0 * (i + 1) for i in range(n)]},
+                                rationales=[f"r{i}" for i in batch.indices],
                                 details=[{"i": i} for i in batch.indices], info={"n": n})
 
     out = Rich()([img(1), b"junk", img(2), img(3)], "p", on_error="nan")
@@ -506,7 +508,8 @@ def test_image_processor_discovery_and_resize_check():
             super().__init__()
             self.a = types.SimpleNamespace(image_processor=ip1)
             self.b = types.SimpleNamespace(processor=types.SimpleNamespace(image_processor=ip2))
-            self.c = types.SimpleNamespace(backbone=types.SimpleNamespace(processor=types.SimpleNamespace(image_processor=ip3)))
+            proc3 = types.SimpleNamespace(image_processor=ip3)
+            self.c = types.SimpleNamespace(backbone=types.SimpleNamespace(processor=proc3))
             self.c2 = types.SimpleNamespace(backbone=types.SimpleNamespace(image_processor=ip1))   # seen already
             self.d = types.SimpleNamespace(image_processor=no_size)
             self.e = "image_processor"
@@ -557,7 +560,8 @@ def test_compare_temperature_sources_and_errors():
     cmp = Warm().compare([img(255), img(0)], [img(0), img(51)], "p")
     want = [1 / (1 + math.exp(-1.0 / 0.5)), 1 / (1 + math.exp(0.2 / 0.5))]
     assert torch.allclose(cmp.prob_a, torch.tensor(want)) and cmp.errors == [None, None]
-    assert torch.allclose(cmp.scores_a, torch.tensor([1.0, 0.0])) and torch.allclose(cmp.scores_b, torch.tensor([0.0, 0.2]))
+    assert torch.allclose(cmp.scores_a, torch.tensor([1.0, 0.0]))
+    assert torch.allclose(cmp.scores_b, torch.tensor([0.0, 0.2]))
 
     class Lower(Red):
         higher_is_better = False

@@ -42,7 +42,8 @@ B_Q = ([[1.0, 0.0], [0.0, 1.0]], [[1.0, 1.0], [0.0, 2.0]])
 
 @pytest.fixture
 def two(tmp_path):
-    a = _adapter(tmp_path / "a", {"peft_type": "LORA", "r": 1, "lora_alpha": 2, "target_modules": ["q"]}, _lora("q", *A_Q))
+    a = _adapter(tmp_path / "a", {"peft_type": "LORA", "r": 1, "lora_alpha": 2, "target_modules": ["q"]},
+                 _lora("q", *A_Q))
     b = _adapter(tmp_path / "b", {"peft_type": "LORA", "r": 2, "lora_alpha": 1, "target_modules": ["q", "k"]},
                  {**_lora("q", *B_Q), **_lora("k", [[2.0, 0.0]], [[1.0], [1.0]])})
     return a, b
@@ -145,8 +146,8 @@ def test_soup_deltas_by_hand(two):
 
 def test_soup_deltas_half_precision_factors_are_multiplied_in_float32(tmp_path):
     big = 300.0   # 300 * 300 = 90000 overflows float16 (max 65504): the product must be taken in float32
-    a = _adapter(tmp_path / "a", {"lora_alpha": 1}, {f"{P}q.lora_A.weight": torch.tensor([[big]], dtype=torch.float16),
-                                                      f"{P}q.lora_B.weight": torch.tensor([[big]], dtype=torch.float16)})
+    half = torch.tensor([[big]], dtype=torch.float16)
+    a = _adapter(tmp_path / "a", {"lora_alpha": 1}, {f"{P}q.lora_A.weight": half, f"{P}q.lora_B.weight": half})
     d = S.soup_deltas([S.read_adapter(a)], [1.0])
     assert d[f"{P}q"].dtype == torch.float32 and d[f"{P}q"].item() == 90000.0
 
@@ -184,7 +185,8 @@ def test_soup_extras_refusals(tmp_path):
                                     {**_lora("q", *A_Q), f"{P}score.weight": torch.ones(1)}))
     with pytest.raises(ValueError, match="^the adapters carry different modules_to_save tensors: "):
         S.soup_extras([saved, plain], [0.5, 0.5])
-    with pytest.raises(ValueError, match=r"'base_model.model.embed' has different shapes across adapters: \[\(1, 2\), \(1, 3\)\]"):
+    with pytest.raises(ValueError, match=r"'base_model.model.embed' has different shapes across adapters: "
+                                         r"\[\(1, 2\), \(1, 3\)\]"):
         S.soup_extras([a, _extras_adapter(tmp_path / "b", [[1.0, 2.0, 3.0]], [4.0])], [0.5, 0.5])
     with pytest.raises(ValueError, match=r"different token ids.*\[7\], \[8\]"):
         S.soup_extras([a, _extras_adapter(tmp_path / "c", [[1.0, 2.0]], [4.0], ids=(8,))], [0.5, 0.5])
@@ -237,7 +239,8 @@ def test_saved_adapter_equal_ranks_have_no_patterns_and_keep_dtype(tmp_path):
     assert t[f"{P}q.lora_A.weight"].dtype == torch.bfloat16   # the first adapter's dtype by default
     # a: alpha_pattern 2 / r 1 = 2, default weight 1/2 -> 1 * A; b: 1/2 * 1 * A
     assert torch.equal(t[f"{P}q.lora_A.weight"].float(), torch.tensor([[1.0, 2.0], [0.5, 1.0]]))
-    t = st.load_file(str(S.save_soup_adapter([a, b], tmp_path / "s32", dtype=torch.float32) / "adapter_model.safetensors"))
+    s32 = S.save_soup_adapter([a, b], tmp_path / "s32", dtype=torch.float32)
+    t = st.load_file(str(s32 / "adapter_model.safetensors"))
     assert t[f"{P}q.lora_B.weight"].dtype == torch.float32
 
 
@@ -291,13 +294,14 @@ def test_merge_adds_deltas_in_the_base_dtype_and_copies_the_rest(tmp_path, two):
                  files={"a.safetensors": ["model.layers.q.weight", "model.layers.o.weight"],
                         "b.safetensors": ["model.layers.k.weight", "model.layers.k.bias"]})
     ads = [S.read_adapter(p) for p in two]
-    deltas = {f"{P}layers.q": torch.tensor([[1.0, 2.0], [3.0, 4.0]]), f"{P}layers.k": torch.tensor([[1.0, 0.0], [0.0, 1.0]])}
+    deltas = {f"{P}layers.q": torch.tensor([[1.0, 2.0], [3.0, 4.0]]), f"{P}layers.k": torch.eye(2)}
     out = S.merge_into_checkpoint(deltas, base, tmp_path / "out")
     a, b = st.load_file(str(out / "a.safetensors")), st.load_file(str(out / "b.safetensors"))
     assert a["model.layers.q.weight"].dtype == torch.bfloat16
     assert torch.equal(a["model.layers.q.weight"].float(), torch.tensor([[2.0, 3.0], [4.0, 5.0]]))
     assert torch.equal(a["model.layers.o.weight"], torch.full((2, 2), 5.0))       # untouched
-    assert torch.equal(b["model.layers.k.weight"], torch.eye(2)) and torch.equal(b["model.layers.k.bias"], torch.ones(2))
+    assert torch.equal(b["model.layers.k.weight"], torch.eye(2))
+    assert torch.equal(b["model.layers.k.bias"], torch.ones(2))
     assert (out / "config.json").read_text() == '{"model_type": "x"}' and not (out / "sub").exists()
     from safetensors import safe_open
 
@@ -309,9 +313,11 @@ def test_merge_adds_deltas_in_the_base_dtype_and_copies_the_rest(tmp_path, two):
 def test_merge_rows_and_modules_to_save(tmp_path):
     base = _base(tmp_path / "base", {"model.embed.weight": torch.zeros(4, 2), "model.score.weight": torch.zeros(1, 2),
                                      "model.score.bias": torch.zeros(1), "model.head.proj.bias": torch.zeros(2)})
-    out = S.merge_into_checkpoint({}, base, tmp_path / "out", rows={f"{P}embed": ([1, 3], torch.tensor([[1.0, 2.0], [3.0, 4.0]]))},
+    rows = {f"{P}embed": ([1, 3], torch.tensor([[1.0, 2.0], [3.0, 4.0]]))}
+    out = S.merge_into_checkpoint({}, base, tmp_path / "out", rows=rows,
                                   full={f"{P}score.weight": torch.tensor([[7.0, 8.0]]),
-                                        f"{P}score.bias": torch.tensor([9.0]), f"{P}head.proj.bias": torch.tensor([1.0, 2.0])})
+                                        f"{P}score.bias": torch.tensor([9.0]),
+                                        f"{P}head.proj.bias": torch.tensor([1.0, 2.0])})
     t = st.load_file(str(out / "model.safetensors"))
     assert torch.equal(t["model.embed.weight"], torch.tensor([[0.0, 0.0], [1.0, 2.0], [0.0, 0.0], [3.0, 4.0]]))
     assert torch.equal(t["model.score.bias"], torch.tensor([9.0]))
@@ -321,7 +327,8 @@ def test_merge_rows_and_modules_to_save(tmp_path):
         S.merge_into_checkpoint({}, base, tmp_path / "o2", rows={f"{P}embed": ([4], torch.ones(1, 2))})
     with pytest.raises(ValueError, match="do not fit"):
         S.merge_into_checkpoint({}, base, tmp_path / "o3", rows={f"{P}embed": ([0], torch.ones(1, 3))})
-    with pytest.raises(ValueError, match=r"modules_to_save tensor for 'model.score.bias' has shape \(2,\), the base \(1,\)"):
+    with pytest.raises(ValueError, match=r"modules_to_save tensor for 'model.score.bias' has shape \(2,\), "
+                                         r"the base \(1,\)"):
         S.merge_into_checkpoint({}, base, tmp_path / "o4", full={f"{P}score.bias": torch.ones(2)})
 
 
@@ -366,10 +373,12 @@ def test_token_ids_spec():
 
 def test_lora_soup_merged_output_with_token_rows(tmp_path):
     cfg = {"lora_alpha": 1, "trainable_token_indices": {"embed": [1]}}
-    mk = lambda n, row, A: _adapter(tmp_path / n, cfg, {**_lora("layers.q", A, [[1.0], [0.0]]),  # noqa: E731
-                                                        f"{P}embed.token_adapter.trainable_tokens_delta": torch.tensor([row])})
+    def mk(n, row, A):
+        return _adapter(tmp_path / n, cfg, {**_lora("layers.q", A, [[1.0], [0.0]]),
+                                            f"{P}embed.token_adapter.trainable_tokens_delta": torch.tensor([row])})
     a, b = mk("a", [2.0, 2.0], [[1.0, 0.0]]), mk("b", [4.0, 0.0], [[0.0, 1.0]])
-    base = _base(tmp_path / "base", {"model.embed.weight": torch.zeros(3, 2), "model.layers.q.weight": torch.zeros(2, 2)})
+    base = _base(tmp_path / "base", {"model.embed.weight": torch.zeros(3, 2),
+                                     "model.layers.q.weight": torch.zeros(2, 2)})
     out = S.lora_soup([a, b], tmp_path / "merged", [0.5, 0.5], base=base)
     t = st.load_file(str(out / "model.safetensors"))
     assert torch.equal(t["model.embed.weight"], torch.tensor([[0.0, 0.0], [3.0, 1.0], [0.0, 0.0]]))
