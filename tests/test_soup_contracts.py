@@ -147,7 +147,7 @@ def test_soup_deltas_by_hand(two):
 def test_soup_deltas_half_precision_factors_are_multiplied_in_float32(tmp_path):
     big = 300.0   # 300 * 300 = 90000 overflows float16 (max 65504): the product must be taken in float32
     half = torch.tensor([[big]], dtype=torch.float16)
-    a = _adapter(tmp_path / "a", {"lora_alpha": 1}, {f"{P}q.lora_A.weight": half, f"{P}q.lora_B.weight": half})
+    a = _adapter(tmp_path / "a", {"lora_alpha": 1}, {f"{P}q.lora_A.weight": half, f"{P}q.lora_B.weight": half.clone()})
     d = S.soup_deltas([S.read_adapter(a)], [1.0])
     assert d[f"{P}q"].dtype == torch.float32 and d[f"{P}q"].item() == 90000.0
 
