@@ -64,7 +64,8 @@ def test_aspect_ratio_boundary_and_setter():
     media.set_max_aspect_ratio(4)
     assert media.get_max_aspect_ratio() == 4.0 and isinstance(media.get_max_aspect_ratio(), float)
     assert media.to_pil(np.zeros((2, 8), np.uint8)).size == (8, 2)           # ratio exactly 4: accepted
-    _bad(np.zeros((2, 9), np.uint8), r"^image is 9x2: aspect ratio 4.5 exceeds the limit of 4 ")
+    _bad(np.zeros((2, 9), np.uint8), r"^image is 9x2: aspect ratio 4.5 exceeds the limit of 4 \(a model's shortest-edge "
+         r"resize would blow it up; change it with rewardkit.media.set_max_aspect_ratio or REWARDKIT_MAX_ASPECT_RATIO\)$")
     _bad(np.zeros((9, 2), np.uint8), "aspect ratio 4.5 exceeds")             # either orientation
     media.set_max_aspect_ratio(None)
     assert media.get_max_aspect_ratio() is None
@@ -93,7 +94,7 @@ def test_float_rules_round_clip_and_tolerance():
     _bad(np.array([[0.0, 255.0]]), r"looks like \[0, 255\]")
     _bad(np.array([[0.0, 255.01]]), r"values must lie in \[0, 1\], got \[0, 255\]$")  # no hint above 255
     _bad(np.array([[-1.5, 300.0]]), r"got \[-1.5, 300\]$")                              # no hint for either
-    _bad(np.array([[-1.0, 1.0]]), r"\[-1, 1\]")
+    _bad(np.array([[-1.0, 1.0]]), r"got \[-1, 1\] \(looks like \[-1, 1\]")            # -1 itself: the [-1, 1] hint
     _bad(np.array([[0.5, np.inf]]), "NaN or Inf")
     # a float tensor follows the same rules (CHW layout)
     assert _px(torch.tensor([[[0.5]], [[1.0]], [[0.0]]], dtype=torch.bfloat16))[0, 0].tolist() == [128, 255, 0]
@@ -169,9 +170,9 @@ def test_integer_and_float_pil_modes():
     # mode I;16 is 16-bit whatever its values: always divided by 257
     assert _px(im("I;16", [0, 200]))[0, :, 0].tolist() == [0, 1]
     # mode F: [0, 1] when its maximum is <= 1 (times 255), else [0, 255]; clipped
-    assert _px(im("F", [0.0, 0.5, 1.0]))[0, :, 0].tolist() == [0, 128, 255]
+    assert _px(im("F", [0.0, 0.5, 0.6, 1.0]))[0, :, 0].tolist() == [0, 128, 153, 255]
     assert _px(im("F", [0.0, 1.5, 300.0, -4.0]))[0, :, 0].tolist() == [0, 2, 255, 0]
-    _bad(im("F", [0.0, float("nan")]), "float image contains NaN or Inf")
+    _bad(im("F", [0.0, float("nan")]), "^float image contains NaN or Inf$")
 
 
 def test_caller_objects_are_copied_and_decoded_ones_are_rgb():
@@ -221,10 +222,31 @@ def test_decoder_errors_become_per_image_reasons(tmp_path, monkeypatch):
     _bad(memoryview(b""), "^empty bytes")
     _bad(b"", r"^empty bytes \(zero-length input\)$")
     _bad(42, "^unsupported image type int$")
+    _bad(None, "^image is None$")
+    _bad("  ", "^empty path$")
     monkeypatch.setattr(media, "_to_pil_unchecked", lambda x: (_ for _ in ()).throw(MemoryError()))
     _bad(1, "^out of memory while decoding the image$")
     monkeypatch.setattr(media, "_to_pil_unchecked", lambda x: (_ for _ in ()).throw(KeyError("k")))
     _bad(1, r"^cannot read the image \(KeyError: 'k'\)$")
+
+
+def test_path_like_objects_with_bytes_paths(tmp_path):
+    p = tmp_path / "a.png"
+    p.write_bytes(_png(Image.new("RGB", (3, 2), (1, 2, 3))))
+
+    class BytesPath:
+        def __fspath__(self):
+            return bytes(p)
+
+    assert media.to_pil(BytesPath()).getpixel((2, 1)) == (1, 2, 3)
+    assert media.probe_size(BytesPath()) == (3, 2)
+
+
+def test_pil_bomb_guard_while_reading_pixels(monkeypatch):
+    def bomb(im, owned):
+        raise Image.DecompressionBombError("too many pixels")
+    monkeypatch.setattr(media, "_pil_to_rgb_unchecked", bomb)
+    _bad(Image.new("RGB", (2, 2)), r"^image is over PIL's decompression-bomb limit \(too many pixels\)$")
 
 
 def test_pil_bomb_guard_on_encoded_files(monkeypatch):
@@ -301,12 +323,20 @@ def test_resized_size_rules():
 def test_check_resized_size():
     media.set_max_pixels(100)
     media.check_resized_size(10, 10, _ip(height=10, width=10))           # exactly the limit
+    media.check_resized_size(2, 5, _ip(shortest_edge=4))                 # 4x10 = 40
+    with pytest.raises(media._Bad, match=r"resize it to 4x40 = 160 pixels"):
+        media.check_resized_size(1, 10, _ip(shortest_edge=4))
+    with pytest.raises(media._Bad, match=r"resize it to 40x4 = 160 pixels"):
+        media.check_resized_size(10, 1, _ip(shortest_edge=4))
     with pytest.raises(media._Bad, match=r"^image is 1x1; the model's processor would resize it to 10x11 = 110 pixels"):
         media.check_resized_size(1, 1, _ip(height=11, width=10))
     media.check_resized_size(1000, 1000, None)                           # no processor: nothing to check
     qwen = types.SimpleNamespace(size={}, merge_size=2, patch_size=14)
     media.set_max_pixels(None)
     media.check_resized_size(200, 1, qwen)                               # ratio exactly 200
+    media.check_resized_size(400, 2, qwen)
+    with pytest.raises(media._Bad, match="aspect ratio 201.0 is over 200"):
+        media.check_resized_size(2, 402, qwen)
     with pytest.raises(media._Bad, match=r"^image is 1x201: aspect ratio 201.0 is over 200, which the model's"):
         media.check_resized_size(1, 201, qwen)
 

@@ -237,7 +237,10 @@ def test_to_moves_modules_and_subclass_to_gets_a_resolved_device():
     class Sub(Own):   # inherits the already-wrapped to: not wrapped twice
         pass
 
-    assert Sub.to is Own.to
+    class Again(Own):  # assigns the already-wrapped to: not wrapped twice either
+        to = Own.to
+
+    assert Sub.to is Own.to and Again.to is Own.to
 
 
 # ------------------------------------------------------------------ call-level validation
@@ -299,7 +302,7 @@ def test_source_rules():
     assert e([img(51)], "p", sources=[four]).scores.tolist() == pytest.approx([0.2])            # 1x3xHxW: a list
     assert len(e([], "p")) == 0                                                                  # nothing to edit
     for sources, match in [(None, "reward 'red' scores edits and needs sources="),
-                           ("a.png", "sources must be a list with one entry"),
+                           ("a.png", r"^sources must be a list with one entry \(a list of images\) per sample$"),
                            ({"a": 1}, "sources must be a list with one entry"),
                            ([[img(1)], [img(1)]], "got 1 images but 2 source entries")]:
         with pytest.raises(RewardInputError, match=match):
@@ -311,8 +314,9 @@ def test_source_rules():
         "2 source images given but reward 'red' takes one (no multi_ref task)"]
     assert out.errors[3] == "source 0: bytes is not a recognised image format"
     assert out.errors[4].startswith("source 0: image has a zero-size side")
-    with pytest.raises(RewardInputError, match="does not take sources"):
-        Red()([img(1)], "p", sources=[[img(1)]])
+    with pytest.raises(RewardInputError, match=r"^reward 'red' does not take sources \(tasks: t2i, video\); drop "
+                                               r"sources= or use an editing reward$"):
+        type("Video", (Red,), {"tasks": frozenset({"video", "t2i"})})()([img(1)], "p", sources=[[img(1)]])
     m = Multi()
     assert m([img(1)], "p", sources=[[img(2), img(3)]]).valid.all() and len(m.batches[-1].sources[0]) == 2
     assert m([img(1)], "p").valid.all() and m.batches[-1].sources is None
@@ -491,6 +495,7 @@ def test_progress_bar_only_over_several_chunks(monkeypatch):
     monkeypatch.setattr(tqdm.auto, "tqdm", lambda **kw: made.append(kw) or types.SimpleNamespace(
         update=lambda n: made.append(n), close=lambda: made.append("closed")))
     Red()([img(1)] * 3, "p", batch_size=3, progress=True)
+    Red()([img(1)] * 3, "p", batch_size=1)                  # progress is off by default
     assert made == []
     Red()([img(1)] * 3, "p", batch_size=2, progress=True)
     assert made == [{"total": 3, "desc": "red", "unit": "img", "delay": 1.0}, 2, 1, "closed"]
@@ -527,6 +532,18 @@ def test_image_processor_discovery_and_resize_check():
         e.proc = types.SimpleNamespace(image_processor=ip1)
         out = e([np.zeros((4, 4, 3), np.uint8)], "p", sources=[[img(1)]], on_error="nan")
         assert out.errors[0].startswith("image is 4x4; the model's processor")
+    finally:
+        media.set_max_pixels(None)
+    # a source is checked against the size after the model's resize too, before anything is decoded
+    media.set_max_pixels(5_000)
+    try:
+        e = Edit()
+        e.proc = types.SimpleNamespace(image_processor=types.SimpleNamespace(size={"shortest_edge": 50}, do_resize=True))
+        tall = np.zeros((12, 4, 3), np.uint8)   # 4x12 -> 50x150 = 7,500 pixels; the 4x4 image -> 50x50
+        out = e([img(1), img(1)], "p", sources=[[img(1)], [tall]], on_error="nan")
+        assert out.valid.tolist() == [True, False]
+        assert out.errors[1] == ("source 0: image is 4x12; the model's processor would resize it to 50x150 = 7,500 "
+                                 "pixels, over the limit of 5,000 (aspect-ratio bomb guard)")
     finally:
         media.set_max_pixels(None)
     media.set_max_pixels(20)
@@ -595,14 +612,15 @@ def test_float_batches_take_the_tensor_path_only_when_supported(monkeypatch):
     from rewardkit import preprocess
 
     calls = []
-    monkeypatch.setattr(preprocess, "tensor_call", lambda reward, images, prompt, **kw: calls.append(kw) or "tensor")
+    monkeypatch.setattr(preprocess, "tensor_call",
+                        lambda reward, images, prompt, **kw: calls.append({"prompt": prompt, **kw}) or "tensor")
 
     class Fast(Red):
         supports_tensor_input = True
 
     x = torch.rand(2, 3, 4, 4)
     assert Fast()(x, "p", batch_size=1, on_error="nan", progress=True) == "tensor"
-    assert calls == [{"metadata": None, "batch_size": 1, "on_error": "nan", "progress": True}]
+    assert calls == [{"prompt": "p", "metadata": None, "batch_size": 1, "on_error": "nan", "progress": True}]
     assert isinstance(Red()(x, "p"), RewardOutput)                        # not supported: the PIL path
     assert isinstance(Fast()(torch.zeros(2, 3, 4, 4, dtype=torch.uint8), "p"), RewardOutput)   # not float
     e = type("FastEdit", (Edit,), {"supports_tensor_input": True})()
