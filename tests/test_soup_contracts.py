@@ -403,7 +403,7 @@ def _pref(path, head, *, cfg=None, tokenizer=b"tok", adapter_q=A_Q):
     return path
 
 
-def test_soup_of_preference_directories(tmp_path):
+def test_soup_of_preference_directories(tmp_path, monkeypatch):
     a = _pref(tmp_path / "a", {"w": torch.tensor([[1.0, 2.0]]), "b": torch.tensor([1.0])})
     b = _pref(tmp_path / "b", {"w": torch.tensor([[3.0, 6.0]]), "b": torch.tensor([5.0])}, adapter_q=B_Q)
     out = S.lora_soup([a, b], tmp_path / "out", [0.25, 0.75])
@@ -420,11 +420,20 @@ def test_soup_of_preference_directories(tmp_path):
     assert (out / "processor" / "extra.txt").read_text() == "a"
     assert json.loads((out / "preference_config.json").read_text())["head"] == "linear"
     assert not (out / "calibration.json").exists()
-    meta = json.loads((out / "soup.json").read_text())
-    assert meta["sources"] == [str(a), str(b)] and meta["weights"] == [0.25, 0.75]
+    assert json.loads((out / "soup.json").read_text()) == {
+        "sources": [str(a), str(b)], "weights": [0.25, 0.75],
+        "adapter": "exact LoRA delta average (rank concatenation); reward-token rows averaged",
+        "head": "parameter average sum_i w_i theta_i",
+        "calibration": "not carried over: run rewardkit calibrate on the soup"}
     assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name] == []
-    # an earlier soup is replaced; default weights 1/2 each
+    # an earlier soup is replaced (written beside it first, then renamed: never half-written); default weights 1/2
+    import shutil
+
+    made = []
+    real_copytree = shutil.copytree
+    monkeypatch.setattr(S.shutil, "copytree", lambda src, dst, **kw: made.append(dst) or real_copytree(src, dst, **kw))
     out = S.soup_preference_models([a, b], tmp_path / "out")
+    assert len(made) == 1 and made[0].parent.parent == tmp_path and made[0].parent.name.startswith(".out.tmp-")
     assert torch.equal(st.load_file(str(out / "head.safetensors"))["b"], torch.tensor([3.0]))
     # models without a format tag: the head gets an empty one
     for m in (a, b):
@@ -439,7 +448,8 @@ def test_soup_of_preference_directories(tmp_path):
 def test_soup_of_preference_directories_refusals(tmp_path):
     head = {"w": torch.tensor([[1.0, 2.0]])}
     a = _pref(tmp_path / "a", head)
-    with pytest.raises(ValueError, match="--base merges plain peft adapters"):
+    with pytest.raises(ValueError, match=r"^--base merges plain peft adapters; preference model directories are souped "
+                                         r"into a preference model directory \(drop --base\)$"):
         S.lora_soup([a, a], tmp_path / "o", base=tmp_path)
     plain = _adapter(tmp_path / "plain", {}, _lora("q", *A_Q))
     with pytest.raises(ValueError, match="not a rewardkit preference model"):
@@ -456,7 +466,7 @@ def test_soup_of_preference_directories_refusals(tmp_path):
         S.soup_preference_models([a, nohead], tmp_path / "o")
     for key in ("head", "base_model", "reward_token", "template"):
         other = _pref(tmp_path / f"diff-{key}", head, cfg={key: "other"})
-        with pytest.raises(ValueError, match=f"differ in {key}: only models of one base"):
+        with pytest.raises(ValueError, match=f"^{other} and {a} differ in {key}: only models of one base"):
             S.soup_preference_models([a, other], tmp_path / "o")
     tok = _pref(tmp_path / "tok", head, tokenizer=b"other")
     with pytest.raises(ValueError, match=f"^{tok} and {a} have different tokenizers$"):
