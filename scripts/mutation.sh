@@ -21,6 +21,8 @@ WORK="${MUTATION_WORKDIR:-$(mktemp -d -t rewardkit-mutation-XXXX)}"
 SAMPLE="${MUTATION_SAMPLE:-0}"
 
 # name | files to mutate (space separated) | mutant-name globs ("*" = every function) | its test files
+# Keep slow tests out of these lists: mutmut's first (stats) run does not apply -m "not slow", and the scratch copy
+# has no examples/ (test_soup_preference.py is one; test_soup_contracts.py covers soup_preference_models fast).
 MODULES=(
   "metrics|rewardkit/bench/metrics.py|*|tests/test_bench_metrics.py tests/test_properties.py tests/test_behaviour_killers.py tests/test_metrics_contracts.py"
   "functions|rewardkit/compose/functions.py|*|tests/test_compose.py tests/test_properties.py tests/test_core_contracts.py"
