@@ -442,7 +442,7 @@ def test_run_checks_what_score_returns():
 def test_thread_safe_rewards_are_not_serialised():
     import threading
 
-    barrier = threading.Barrier(2, timeout=5)
+    barrier = threading.Barrier(2, timeout=30)
 
     class Parallel(Red):
         thread_safe = True
@@ -462,7 +462,7 @@ def test_thread_safe_rewards_are_not_serialised():
 
     threads = [threading.Thread(target=call) for _ in range(2)]
     [t.start() for t in threads]
-    [t.join(10) for t in threads]
+    [t.join(60) for t in threads]
     assert errs == []
 
 
