@@ -43,6 +43,14 @@ def _meta_entry_error(m: Any) -> str:
     return f"metadata entries must be dicts (or None), got {type(m).__name__}"
 
 
+def _mask(valid: Any, n: int) -> torch.Tensor:
+    """A reward's ``valid`` as a bool ``[n]`` tensor; a mask of another length is a bug, never broadcast."""
+    mask = torch.as_tensor(valid, dtype=torch.bool).reshape(-1)
+    if mask.shape[0] != n:
+        raise ValueError(f"valid has {mask.shape[0]} entries for {n} values")
+    return mask
+
+
 def _json_float(x: float) -> float | None:
     return None if (x is None or math.isnan(x) or math.isinf(x)) else float(x)
 
@@ -75,10 +83,12 @@ class RewardOutput:
             else self.scores.float().reshape(-1)
         n = self.scores.shape[0]
         finite = torch.isfinite(self.scores.detach()).cpu()  # one transfer when scores stay on a device (grad)
-        self.valid = finite.clone() if self.valid is None else torch.as_tensor(self.valid, dtype=torch.bool).cpu().reshape(-1) & finite
+        self.valid = finite.clone() if self.valid is None else _mask(self.valid, n).cpu() & finite
         if self.errors is None:
             self.errors = [None] * n
         self.errors = list(self.errors)
+        if len(self.errors) != n:  # before the loop below indexes it (a short list was an IndexError)
+            raise ValueError(f"errors has {len(self.errors)} entries for {n} scores")
         for i in range(n):
             if not bool(self.valid[i]) and not self.errors[i]:
                 self.errors[i] = "non-finite score" if not bool(finite[i]) else "marked invalid by the reward"
@@ -182,8 +192,12 @@ class PairwiseOutput:
         self.prob_a = torch.as_tensor(self.prob_a, dtype=torch.float32).detach().cpu().reshape(-1)
         n = self.prob_a.shape[0]
         finite = torch.isfinite(self.prob_a)
-        self.valid = finite.clone() if self.valid is None else torch.as_tensor(self.valid, dtype=torch.bool).reshape(-1) & finite
+        self.valid = finite.clone() if self.valid is None else _mask(self.valid, n).cpu() & finite
         self.errors = list(self.errors) if self.errors is not None else [None] * n
+        for name in ("errors", "rationales"):
+            seq = getattr(self, name)
+            if seq is not None and len(seq) != n:
+                raise ValueError(f"{name} has {len(seq)} entries for {n} probabilities")
         for i in range(n):
             if not bool(self.valid[i]) and not self.errors[i]:
                 self.errors[i] = "non-finite probability"

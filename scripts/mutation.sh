@@ -21,14 +21,16 @@ WORK="${MUTATION_WORKDIR:-$(mktemp -d -t rewardkit-mutation-XXXX)}"
 SAMPLE="${MUTATION_SAMPLE:-0}"
 
 # name | files to mutate (space separated) | mutant-name globs ("*" = every function) | its test files
+# Keep slow tests out of these lists: mutmut's first (stats) run does not apply -m "not slow", and the scratch copy
+# has no examples/ (test_soup_preference.py is one; test_soup_contracts.py covers soup_preference_models fast).
 MODULES=(
   "metrics|rewardkit/bench/metrics.py|*|tests/test_bench_metrics.py tests/test_properties.py tests/test_behaviour_killers.py tests/test_metrics_contracts.py"
   "functions|rewardkit/compose/functions.py|*|tests/test_compose.py tests/test_properties.py tests/test_core_contracts.py"
   "losses|rewardkit/train/losses.py|*|tests/test_train_losses.py tests/test_behaviour_killers.py tests/test_core_contracts.py"
   "parsers|rewardkit/rewards/evr.py rewardkit/compose/rubric.py rewardkit/judges/openai_backend.py rewardkit/judges/policy.py|*.x_parse_hypothesis__* *.x_parse_intent__* *.x_parse_question_list__* *.x_read_choice_logprobs__* *.x_usable_rows__*|tests/test_judge_parsers.py tests/test_parser_contracts.py"
-  "soup|rewardkit/compose/soup.py|*|tests/test_soup.py tests/test_soup_patterns.py"
-  "media|rewardkit/media.py|*|tests/test_bad_inputs.py tests/test_properties.py tests/test_behaviour_killers.py"
-  "reward|rewardkit/reward.py|*|tests/test_contract.py tests/test_bad_inputs.py tests/test_properties.py"
+  "soup|rewardkit/compose/soup.py|*|tests/test_soup.py tests/test_soup_patterns.py tests/test_soup_contracts.py"
+  "media|rewardkit/media.py|*|tests/test_bad_inputs.py tests/test_properties.py tests/test_behaviour_killers.py tests/test_media_contracts.py"
+  "reward|rewardkit/reward.py|*|tests/test_contract.py tests/test_bad_inputs.py tests/test_properties.py tests/test_reward_contracts.py"
 )
 
 want=("$@")
