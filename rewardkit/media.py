@@ -288,8 +288,13 @@ def _float_to_uint8(arr: np.ndarray) -> np.ndarray:
         raise _Bad("image array contains NaN or Inf")
     lo, hi = float(arr.min(initial=0.0)), float(arr.max(initial=0.0))
     if lo < -_FLOAT_TOL or hi > 1.0 + _FLOAT_TOL:
-        hint = " (looks like [-1, 1]: pass (x + 1) / 2)" if lo >= -1.0 - _FLOAT_TOL and lo < 0 else ""
-        hint = hint or (" (looks like [0, 255]: pass uint8 or x / 255)" if hi <= 255.0 + _FLOAT_TOL else "")
+        # a hint only where the range fits the convention (values in [-1.5, 0.5] are neither)
+        if -1.0 - _FLOAT_TOL <= lo < 0 and hi <= 1.0 + _FLOAT_TOL:
+            hint = " (looks like [-1, 1]: pass (x + 1) / 2)"
+        elif lo >= -_FLOAT_TOL and hi <= 255.0 + _FLOAT_TOL:
+            hint = " (looks like [0, 255]: pass uint8 or x / 255)"
+        else:
+            hint = ""
         raise _Bad(f"float image values must lie in [0, 1], got [{lo:.4g}, {hi:.4g}]{hint}")
     return np.round(np.clip(arr, 0.0, 1.0) * 255.0).astype(np.uint8)
 

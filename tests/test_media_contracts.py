@@ -95,6 +95,8 @@ def test_float_rules_round_clip_and_tolerance():
     _bad(np.array([[0.0, 255.01]]), r"values must lie in \[0, 1\], got \[0, 255\]$")  # no hint above 255
     _bad(np.array([[-1.5, 300.0]]), r"got \[-1.5, 300\]$")                              # no hint for either
     _bad(np.array([[-1.0, 1.0]]), r"got \[-1, 1\] \(looks like \[-1, 1\]")            # -1 itself: the [-1, 1] hint
+    _bad(np.array([[-1.5, 0.5]]), r"got \[-1.5, 0.5\]$")                  # neither convention: no hint
+    _bad(np.array([[-0.5, 200.0]]), r"got \[-0.5, 200\]$")                # negative and above 1: no hint
     _bad(np.array([[0.5, np.inf]]), "NaN or Inf")
     # a float tensor follows the same rules (CHW layout)
     assert _px(torch.tensor([[[0.5]], [[1.0]], [[0.0]]], dtype=torch.bfloat16))[0, 0].tolist() == [128, 255, 0]

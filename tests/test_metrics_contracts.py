@@ -136,3 +136,14 @@ def test_genaibench_single_arrow_verdicts_and_unparsed_count():
 def test_mmrb2_length_error_message():
     with pytest.raises(ValueError, match="^chosen, forward and reverse must have the same length$"):
         M.mmrb2_official(["A"], ["A"], [])
+
+
+def test_group_accuracy_refuses_group_ids_of_the_wrong_length():
+    """The exact message (a mutation survivor of the 300-mutant sample changed only its wording)."""
+    import numpy as np
+    import pytest
+
+    from rewardkit.bench.metrics import group_accuracy
+
+    with pytest.raises(ValueError, match=r"^group_ids must have one entry per row$"):
+        group_accuracy([0, 0], np.array([1, -1, 1]), np.array([0.5, -0.5, 1.0]))
