@@ -185,7 +185,10 @@ def main():
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--ddp-only", action="store_true")
+    ap.add_argument("--dry-run", action="store_true", help="the CPU smoke mode: --tiny --device cpu")
     args = ap.parse_args()
+    if args.dry_run:
+        args.tiny, args.device = True, "cpu"
     if args.ddp_only:
         return ddp_only(args)
     device = torch.device(args.device)

@@ -1,0 +1,293 @@
+"""README claims outside the contract / security sections (map: tests/README.md, "README: setup, commands and
+the rest"): the scripts' environment variables and exit status, REWARDKIT_DEBUG, the extras table, the
+"Writing a reward" example, the Layout block and the GPU scripts' --dry-run.
+
+The scripts are run by bash against a fake virtual environment (`bin/python`, `bin/rewardkit` that log their
+arguments and exit with a chosen code), so what they would install / run is checked in milliseconds."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text(encoding="utf-8")
+needs_bash = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+
+_FAKE_PY = """#!/usr/bin/env bash
+echo "python $*" >> "$FAKE_LOG"
+if [ "$1" = "-c" ]; then exit "${FAKE_TORCH_RC:-1}"; fi
+if [ "$1" = "-" ]; then cat > /dev/null; fi
+exit 0
+"""
+_FAKE_RK = """#!/usr/bin/env bash
+echo "rewardkit[$(pwd)] $*" >> "$FAKE_LOG"
+exit "${FAKE_RK_RC:-0}"
+"""
+# PYTHON=...: the interpreter that creates the environment (`-m venv DIR`)
+_FAKE_CREATOR = """#!/usr/bin/env bash
+echo "creator $*" >> "$FAKE_LOG"
+[ "$1 $2" = "-m venv" ] || exit 9
+mkdir -p "$3/bin"
+printf 'export PATH="%s/bin:$PATH"\\n' "$3" > "$3/bin/activate"
+cp "$FAKE_DIR/python" "$3/bin/python"; cp "$FAKE_DIR/rewardkit" "$3/bin/rewardkit"
+chmod +x "$3/bin/python" "$3/bin/rewardkit"
+"""
+
+
+@pytest.fixture()
+def fake(tmp_path):
+    d = tmp_path / "fakes"
+    d.mkdir()
+    for name, body in (("python", _FAKE_PY), ("rewardkit", _FAKE_RK), ("creator", _FAKE_CREATOR)):
+        (d / name).write_text(body)
+        (d / name).chmod(0o755)
+    log = tmp_path / "log.txt"
+    log.write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("REWARDKIT_", "PIP_", "VIRTUAL_ENV"))}
+    env.update(FAKE_LOG=str(log), FAKE_DIR=str(d), PYTHON=str(d / "creator"))
+    return env, log, tmp_path
+
+
+def _bash(cmd, env, cwd, **extra):
+    return subprocess.run(["bash", "-c", cmd], cwd=cwd, env={**env, **extra}, capture_output=True, text=True,
+                          timeout=60)
+
+
+def _lines(log):
+    return log.read_text().splitlines()
+
+
+@needs_bash
+def test_env_creates_venv_with_python_installs_rewardkit_torch_first_and_keeps_the_choice(fake):
+    env, log, tmp = fake
+    venv = tmp / "myvenv"
+    rel = os.path.relpath(venv, REPO)  # REWARDKIT_VENV relative to the repository, not to the caller
+    torch_spec = "torch==9.9.9 --index-url https://example.invalid/whl/cpu"
+    res = _bash(f". {REPO}/scripts/_env.sh hf", env, tmp, REWARDKIT_VENV=rel, REWARDKIT_TORCH=torch_spec)
+    assert res.returncode == 0, res.stderr
+    lines = _lines(log)
+    assert lines[0] == f"creator -m venv {REPO}/{rel}"
+    pips = [x for x in lines if x.startswith("python -m pip install")]
+    assert len(pips) == 3 and "--upgrade pip" in pips[0]
+    assert pips[1].endswith(torch_spec)                     # before anything else, with its pip options
+    assert pips[2] == f"python -m pip install -q -e {REPO}[hf]"
+    assert lines.index(pips[1]) < lines.index(pips[2])
+    # a second run (same pyproject, extras covered) installs nothing: the choice is kept in the venv
+    log.write_text("")
+    assert _bash(f". {REPO}/scripts/_env.sh hf", env, tmp, REWARDKIT_VENV=rel).returncode == 0
+    assert not [x for x in _lines(log) if "pip install" in x or x.startswith("creator")]
+
+
+@needs_bash
+def test_env_default_torch_pin_and_no_reinstall_when_torch_is_there(fake):
+    env, log, tmp = fake
+    res = _bash(f". {REPO}/scripts/_env.sh hf,train", env, tmp, REWARDKIT_VENV=str(tmp / "v"))
+    assert res.returncode == 0, res.stderr
+    torch_pip = [x for x in _lines(log) if "pip install" in x and "torch" in x]
+    assert len(torch_pip) == 1 and torch_pip[0].endswith("torch==2.13.0")   # README's default
+    # torch already importable: nothing reinstalled for it (rewardkit itself still is, new extras)
+    log.write_text("")
+    res = _bash(f". {REPO}/scripts/_env.sh hf,bench", env, tmp, REWARDKIT_VENV=str(tmp / "v"), FAKE_TORCH_RC="0")
+    pips = [x for x in _lines(log) if "pip install" in x]
+    assert res.returncode == 0 and not [x for x in pips if "torch" in x]
+    assert pips[-1] == f"python -m pip install -q -e {REPO}[hf,bench]"
+
+
+@needs_bash
+def test_skip_install_uses_the_environment_as_it_is(fake):
+    env, log, tmp = fake
+    subprocess.run([env["PYTHON"], "-m", "venv", str(tmp / "v")], env=env, check=True)
+    log.write_text("")
+    res = _bash(f". {REPO}/scripts/_env.sh all,dev", env, tmp, REWARDKIT_VENV=str(tmp / "v"),
+                REWARDKIT_SKIP_INSTALL="1")
+    assert res.returncode == 0, res.stderr
+    assert _lines(log) == []
+
+
+@pytest.fixture()
+def venv(fake):
+    env, log, tmp = fake
+    subprocess.run([env["PYTHON"], "-m", "venv", str(tmp / "v")], env=env, check=True)
+    log.write_text("")
+    env = {**env, "REWARDKIT_VENV": str(tmp / "v"), "REWARDKIT_SKIP_INSTALL": "1",
+           "REWARDKIT_DEMO_CACHE": str(tmp / "democache")}
+    return env, log, tmp
+
+
+@needs_bash
+@pytest.mark.parametrize("rc", [0, 1, 2, 3])
+def test_score_sh_with_arguments_uses_the_demo_cache_and_returns_rewardkits_status(venv, rc):
+    env, log, tmp = venv
+    res = _bash(f"bash {REPO}/scripts/score.sh imgs/ --prompt 'a red apple'", env, tmp, FAKE_RK_RC=str(rc))
+    assert res.returncode == rc, res.stderr
+    lines = _lines(log)
+    cache = tmp / "democache"
+    assert lines[0] == f"python - {cache}/tiny-clip {cache}/tiny-preference"   # checkpoints written there
+    assert lines[1] == f"rewardkit[{tmp}] score --reward pickscore --model {cache}/tiny-clip imgs/ --prompt a red apple"
+
+
+@needs_bash
+def test_score_sh_with_reward_passes_everything_through(venv):
+    env, log, tmp = venv
+    res = _bash(f"bash {REPO}/scripts/score.sh --reward pickscore --model /models/P a.png --prompt x", env, tmp,
+                FAKE_RK_RC="3")
+    assert res.returncode == 3
+    assert _lines(log) == [f"rewardkit[{tmp}] score --reward pickscore --model /models/P a.png --prompt x"]
+
+
+@needs_bash
+def test_score_sh_demo_runs_t2i_edit_compare_into_outputs(venv):
+    env, log, tmp = venv
+    res = _bash(f"bash {REPO}/scripts/score.sh", env, tmp)
+    assert res.returncode == 0, res.stderr
+    rk = [x for x in _lines(log) if x.startswith("rewardkit[")]
+    cache = tmp / "democache"
+    assert len(rk) == 3 and all(x.startswith(f"rewardkit[{REPO}] ") for x in rk)
+    assert "score --reward pickscore" in rk[0] and f"{cache}/tiny-clip" in rk[0]
+    assert "--jsonl examples/images/t2i.jsonl --output outputs/t2i_scores.jsonl" in rk[0]
+    assert "score --reward preference" in rk[1] and f"{cache}/tiny-preference" in rk[1]
+    assert "--jsonl examples/images/edit.jsonl --output outputs/edit_scores.jsonl" in rk[1]
+    assert rk[2].split("] ", 1)[1].startswith("compare --reward pickscore") and "--output outputs/compare.jsonl" in rk[2]
+    # a failing step is the script's status
+    log.write_text("")
+    assert _bash(f"bash {REPO}/scripts/score.sh", env, tmp, FAKE_RK_RC="2").returncode == 2
+
+
+def test_readme_lists_every_script_environment_variable_with_its_default():
+    table = README[README.index("| variable | default | what |"):].split("\n\n", 1)[0]
+    documented = dict(re.findall(r"^\| `(\w+)` \| (\S+) \|", table, re.M))
+    assert documented == {"REWARDKIT_TORCH": "`torch==2.13.0`", "REWARDKIT_VENV": "`.venv`",
+                          "REWARDKIT_SKIP_INSTALL": "unset", "REWARDKIT_DEMO_CACHE": "`.rewardkit_cache`",
+                          "PYTHON": "`python3`"}
+    scripts = (REPO / "scripts" / "_env.sh").read_text() + (REPO / "scripts" / "score.sh").read_text()
+    assert set(re.findall(r"\$\{(REWARDKIT_\w+|PYTHON)[:}]", scripts)) == set(documented)
+    assert "${REWARDKIT_TORCH:-torch==2.13.0}" in scripts and '${REWARDKIT_VENV:-.venv}' in scripts
+    assert "${PYTHON:-python3}" in scripts and "${REWARDKIT_DEMO_CACHE:-$REPO/.rewardkit_cache}" in scripts
+
+
+def test_rewardkit_debug_shows_the_traceback(monkeypatch, capsys):
+    from rewardkit.cli import main
+    from rewardkit.commands import ls
+    from rewardkit.commands import UsageError
+
+    def boom(args):
+        raise RuntimeError("kaboom")
+
+    monkeypatch.setattr(ls, "run", boom)
+    monkeypatch.setenv("REWARDKIT_DEBUG", "1")
+    with pytest.raises(RuntimeError, match="kaboom"):
+        main(["ls"])
+
+    def usage(args):
+        raise UsageError("bad option")
+
+    monkeypatch.setattr(ls, "run", usage)
+    with pytest.raises(UsageError):
+        main(["ls"])
+    monkeypatch.delenv("REWARDKIT_DEBUG")
+    assert main(["ls"]) == 2 and "bad option" in capsys.readouterr().err
+
+
+def _pyproject_extras() -> dict[str, list[str]]:
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    data = tomllib.loads((REPO / "pyproject.toml").read_text())
+    return data["project"]["optional-dependencies"]
+
+
+def test_extras_table_matches_pyproject():
+    extras = _pyproject_extras()
+    table = README[README.index("| extra | for | pulls |"):].split("\n\n", 1)[0].splitlines()[2:]
+    rows = {m.group(1): m.group(2) for m in (re.match(r"\| `(\w+)` \|.*\|\s*([^|]*?)\s*\|$", r) for r in table) if m}
+    assert set(rows) == set(extras) - {"dev"}
+    name = re.compile(r"^[A-Za-z0-9_.-]+")
+    for extra, pulls in rows.items():
+        if extra == "all":
+            continue
+        have = {name.match(req).group(0).lower() for req in extras[extra]}
+        want = {p.strip().lower() for p in pulls.split("(")[0].split(",") if p.strip()}
+        assert want <= have, (extra, want - have)
+    # `all` is every extra but vllm (and dev)
+    inner = re.match(r"rewardkit-vision\[(.*)\]", extras["all"][0]).group(1).split(",")
+    assert len(extras["all"]) == 1 and set(inner) == set(extras) - {"all", "vllm", "dev"}
+
+
+def test_layout_paths_exist():
+    block = README[README.index("## Layout"):].split("```")[1]
+    paths = set(re.findall(r"\b(rewardkit/[\w/.]*|tests/|benchmarks/|recipes/|docs/|examples/|scripts/)", block))
+    paths |= {f"rewardkit/{p}" for p in re.findall(r"(?<=, )(\w+\.py)", block)}  # "server.py, client.py"
+    paths |= {"rewardkit/commands/"} if "commands/" in block else set()
+    assert len(paths) > 20
+    missing = sorted(p for p in paths if not (REPO / p).exists())
+    assert not missing, missing
+
+
+def _readme_sharpness_source() -> str:
+    sec = README[README.index("## Writing a reward"):]
+    code = sec.split("```python", 1)[1].split("```", 1)[0]
+    body = textwrap.dedent("""\
+        import numpy as np
+        values = []
+        for im in batch.images:
+            g = np.asarray(im.convert("L"), dtype=np.float64)
+            lap = g[1:-1, :-2] + g[1:-1, 2:] + g[:-2, 1:-1] + g[2:, 1:-1] - 4 * g[1:-1, 1:-1]
+            values.append(self.config.scale * lap.var())
+    """)
+    assert code.count("        ...\n") == 1
+    return code.replace("        ...\n", textwrap.indent(body, "        "))
+
+
+def test_writing_a_reward_example_registers_and_passes_conformance(monkeypatch, tmp_path):
+    """The README's Sharpness, with its `...` filled in, registered through the documented entry point."""
+    import types
+    from importlib import metadata
+
+    import numpy as np
+    from PIL import Image
+
+    import rewardkit
+    from rewardkit import registry
+    from rewardkit.conformance import check_reward
+
+    mod = types.ModuleType("my_pkg_rewards_readme")
+    monkeypatch.setitem(sys.modules, "my_pkg_rewards_readme", mod)
+    exec(compile(_readme_sharpness_source(), "README.md", "exec"), mod.__dict__)
+    ep = metadata.EntryPoint(name="sharpness", value="my_pkg_rewards_readme:Sharpness",
+                             group=registry.ENTRY_POINT_GROUP)
+    assert registry.ENTRY_POINT_GROUP == "rewardkit.rewards"  # the group the README's toml names
+    registry._reset()
+    monkeypatch.setattr(registry.importlib_metadata, "entry_points", lambda group=None: [ep])
+    try:
+        assert "sharpness" in rewardkit.list_rewards()
+        r = rewardkit.load_reward("sharpness", scale=2.0)
+        assert isinstance(r, mod.Sharpness)
+        check_reward(mod.Sharpness.tiny(tmp_path))
+        # independent value: a single bright pixel in black, 5x5 -> 3x3 interior Laplacian
+        a = np.zeros((5, 5, 3), np.uint8)
+        a[2, 2] = 255
+        lap = np.zeros((3, 3))
+        lap[1, 1] = -4 * 255
+        lap[0, 1] = lap[1, 0] = lap[1, 2] = lap[2, 1] = 255
+        out = r([Image.fromarray(a)], "ignored")
+        assert float(out.scores[0]) == pytest.approx(2.0 * lap.var(), rel=1e-5)
+    finally:
+        registry._reset()
+
+
+@pytest.mark.slow
+def test_nft_step_gpu_script_dry_run():
+    """README 'On a GPU machine': each script's --dry-run runs the same code on the CPU (nft_step.py too)."""
+    res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu" / "nft_step.py"), "--dry-run",
+                          "--iters", "1"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert '"device": "cpu"' in res.stdout and '"model": "tiny"' in res.stdout and '"e2po_step_s"' in res.stdout
