@@ -128,10 +128,9 @@ def test_score_sh_with_arguments_uses_the_demo_cache_and_returns_rewardkits_stat
     env, log, tmp = venv
     res = _bash(f"bash {REPO}/scripts/score.sh imgs/ --prompt 'a red apple'", env, tmp, FAKE_RK_RC=str(rc))
     assert res.returncode == rc, res.stderr
-    lines = _lines(log)
     cache = tmp / "democache"
-    assert lines[0] == f"python - {cache}/tiny-clip {cache}/tiny-preference"   # checkpoints written there
-    assert lines[1] == f"rewardkit[{tmp}] score --reward pickscore --model {cache}/tiny-clip imgs/ --prompt a red apple"
+    assert _lines(log) == [f"python - {cache}/tiny-clip {cache}/tiny-preference",   # checkpoints written there
+                           f"rewardkit[{tmp}] score --reward pickscore --model {cache}/tiny-clip imgs/ --prompt a red apple"]
 
 
 @needs_bash
