@@ -290,3 +290,111 @@ def test_nft_step_gpu_script_dry_run():
                           "--iters", "1"], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert '"device": "cpu"' in res.stdout and '"model": "tiny"' in res.stdout and '"e2po_step_s"' in res.stdout
+
+
+def test_clipscore_text_prefix_is_prepended(tiny_clip_dir):
+    """README "CLIPScore scale": Hessel et al. prepend "A photo depicts " (`text_prefix=`)."""
+    from PIL import Image
+
+    from rewardkit import load_reward
+
+    img = Image.open(REPO / "examples" / "images" / "t2i_red_apple.png")
+    plain = load_reward("clipscore", model=str(tiny_clip_dir), convention="cosine")
+    pre = load_reward("clipscore", model=str(tiny_clip_dir), convention="cosine", text_prefix="A photo depicts ")
+    assert plain.config.text_prefix == ""  # off by default
+    with_prefix = float(pre([img], "a red apple").scores[0])
+    assert with_prefix == pytest.approx(float(plain([img], "A photo depicts a red apple").scores[0]), abs=1e-6)
+    assert with_prefix != pytest.approx(float(plain([img], "a red apple").scores[0]), abs=1e-4)
+
+
+def test_pickscore_default_is_the_hub_id_the_readme_downloads():
+    from rewardkit.rewards.pickscore import PickScoreConfig
+
+    assert PickScoreConfig().model == "yuvalkirstain/PickScore_v1"
+    assert "hf download yuvalkirstain/PickScore_v1" in README
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_calibrate_data_csv_parquet_relative_paths(tiny_clip_dir, tmp_path, fmt, capsys):
+    """`rewardkit calibrate --data` takes JSONL or CSV / parquet, `image` relative to the file; the stats are
+    those of the reward's scores on those images (population std)."""
+    import json
+
+    import numpy as np
+    from PIL import Image
+
+    from rewardkit import load_reward
+    from rewardkit.cli import main
+
+    rows = [json.loads(x) for x in (REPO / "examples" / "images" / "t2i.jsonl").read_text().splitlines()]
+    (tmp_path / "data" / "imgs").mkdir(parents=True)
+    for r in rows:
+        shutil.copy(REPO / "examples" / "images" / r["image"], tmp_path / "data" / "imgs" / r["image"])
+    table = {"prompt": [r["prompt"] for r in rows], "image": ["imgs/" + r["image"] for r in rows]}
+    data = tmp_path / "data" / f"calib.{fmt}"
+    if fmt == "csv":
+        import csv
+
+        with open(data, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["prompt", "image"])
+            w.writerows(zip(table["prompt"], table["image"]))
+    else:
+        pa = pytest.importorskip("pyarrow")
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table(table), data)
+    out = tmp_path / "stats.json"
+    assert main(["calibrate", "-r", "clipscore", "-m", str(tiny_clip_dir), "--data", str(data), "-o", str(out),
+                 "--no-progress"]) == 0
+    stats = json.loads(out.read_text())
+    reward = load_reward("clipscore", model=str(tiny_clip_dir))
+    want = np.array([float(reward([Image.open(REPO / "examples" / "images" / r["image"])], r["prompt"]).scores[0])
+                     for r in rows], dtype=np.float64)
+    assert stats["n"] == 3 and stats["n_invalid"] == 0
+    assert stats["mean"] == pytest.approx(want.mean(), abs=1e-5)
+    assert stats["std"] == pytest.approx(want.std(ddof=0), abs=1e-5)
+    assert (stats["min"], stats["max"]) == (pytest.approx(want.min(), abs=1e-5), pytest.approx(want.max(), abs=1e-5))
+
+
+def test_ls_says_when_an_extra_is_not_installed(monkeypatch, capsys):
+    """`rewardkit ls` shows whether each reward's extras are installed (and the pip line for the missing)."""
+    import json
+
+    from rewardkit import _imports
+    from rewardkit.cli import main
+
+    monkeypatch.setattr(_imports, "extra_installed", lambda e: e != "ocr")
+    assert main(["ls", "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["ocr"]["installed"] is False and rows["clipscore"]["installed"] is True
+    assert main(["ls"]) == 0
+    out = capsys.readouterr().out
+    ocr_line = next(x for x in out.splitlines() if x.startswith("ocr "))
+    assert re.search(r"\sno(\s|$)", ocr_line), ocr_line
+    assert "pip install 'rewardkit-vision[ocr]'" in out
+
+
+def test_commands_table_names_every_command():
+    from rewardkit.cli import COMMANDS
+
+    table = README[README.index("| command | what |"):].split("\n\n", 1)[0]
+    named = set(re.findall(r"^\| `rewardkit (\w+)", table, re.M))
+    assert named == set(COMMANDS), set(COMMANDS) ^ named
+
+
+def test_default_outputs_are_git_ignored():
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("needs a git checkout")
+    paths = ["outputs/scores.jsonl", "runs/arena_tiny/model", "bench-results/x.json", ".rewardkit_cache/tiny-clip"]
+    res = subprocess.run(["git", "check-ignore", "--no-index", *paths], cwd=REPO, capture_output=True, text=True)
+    assert res.stdout.split() == paths
+
+
+@needs_bash
+@pytest.mark.skipif(shutil.which("tesseract") is None, reason="test.sh would install tesseract first")
+def test_test_sh_passes_its_arguments_to_pytest(venv):
+    env, log, tmp = venv
+    res = _bash(f'bash {REPO}/scripts/test.sh -m "not slow" -x', env, tmp, FAKE_RK_RC="0")
+    assert res.returncode == 0, res.stderr
+    assert _lines(log)[-1] == "python -m pytest -q -m not slow -x"
