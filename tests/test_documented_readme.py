@@ -345,13 +345,14 @@ def test_calibrate_data_csv_parquet_relative_paths(tiny_clip_dir, tmp_path, fmt,
 
         pq.write_table(pa.table(table), data)
     out = tmp_path / "stats.json"
+    # cosine: the default hessel clamps a random CLIP's negative cosines to 0 (all scores equal)
     assert main(["calibrate", "-r", "clipscore", "-m", str(tiny_clip_dir), "--data", str(data), "-o", str(out),
-                 "--no-progress"]) == 0
+                 "--set", "convention=cosine", "--no-progress"]) == 0
     stats = json.loads(out.read_text())
-    reward = load_reward("clipscore", model=str(tiny_clip_dir))
+    reward = load_reward("clipscore", model=str(tiny_clip_dir), convention="cosine")
     want = np.array([float(reward([Image.open(REPO / "examples" / "images" / r["image"])], r["prompt"]).scores[0])
                      for r in rows], dtype=np.float64)
-    assert stats["n"] == 3 and stats["n_invalid"] == 0
+    assert stats["n"] == 3 and stats["n_invalid"] == 0 and want.std() > 1e-3
     assert stats["mean"] == pytest.approx(want.mean(), abs=1e-5)
     assert stats["std"] == pytest.approx(want.std(ddof=0), abs=1e-5)
     assert (stats["min"], stats["max"]) == (pytest.approx(want.min(), abs=1e-5), pytest.approx(want.max(), abs=1e-5))
