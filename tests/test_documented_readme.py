@@ -399,3 +399,73 @@ def test_test_sh_passes_its_arguments_to_pytest(venv):
     res = _bash(f'bash {REPO}/scripts/test.sh -m "not slow" -x', env, tmp, FAKE_RK_RC="0")
     assert res.returncode == 0, res.stderr
     assert _lines(log)[-1] == "python -m pytest -q -m not slow -x"
+
+
+def test_exit_3_still_writes_every_result(tiny_clip_dir, tmp_path, capsys):
+    """Exit 3: some samples could not be scored; each reason is printed and written, results still written."""
+    import json
+
+    from rewardkit.cli import main
+
+    ok = REPO / "examples" / "images" / "t2i_red_apple.png"
+    bad = tmp_path / "broken.png"
+    bad.write_bytes(b"not a png")
+    out = tmp_path / "o" / "scores.jsonl"
+    assert main(["score", "-r", "clipscore", "-m", str(tiny_clip_dir), str(ok), str(bad), "-p", "an apple",
+                 "-o", str(out), "--no-progress"]) == 3
+    recs = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(recs) == 2
+    good, broken = sorted(recs, key=lambda r: "broken" in json.dumps(r))
+    assert good["valid"] is True and isinstance(good["score"], float)
+    assert broken["valid"] is False and broken["error"] and "broken.png" in json.dumps(broken)
+    assert "broken.png" in capsys.readouterr().out
+
+
+@needs_bash
+def test_test_sh_installs_tesseract_through_apt_when_missing(tmp_path):
+    """`bash scripts/test.sh` (installs tesseract-ocr through apt when missing): .ci/install-system-deps.sh
+    against a PATH with a fake apt-get and no tesseract."""
+    script = REPO / ".ci" / "install-system-deps.sh"
+    if not script.is_file():
+        pytest.skip("no .ci/install-system-deps.sh")
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    log = tmp_path / "apt.log"
+    (bin_ / "id").write_text("#!/bin/sh\necho 0\n")
+    (bin_ / "apt-get").write_text(f"#!/bin/sh\necho \"$*\" >> {log}\n"
+                                  f"case \"$*\" in *install*) printf '#!/bin/sh\\n' > {bin_}/tesseract;"
+                                  f" {shutil.which('chmod')} +x {bin_}/tesseract;; esac\n")
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    bash = shutil.which("bash")
+    res = subprocess.run([bash, str(script)], env={"PATH": str(bin_)}, capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    calls = log.read_text().splitlines()
+    assert calls[0].startswith("update") and "install" in calls[1] and "tesseract-ocr" in calls[1].split()
+    # present: nothing is installed
+    log.write_text("")
+    assert subprocess.run([bash, str(script)], env={"PATH": str(bin_)}, timeout=30).returncode == 0
+    assert log.read_text() == ""
+
+
+def test_python_and_vllm_pins_as_documented():
+    """Python >= 3.10; the vllm extra resolves to vllm 0.33.x with transformers 5.20.x (README, GPU section)."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    data = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert data["project"]["requires-python"] == ">=3.10" and "Python >= 3.10" in README
+    vllm = data["project"]["optional-dependencies"]["vllm"]
+    assert "vllm>=0.33,<0.34" in vllm and "transformers>=5.20,<5.21" in vllm
+    assert "vllm 0.33.x brings torch 2.14.0 + transformers 5.20.x" in README
+
+
+def test_testing_kit_names_in_the_readme():
+    """`rewardkit.testing`: tiny_qwen2_5_vl(), tiny_qwen3_vl(), tiny_clip() return (model, processor)."""
+    from rewardkit import testing
+
+    for name in ("tiny_qwen2_5_vl", "tiny_qwen3_vl", "tiny_clip", "tiny_sd3_pipeline", "save_tiny_checkpoint"):
+        assert callable(getattr(testing, name)) and f"{name}(" in README, name
+    model, proc = testing.tiny_clip()
+    assert type(model).__name__ == "CLIPModel" and hasattr(proc, "image_processor") and hasattr(proc, "tokenizer")
