@@ -105,18 +105,30 @@ def write_tiny_aesthetic(path: str | Path, *, in_features: int, activation: str 
 def save_tiny_bert_tokenizer(path: str | Path) -> Path:
     """A tiny uncased WordPiece tokenizer with BERT's specials (``[PAD]`` = 0, ``[CLS]``, ``[SEP]``, ...), trained
     in-process; the converter adds BLIP's ``[DEC]`` / ``[ENC]`` like it does to ``bert-base-uncased``."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
+
+    import string
 
     from ..testing import _CORPUS
 
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    normalizer, pre = normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer()
+    # the vocabulary is written out, not trained: tokenizers' WordPiece trainer breaks frequency ties in a
+    # per-process random order, so a trained vocabulary (and every score of the tiny models) changed from run to
+    # run. Specials, each character (the corpus's and ASCII's) alone and as a "##" continuation, then the 120 most
+    # frequent words.
+    counts: dict[str, int] = {}
+    for line in _CORPUS:
+        for word, _ in pre.pre_tokenize_str(normalizer.normalize_str(line)):
+            counts[word] = counts.get(word, 0) + 1
+    chars = sorted({c for w in counts for c in w} | set(string.ascii_lowercase + string.digits + string.punctuation))
+    words = [w for w, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if len(w) > 1][:120]
+    vocab = {t: i for i, t in enumerate(specials + chars + [f"##{c}" for c in chars] + words)}
+    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tok.normalizer = normalizer
+    tok.pre_tokenizer = pre
     tok.decoder = decoders.WordPiece()
-    tok.train_from_iterator(_CORPUS * 20, trainers.WordPieceTrainer(vocab_size=200, special_tokens=specials,
-                                                                     show_progress=False))
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
                                                        special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
