@@ -476,3 +476,25 @@ def test_imagereward_real_size_mapping_on_meta():
     assert (tcfg.num_attention_heads, tcfg.encoder_hidden_size, tcfg.vocab_size) == (12, 1024, 30524)
     check_against_class(transformers.BlipVisionModel, vcfg, vision)
     check_against_class(lambda c: transformers.BlipTextModel(c, add_pooling_layer=False), tcfg, text)
+
+
+def test_tiny_bert_tokenizer_vocabulary_is_written_out(tmp_path):
+    """The tiny ImageReward tokenizer's vocabulary is a pure function of the corpus (a trained WordPiece
+    vocabulary broke ties in a per-process random order, so the tiny model's scores changed from run to run):
+    two builds agree, and ids follow the documented layout (specials, sorted characters, "##" + characters)."""
+    import string
+
+    from transformers import AutoTokenizer
+
+    from rewardkit.convert.tiny import save_tiny_bert_tokenizer
+
+    a = AutoTokenizer.from_pretrained(str(save_tiny_bert_tokenizer(tmp_path / "a")))
+    b = AutoTokenizer.from_pretrained(str(save_tiny_bert_tokenizer(tmp_path / "b")))
+    assert a.get_vocab() == b.get_vocab()
+    v = a.get_vocab()
+    assert [v[t] for t in ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]] == [0, 1, 2, 3, 4]
+    chars = sorted(t for t in v if len(t) == 1 and v[t] >= 5)
+    assert set(string.ascii_lowercase + string.digits) <= set(chars)
+    assert [v[c] for c in chars] == list(range(5, 5 + len(chars)))
+    assert [v["##" + c] for c in chars] == list(range(5 + len(chars), 5 + 2 * len(chars)))
+    assert a.tokenize("Zebra-42") == ["z", "##e", "##b", "##r", "##a", "-", "4", "##2"]
