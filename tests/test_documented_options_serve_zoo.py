@@ -129,14 +129,20 @@ def test_requests_with_and_without_metadata_are_never_merged(serve_mod):
         with ThreadPoolExecutor(9) as pool:
             first = pool.submit(call, 0)                   # occupies the model (held until released)
             time.sleep(0.3)
-            rest = [pool.submit(call, i) for i in range(1, 9)]
-            time.sleep(1.0)                                # the 8 requests queue behind the held call
+            # the queue is FIFO and a request of the other kind closes a batch: queue the four without metadata,
+            # then the four with, so each kind queues contiguously behind the held call
+            rest = [pool.submit(call, i) for i in (2, 4, 6, 8)]
+            time.sleep(0.5)
+            rest += [pool.submit(call, i) for i in (1, 3, 5, 7)]
+            time.sleep(0.5)
             rec.release.set()
-            outs = [first.result(timeout=30)] + [f.result(timeout=30) for f in rest]
+            order = [0, 2, 4, 6, 8, 1, 3, 5, 7]
+            got = [first.result(timeout=30)] + [f.result(timeout=30) for f in rest]
+            outs = [got[order.index(i)] for i in range(9)]
         for i, o in enumerate(outs):   # each request gets its own metadata's score
             assert o.scores[0].item() == pytest.approx(MetaRecorder.expected(ims[i], "x", metas[i]), rel=1e-6)
         sizes = [n for n, _ in rec.calls]
-        assert sum(sizes) == 9 and len(rec.calls) < 9, rec.calls   # merging did happen
+        assert sum(sizes) == 9 and max(sizes) >= 2, rec.calls      # merging happened (3 calls when unloaded)
         assert all(len(k) == 1 for k in rec.kinds), rec.kinds     # ... never across with / without metadata
     finally:
         handle.stop()
