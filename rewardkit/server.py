@@ -15,8 +15,9 @@ A sample that cannot be decoded or scored comes back NaN with ``valid=false`` an
 scores with ``on_error="nan"``); a request that is malformed as a whole gets a 4xx with ``{"error": ...}``.
 
 **Dynamic batching.** Each model replica has a queue and one worker. The worker takes the oldest request,
-then every compatible request already waiting (up to ``max_batch`` images), waits at most ``max_wait_ms``
-for more while the batch is not full, and scores all of them in one reward call; outputs are split back per
+then every compatible request already waiting (up to ``max_batch`` images; a request of another kind, e.g.
+with metadata when the first has none, keeps its place in line for the next batch), waits at most
+``max_wait_ms`` for more while the batch is not full, and scores all of them in one reward call; outputs are split back per
 request. Rewards whose scores depend on the other samples of a call (``batch_relative``, e.g. z-scored
 composites) are never merged across requests. Several replicas (e.g. one per GPU) share one endpoint; a
 request goes to the replica with the fewest queued images.
@@ -27,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import collections
 import dataclasses
 import hmac
 import json
@@ -213,7 +215,7 @@ class _Replica:
         self.queued_images = 0
         self.batches = 0
         self.merged_requests = 0
-        self._held: _Job | None = None
+        self._held: collections.deque[_Job] = collections.deque()  # waiting jobs a batch passed over, in order
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rewardkit-replica{index}")
         self._task: asyncio.Task | None = None
 
@@ -234,9 +236,8 @@ class _Replica:
         self.queue.put_nowait(job)
 
     async def _next(self) -> _Job:
-        if self._held is not None:
-            job, self._held = self._held, None
-            return job
+        if self._held:
+            return self._held.popleft()
         return await self.queue.get()
 
     async def _worker(self) -> None:
@@ -246,22 +247,33 @@ class _Replica:
             first = await self._next()
             jobs, cost = [first], first.cost
             deadline = loop.time() + self.cfg.max_wait_ms / 1000.0
+            # every compatible job already waiting joins (jobs passed over before, then the queue); one of another
+            # kind, or one that would overflow the batch, keeps its place in line for the next batch
+            waiting = list(self._held) if mergeable else []
+            skipped: list[_Job] = []
+            if mergeable:
+                self._held.clear()
             while mergeable and cost < self.cfg.max_batch:
-                try:
-                    job = self.queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    remaining = deadline - loop.time()
-                    if remaining <= 0:
-                        break
+                if waiting:
+                    job = waiting.pop(0)
+                else:
                     try:
-                        job = await asyncio.wait_for(self.queue.get(), remaining)
-                    except asyncio.TimeoutError:
-                        break
+                        job = self.queue.get_nowait()
+                    except asyncio.QueueEmpty:
+                        remaining = deadline - loop.time()
+                        if remaining <= 0:
+                            break
+                        try:
+                            job = await asyncio.wait_for(self.queue.get(), remaining)
+                        except asyncio.TimeoutError:
+                            break
                 if job.key() != first.key() or cost + job.cost > self.cfg.max_batch:
-                    self._held = job  # starts the next batch
-                    break
+                    skipped.append(job)
+                    continue
                 jobs.append(job)
                 cost += job.cost
+            if mergeable:
+                self._held.extend(skipped + waiting)  # in arrival order, ahead of the queue
             jobs = [j for j in jobs if not j.future.done()]  # timed out or disconnected while queued
             self.queued_images -= cost
             if not jobs:

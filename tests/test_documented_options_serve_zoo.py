@@ -7,6 +7,7 @@ import hashlib
 import json
 import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -107,12 +108,13 @@ def test_requests_with_and_without_metadata_are_never_merged(serve_mod):
 
         def __init__(self):
             super().__init__()
-            self.release = threading.Event()
+            self.release, self.entered = threading.Event(), threading.Event()
             self.kinds: list[set] = []
 
         def _score(self, batch):
             if not self.calls:
-                self.release.wait(10.0)
+                self.entered.set()
+                self.release.wait(20.0)
             self.kinds.append({bool(m) for m in batch.metadata})   # with / without metadata in this model call
             return super()._score(batch)
 
@@ -128,21 +130,23 @@ def test_requests_with_and_without_metadata_are_never_merged(serve_mod):
 
         with ThreadPoolExecutor(9) as pool:
             first = pool.submit(call, 0)                   # occupies the model (held until released)
-            time.sleep(0.3)
-            # the queue is FIFO and a request of the other kind closes a batch: queue the four without metadata,
-            # then the four with, so each kind queues contiguously behind the held call
-            rest = [pool.submit(call, i) for i in (2, 4, 6, 8)]
-            time.sleep(0.5)
-            rest += [pool.submit(call, i) for i in (1, 3, 5, 7)]
-            time.sleep(0.5)
+            assert rec.entered.wait(20.0)
+            # interleaved: with / without metadata alternate in the queue behind the held call
+            rest = [pool.submit(call, i) for i in range(1, 9)]
+            info = f"{handle.url}/info"
+            deadline = time.monotonic() + 20.0
+            while time.monotonic() < deadline:             # until the server has all 9 requests
+                if json.loads(urllib.request.urlopen(info, timeout=5).read())["stats"]["requests"] >= 9:
+                    break
+                time.sleep(0.05)
             rec.release.set()
-            order = [0, 2, 4, 6, 8, 1, 3, 5, 7]
-            got = [first.result(timeout=30)] + [f.result(timeout=30) for f in rest]
-            outs = [got[order.index(i)] for i in range(9)]
+            outs = [first.result(timeout=30)] + [f.result(timeout=30) for f in rest]
         for i, o in enumerate(outs):   # each request gets its own metadata's score
             assert o.scores[0].item() == pytest.approx(MetaRecorder.expected(ims[i], "x", metas[i]), rel=1e-6)
         sizes = [n for n, _ in rec.calls]
-        assert sum(sizes) == 9 and max(sizes) >= 2, rec.calls      # merging happened (3 calls when unloaded)
+        # the held call, then every waiting request of one kind, then the other (a request of another kind
+        # keeps its place in line instead of closing the batch)
+        assert sizes == [1, 4, 4], rec.calls
         assert all(len(k) == 1 for k in rec.kinds), rec.kinds     # ... never across with / without metadata
     finally:
         handle.stop()
