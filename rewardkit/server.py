@@ -267,9 +267,12 @@ class _Replica:
                             job = await asyncio.wait_for(self.queue.get(), remaining)
                         except asyncio.TimeoutError:
                             break
-                if job.key() != first.key() or cost + job.cost > self.cfg.max_batch:
+                if job.key() != first.key():
                     skipped.append(job)
                     continue
+                if cost + job.cost > self.cfg.max_batch:
+                    skipped.append(job)  # the batch is as full as it gets: score it now
+                    break
                 jobs.append(job)
                 cost += job.cost
             if mergeable:
