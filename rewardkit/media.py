@@ -261,7 +261,7 @@ def _pil_to_rgb_unchecked(im: Image.Image, owned: bool) -> Image.Image:
     if mode == "RGB":
         out = im
     elif mode in ("RGBA", "LA", "RGBa", "La", "PA") or (mode == "P" and "transparency" in im.info):
-        rgba = im.convert("RGBA")
+        rgba = (im.convert("LA") if mode == "La" else im).convert("RGBA")  # PIL has no direct La -> RGBA
         bg = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         out = Image.alpha_composite(bg, rgba).convert("RGB")
     elif mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):

@@ -155,6 +155,11 @@ def test_alpha_is_composited_onto_white():
     pa.putpalette([10, 20, 30] * 256)
     pa.putpixel((0, 0), (0, 0))
     assert _px(pa)[0, 0].tolist() == [255, 255, 255]
+    # premultiplied La (PIL converts it only to LA): transparent -> white, opaque grey -> itself, 20 % black -> 204
+    la = Image.new("LA", (3, 1))
+    for x, px in enumerate([(0, 0), (90, 255), (0, 51)]):
+        la.putpixel((x, 0), px)
+    assert _px(la.convert("La"))[0].tolist() == [[255] * 3, [90] * 3, [204] * 3]
 
 
 def test_integer_and_float_pil_modes():
