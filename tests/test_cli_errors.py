@@ -116,6 +116,28 @@ def test_usage_errors_exit_2_in_every_command(tmp_path, capsys):
     for argv in (["score", "-r", "clipscore"], ["compare", "-r", "clipscore", "a.png", "-p", "p"],
                  ["bench", "--benchmark", "mmrb2/t2i"], ["calibrate", "--data", "x.jsonl"],
                  ["soup", str(tmp_path)], ["train"],
-                 ["compose", "score", "--config", str(tmp_path / "none.yaml"), "--jsonl", "x.jsonl"]):
-        assert main(argv) == 2, argv
+                 ["compose", "score", "--config", str(tmp_path / "none.yaml"), "--jsonl", "x.jsonl"],
+                 # no model loads before these are refused (a bad port was found only after loading the reward)
+                 ["serve", "--reward", "clipscore", "--port", "-5"], ["serve", "--reward", "nonexistent"],
+                 ["parrot"], ["refine"], ["convert", "hpsv2", str(tmp_path / "none.pt"), str(tmp_path / "out")],
+                 ["rl", "nft", "--config", str(tmp_path / "none.yaml")], ["rl", "nft", "--preset", "nosuch"]):
+        try:
+            rc = main(argv)
+        except SystemExit as exc:  # argparse's own usage errors (a missing required option) exit 2 directly
+            rc = exc.code
+        assert rc == 2, argv
         assert "error" in capsys.readouterr().err.lower(), argv
+
+
+def test_serve_refuses_a_bad_port_before_loading_the_reward(monkeypatch, capsys):
+    """`--port -5` is a usage error found before any model loads (it was found only after loading the reward,
+    which without weights or network took the hub's retries first)."""
+    pytest.importorskip("uvicorn")
+    import rewardkit.server as srv
+
+    def boom(*a, **k):
+        raise AssertionError("the reward was loaded before the port was checked")
+
+    monkeypatch.setattr(srv, "load_replicas", boom)
+    assert main(["serve", "--reward", "clipscore", "--port", "-5"]) == 2
+    assert "--port must be in 0..65535" in capsys.readouterr().err

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 STAGES = ("rationalize", "filter", "project", "sft", "run")
@@ -47,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
     from ..parrot.pipeline import ParrotConfig, Pipeline
 
     if not getattr(args, "parrot_stage", None):
-        print("usage: rewardkit parrot STAGE --config recipe.yaml; stages: " + ", ".join(STAGES))
+        print("rewardkit parrot: error: give a stage: rewardkit parrot STAGE --config recipe.yaml; stages: "
+              + ", ".join(STAGES), file=sys.stderr)
         return 2
     overrides = list(args.overrides)
     if args.output_dir:

@@ -47,6 +47,10 @@ def run(args: argparse.Namespace) -> int:
     from ..config import parse_overrides
     from ..server import LOOPBACK_HOSTS, ServerConfig, create_app, load_replicas
 
+    from . import UsageError
+
+    if not 0 <= args.port <= 65535:  # before any model loads
+        raise UsageError(f"--port must be in 0..65535, got {args.port}")
     uvicorn = require("uvicorn", "serve")
     token = None
     if args.token_file is not None:
