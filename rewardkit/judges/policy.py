@@ -24,12 +24,13 @@ summing to 1) is not a failure but an unanswered question: the reward reports Na
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, Iterator
 
 __all__ = ["JudgeError", "JUDGE_ERROR_POLICIES", "JUDGE_FAILURES", "JudgePolicyMixin", "judge_policy",
-           "check_policy", "usable_rows", "call_rows", "describe_failure", "is_judge_failure", "JUDGE_FAILURE_PREFIX",
-           "join_reasons"]
+           "check_policy", "call_on_error", "usable_rows", "call_rows", "describe_failure", "is_judge_failure",
+           "JUDGE_FAILURE_PREFIX", "join_reasons"]
 
 JUDGE_ERROR_POLICIES = ("auto", "nan", "raise")
 
@@ -107,12 +108,21 @@ class JudgePolicyMixin:
                 break
 
     def __call__(self, *args: Any, on_error: str = "raise", **kwargs: Any):
-        token = _CALL_ON_ERROR.set(on_error) if _CALL_ON_ERROR.get() is None else None
-        try:
+        with call_on_error(on_error):
             return super().__call__(*args, on_error=on_error, **kwargs)  # type: ignore[misc]
-        finally:
-            if token is not None:
-                _CALL_ON_ERROR.reset(token)
+
+
+@contextmanager
+def call_on_error(on_error: str) -> Iterator[None]:
+    """Record ``on_error`` as the call's (unless an outer call already did) for ``on_judge_error="auto"``: what
+    :class:`JudgePolicyMixin` does around ``__call__``; a reward's own entry point that does not go through
+    ``__call__`` (e.g. a native ``compare``) wraps its body in it."""
+    token = _CALL_ON_ERROR.set(on_error) if _CALL_ON_ERROR.get() is None else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            _CALL_ON_ERROR.reset(token)
 
 
 def call_rows(judge: Any, method: str, conversations: list, *args: Any, isolate: bool, **kwargs: Any):

@@ -40,7 +40,7 @@ from typing import Any, ClassVar, Sequence
 
 import torch
 
-from ..judges.policy import (_CALL_ON_ERROR, JUDGE_FAILURE_PREFIX, JudgeError, JudgePolicyMixin, call_rows,
+from ..judges.policy import (JUDGE_FAILURE_PREFIX, JudgeError, JudgePolicyMixin, call_on_error, call_rows,
                              check_policy, describe_failure, is_judge_failure, join_reasons, judge_policy)
 from ..reward import PairwiseOutput, Reward, RewardBatch, RewardConfig, RewardOutput
 
@@ -442,8 +442,7 @@ class UnifiedReward(JudgePolicyMixin, Reward):
         ok = [i for i in range(n) if errors[i] is None]
         orders = 2 if self.config.both_orders else 1
         chunk = batch_size or self.default_batch_size or max(len(ok), 1)
-        token = _CALL_ON_ERROR.set(on_error) if _CALL_ON_ERROR.get() is None else None  # for on_judge_error=auto
-        try:
+        with call_on_error(on_error):  # on_judge_error="auto" follows this call's on_error
             with self._lock, self._call_scope():
                 for s in range(0, len(ok), chunk):
                     idx = ok[s:s + chunk]
@@ -470,9 +469,6 @@ class UnifiedReward(JudgePolicyMixin, Reward):
                             errors[i] = why
                         else:
                             prob[i] = v
-        finally:
-            if token is not None:
-                _CALL_ON_ERROR.reset(token)
         valid = torch.isfinite(prob)
         return PairwiseOutput(prob_a=prob, valid=valid, errors=errors, rationales=rationales,
                               info={"template": self.template.id, "judge": self.judge.describe(),

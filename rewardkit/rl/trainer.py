@@ -177,10 +177,11 @@ def _resolve_tiny_tree(obj: Any, root: Path, dist: "_Dist") -> Any:
 
 
 def _batch_relative(reward: Any) -> bool:
-    """A composite whose score depends on the other samples of the call (z-scored per batch or group)."""
+    """A local composite whose score depends on the other samples of the call (its ``batch_relative``: z-scored
+    per batch or group), which :meth:`_RewardScorer.finalize` can combine over the epoch."""
     from ..compose.composite import Composite
 
-    return isinstance(reward, Composite) and reward.config.normalize in ("batch", "group")
+    return isinstance(reward, Composite) and reward.batch_relative
 
 
 def _check_batch_relative(key: str, reward: Any) -> None:
@@ -266,7 +267,8 @@ class _RewardScorer:
 
         n = sum(len(r["errors"]) for r in results)
         cat = (lambda xs: torch.cat(xs)) if results else (lambda xs: torch.zeros(0, dtype=torch.float64))
-        comps = {k: cat([r["components"][k] for r in results]) for k in (results[0]["components"] if results else self.keys)}
+        comp_keys = results[0]["components"] if results else self.keys
+        comps = {k: cat([r["components"][k] for r in results]) for k in comp_keys}
         dims = {k: cat([r["dimensions"][k] for r in results]) for k in (results[0]["dimensions"] if results else [])}
         errors = [e for r in results for e in r["errors"]]
         if len(prompt_ids) != n:
