@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -328,10 +328,10 @@ def _size_reason(h: int, w: int, reward: Any = None) -> str | None:
     the size after each of its image processors' resize (the same rules as ``Reward._check_image_size``)."""
     from . import media
 
-    if reward is not None:  # the reward's own checks, overrides included (HPSv2: a side that rounds to 0)
-        return reward._check_image_size(torch.empty((3, h, w), device="meta"))  # shape only: nothing allocated
     try:
         media._check_size(w, h)
+        if reward is not None:  # the reward's own resize rules, overrides included (HPSv2: a side that rounds to 0)
+            reward._check_resized_size(w, h)
     except media._Bad as exc:
         return str(exc)
     return None

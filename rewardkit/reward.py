@@ -558,11 +558,16 @@ class Reward(abc.ABC):
         try:
             w, h = media._probe(x)
             media._check_size(w, h)
-            for ip in self._image_processors():
-                media.check_resized_size(w, h, ip)
+            self._check_resized_size(w, h)
         except media._Bad as exc:
             return str(exc)
         return None
+
+    def _check_resized_size(self, w: int, h: int) -> None:
+        """Raise ``media._Bad`` when this model's resize of a ``w x h`` image is refused (default: each of
+        :meth:`_image_processors`' rules). Override to add a model's own limit (HPSv2: a side rounding to 0)."""
+        for ip in self._image_processors():
+            media.check_resized_size(w, h, ip)
 
     def _image_processors(self) -> list[Any]:
         """The Hugging Face image processors this reward resizes images with (used to refuse images whose

@@ -72,21 +72,18 @@ class HPSv2(CLIPReward):
         size = int(self.backbone.model.config.vision_config.image_size)
         return [SimpleNamespace(do_resize=True, size={"longest_edge": size})]
 
-    def _check_image_size(self, x) -> str | None:
-        """The base checks, plus HPSv2's own limit: a side that would round to 0 pixels after the longest-side
+    def _check_resized_size(self, w: int, h: int) -> None:
+        """The base rules, plus HPSv2's own limit: a side that would round to 0 pixels after the longest-side
         resize (aspect ratio over 2 x the model's size, reachable when the aspect-ratio bound is raised) is
         that sample's error, not the chunk's."""
         from .. import media
         from ..models.zoo import hpsv2_resize_shape
 
-        err = super()._check_image_size(x)
-        if err is None:
-            try:
-                w, h = media._probe(x)
-                hpsv2_resize_shape(h, w, int(self.backbone.model.config.vision_config.image_size))
-            except (media._Bad, ValueError) as exc:
-                return str(exc)
-        return err
+        super()._check_resized_size(w, h)
+        try:
+            hpsv2_resize_shape(h, w, int(self.backbone.model.config.vision_config.image_size))
+        except ValueError as exc:
+            raise media._Bad(str(exc)) from None
 
     def _score(self, batch: RewardBatch) -> RewardOutput:
         from ..models.zoo import clip_image_embeddings, hpsv2_pixel_values, hpsv2_pixels
