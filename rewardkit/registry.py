@@ -5,8 +5,8 @@ Third-party packages add rewards through the entry-point group ``rewardkit.rewar
     [project.entry-points."rewardkit.rewards"]
     my-reward = "my_pkg.rewards:MyReward"
 
-Nothing is imported until a reward is loaded (``rewardkit ls`` imports reward modules, which are cheap
-by rule: heavy libraries are imported inside methods).
+Nothing is imported until a reward is loaded. ``rewardkit ls`` describes the built-ins from the generated
+``rewardkit/_reward_meta.py`` (no reward module, no torch) and imports only plugins and run-time registrations.
 """
 
 from __future__ import annotations
