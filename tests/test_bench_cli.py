@@ -292,9 +292,9 @@ def test_every_rank_exits_with_the_same_code_under_torchrun(data_root, tmp_path,
     shutil.copytree(data_root / "mmrb2", root / "mmrb2")
     f = root / "mmrb2" / "t2i" / "test-00000-of-00001.parquet"
     t = pq.read_table(f)
-    col = [c for c in t.column_names if "image" in c.lower()][0]
+    col = "response_a_images"  # the spec's image_a column
     rows = t.column(col).to_pylist()
-    rows[0] = [{"bytes": b"not an image", "path": None}] if isinstance(rows[0], list) else {"bytes": b"not an image", "path": None}
+    rows[0] = [{"bytes": b"not an image", "path": None}]
     t = t.set_column(t.column_names.index(col), col, pa.array(rows, type=t.schema.field(col).type))
     pq.write_table(t, f)
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")

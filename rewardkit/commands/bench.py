@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     result.reward["name"] = args.reward
     if distributed.rank() != 0:  # the same record on every rank: the same exit code (rank 0 prints)
-        return _summary(result.to_dict(), quiet=True)
+        return _exit_together(_summary(result.to_dict(), quiet=True))
     out = args.output_dir
     out.mkdir(parents=True, exist_ok=True)
     stem = record_stem(args.reward, args.model, result.reward["fingerprint"])
@@ -183,7 +183,27 @@ def run(args: argparse.Namespace) -> int:
     t = result.timing
     print(f"time: {t['total_s']:.1f}s total, {t['reward_s']:.1f}s in the reward, {t['harness_s']:.1f}s harness",
           file=sys.stderr)
-    return _summary(rec)
+    return _exit_together(_summary(rec))
+
+
+def _exit_together(code: int) -> int:
+    """Without a process group: ``code``. Under torchrun every rank holds the same record, so the same code;
+    but torchrun SIGTERMs the other workers as soon as it sees one exit non-zero, so a rank that is still
+    writing (rank 0) or tearing down would report -15 instead. So: wait until rank 0 has written everything
+    (a barrier), flush, and leave at once (``os._exit``, skipping the interpreter's teardown), so that every
+    rank exits with ``code`` within torchrun's monitor interval."""
+    from .. import distributed
+
+    if not distributed.is_distributed():
+        return code
+    import logging
+    import os
+
+    distributed.barrier()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def record_stem(reward: str, model: str | None, fingerprint: str) -> str:
