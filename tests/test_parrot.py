@@ -341,16 +341,31 @@ def test_tiny_recipe_keep_rate_from_evidence():
     round to the same value (scores equal in every dimension): their evidence separates nothing and they are
     dropped as non-predictive. Keep rate 14/16 = 0.875 (it was 1.0 when stage 2 could read "Preferred:")."""
     import tempfile
+    from pathlib import Path
 
-    from rewardkit.parrot.testing import quality
+    import yaml
+
+    from rewardkit.parrot.testing import _parts, quality
     from rewardkit.train.data import load_pairs
 
+    recipe = yaml.safe_load((Path(__file__).resolve().parents[1] / "recipes" / "parrot" / "tiny.yaml").read_text())
+    assert recipe["data"] == {"train": "synthetic:brightness", "synthetic_size": 16} and recipe["seed"] == 0
+    assert recipe["teacher"]["judge"] == "scripted"
+    shown = []
+
+    class Recording(ScriptedTeacher):
+        def generate(self, conversations, **kw):
+            shown.extend(t.split("--- evaluation ---", 1)[1].split("--- end ---", 1)[0]
+                         for _, t in map(_parts, conversations) if "--- evaluation ---" in t)
+            return super().generate(conversations, **kw)
+
     cfg = ParrotConfig(output_dir=tempfile.mkdtemp(), data=DataCfg(train="synthetic:brightness", synthetic_size=16),
-                       teacher=TeacherCfg(judge="scripted"), batch_size=8)
-    pipe = Pipeline(cfg, progress=False)
+                       teacher=TeacherCfg(judge="scripted"), batch_size=recipe["batch_size"], seed=recipe["seed"])
+    pipe = Pipeline(cfg, teacher=Recording(), progress=False)
     pipe.rationalize()
     pipe.filter()
     rep = pipe.report()
+    assert len(shown) == 16 and not any("Preferred" in t or "better" in t for t in shown)
     ds, _ = load_pairs("synthetic:brightness", synthetic_size=16, seed=0)
     ties = sum(quality(r["image_a"]) == quality(r["image_b"]) for r in ds)  # computed from the images alone
     assert ties == 2 and rep["counts"]["unparseable_prediction"] == ties
