@@ -98,7 +98,8 @@ def nft_loss(v_theta: torch.Tensor, v_old: torch.Tensor, v_ref: torch.Tensor | N
     x0 predictions ``x0(v) = xt - t v``; per sample
     ``L(v) = mean_CHW (x0(v) - x0)^2 / sg(max(mean_CHW |x0(v) - x0|, floor))`` (``self_normalize``; the
     normaliser in float64), ``policy = mean_B (r L(v+) + (1 - r) L(v-)) / beta * adv_clip_max``,
-    ``kl = mean_B mean_CHW (v_theta - v_ref)^2`` and ``loss = policy + kl_coef * kl``.
+    ``kl = mean_B mean_CHW (v_theta - v_ref)^2`` and ``loss = policy + kl_coef * kl``. The arithmetic runs in
+    float32 (bf16 / fp16 inputs are upcast), or in float64 when any input is float64 (for checking).
 
     Args:
         v_theta: ``[B, C, H, W]`` prediction of the trained adapter (with grad).
@@ -121,10 +122,13 @@ def nft_loss(v_theta: torch.Tensor, v_old: torch.Tensor, v_ref: torch.Tensor | N
     if not (v_old.shape == x0.shape == xt.shape == v_theta.shape) or t.shape != (b,) or r.shape != (b,):
         raise ValueError(f"shape mismatch: v_theta {tuple(v_theta.shape)}, v_old {tuple(v_old.shape)}, "
                          f"x0 {tuple(x0.shape)}, xt {tuple(xt.shape)}, t {tuple(t.shape)}, r {tuple(r.shape)}")
-    v_old = v_old.detach().float()
-    v_theta = v_theta.float()
-    x0, xt = x0.float(), xt.float()
-    tt = t.float().reshape(b, *([1] * (v_theta.ndim - 1)))
+    # float32 arithmetic for low-precision inputs (the official code's promotion); float64 stays float64
+    dt = torch.float64 if any(x is not None and x.dtype == torch.float64 for x in (v_theta, v_old, v_ref, x0, xt, t)) \
+        else torch.float32
+    v_old = v_old.detach().to(dt)
+    v_theta = v_theta.to(dt)
+    x0, xt = x0.to(dt), xt.to(dt)
+    tt = t.to(dt).reshape(b, *([1] * (v_theta.ndim - 1)))
     v_pos = beta * v_theta + (1 - beta) * v_old
     v_neg = (1 + beta) * v_old - beta * v_theta
     err_pos = xt - tt * v_pos - x0
@@ -143,7 +147,7 @@ def nft_loss(v_theta: torch.Tensor, v_old: torch.Tensor, v_ref: torch.Tensor | N
     loss = policy
     kl = torch.zeros((), dtype=torch.float64, device=v_theta.device)
     if v_ref is not None:
-        kl = (w * _mean_chw((v_theta - v_ref.detach().float()) ** 2)).mean()
+        kl = (w * _mean_chw((v_theta - v_ref.detach().to(dt)) ** 2)).mean()
         loss = policy + kl_coef * kl
     with torch.no_grad():
         unweighted = (w * (rr * _mean_chw(err_pos ** 2) + (1 - rr) * _mean_chw(err_neg ** 2)) / beta).mean() * adv_clip_max
