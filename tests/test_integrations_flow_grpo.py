@@ -282,3 +282,26 @@ def test_a_flow_grpo_style_script_trains_two_steps_with_the_documented_change(ti
            + _flow_grpo_clipscore(str(tiny_clip_dir), images.detach(), prompts))
     # images here are arbitrary floats: flow_grpo's PickScore path rounds to uint8 first, rewardkit's does not
     np.testing.assert_allclose(eval_rewards["avg"], ref, atol=2e-3)
+
+
+def test_multi_reward_preset_is_on_flow_grpos_scales():
+    # Bug caught: the multi_reward preset (config/nft.py:122-137: pickscore + hpsv2 + clipscore, weight 1 each)
+    # used rewardkit's defaults, so PickScore (~20) outweighed HPSv2 (~0.3) and CLIPScore by ~60x.
+    from rewardkit.config import build_config
+    from rewardkit.rl.config import FLOW_GRPO_REWARD_KWARGS, NFTConfig, preset
+
+    cfg = build_config(NFTConfig, preset("multi_reward"))
+    assert cfg.rewards == {"pickscore": 1.0, "hpsv2": 1.0, "clipscore": 1.0}
+    for name in cfg.rewards:
+        assert {**cfg.reward_kwargs.get(name, {})} == dict(FLOW_GRPO_CONVENTIONS[name].kwargs) or \
+            (name == "hpsv2" and not cfg.reward_kwargs.get(name))          # hpsv2: rewardkit's default scale
+        assert FLOW_GRPO_CONVENTIONS[name].factor == 1.0                   # no factor the trainer cannot apply
+    assert FLOW_GRPO_REWARD_KWARGS == {n: dict(FLOW_GRPO_CONVENTIONS[n].kwargs) for n in FLOW_GRPO_REWARD_KWARGS}
+    assert cfg.reward_kwargs["pickscore"]["scale"] == pytest.approx(1 / 26)
+    # a user's reward_kwargs (the converted HPSv2 weights) merge with the preset's, key by key
+    from rewardkit.config import _merge
+
+    user = build_config(NFTConfig, _merge(preset("multi_reward"), {"reward_kwargs": {"hpsv2": {"model": "d"},
+                                                                                     "pickscore": {"dtype": "bfloat16"}}}))
+    assert user.reward_kwargs["pickscore"] == {"scale": 1 / 26, "dtype": "bfloat16"}
+    assert user.reward_kwargs["clipscore"]["convention"] == "logits100"

@@ -13,7 +13,8 @@ from typing import Any
 
 from .exploration import E2POConfig
 
-__all__ = ["NFTConfig", "ModelArgs", "LoraArgs", "SampleArgs", "TrainArgs", "PRESETS", "preset"]
+__all__ = ["NFTConfig", "ModelArgs", "LoraArgs", "SampleArgs", "TrainArgs", "PRESETS", "preset",
+           "FLOW_GRPO_REWARD_KWARGS"]
 
 
 @dataclass
@@ -135,21 +136,36 @@ class NFTConfig:
                                  f"(K = {self.e2po.num_variants}), got {s.group_size}")
 
 
+# flow_grpo's scales (flow_grpo/rewards.py, as DiffusionNFT uses them) where rewardkit's defaults differ: PickScore
+# / 26 and CLIP ViT-L/14 logits / 100, so the official weights ({"pickscore": 1, "hpsv2": 1, "clipscore": 1}) keep
+# their meaning. The same values as rewardkit.integrations.flow_grpo.FLOW_GRPO_CONVENTIONS (a test checks).
+FLOW_GRPO_REWARD_KWARGS: dict[str, dict[str, Any]] = {
+    "pickscore": {"scale": 1.0 / 26.0},
+    "clipscore": {"model": "openai/clip-vit-large-patch14", "convention": "logits100"},
+}
+
+
+def _official(*names: str) -> dict[str, dict[str, Any]]:
+    return {n: dict(FLOW_GRPO_REWARD_KWARGS[n]) for n in names if n in FLOW_GRPO_REWARD_KWARGS}
+
+
 # Official variants (config/nft.py) and the E²PO paper's three settings. Values not listed are the defaults.
 PRESETS: dict[str, dict[str, Any]] = {
     "geneval": {"rewards": {"geneval": 1.0}},
-    "pickscore": {"rewards": {"pickscore": 1.0}},
+    "pickscore": {"rewards": {"pickscore": 1.0}, "reward_kwargs": _official("pickscore")},
     "hpsv2": {"rewards": {"hpsv2": 1.0}},
     "ocr": {"rewards": {"ocr": 1.0}, "train": {"beta": 0.1, "decay_type": "delayed_linear_to_0_999",
                                                "steps_per_epoch": 2}},
     "multi_reward": {"rewards": {"pickscore": 1.0, "hpsv2": 1.0, "clipscore": 1.0},
+                     "reward_kwargs": _official("pickscore", "hpsv2", "clipscore"),
                      "sample": {"num_steps": 25}, "train": {"beta": 0.1}},
     # E²PO (seed paper, section 4): GenEval G=4 K=12; GenEval G=2 K=4 (lambda_div 100); PickScore G=8 K=3
     "e2po_geneval_k12": {"rewards": {"geneval": 1.0}, "sample": {"group_size": 48},
                          "e2po": {"enabled": True, "num_variants": 12}},
     "e2po_geneval_k4": {"rewards": {"geneval": 1.0}, "sample": {"group_size": 8},
                         "e2po": {"enabled": True, "num_variants": 4, "lambda_div": 100.0}},
-    "e2po_pickscore_k3": {"rewards": {"pickscore": 1.0}, "sample": {"group_size": 24},
+    "e2po_pickscore_k3": {"rewards": {"pickscore": 1.0}, "reward_kwargs": _official("pickscore"),
+                          "sample": {"group_size": 24},
                           "e2po": {"enabled": True, "num_variants": 3}},
 }
 
