@@ -58,7 +58,7 @@ class TrainArgs:
     beta: float = 1.0                     # NFT mixing strength (0.1 for OCR / multi-reward)
     kl_coef: float = 1e-4                 # KL to the base model (official train.beta)
     adv_clip_max: float = 5.0
-    adv_mode: str = "all"                 # all | positive_only | negative_only
+    adv_mode: str = "all"                 # all | positive_only | negative_only | one_only | binary
     global_std: bool = True               # one std over the epoch (official) or one per prompt group
     lr: float = 3e-4
     adam_beta1: float = 0.9
