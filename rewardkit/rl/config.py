@@ -24,6 +24,13 @@ class ModelArgs:
     max_sequence_length: int = 128        # T5 tokens (CLIP: the tokenizers' 77)
     text_encoder_dtype: str = "auto"      # auto (the mixed-precision dtype on GPU, float32 on CPU) | float32 | ...
     trust_remote_code: bool = False
+    # start from a LoRA: a directory with pytorch_lora_weights.safetensors (diffusers' save_lora_weights, what this
+    # trainer writes) or adapter_config.json + adapter_model.safetensors (peft's save_pretrained). It becomes the
+    # trained adapter (and the old one); the reference policy stays the base model (official train.lora_path)
+    init_lora: str | None = None
+    # start from a full fine-tune: a diffusers SD3Transformer2DModel directory replacing the pipeline's
+    # transformer (LoRA is trained on top; it is also the reference policy)
+    transformer: str | None = None
 
 
 @dataclass
@@ -39,8 +46,11 @@ class LoraArgs:
 @dataclass
 class SampleArgs:
     num_steps: int = 10                   # rollout steps
-    solver: str = "dpm2"                  # dpm2 | euler | flow_sde
-    eta: float = 0.7                      # flow_sde noise level (unused by the ODE solvers)
+    solver: str = "dpm2"                  # dpm2 | euler | ddim | flow_sde | ddim_sde
+    eta: float = 0.7                      # flow_sde / ddim_sde noise level (unused by the ODE solvers)
+    guidance_scale: float = 1.0           # classifier-free guidance in rollouts and eval; <= 1: off (NFT: 1.0)
+    negative_prompt: str = ""             # the unconditional prompt of CFG (the official code encodes "")
+    integer_timestep: bool = False        # rollouts feed the transformer long(1000 sigma), as the official sampler
     shift: float = 3.0                    # flow-matching sigma shift (SD3 / SD3.5: 3)
     resolution: int = 512
     batch_size: int = 9                   # images per process per rollout batch
@@ -102,8 +112,14 @@ class NFTConfig:
 
     def validate(self) -> None:
         s, t = self.sample, self.train
-        if s.solver not in ("dpm2", "euler", "flow_sde") or s.eval_solver not in ("dpm2", "euler", "flow_sde"):
-            raise ValueError(f"sample.solver must be dpm2, euler or flow_sde, got {s.solver!r}")
+        known = ("dpm2", "euler", "ddim", "flow_sde", "ddim_sde")
+        if s.solver not in known or s.eval_solver not in known:
+            raise ValueError(f"sample.solver and sample.eval_solver must be one of {', '.join(known)}, got "
+                             f"{s.solver!r} / {s.eval_solver!r}")
+        if not (isinstance(s.guidance_scale, (int, float)) and math.isfinite(s.guidance_scale)):
+            raise ValueError(f"sample.guidance_scale must be a finite number, got {s.guidance_scale!r}")
+        if not (0 <= s.eta < math.inf):
+            raise ValueError(f"sample.eta must be finite and >= 0, got {s.eta!r}")
         if self.mixed_precision not in ("no", "fp16", "bf16"):
             raise ValueError(f"mixed_precision must be no, fp16 or bf16, got {self.mixed_precision!r}")
         if self.invalid_rewards not in ("drop", "raise"):
