@@ -227,8 +227,17 @@ def test_start_from_a_diffusers_lora_and_alpha_survives_saving(sd3_dir, tmp_path
     pol.save_lora(tmp_path / "again", "default")
     pol2 = SD3Policy(sd3_dir, device=torch.device("cpu"), max_sequence_length=16)
     pol2.add_lora(32, 64.0, ["attn.to_k"], init_lora=str(tmp_path / "again"))
+    # and as a user loads the trainer's LoRA for inference; bug caught: the file had no LoraConfig metadata, so
+    # diffusers took alpha = rank (4) and applied the LoRA at half its trained strength (alpha 8 / rank 4)
+    from diffusers import StableDiffusion3Pipeline
+
+    pipe = StableDiffusion3Pipeline.from_pretrained(sd3_dir)
+    pipe.load_lora_weights(str(tmp_path / "again"))
     with torch.no_grad():
         torch.testing.assert_close(pol2.velocity(pol2.transformer, x, sig, cond), ref, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(pipe.transformer(hidden_states=x, timestep=sig * 1000,
+                                                    encoder_hidden_states=cond.embeds, pooled_projections=cond.pooled,
+                                                    return_dict=False)[0], ref, rtol=1e-5, atol=1e-6)
 
 
 def test_start_from_a_full_fine_tune(sd3_dir, tmp_path):
