@@ -190,6 +190,18 @@ def test_names_whose_rewardkit_default_already_is_flow_grpos_scale(name):
     assert all(defaults[k] == v for k, v in kwargs.items()), (kwargs, defaults)
 
 
+def test_every_convention_names_real_options_of_its_reward():
+    """Each row's options are fields of the reward's Config (a typo would only fail at a trainer's first step)."""
+    import dataclasses
+
+    from rewardkit.registry import get_reward_class
+
+    for name, conv in FLOW_GRPO_CONVENTIONS.items():
+        fields = {f.name for f in dataclasses.fields(get_reward_class(name).Config)}
+        assert set(conv.kwargs) <= fields, (name, set(conv.kwargs) - fields)
+        assert conv.factor > 0 and conv.source
+
+
 def _flow_grpo_ocr(recognized_text, prompt):
     """flow_grpo/ocr.py:27 (target = first "..." span) and :44-58, transcribed (Levenshtein.distance via
     rewardkit's edit_distance, the same unit-cost Levenshtein)."""
