@@ -267,6 +267,12 @@ def test_start_from_a_full_fine_tune(sd3_dir, tmp_path):
     torch.testing.assert_close(v_ref, ref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(v, ref, rtol=1e-5, atol=1e-6)         # gaussian LoRA init: a zero delta
     assert float((ref - orig).abs().max()) > 1e-4
+    # a whole fine-tuned pipeline folder works too (its transformer/ subfolder)
+    (tmp_path / "pipe").mkdir()
+    tuned.save_pretrained(str(tmp_path / "pipe" / "transformer"))
+    pol2 = SD3Policy(sd3_dir, device=torch.device("cpu"), max_sequence_length=16, transformer=str(tmp_path / "pipe"))
+    with torch.no_grad():
+        torch.testing.assert_close(pol2.velocity(pol2.transformer, x, sig, cond), ref, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.slow

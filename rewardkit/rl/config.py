@@ -28,8 +28,8 @@ class ModelArgs:
     # trainer writes) or adapter_config.json + adapter_model.safetensors (peft's save_pretrained). It becomes the
     # trained adapter (and the old one); the reference policy stays the base model (official train.lora_path)
     init_lora: str | None = None
-    # start from a full fine-tune: a diffusers SD3Transformer2DModel directory replacing the pipeline's
-    # transformer (LoRA is trained on top; it is also the reference policy)
+    # start from a full fine-tune: a diffusers SD3Transformer2DModel directory (or a pipeline folder with a
+    # transformer/ subfolder) replacing the pipeline's transformer (LoRA trains on top; it is the reference policy)
     transformer: str | None = None
 
 

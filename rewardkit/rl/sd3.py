@@ -52,7 +52,10 @@ class SD3Policy:
         require("peft", "rl", purpose="LoRA adapters of the DiffusionNFT trainer")
         extra = {}
         if transformer is not None:   # a full fine-tune: a diffusers transformer folder replaces the pipeline's
-            extra["transformer"] = diffusers.SD3Transformer2DModel.from_pretrained(transformer)
+            from pathlib import Path
+
+            sub = "transformer" if (Path(transformer) / "transformer" / "config.json").is_file() else None
+            extra["transformer"] = diffusers.SD3Transformer2DModel.from_pretrained(transformer, subfolder=sub)
         pipe = diffusers.StableDiffusion3Pipeline.from_pretrained(pretrained, revision=revision, **extra)
         pipe.set_progress_bar_config(disable=True)
         self.pipe = pipe
