@@ -158,7 +158,7 @@ def _hpsv3_reference(hpsv3_dirs, tmp_path, ims, prompts):
 
 # different sizes -> different token counts -> padding inside a batch
 _HPS_SIZES = [(32, 32), (80, 40), (30, 70)]
-_HPS_PROMPTS = ["a red car", "two birds on a branch", "a cat"]
+_HPS_PROMPTS = ["a red car", "two birds on a branch", ""]  # HPSv3 scores an empty prompt too
 
 
 def test_hpsv3_conversion_parity(hpsv3_dirs, tmp_path):

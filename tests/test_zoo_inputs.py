@@ -141,3 +141,67 @@ def test_documented_upstream_differences_on_transparent_and_palette_images():
     pal = Image.fromarray(rgb).quantize(64)
     d = np.abs(_official_clip_transform(pal, 224) / 255.0 - _official_clip_transform(pal.convert("RGB"), 224) / 255.0)
     assert 0.01 < d.mean() < 0.05 and d.max() > 0.1                 # docs: mean 0.022, max 0.19
+
+
+# --------------------------------------------------------------------------------------------- empty prompts
+def _clip_reference(model_dir, pixels, prompt):
+    """transformers' CLIPModel straight from the directory: (cosine, logit_scale) for ``pixels`` and one prompt."""
+    import transformers
+
+    model = transformers.CLIPModel.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(str(model_dir))
+    ids = tok([prompt] * len(pixels), padding=True, return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**ids, pixel_values=pixels).logits_per_image.diagonal()  # logit_scale * cos
+    scale = float(model.logit_scale.exp())
+    return logits / scale, scale
+
+
+@pytest.mark.parametrize("name", ["hpsv2", "pickscore", "clipscore"])
+def test_clip_family_scores_an_empty_prompt_as_upstream(zoo, name):
+    """The text tower's unconditional input ([start, end] tokens), as open_clip / transformers / hpsv2 score it."""
+    reward = zoo(name)
+    ims = random_images(2, sizes=[(40, 40), (64, 36)], seed=11)
+    if name == "hpsv2":
+        from rewardkit.models.zoo import hpsv2_pixels
+
+        pixels = hpsv2_pixels(ims, int(reward.backbone.model.config.vision_config.image_size))
+    else:
+        import transformers
+
+        pixels = transformers.AutoProcessor.from_pretrained(reward.config.model)(images=ims, return_tensors="pt")[
+            "pixel_values"]
+    cos, scale = _clip_reference(reward.config.model, pixels, "")
+    want = {"hpsv2": cos, "pickscore": scale * cos, "clipscore": 2.5 * cos.clamp(min=0)}[name]
+    out = reward(ims, "", on_error="raise")
+    assert bool(out.valid.all())
+    torch.testing.assert_close(out.scores, want, atol=1e-5, rtol=1e-5)
+    if name == "clipscore":  # (2.5 * max(cos, 0) is 0 on this tiny model: check the cosine too)
+        torch.testing.assert_close(out.dimensions["cosine"], cos, atol=1e-5, rtol=1e-5)
+    other = reward(ims, "a red car")
+    assert not torch.allclose(other.dimensions.get("cosine", other.scores), out.dimensions.get("cosine", out.scores))
+
+
+@pytest.mark.parametrize("name", ["hpsv3", "imagereward"])
+def test_empty_prompt_is_scored(zoo, name):
+    """Exact values against the official forwards: tests/test_zoo_hpsv3.py (hpsv3) and tests/test_zoo_clip.py
+    (imagereward) include an empty prompt in their parity batches; here: valid, finite, blank = scored too."""
+    reward = zoo(name)
+    ims = random_images(2, sizes=[(40, 40), (64, 36)], seed=12)
+    out = reward(ims, ["", "   "], on_error="raise")
+    assert bool(out.valid.all()) and bool(torch.isfinite(out.scores).all())
+
+
+def test_judges_of_the_prompt_refuse_an_empty_one(zoo):
+    """vqascore, unifiedreward and editreward judge the image against the prompt: empty = NaN + reason."""
+    ims = random_images(2, size=40, seed=13)
+    for name in ("vqascore", "unifiedreward"):
+        out = zoo(name)(ims, ["", "  "], on_error="nan")
+        assert not bool(out.valid.any()) and all("prompt is empty" in e for e in out.errors), (name, out.errors)
+        assert bool(torch.isnan(out.scores).all())
+    out = zoo("editreward")(ims, ["", "add a hat"], sources=[[ims[1]], [ims[0]]], on_error="nan")
+    assert out.valid.tolist() == [False, True] and "prompt is empty" in out.errors[0]
+    from rewardkit.errors import RewardInputError
+
+    with pytest.raises(RewardInputError, match="prompt is empty"):
+        zoo("vqascore")(ims[:1], "")

@@ -55,6 +55,7 @@ class HPSv3(PreferenceReward):
     dimensions = ("sigma", "log_sigma")
     Config = HPSv3Config
     differentiable = True  # the Qwen-VL tensor path (tests/test_zoo_gradients.py)
+    scores_empty_prompt = True  # as the official package: an empty prompt is a legitimate (unconditional) input
 
     def __init__(self, config=None, /, **overrides):
         from ..config import build_config
