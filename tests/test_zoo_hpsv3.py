@@ -337,3 +337,16 @@ def test_hub_ids_only_fetch_safetensors(tmp_path, hpsv3_dirs):
         resolve_source("org/name", ("weights.pt",))  # a pickle is never downloaded
     assert main(["convert", "hpsv3", str(hpsv3_dirs[0]), str(tmp_path / "cli"), "--base", str(base)]) == 0
     assert (tmp_path / "cli" / "preference_config.json").is_file()
+
+
+def test_official_positions_per_backbone():
+    """HPSv3 (Qwen2-VL) and EditReward on Qwen2.5-VL / MiMo-VL call the language model with position_ids=None and
+    no image grid (1-D); EditReward's Qwen3-VL trainer passes input_ids + image_grid_thw (the model's own 3-D)."""
+    from rewardkit.convert.hpsv3 import official_positions
+    from rewardkit.rewards.hpsv3 import resolve_positions
+
+    assert [official_positions(t) for t in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")] == ["sequential", "sequential",
+                                                                                       "mrope"]
+    assert resolve_positions("", {}, "qwen3_vl") == "mrope"                     # converted before the key existed
+    assert resolve_positions("", {"positions": "sequential"}, "qwen3_vl") == "sequential"  # as recorded
+    assert resolve_positions("mrope", {"positions": "sequential"}, "qwen2_vl") == "mrope"  # the override
