@@ -673,7 +673,8 @@ def test_editreward_single_source_only_and_its_dimensions(zoo_dir):
 
 
 def test_unifiedreward_decoding_defaults():
-    """zoo.md: greedy decoding, 512 new tokens, compare() asks both orders by default."""
+    """zoo.md: greedy decoding, 512 new tokens (t2i; the 2.0 / edit templates: 4096), compare() asks both orders by
+    default."""
     from rewardkit.rewards.unifiedreward import UnifiedRewardConfig
 
     from test_zoo_judges import Scripted
@@ -681,7 +682,7 @@ def test_unifiedreward_decoding_defaults():
     from rewardkit.rewards.unifiedreward import UnifiedReward
 
     cfg = UnifiedRewardConfig()
-    assert cfg.max_new_tokens == 512 and cfg.both_orders is True
+    assert cfg.max_new_tokens is None and cfg.reencode == "auto" and cfg.both_orders is True  # None: the template's
 
     class Recording(Scripted):
         def generate(self, conversations, **kw):
