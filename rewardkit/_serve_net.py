@@ -1,0 +1,131 @@
+"""Connection-level bounds of ``rewardkit serve`` on uvicorn (see docs/serve.md, "Exposing the server").
+
+uvicorn bounds the keep-alive idle time (``timeout_keep_alive``), the size of a request's head
+(``h11_max_incomplete_event_size``) and the listen backlog, and rejects requests over ``limit_concurrency``
+only once their headers are in. It has no limit on the time a client takes to send its headers and no cap
+on open connections, so clients that send one header byte every few seconds hold a socket each, forever,
+until the process runs out of file descriptors. :func:`protocol_class` adds both on top of uvicorn's h11
+protocol:
+
+- a connection beyond ``max_connections`` is answered ``503`` and closed at once (the cap is kept below the
+  file-descriptor limit by :func:`connection_cap`, so ``accept`` never fails with EMFILE);
+- a request whose line and headers are not complete ``header_timeout`` seconds after the connection opened
+  (or after the previous response) is answered ``408`` and its connection closed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+log = logging.getLogger("rewardkit.server")
+
+#: file descriptors kept free for everything but client sockets (model files, threads' pipes, logs, ...)
+FD_RESERVE = 32
+
+
+def _raw_response(status: int, reason: str, message: str, retry_after: int | None = None) -> bytes:
+    body = ('{"error": "%s"}' % message).encode()
+    head = [f"HTTP/1.1 {status} {reason}", "content-type: application/json", f"content-length: {len(body)}",
+            "connection: close"]
+    if retry_after is not None:
+        head.append(f"retry-after: {retry_after}")
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+def fd_limit() -> int | None:
+    """The soft ``RLIMIT_NOFILE`` of this process (None where the platform has none)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def open_fds() -> int:
+    """File descriptors open in this process now (an estimate of 64 where /proc is missing)."""
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 64
+
+
+def connection_cap(requested: int) -> int:
+    """``requested``, lowered so that every allowed connection plus the descriptors already open plus
+    :data:`FD_RESERVE` fit under the file-descriptor limit (one more for the connection refused with a 503)."""
+    limit = fd_limit()
+    if limit is None:
+        return requested
+    room = limit - open_fds() - FD_RESERVE - 1
+    if room < 1:
+        raise RuntimeError(f"the file-descriptor limit ({limit}) leaves no room for client connections; "
+                           "raise it (ulimit -n)")
+    if room < requested:
+        log.warning("max_connections lowered from %d to %d to stay under the file-descriptor limit of %d",
+                    requested, room, limit)
+        return room
+    return requested
+
+
+def protocol_class(max_connections: int, header_timeout: float) -> type:
+    """uvicorn's h11 protocol with a connection cap and a header-read timeout (see the module doc)."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    busy = _raw_response(503, "Service Unavailable", "the server is at its connection limit", retry_after=1)
+    slow = _raw_response(408, "Request Timeout", "the request headers took longer than "
+                                                 f"{header_timeout:g} s")
+
+    class BoundedH11Protocol(H11Protocol):
+        _header_timer: Any = None
+
+        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            if len(self.connections) > max_connections:
+                transport.write(busy)
+                transport.close()
+                return
+            self._arm_header_timer()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._cancel_header_timer()
+            super().connection_lost(exc)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm_header_timer()  # the next request on this keep-alive connection gets the same bound
+
+        def _cancel_header_timer(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _arm_header_timer(self) -> None:
+            self._cancel_header_timer()
+            self._header_timer = self.loop.call_later(header_timeout, self._header_timed_out)
+
+        def _header_timed_out(self) -> None:
+            self._header_timer = None
+            if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+                return  # closed already, or the request's headers are in (the body has its own timeout)
+            if self.cycle is not None and not self.cycle.response_complete:
+                return
+            if self.conn.trailing_data[0]:  # part of a request arrived: say why it is dropped
+                self.transport.write(slow)
+            self.transport.close()
+
+    return BoundedH11Protocol
+
+
+def uvicorn_config(app: Any, cfg: Any, **kw: Any) -> Any:
+    """A ``uvicorn.Config`` for ``app`` with ``cfg``'s (a ``ServerConfig``) connection bounds."""
+    from ._imports import require
+
+    uvicorn = require("uvicorn", "serve")
+    cap = connection_cap(cfg.max_connections)
+    return uvicorn.Config(app, http=protocol_class(cap, cfg.header_timeout), timeout_keep_alive=cfg.keep_alive,
+                          h11_max_incomplete_event_size=cfg.max_header_bytes, backlog=cfg.backlog,
+                          log_level=kw.pop("log_level", "warning"), lifespan="on", **kw)
