@@ -7,8 +7,8 @@ on open connections, so clients that send one header byte every few seconds hold
 until the process runs out of file descriptors. :func:`protocol_class` adds both on top of uvicorn's h11
 protocol:
 
-- a connection beyond ``max_connections`` is answered ``503`` and closed at once (the cap is kept below the
-  file-descriptor limit by :func:`connection_cap`, so ``accept`` never fails with EMFILE);
+- a connection beyond ``max_connections`` is answered ``503`` and closed at once (the cap and the backlog
+  are kept below the file-descriptor limit by :func:`connection_cap`, so ``accept`` never fails with EMFILE);
 - a request whose line and headers are not complete ``header_timeout`` seconds after the connection opened
   (or after the previous response) is answered ``408`` and its connection closed.
 """
@@ -52,21 +52,24 @@ def open_fds() -> int:
         return 64
 
 
-def connection_cap(requested: int) -> int:
-    """``requested``, lowered so that every allowed connection plus the descriptors already open plus
-    :data:`FD_RESERVE` fit under the file-descriptor limit (one more for the connection refused with a 503)."""
+def connection_cap(max_connections: int, backlog: int) -> tuple[int, int]:
+    """``(max_connections, backlog)``, lowered so that they fit under the file-descriptor limit together with
+    the descriptors already open and :data:`FD_RESERVE`. Both count: asyncio accepts up to ``backlog``
+    connections in one go before any of them reaches the protocol (where the cap refuses the extra ones)."""
     limit = fd_limit()
     if limit is None:
-        return requested
-    room = limit - open_fds() - FD_RESERVE - 1
-    if room < 1:
+        return max_connections, backlog
+    room = limit - open_fds() - FD_RESERVE
+    if room < 2:
         raise RuntimeError(f"the file-descriptor limit ({limit}) leaves no room for client connections; "
                            "raise it (ulimit -n)")
-    if room < requested:
-        log.warning("max_connections lowered from %d to %d to stay under the file-descriptor limit of %d",
-                    requested, room, limit)
-        return room
-    return requested
+    if max_connections + backlog <= room:
+        return max_connections, backlog
+    new_backlog = min(backlog, max(1, room // 4))
+    new_cap = min(max_connections, room - new_backlog)
+    log.warning("max_connections %d -> %d and backlog %d -> %d, to stay under the file-descriptor limit of %d",
+                max_connections, new_cap, backlog, new_backlog, limit)
+    return new_cap, new_backlog
 
 
 def protocol_class(max_connections: int, header_timeout: float) -> type:
@@ -125,7 +128,7 @@ def uvicorn_config(app: Any, cfg: Any, **kw: Any) -> Any:
     from ._imports import require
 
     uvicorn = require("uvicorn", "serve")
-    cap = connection_cap(cfg.max_connections)
+    cap, backlog = connection_cap(cfg.max_connections, cfg.backlog)
     return uvicorn.Config(app, http=protocol_class(cap, cfg.header_timeout), timeout_keep_alive=cfg.keep_alive,
-                          h11_max_incomplete_event_size=cfg.max_header_bytes, backlog=cfg.backlog,
+                          h11_max_incomplete_event_size=cfg.max_header_bytes, backlog=backlog,
                           log_level=kw.pop("log_level", "warning"), lifespan="on", **kw)
