@@ -266,3 +266,80 @@ def test_requests_in_flight_are_capped_with_503_and_retry_after():
         assert httpx.post(handle.url + "/score", json=body, timeout=10).status_code == 200  # slots freed
     finally:
         handle.stop()
+
+
+# ---------------------------------------------------------------------------------------------- decoded pixels
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
+def test_decompression_bombs_are_refused_from_their_headers_before_decoding():
+    """Three 8000 x 8000 PNGs of zeros (576 MB of RGB pixels in a ~1 MB body). Before: all three were decoded
+    (the server's memory went from 0.5 to 2.2 GB). Now: their headers add up to 192,000,000 pixels, over the
+    per-request budget of 67,108,864 (64 Mi), and the request is refused before one pixel is decoded."""
+    bomb = base64.b64encode(_bomb_png(8000)).decode()
+    body = json.dumps({"images": [bomb] * 3, "prompt": "a"}).encode()
+    assert len(body) < 2_000_000
+    srv = _Sub()
+    try:
+        assert _health(srv.url) == 200
+        small = {"images": [_png(random_images(1, size=32)[0])], "prompt": "a"}
+        assert httpx.post(srv.url + "/score", json=small, timeout=30).status_code == 200  # warm: the decode path ran
+        before = srv.status("VmHWM")
+        r = httpx.post(srv.url + "/score", content=body, headers={"Content-Type": "application/json"}, timeout=60)
+        grown_mb = (srv.status("VmHWM") - before) / 1024
+        assert r.status_code == 413 and "192,000,000 pixels" in r.json()["error"], r.text[:300]
+        # the body, its base64 decode and three header probes; a single decoded bomb alone would be 192 MB
+        assert grown_mb < 64, f"peak RSS grew by {grown_mb:.0f} MB"
+        assert httpx.post(srv.url + "/score", json=small, timeout=30).status_code == 200
+    finally:
+        srv.close()
+
+
+def test_a_timed_out_request_stops_being_decoded(monkeypatch):
+    """A request of 6 images, each taking 0.15 s to decode, with a server timeout of 0.3 s: the client gets its
+    504 and the replica stops decoding at the next image (before: every image was decoded and scored after
+    the client was gone)."""
+    import rewardkit.server as srv
+
+    decoded = []
+    real = srv._decode
+
+    def slow_decode(x):
+        time.sleep(0.15)
+        decoded.append(1)
+        return real(x)
+
+    monkeypatch.setattr(srv, "_decode", slow_decode)
+    rec = _Const()
+    calls = []
+    monkeypatch.setattr(rec, "_score", lambda batch: calls.append(len(batch)) or RewardOutput(scores=torch.zeros(len(batch))))
+    handle = serve_in_thread(rec, ServerConfig(timeout=0.3, max_wait_ms=0))
+    try:
+        body = {"images": [_png(im) for im in random_images(6, size=16)], "prompt": "a"}
+        r = httpx.post(handle.url + "/score", json=body, timeout=10)
+        assert r.status_code == 504
+        time.sleep(0.6)  # the replica notices within one image's decode
+        assert len(decoded) <= 3 and calls == [], (len(decoded), calls)
+    finally:
+        handle.stop()
+
+
+def test_merged_model_calls_stay_within_the_batch_pixel_budget():
+    """4 concurrent requests of one 32 x 32 image each (1,024 pixels) with max_batch_pixels = 2,048: no model
+    call holds more than 2 of them (before: all 4 merged into one call of 4,096 pixels)."""
+    rec = _Const(delay=0.2)
+    sizes = []
+    orig = rec._score
+    rec._score = lambda batch: sizes.append(len(batch)) or orig(batch)
+    handle = serve_in_thread(rec, ServerConfig(max_batch=64, max_wait_ms=100.0, max_batch_pixels=2048))
+    try:
+        body = {"images": [_png(random_images(1, size=32)[0])], "prompt": "a"}
+        with __import__("concurrent.futures").futures.ThreadPoolExecutor(4) as pool:
+            outs = list(pool.map(lambda _: httpx.post(handle.url + "/score", json=body, timeout=10), range(4)))
+        assert [o.status_code for o in outs] == [200] * 4
+        assert sum(sizes) == 4 and max(sizes) <= 2, sizes
+        # one request over the batch budget (2 x 4,096 pixels) is not refused (that is max_request_pixels'
+        # job, default 64 Mi): it runs in a model call of its own
+        big = {"images": [_png(random_images(1, size=64)[0])] * 2, "prompt": "a"}
+        assert httpx.post(handle.url + "/score", json=big, timeout=10).status_code == 200
+    finally:
+        handle.stop()
