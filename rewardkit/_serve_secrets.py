@@ -2,9 +2,9 @@
 
 Two rules, applied together:
 
-- a value under a credential-like key (``api_key``, ``token``, ``password``, ``secret``, ``authorization``,
-  ``cookie``, ``credential``, ``private_key``, ...; any depth, any case, ``-`` or ``_``) is replaced by
-  :data:`REDACTED`;
+- a value under a credential-like key (``api_key``, ``*_token``, ``password``, ``secret``, ``authorization``,
+  ``cookie``, ``credential``, ``private_key``, ...; any depth, any case, ``-`` / ``_`` / camelCase) is
+  replaced by :data:`REDACTED`;
 - every known secret *value* is replaced wherever it appears in a string: the server's bearer token, the
   values found under credential-like keys of the reward's config, and the values of environment variables
   whose names look like credentials (``OPENAI_API_KEY``, ``HF_TOKEN``, ``REWARDKIT_SERVE_TOKEN``, ...).
@@ -19,13 +19,18 @@ from typing import Any, Iterable
 
 REDACTED = "***"
 
-_KEY = re.compile(r"(api[-_]?key|apikey|token|password|passwd|secret|authori[sz]ation|cookie|credential|"
-                  r"private[-_]?key|access[-_]?key|session[-_]?key|bearer|auth[-_]?header)", re.IGNORECASE)
+_PARTS = ("password", "passwd", "secret", "authorization", "cookie", "credential", "apikey", "privatekey",
+          "accesskey", "sessionkey", "bearer")
 _MIN_SECRET = 4  # shorter values would redact ordinary words
 
 
 def is_secret_key(key: Any) -> bool:
-    return isinstance(key, str) and bool(_KEY.search(key))
+    """``api_key``, ``API-Key``, ``apiKey``, ``access_token``, ``HF_TOKEN``, ``client_secret``, ``password``,
+    ``Authorization``...; not ``tokenizer`` or ``max_new_tokens``."""
+    if not isinstance(key, str):
+        return False
+    k = re.sub(r"[^a-z0-9]", "", key.lower())
+    return k.endswith("token") or any(p in k for p in _PARTS)
 
 
 class Redactor:

@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import pytest
 import torch
@@ -409,3 +410,64 @@ def test_app_factory_for_external_asgi_servers(monkeypatch, tiny_clip_dir, clip)
         assert tc.post("/score", json=body).status_code == 401
         res = tc.post("/score", json=body, headers={"Authorization": "Bearer tok"}).json()
     torch.testing.assert_close(torch.tensor(res["scores"]), clip(images, "a cat").scores, atol=1e-6, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------- secrets
+@dataclass
+class _JudgeLikeConfig(RewardConfig):
+    judge: str = "openai:http://127.0.0.1:1"
+    judge_kwargs: dict = field(default_factory=lambda: {"model": "m", "api_key": "sk-live-0123456789"})
+    headers: dict = field(default_factory=lambda: {"Authorization": "Bearer hdr-secret-abc"})
+    password: str | None = None
+
+
+class _JudgeLike(Reward):
+    """A reward configured like an API judge; its call fails with a message quoting its key and the env key."""
+
+    name = "judgelike"
+    tasks = frozenset({"t2i"})
+    thread_safe = False
+    Config = _JudgeLikeConfig
+
+    def _score(self, batch):
+        import os
+
+        raise RuntimeError(f"401 from the judge: key sk-live-0123456789 / {os.environ.get('OPENAI_API_KEY')} refused")
+
+
+def test_credentials_never_leave_the_server(monkeypatch, caplog):
+    """/info, error answers and the server's logs carry no credential: the judge's api_key and auth header
+    (config values under credential-like keys), an OPENAI_API_KEY from the environment, the bearer token.
+    Before: /info returned judge_kwargs.api_key as is, and a 500 quoted whatever the reward's error said."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-env-9876543210")
+    secrets = ["sk-live-0123456789", "hdr-secret-abc", "sk-env-9876543210", "tok-abcdef"]
+    handle = serve_in_thread(_JudgeLike(), ServerConfig(token="tok-abcdef"))
+    auth = {"Authorization": "Bearer tok-abcdef"}
+    try:
+        info = httpx.get(handle.url + "/info", headers=auth, timeout=10).json()
+        assert info["config"]["judge_kwargs"] == {"model": "m", "api_key": "***"}  # the key redacted, not dropped
+        assert info["config"]["headers"] == {"Authorization": "***"} and info["config"]["password"] is None
+        assert info["config"]["judge"] == "openai:http://127.0.0.1:1"
+        with caplog.at_level("ERROR", logger="rewardkit.server"):
+            r = httpx.post(handle.url + "/score", json={"images": [_png(random_images(1)[0])], "prompt": "a"},
+                           headers=auth, timeout=30)
+        assert r.status_code == 500 and "401 from the judge: key *** / *** refused" in r.json()["error"]
+        logged = "\n".join(rec.getMessage() + (rec.exc_text or "") for rec in caplog.records)
+        assert "RuntimeError" in logged  # the traceback is logged ...
+        for s in secrets:  # ... without a secret anywhere
+            assert s not in json.dumps(info) and s not in r.text and s not in logged, s
+    finally:
+        handle.stop()
+
+
+def test_redactor_keys_and_values():
+    from rewardkit._serve_secrets import Redactor
+
+    red = Redactor(["tok-123456"], env={"HF_TOKEN": "hf_abcdefgh", "HOME": "/root", "MY_SECRET_X": "zzzz9999"})
+    red.collect({"judge_kwargs": {"api_key": "sk-1234567"}})
+    got = red({"api_key": "sk-1234567", "API-Key": "x", "access_token": "y", "client_secret": "z", "model": "m",
+               "nested": [{"Authorization": "Bearer q"}], "note": "uses sk-1234567 and hf_abcdefgh, tok-123456",
+               "tokenizer_path": "/models/t", "max_new_tokens": 5, "apiKey": "k", "home": "/root"})
+    assert got == {"api_key": "***", "API-Key": "***", "access_token": "***", "client_secret": "***", "model": "m",
+                   "nested": [{"Authorization": "***"}], "note": "uses *** and ***, ***",
+                   "tokenizer_path": "/models/t", "max_new_tokens": 5, "apiKey": "***", "home": "/root"}
