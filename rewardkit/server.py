@@ -53,7 +53,7 @@ from ._serve_wire import HTTPError, decode_image
 from .reward import PairwiseOutput, Reward, RewardOutput, config_dict
 
 __all__ = ["ServerConfig", "RewardServer", "create_app", "app_from_env", "load_replicas", "serve_in_thread",
-           "ServerHandle", "decode_image", "uvicorn_config", "bind_socket", "token_from_env", "LOOPBACK_HOSTS"]
+           "ServerHandle", "decode_image", "uvicorn_config", "run_server", "bind_socket", "token_from_env", "LOOPBACK_HOSTS"]
 
 log = logging.getLogger("rewardkit.server")
 
@@ -616,6 +616,15 @@ def serve_in_thread(rewards: Reward | list[Reward], cfg: ServerConfig | None = N
     return ServerHandle(server, thread, f"http://{shown}:{bound}")
 
 
+def run_server(app: Any, sock: Any, cfg: ServerConfig | None = None) -> None:
+    """Serve ``app`` (from :func:`create_app`) on the bound socket ``sock`` with uvicorn and ``cfg``'s
+    connection bounds, until interrupted."""
+    from ._imports import require
+
+    uvicorn = require("uvicorn", "serve")
+    uvicorn.Server(uvicorn_config(app, cfg)).run(sockets=[sock])
+
+
 def bind_socket(host: str, port: int):
     """A TCP socket bound to ``host:port`` (``port=0``: a free one; read it with ``getsockname()``). Raises
     ``OSError`` when the address is taken: call it before loading a model."""
@@ -654,12 +663,12 @@ def app_from_env():
     (docs/serve.md, "Exposing the server")."""
     from .registry import load_reward
 
+    token = token_from_env()  # before loading anything
     name = os.environ.get("REWARDKIT_SERVE_REWARD")
     if not name:
         raise RuntimeError("set REWARDKIT_SERVE_REWARD to the reward's registry name")
     conf = os.environ.get("REWARDKIT_SERVE_CONFIG") or None
     devices = [d.strip() for d in os.environ.get("REWARDKIT_SERVE_DEVICES", "cpu").split(",") if d.strip()]
-    token = token_from_env()  # before loading anything
     rewards = load_replicas(name, conf, {}, devices)
     return create_app(rewards, ServerConfig(token=token))
 

@@ -377,21 +377,63 @@ def test_several_replicas_behind_one_endpoint(tiny_clip_dir, clip):
 
 
 def test_serve_command_help_and_host_warning(monkeypatch, capsys, tiny_clip_dir):
+    import rewardkit.server as srv
     from rewardkit.cli import main
 
     with pytest.raises(SystemExit) as exc:
         main(["serve", "--help"])
     assert exc.value.code == 0 and "127.0.0.1" in capsys.readouterr().out
-    import uvicorn
 
     seen = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(kw))
+    monkeypatch.setattr(srv, "run_server", lambda app, sock, cfg: seen.update(sock=sock.getsockname(), cfg=cfg))
     monkeypatch.delenv("REWARDKIT_SERVE_TOKEN", raising=False)
-    assert main(["serve", "-r", "clipscore", "-m", str(tiny_clip_dir), "--host", "0.0.0.0", "--port", "0"]) == 0
+    args = ["serve", "-r", "clipscore", "-m", str(tiny_clip_dir)]
+    # another host than this machine without a token is refused, unless --no-auth says so explicitly
+    assert main(args + ["--host", "0.0.0.0", "--port", "0"]) == 2
+    assert "REWARDKIT_SERVE_TOKEN" in capsys.readouterr().err and not seen
+    assert main(args + ["--host", "0.0.0.0", "--port", "0", "--no-auth"]) == 0
     err = capsys.readouterr().err
-    assert seen["host"] == "0.0.0.0" and "WARNING" in err and "WITHOUT authentication" in err
-    assert main(["serve", "-r", "clipscore", "-m", str(tiny_clip_dir), "--port", "0"]) == 0
-    assert seen["host"] == "127.0.0.1" and "WARNING" not in capsys.readouterr().err
+    assert seen["sock"][0] == "0.0.0.0" and "WARNING" in err and "WITHOUT authentication" in err
+    # --port 0: the port the server really listens on is printed (before: ":0")
+    assert main(args + ["--port", "0"]) == 0
+    err = capsys.readouterr().err
+    port = seen["sock"][1]
+    assert seen["sock"][0] == "127.0.0.1" and port > 0 and f"http://127.0.0.1:{port} " in err
+    assert "WARNING" not in err and seen["cfg"].token is None
+
+
+def test_serve_refuses_before_loading_the_model(monkeypatch, capsys, tmp_path):
+    """A busy port, an empty REWARDKIT_SERVE_TOKEN (which silently turned authentication off) and an empty
+    token file exit 2 before the reward loads (before: the model loaded first, then uvicorn exited 3)."""
+    import rewardkit.server as srv
+    from rewardkit.cli import main
+
+    def boom(*a, **k):
+        raise AssertionError("the reward was loaded before the command line was checked")
+
+    monkeypatch.setattr(srv, "load_replicas", boom)
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    try:
+        monkeypatch.delenv("REWARDKIT_SERVE_TOKEN", raising=False)
+        assert main(["serve", "-r", "clipscore", "--port", str(busy.getsockname()[1])]) == 2
+        assert "cannot listen on 127.0.0.1" in capsys.readouterr().err
+    finally:
+        busy.close()
+    monkeypatch.setenv("REWARDKIT_SERVE_TOKEN", "  ")
+    assert main(["serve", "-r", "clipscore", "--port", "0"]) == 2
+    assert "REWARDKIT_SERVE_TOKEN is set but empty" in capsys.readouterr().err
+    empty = tmp_path / "token"
+    empty.write_text("\n")
+    assert main(["serve", "-r", "clipscore", "--port", "0", "--token-file", str(empty)]) == 2
+    assert "is empty" in capsys.readouterr().err
+    assert main(["serve", "-r", "clipscore", "--port", "0", "--no-auth", "--header-timeout", "0"]) == 2
+    assert "header_timeout" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="set but empty"):
+        srv.app_from_env()
+    with pytest.raises(ValueError, match="non-empty"):
+        ServerConfig(token="")
 
 
 def test_app_factory_for_external_asgi_servers(monkeypatch, tiny_clip_dir, clip):
