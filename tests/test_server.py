@@ -513,3 +513,42 @@ def test_redactor_keys_and_values():
     assert got == {"api_key": "***", "API-Key": "***", "access_token": "***", "client_secret": "***", "model": "m",
                    "nested": [{"Authorization": "***"}], "note": "uses *** and ***, ***",
                    "tokenizer_path": "/models/t", "max_new_tokens": 5, "apiKey": "***", "home": "/root"}
+
+
+def test_bearer_token_is_compared_whole(clip):
+    """Catches the mutation that compares the token by prefix (``token.startswith(given)``), which accepts an
+    empty token and any prefix of the real one. Expected answers are written out by hand, not derived from
+    the server's own comparison."""
+    handle = serve_in_thread(clip, ServerConfig(token="s3cret-token"))
+    try:
+        expected = {
+            "Bearer s3cret-token": 200,
+            "bearer s3cret-token": 200,   # the scheme is case-insensitive (RFC 7235)
+            "Bearer   s3cret-token  ": 200,
+            "Bearer s3cret": 401,         # a prefix
+            "Bearer ": 401,               # empty
+            "Bearer": 401,
+            "Bearer s": 401,
+            "Bearer s3cret-token-and-more": 401,
+            "Basic s3cret-token": 401,
+            "s3cret-token": 401,
+        }
+        host, port = handle.url.rsplit("/", 1)[1].split(":")
+
+        def status(auth: str) -> int:  # a raw request: httpx refuses header values with trailing blanks
+            with socket.create_connection((host, int(port)), timeout=5) as s:
+                s.sendall(f"GET /info HTTP/1.1\r\nHost: x\r\nAuthorization: {auth}\r\nConnection: close\r\n\r\n"
+                          .encode())
+                return int(s.recv(64).split(b" ")[1])
+
+        got = {h: status(h) for h in expected}
+        assert got == expected
+    finally:
+        handle.stop()
+
+
+def test_deeply_nested_json_is_a_400(served):
+    """json.loads raises RecursionError on deep nesting: it was answered 500 (a server error) instead of 400."""
+    body = b'{"images": ' + b"[" * 100_000 + b"]" * 100_000 + b', "prompt": "a"}'
+    r = httpx.post(served.url + "/score", content=body, headers={"Content-Type": "application/json"}, timeout=30)
+    assert r.status_code == 400 and "nested too deeply" in r.json()["error"]
