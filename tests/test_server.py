@@ -552,3 +552,50 @@ def test_deeply_nested_json_is_a_400(served):
     body = b'{"images": ' + b"[" * 100_000 + b"]" * 100_000 + b', "prompt": "a"}'
     r = httpx.post(served.url + "/score", content=body, headers={"Content-Type": "application/json"}, timeout=30)
     assert r.status_code == 400 and "nested too deeply" in r.json()["error"]
+
+
+def test_client_threads_end_with_the_call():
+    """The drip server sends one byte every 0.1 s; the call gives up after 1 s. Before: the pool thread kept
+    reading the drip (about 20 s for this body) after the call had raised; now it stops with the call."""
+    body = json.dumps({"reward": "x", "tasks": ["t2i"], "dimensions": [], "higher_is_better": True,
+                       "score_range": None, "uses_prompt": True, "batch_relative": False, "pad": "x" * 100}).encode()
+    url, close = _drip_server(0.1, body)
+
+    def pool_threads():
+        return [t for t in threading.enumerate() if t.name.startswith("rewardkit-remote") and t.is_alive()]
+
+    try:
+        before = len(pool_threads())
+        with pytest.raises(RemoteRewardError, match="within 1 s"):
+            RemoteReward(url=url, timeout=1.0, max_retries=0)
+        deadline = time.monotonic() + 1.0
+        while len(pool_threads()) > before and time.monotonic() < deadline:  # bounded: 1 s
+            time.sleep(0.05)
+        assert len(pool_threads()) == before, "a pool thread is still reading the dripping server"
+    finally:
+        close()
+
+
+# ---------------------------------------------------------------------------------------------- float tensors
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_float_tensors_are_served_bit_identical(clip, served, dtype):
+    """A float [B, 3, H, W] tensor (what an RL host holds) scores the same served as in-process, bit for bit.
+    Before: the client rounded it to uint8 first, which changes the scores (checked below, so the equality is
+    not vacuous)."""
+    remote = RemoteReward(url=served.url)
+    assert remote.supports_tensor_input
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(4, 3, 40, 56, generator=g).to(dtype)
+    prompts = ["a cat", "a dog on a mat", "two birds", "a red car"]
+    local, got = clip(x, prompts), remote(x, prompts)
+    assert got.valid.all() and torch.equal(got.scores, local.scores)
+    rounded = clip([(im.float() * 255).round().to(torch.uint8).permute(1, 2, 0).numpy() for im in x], prompts)
+    assert not torch.equal(rounded.scores, local.scores)  # the uint8 detour is visible at this precision
+    pair_local = clip.compare(x[:2], x[2:], prompts[:2])
+    pair_remote = remote.compare(x[:2], x[2:], prompts[:2])
+    assert torch.equal(pair_local.prob_a, pair_remote.prob_a)
+    # out-of-range floats are refused per sample on the client, before anything is sent, as in-process
+    bad = x.clone()
+    bad[1] = 2.0
+    out = remote(bad, prompts, on_error="nan")
+    assert out.valid.tolist() == [True, False, True, True] and "[0, 1]" in out.errors[1]
