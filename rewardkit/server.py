@@ -80,7 +80,8 @@ class ServerConfig:
             startup to stay under the process's file-descriptor limit.
         max_in_flight: most /score and /compare requests being read, queued or scored at once (503 with
             ``Retry-After`` above).
-        max_header_bytes: largest request line + headers (uvicorn's ``h11_max_incomplete_event_size``).
+        max_header_bytes: most bytes of an unfinished request head held while waiting for its end (uvicorn's
+            ``h11_max_incomplete_event_size``; 400 above).
         backlog: the listen backlog (connections the kernel holds before they are accepted).
         max_request_pixels: most decoded pixels in one request (all images and sources, read from their
             headers before anything is decoded; 413 above).

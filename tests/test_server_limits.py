@@ -343,3 +343,23 @@ def test_merged_model_calls_stay_within_the_batch_pixel_budget():
         assert httpx.post(handle.url + "/score", json=big, timeout=10).status_code == 200
     finally:
         handle.stop()
+
+
+def test_oversized_headers_are_a_400():
+    """An unfinished request head buffered past 16 KiB (uvicorn's h11_max_incomplete_event_size, set by the
+    server) is a 400 and the connection closes: a client cannot make the server buffer an endless header."""
+    handle = serve_in_thread(_Const(), ServerConfig())
+    port = int(handle.url.rsplit(":", 1)[1])
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 20_000)  # no end of head
+            got = b""
+            for _ in range(20):  # bounded
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                got += chunk
+        assert got.startswith(b"HTTP/1.1 400"), got[:100]
+        assert httpx.get(handle.url + "/health", timeout=5).status_code == 200
+    finally:
+        handle.stop()
