@@ -22,10 +22,10 @@ A sample that cannot be decoded or scored comes back NaN with ``valid=false`` an
 scores with ``on_error="nan"``); a request that is malformed as a whole gets a 4xx with ``{"error": ...}``.
 
 **Dynamic batching.** Each model replica has a queue and one worker. The worker takes the oldest request,
-then every compatible request already waiting (up to ``max_batch`` images; a request of another kind, e.g.
-with metadata when the first has none, keeps its place in line for the next batch), waits at most
-``max_wait_ms`` for more while the batch is not full, and scores all of them in one reward call; outputs are split back per
-request. Rewards whose scores depend on the other samples of a call (``batch_relative``, e.g. z-scored
+then every compatible request already waiting (up to ``max_batch`` images and ``max_batch_pixels`` decoded
+pixels; a request of another kind, e.g. with metadata when the first has none, keeps its place in line for
+the next batch), waits at most ``max_wait_ms`` for more while the batch is not full, and scores all of them
+in one reward call; outputs are split back per request. Rewards whose scores depend on the other samples of a call (``batch_relative``, e.g. z-scored
 composites) are never merged across requests. Several replicas (e.g. one per GPU) share one endpoint; a
 request goes to the replica with the fewest queued images.
 """
@@ -45,15 +45,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from . import _serve_wire as wire
 from ._serve_secrets import RedactingFilter, Redactor
 from ._serve_wire import HTTPError, decode_image
 from .reward import PairwiseOutput, Reward, RewardOutput, config_dict
 
 __all__ = ["ServerConfig", "RewardServer", "create_app", "app_from_env", "load_replicas", "serve_in_thread",
-           "ServerHandle", "decode_image", "uvicorn_config", "run_server", "bind_socket", "token_from_env", "LOOPBACK_HOSTS"]
+           "ServerHandle", "decode_image", "uvicorn_config", "run_server", "bind_socket", "token_from_env",
+           "LOOPBACK_HOSTS"]
 
 log = logging.getLogger("rewardkit.server")
 
@@ -498,18 +497,22 @@ def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
                 raise HTTPError(400, "bad Content-Length")
             if int(length) > cfg.max_body_bytes:
                 raise HTTPError(413, f"body of {int(length):,} bytes is over the limit of {cfg.max_body_bytes:,}")
-        chunks, size = [], 0
-        try:
-            async with asyncio.timeout(cfg.body_timeout):  # a client dripping its body cannot hold a slot
-                async for chunk in request.stream():  # also bounds chunked bodies, which carry no length
-                    size += len(chunk)
-                    if size > cfg.max_body_bytes:
-                        raise HTTPError(413, f"body is over the limit of {cfg.max_body_bytes:,} bytes")
-                    chunks.append(chunk)
-        except TimeoutError:
+
+        async def body() -> bytes:
+            chunks, size = [], 0
+            async for chunk in request.stream():  # also bounds chunked bodies, which carry no length
+                size += len(chunk)
+                if size > cfg.max_body_bytes:
+                    raise HTTPError(413, f"body is over the limit of {cfg.max_body_bytes:,} bytes")
+                chunks.append(chunk)
+            return b"".join(chunks)
+
+        try:  # a client dripping its body cannot hold a slot
+            raw = await asyncio.wait_for(body(), cfg.body_timeout)
+        except asyncio.TimeoutError:
             raise HTTPError(408, f"the request body took longer than {cfg.body_timeout:g} s") from None
         try:
-            return json.loads(b"".join(chunks))
+            return json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise HTTPError(400, f"the body is not valid JSON: {exc}") from None
         except RecursionError:
@@ -662,8 +665,6 @@ def app_from_env():
     ``REWARDKIT_SERVE_TOKEN`` (optional bearer token; set but empty is an error). The outer server owns the
     connection bounds: give uvicorn ``--limit-concurrency``, ``--timeout-keep-alive``, ``--backlog``
     (docs/serve.md, "Exposing the server")."""
-    from .registry import load_reward
-
     token = token_from_env()  # before loading anything
     name = os.environ.get("REWARDKIT_SERVE_REWARD")
     if not name:

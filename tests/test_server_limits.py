@@ -311,7 +311,8 @@ def test_a_timed_out_request_stops_being_decoded(monkeypatch):
     monkeypatch.setattr(srv, "_decode", slow_decode)
     rec = _Const()
     calls = []
-    monkeypatch.setattr(rec, "_score", lambda batch: calls.append(len(batch)) or RewardOutput(scores=torch.zeros(len(batch))))
+    monkeypatch.setattr(rec, "_score",
+                        lambda batch: calls.append(len(batch)) or RewardOutput(scores=torch.zeros(len(batch))))
     handle = serve_in_thread(rec, ServerConfig(timeout=0.3, max_wait_ms=0))
     try:
         body = {"images": [_png(im) for im in random_images(6, size=16)], "prompt": "a"}
