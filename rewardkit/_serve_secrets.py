@@ -22,6 +22,7 @@ REDACTED = "***"
 _PARTS = ("password", "passwd", "secret", "authorization", "cookie", "credential", "apikey", "privatekey",
           "accesskey", "sessionkey", "bearer")
 _MIN_SECRET = 4  # shorter values would redact ordinary words
+_MIN_ENV_SECRET = 8  # environment values are guessed from names: "true" under USE_AUTH_TOKEN is no secret
 
 
 def is_secret_key(key: Any) -> bool:
@@ -38,13 +39,12 @@ class Redactor:
 
     def __init__(self, secrets: Iterable[str | None] = (), env: dict[str, str] | None = None):
         env = os.environ if env is None else env
-        values = {s for s in secrets if isinstance(s, str)}
-        values |= {v for k, v in env.items() if is_secret_key(k)}
         self._values: list[str] = []
-        self.add(values)
+        self.add(secrets)
+        self.add((v for k, v in env.items() if is_secret_key(k)), min_len=_MIN_ENV_SECRET)
 
-    def add(self, values: Iterable[Any]) -> None:
-        new = {v.strip() for v in values if isinstance(v, str) and len(v.strip()) >= _MIN_SECRET}
+    def add(self, values: Iterable[Any], min_len: int = _MIN_SECRET) -> None:
+        new = {v.strip() for v in values if isinstance(v, str) and len(v.strip()) >= min_len}
         self._values = sorted(set(self._values) | new, key=len, reverse=True)  # longest first
 
     def collect(self, obj: Any) -> None:

@@ -505,14 +505,17 @@ def test_credentials_never_leave_the_server(monkeypatch, caplog):
 def test_redactor_keys_and_values():
     from rewardkit._serve_secrets import Redactor
 
-    red = Redactor(["tok-123456"], env={"HF_TOKEN": "hf_abcdefgh", "HOME": "/root", "MY_SECRET_X": "zzzz9999"})
+    red = Redactor(["tok-123456"], env={"HF_TOKEN": "hf_abcdefgh", "HOME": "/root", "MY_SECRET_X": "zzzz9999",
+                                        "USE_AUTH_TOKEN": "true"})  # a flag, not a secret: too short to redact
     red.collect({"judge_kwargs": {"api_key": "sk-1234567"}})
     got = red({"api_key": "sk-1234567", "API-Key": "x", "access_token": "y", "client_secret": "z", "model": "m",
                "nested": [{"Authorization": "Bearer q"}], "note": "uses sk-1234567 and hf_abcdefgh, tok-123456",
-               "tokenizer_path": "/models/t", "max_new_tokens": 5, "apiKey": "k", "home": "/root"})
+               "tokenizer_path": "/models/t", "max_new_tokens": 5, "apiKey": "k", "home": "/root",
+               "flag": "true", "env": "zzzz9999"})
     assert got == {"api_key": "***", "API-Key": "***", "access_token": "***", "client_secret": "***", "model": "m",
                    "nested": [{"Authorization": "***"}], "note": "uses *** and ***, ***",
-                   "tokenizer_path": "/models/t", "max_new_tokens": 5, "apiKey": "***", "home": "/root"}
+                   "tokenizer_path": "/models/t", "max_new_tokens": 5, "apiKey": "***", "home": "/root",
+                   "flag": "true", "env": "***"}
 
 
 def test_bearer_token_is_compared_whole(clip):
