@@ -11,7 +11,8 @@ protocol:
 - a connection beyond ``max_connections`` is answered ``503`` and closed at once (the cap and the backlog
   are kept below the file-descriptor limit by :func:`connection_cap`, so ``accept`` never fails with EMFILE);
 - a request whose line and headers are not complete ``header_timeout`` seconds after the connection opened
-  (or after the previous response) is answered ``408`` and its connection closed.
+  (or after the previous response) is answered ``408`` and its connection closed; so is a connection still
+  sending the body of a request answered without reading it (e.g. a 401).
 """
 
 from __future__ import annotations
@@ -113,12 +114,14 @@ def protocol_class(max_connections: int, header_timeout: float) -> type:
 
         def _header_timed_out(self) -> None:
             self._header_timer = None
-            if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
-                return  # closed already, or the request's headers are in (the body has its own timeout)
-            if self.cycle is not None and not self.cycle.response_complete:
+            if self.transport.is_closing():
                 return
-            if self.conn.trailing_data[0]:  # part of a request arrived: say why it is dropped
-                self.transport.write(slow)
+            if self.cycle is not None and not self.cycle.response_complete:
+                return  # a request is being served (its body and its whole time have their own timeouts)
+            # No request in progress: the client has not sent a complete head in time, or it is still sending
+            # the body of a request already answered without reading it (a 401): either way, close.
+            if self.conn.their_state is h11.IDLE and self.conn.trailing_data[0]:
+                self.transport.write(slow)  # part of a request head arrived: say why it is dropped
             self.transport.close()
 
     return BoundedH11Protocol

@@ -520,8 +520,8 @@ def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
 
     def endpoint(kind: str):
         async def handler(request: Request) -> Response:
-            if not authorised(request):
-                return error(401, "missing or wrong bearer token")
+            if not authorised(request):  # its body is never read: the connection is closed after the answer
+                return error(401, "missing or wrong bearer token", close=True)
             if server.in_flight >= cfg.max_in_flight:
                 return error(503, f"the server has {server.in_flight} requests in flight, its limit; retry later",
                              close=True, retry_after=1)

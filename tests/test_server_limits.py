@@ -364,3 +364,32 @@ def test_oversized_headers_are_a_400():
         assert httpx.get(handle.url + "/health", timeout=5).status_code == 200
     finally:
         handle.stop()
+
+
+def test_an_unread_body_cannot_hold_the_connection():
+    """A request answered without reading its body (401: no token) whose client keeps dripping the body: the
+    connection closes (before: the 401 kept the connection open for as long as the drip went on)."""
+    handle = serve_in_thread(_Const(), ServerConfig(token="tok-123456", header_timeout=0.5))
+    port = int(handle.url.rsplit(":", 1)[1])
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    try:
+        s.sendall(b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n")
+        t0, got, closed = time.monotonic(), b"", False
+        s.settimeout(0.1)
+        for _ in range(30):  # bounded: about 3 s
+            try:
+                s.sendall(b" ")
+                chunk = s.recv(4096)
+                if not chunk:
+                    closed = True
+                    break
+                got += chunk
+            except socket.timeout:
+                continue
+            except OSError:
+                closed = True
+                break
+        assert got.startswith(b"HTTP/1.1 401") and closed and time.monotonic() - t0 < 2.0
+    finally:
+        s.close()
+        handle.stop()
