@@ -3,10 +3,10 @@
 uvicorn bounds the keep-alive idle time (``timeout_keep_alive``), the unfinished request head it buffers
 (``h11_max_incomplete_event_size``) and the listen backlog, and :func:`uvicorn_config` sets all three. Its
 ``limit_concurrency`` answers 503 only once a request's headers are in, and counts at most one task per
-connection, so the connection cap below makes it redundant (it is left unset). It has no limit on the time a client takes to send its headers and no cap
-on open connections, so clients that send one header byte every few seconds hold a socket each, forever,
-until the process runs out of file descriptors. :func:`protocol_class` adds both on top of uvicorn's h11
-protocol:
+connection, so the connection cap below makes it redundant (it is left unset). uvicorn has no limit on the
+time a client takes to send its headers and no cap on open connections, so clients that send one header
+byte every few seconds hold a socket each, forever, until the process runs out of file descriptors.
+:func:`protocol_class` adds both on top of uvicorn's h11 protocol:
 
 - a connection beyond ``max_connections`` is answered ``503`` and closed at once (the cap and the backlog
   are kept below the file-descriptor limit by :func:`connection_cap`, so ``accept`` never fails with EMFILE);

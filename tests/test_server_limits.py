@@ -373,7 +373,8 @@ def test_an_unread_body_cannot_hold_the_connection():
     port = int(handle.url.rsplit(":", 1)[1])
     s = socket.create_connection(("127.0.0.1", port), timeout=5)
     try:
-        s.sendall(b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n")
+        s.sendall(b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 100000\r\n\r\n")
         t0, got, closed = time.monotonic(), b"", False
         s.settimeout(0.1)
         for _ in range(30):  # bounded: about 3 s
