@@ -225,8 +225,13 @@ def test_trl_empty_completion_policy(pick):
     empty_completion="fill" it gets empty_value without a reward call and the rest is scored as usual."""
     imgs = [im for im in float_batch()]
     comps = ["a photo of a cat", "", "two birds on a branch", "   ", "a neon sign", "a dog in the snow"]
-    with pytest.raises(NonFiniteRewardError, match="sample 1: prompt is empty"):
+    # PickScore itself scores an empty prompt (as its package does): the adapter, not the reward, refuses it
+    with pytest.raises(NonFiniteRewardError, match="sample 1: completion is empty"):
         _trl_call(trl_reward_func(pick), ["d"] * 6, comps, image=imgs)
+    masked, _ = _trl_call(trl_reward_func(pick, nan_policy="mask"), ["d"] * 6, comps, image=imgs)
+    assert masked[1] is None and masked[3] is None
+    own, _ = _trl_call(trl_reward_func(pick, empty_completion="reward"), ["d"] * 6, comps, image=imgs)
+    assert own == pytest.approx(pick(imgs, comps).scores.tolist(), abs=0)  # the reward's own rule: scored
     fn = trl_reward_func(pick, empty_completion="fill", empty_value=-5.0)
     out, logged = _trl_call(fn, ["d"] * 6, comps, image=imgs)
     keep = [0, 2, 4, 5]

@@ -53,7 +53,25 @@ def message_text(x: Any, role: str | None = None) -> str:
     raise TypeError(f"expected a string or a list of messages, got {type(x).__name__}")
 
 
-EMPTY_COMPLETION = ("nan", "fill")
+EMPTY_COMPLETION = ("nan", "fill", "reward")
+
+
+def _with_empty_as_invalid(out: Any, keep: list[int], n: int) -> Any:
+    """``out`` (the scored samples ``keep``) spread over ``n`` samples; the others NaN + "completion is empty"."""
+    import torch
+
+    from ..reward import RewardOutput
+
+    scores = torch.full((n,), float("nan"))
+    valid = torch.zeros(n, dtype=torch.bool)
+    errors: list[str | None] = ["completion is empty"] * n
+    if out is not None:
+        idx = torch.tensor(keep, dtype=torch.long)
+        scores[idx] = out.scores.detach().float().cpu()
+        valid[idx] = out.valid.cpu()
+        for j, i in enumerate(keep):
+            errors[i] = out.errors[j]
+    return RewardOutput(scores=scores, valid=valid, errors=errors)
 
 
 class TRLRewardFunction:
@@ -134,17 +152,22 @@ class TRLRewardFunction:
                 raise ValueError(f"metadata columns {missing} are not in the batch TRL passed")
             metadata = [{c: kwargs[c][i] for c in self.metadata_columns} for i in range(n)]
         images, texts = self._images(kwargs, n), self._texts(prompts, completions)
-        # empty_completion="fill": an empty text (a policy that wrote nothing) is a valid, bad sample: it gets
-        # empty_value and the reward scores the rest; "nan": the reward's own NaN + reason, then the NaN policy
+        # An empty text is a policy that wrote nothing. "fill": a valid, bad sample that gets empty_value; "nan":
+        # NaN + "completion is empty" (whatever the reward would say of an empty text: several published rewards
+        # score one, which a policy could exploit), then the NaN policy; "reward": the reward's own rule.
         keep = list(range(n))
-        if self.empty_completion == "fill":
-            keep = [i for i, t in enumerate(texts) if isinstance(t, str) and t.strip()]
+        if self.empty_completion != "reward":
+            keep = [i for i, t in enumerate(texts) if not (isinstance(t, str) and not t.strip())]
         values: list[float | None] = [self.empty_value] * n
         report = {"valid_fraction": 1.0}
-        if keep:
+        if keep or self.empty_completion == "nan":
             pick = (lambda xs: [xs[i] for i in keep]) if len(keep) < n else (lambda xs: xs)
-            out = reward(pick(images), pick(texts), metadata=pick(metadata) if metadata is not None else None,
-                         batch_size=self.batch_size, on_error="nan")
+            if keep:
+                out = reward(pick(images), pick(texts), metadata=pick(metadata) if metadata is not None else None,
+                             batch_size=self.batch_size, on_error="nan")
+            if self.empty_completion == "nan" and len(keep) < n:
+                out = _with_empty_as_invalid(out if keep else None, keep, n)
+                keep = list(range(n))
             sub, report = apply_nan_policy(out, host=_HOST, name=self.handle.name, nan_policy=self.nan_policy,
                                            fill_value=self.fill_value)
             for i, v in zip(keep, sub):
@@ -189,11 +212,12 @@ def trl_reward_func(reward: Any, device: Any = None, *, text: str | Callable = "
         nan_policy: ``"raise"`` (default), ``"fill"`` (``fill_value``) or ``"mask"`` (``None``: TRL skips the
             sample in its NaN-aware reward sum; a completion that no reward function scores gets a warning
             from TRL). The valid fraction is logged as ``rewardkit/<name>/valid_fraction``.
-        empty_completion: what an empty (or whitespace-only) text gets. ``"nan"`` (default): the reward's own
-            answer, NaN + "prompt is empty" for the text rewards, then ``nan_policy`` (so by default an empty
-            caption stops training with the reason). ``"fill"``: ``empty_value`` (required, finite), without
-            calling the reward, counted as a valid sample; the fraction is logged as
-            ``rewardkit/<name>/empty_fraction``. Captioning wants ``"fill"`` with the reward's lowest score:
+        empty_completion: what an empty (or whitespace-only) text gets. ``"nan"`` (default): NaN + "completion
+            is empty" without calling the reward, then ``nan_policy`` (so by default an empty caption stops
+            training with the reason). ``"fill"``: ``empty_value`` (required, finite), without calling the
+            reward, counted as a valid sample; the fraction is logged as ``rewardkit/<name>/empty_fraction``.
+            ``"reward"``: the reward's own rule (PickScore, CLIPScore, HPS score an empty prompt as their
+            packages do; judge rewards give NaN). Captioning wants ``"fill"`` with the reward's lowest score:
             writing nothing is a bad caption the policy must learn to avoid, not a sample to skip.
         name: ``__name__`` for TRL's logs (default: the reward's registry name).
         is_async: return a coroutine function (TRL runs async rewards concurrently).
