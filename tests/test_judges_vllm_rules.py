@@ -63,8 +63,67 @@ def test_the_stand_in_refuses_what_vllm_refuses():
         StrictSamplingParams(best_of=2)
     sp = StrictSamplingParams(logprobs=3, logprob_token_ids=[1, 2])
     with pytest.raises(VLLMValidationError, match="logprobs must equal"):
-        sp.verify(300)
+        sp.validate_logprobs(300)
     assert StrictSamplingParams(n=4, temperature=SAMPLING_EPS).n == 4
+
+
+def test_the_stand_in_does_not_depend_on_vllm_being_installed(monkeypatch):
+    """In the documented GPU setup (``[all,vllm,dev]``) ``vllm`` is importable: the stand-in must not switch to
+    the real ``SamplingParams`` (whose ``verify(model_config, ...)`` the stand-in engine cannot call)."""
+    import vllm_standin
+
+    real = types.ModuleType("vllm")
+
+    class RealLike:  # the real class's shape: verify needs a ModelConfig, not a vocabulary size
+        def __init__(self, **kw):
+            pass
+
+        def verify(self, model_config, speculative_config, structured_outputs_config, tokenizer):
+            raise AssertionError("the real SamplingParams reached the stand-in")
+
+    real.SamplingParams = RealLike
+    monkeypatch.setitem(sys.modules, "vllm", real)
+    assert vllm_standin.sampling_params_class() is StrictSamplingParams
+    llm = StrictLLM(build_tiny_tokenizer(300), {"Yes": -1.0})
+    with pytest.raises(TypeError, match="SamplingParams"):
+        llm.generate([{"prompt": "q"}], RealLike(n=1))
+
+
+def test_the_stand_in_applies_vllm_0_33_rules():
+    """vllm/sampling_params.py (__post_init__, _verify_num_sequences, _validate_logprobs) and the multimodal
+    input checks (validate_num_items, _validate_mm_uuids), as listed in tests/vllm_standin.py."""
+    # temperatures in (0, 0.01) are raised to 0.01 (_MAX_TEMP); 0 stays greedy
+    assert StrictSamplingParams(temperature=0.005).temperature == 0.01
+    assert StrictSamplingParams(temperature=1e-6, n=3).temperature == 0.01  # no longer greedy: n > 1 is fine
+    assert StrictSamplingParams(temperature=0.0).temperature == 0.0
+    with pytest.raises(VLLMValidationError, match="temperature must be in"):
+        StrictSamplingParams(temperature=2.5)
+    with pytest.raises(VLLMValidationError, match="at most 16384"):  # VLLM_MAX_N_SEQUENCES default
+        StrictSamplingParams(n=16385, temperature=1.0)
+    with pytest.raises(VLLMValidationError, match="must be an int"):
+        StrictSamplingParams(n=2.0, temperature=1.0)
+    assert issubclass(VLLMValidationError, ValueError)  # vllm.exceptions: the CLI maps it to exit 2
+
+    tok = build_tiny_tokenizer(300)
+    yes, no = (tok.convert_tokens_to_ids(t) for t in ("Yes", "No"))
+    llm = StrictLLM(tok, {"Yes": math.log(0.3)}, max_logprobs=1, limit_mm_per_prompt={"image": 1})
+    with pytest.raises(VLLMValidationError, match="greater than max allowed: 1"):  # max_logprobs
+        llm.generate([{"prompt": "q"}], StrictSamplingParams(max_tokens=1, logprobs=2, logprob_token_ids=[yes, no]))
+    with pytest.raises(VLLMValidationError, match="out-of-vocab"):
+        llm.generate([{"prompt": "q"}], StrictSamplingParams(max_tokens=1, logprob_token_ids=[len(tok)]))
+    ims = random_images(2)
+    with pytest.raises(VLLMValidationError, match="At most 1 image"):  # limit_mm_per_prompt
+        llm.generate([{"prompt": "q", "multi_modal_data": {"image": ims}}], StrictSamplingParams())
+    with pytest.raises(ValueError, match="same length"):  # uuids: one per item
+        llm.generate([{"prompt": "q", "multi_modal_data": {"image": ims[:1]},
+                       "multi_modal_uuids": {"image": ["a", "b"]}}], StrictSamplingParams())
+    with pytest.raises(ValueError, match="multi_modal_uuids"):  # uuids for a modality without data
+        llm.generate([{"prompt": "q", "multi_modal_uuids": {"image": ["a"]}}], StrictSamplingParams())
+    # every requested id is returned, whatever its rank: "No" is not in the table, it shares the rest evenly
+    out = llm.generate([{"prompt": "q"}], StrictSamplingParams(max_tokens=1, logprob_token_ids=[no]))
+    table = out[0].outputs[0].logprobs[0]
+    assert set(table) == {yes, no}
+    assert table[no].logprob == pytest.approx(math.log(0.7 / (len(tok) - 1)))
 
 
 # ---------------------------------------------------------------------------------------------- offline vLLM
@@ -251,3 +310,27 @@ def test_label_logprobs_are_exact_tokens(serve):
         assert torch.isnan(judge.choice_probs([conv([], "Yes or No?")], ["Yes", "No"])).all()
     else:
         assert "logprob_token_ids" not in body
+
+
+def test_an_engine_refusal_is_a_usage_error_for_the_cli(monkeypatch, capsys):
+    """vLLM's VLLMValidationError is a ValueError: the CLI reports it and exits 2 (not 3, not a traceback)."""
+    from rewardkit import cli
+    from rewardkit.commands import ls
+
+    def refuse(args):
+        raise VLLMValidationError("At most 1 image(s) may be provided in one prompt.", parameter="image")
+
+    monkeypatch.delenv("REWARDKIT_DEBUG", raising=False)
+    monkeypatch.setattr(ls, "run", refuse)
+    assert cli.main(["ls"]) == 2
+    assert "At most 1 image(s)" in capsys.readouterr().err
+
+
+def test_the_judge_meets_the_engine_limits(vllm_stub, tiny_qwen2_5_vl_dir):
+    judge = load_judge(f"vllm:{tiny_qwen2_5_vl_dir}", max_images=1)
+    assert judge.llm.engine_kwargs["limit_mm_per_prompt"] == {"image": 1}
+    ims = random_images(2, seed=1)
+    with pytest.raises(VLLMValidationError, match="At most 1 image"):
+        judge.generate([conv(ims, "Describe.")], max_new_tokens=2)
+    out = judge.generate([conv(ims[:1], "Describe.")], n=3, temperature=0.005, seed=1)
+    assert len(out[0]) == 3 and judge.llm.calls[-1][1][0].temperature == 0.01  # raised, as vLLM does

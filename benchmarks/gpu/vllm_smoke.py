@@ -50,7 +50,8 @@ class TransformersAsVLLM:
         add_special = (tokenization_kwargs or {}).get("add_special_tokens", True)
         outs = []
         for p, sp in zip(prompts, params):
-            sp.verify(len(self.processor.tokenizer))
+            sp.validate_logprobs(len(self.processor.tokenizer), self.max_logprobs)
+            validate_prompt(p, self.limits)
             ims = (p.get("multi_modal_data") or {}).get("image") or None
             inputs = self.processor(text=[p["prompt"]], images=ims, return_tensors="pt",
                                     add_special_tokens=add_special)
