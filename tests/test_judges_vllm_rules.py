@@ -211,6 +211,8 @@ class FakeServe:
     OpenAI-style API that rejects unknown fields and has neither endpoint."""
 
     GENERATION_CONFIG = {"top_k": 1, "top_p": 0.001, "repetition_penalty": 1.05, "temperature": 0.01}
+    #: what the server uses for a field the request leaves out (a server-side default, as the generation config)
+    SERVER_DEFAULTS = {"skip_special_tokens": False}
     STANDARD = {"model", "messages", "n", "temperature", "top_p", "max_tokens", "stop", "seed", "logprobs",
                 "top_logprobs", "presence_penalty", "frequency_penalty"}
     VOCAB = {"Yes": 11, " Yes": 12, "No": 13, " No": 14}
@@ -247,7 +249,12 @@ class FakeServe:
                 srv.requests.append(body)
                 if not srv.vllm and set(body) - srv.STANDARD:
                     return self.send(400, {"error": f"Unrecognized request arguments: {sorted(set(body) - srv.STANDARD)}"})
-                eff = {**srv.GENERATION_CONFIG, **{k: v for k, v in body.items() if v is not None}}
+                eff = {**srv.SERVER_DEFAULTS, **srv.GENERATION_CONFIG,
+                       **{k: v for k, v in body.items() if v is not None}}
+                if eff.get("continue_final_message") and eff.get("add_generation_prompt", True):
+                    # vLLM's ChatCompletionRequest validator
+                    return self.send(400, {"error": "Cannot set both `continue_final_message` and "
+                                                    "`add_generation_prompt` to True."})
                 srv.effective.append(eff)
                 try:
                     StrictSamplingParams(n=eff.get("n", 1), temperature=eff["temperature"], top_p=eff["top_p"],
@@ -334,3 +341,69 @@ def test_the_judge_meets_the_engine_limits(vllm_stub, tiny_qwen2_5_vl_dir):
         judge.generate([conv(ims, "Describe.")], max_new_tokens=2)
     out = judge.generate([conv(ims[:1], "Describe.")], n=3, temperature=0.005, seed=1)
     assert len(out[0]) == 3 and judge.llm.calls[-1][1][0].temperature == 0.01  # raised, as vLLM does
+
+
+# ---------------------------------------------------------------------------------------------- request rules
+def test_continued_conversation_on_the_server(serve):
+    """A conversation ending in an assistant message is continued on the server path too (vLLM's
+    ``continue_final_message``), as the transformers and offline vLLM backends do; a server that cannot is
+    refused rather than silently starting a new turn."""
+    judge = load_judge(f"openai:{serve.url}", model="m", max_retries=0)
+    convs = [[*conv([], "Why?"), {"role": "assistant", "content": "Because"}]]
+    if serve.vllm:
+        judge.generate(convs, max_new_tokens=3)
+        body = serve.requests[-1]
+        assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
+        judge.choice_probs(convs, ["Yes", "No"])
+        assert serve.requests[-1]["continue_final_message"] is True
+        judge.generate([conv([], "q")], max_new_tokens=3)  # an ordinary conversation: no template fields
+        assert "continue_final_message" not in serve.requests[-1]
+    else:
+        with pytest.raises(ValueError, match="continue_final_message"):
+            judge.generate(convs, max_new_tokens=3)
+
+
+def test_server_decodes_without_special_tokens(serve):
+    judge = load_judge(f"openai:{serve.url}", model="m", max_retries=0)
+    judge.generate([conv([], "q")], max_new_tokens=3)
+    if serve.vllm:  # explicit, not the server's default
+        assert serve.requests[-1]["skip_special_tokens"] is True and serve.effective[-1]["skip_special_tokens"]
+    else:
+        assert "skip_special_tokens" not in serve.requests[-1]
+
+
+def test_an_empty_choice_is_refused_on_every_backend(serve, vllm_stub, tiny_qwen2_5_vl_dir):
+    """Without ``/tokenize`` (a plain OpenAI server) an empty choice used to read as probability 0: [[1, 0]]."""
+    judges = [load_judge(f"openai:{serve.url}", model="m", max_retries=0), load_judge(f"vllm:{tiny_qwen2_5_vl_dir}"),
+              load_judge(f"transformers:{tiny_qwen2_5_vl_dir}", device="cpu")]
+    for judge in judges:
+        for bad in (["Yes", ""], [], ["Yes", "Yes"]):
+            with pytest.raises(ChoiceError):
+                judge.choice_probs([conv([], "q")], bad)
+
+
+def test_temperature_outside_vllms_range_is_refused_everywhere(serve, vllm_stub, tiny_qwen2_5_vl_dir, tmp_path):
+    """vLLM refuses temperatures above 2 (``SamplingParams._verify_args``): every backend and every judge
+    reward refuses them up front, with one shared check."""
+    from rewardkit.judges import check_temperature
+    from rewardkit.parrot.pipeline import ParrotConfig, Pipeline, TeacherCfg
+    from rewardkit.rewards.evr import EVR
+    from rewardkit.rewards.rational import RationalReward
+
+    judges = [load_judge(f"openai:{serve.url}", model="m", max_retries=0), load_judge(f"vllm:{tiny_qwen2_5_vl_dir}"),
+              load_judge(f"transformers:{tiny_qwen2_5_vl_dir}", device="cpu")]
+    n_requests = len(serve.requests)
+    for t in (2.5, -0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"\[0, 2\]"):
+            check_temperature(t)
+        for judge in judges:
+            with pytest.raises(ValueError, match=r"\[0, 2\]"):
+                judge.generate([conv([], "q")], n=2, temperature=t, max_new_tokens=2)
+        with pytest.raises(ValueError, match="EVR temperature"):
+            EVR(judge=judges[2], temperature=t)
+        with pytest.raises(ValueError, match="rational temperature"):
+            RationalReward(judge=judges[2], temperature=t)
+        with pytest.raises(ValueError, match="teacher.temperature"):
+            Pipeline(ParrotConfig(output_dir=str(tmp_path), teacher=TeacherCfg(temperature=t)))
+    assert len(serve.requests) == n_requests  # refused before anything was sent
+    assert check_temperature(2.0) == 2.0 and check_temperature(0) == 0.0

@@ -10,10 +10,10 @@ maps to the same multimodal id and the prefix cache
 (``enable_prefix_caching=True``, forced on here) reuses the KV blocks of the shared image + instruction
 prefix across the K samples and the verification questions.
 
-``choice_probs`` requests one token with ``logprob_token_ids`` set to the choice tokens (vLLM >= 0.30, the
-``vllm`` extra's floor): the engine returns the exact log-probability of every choice, whatever its rank
-(raw full-vocabulary log-softmax, vLLM's default ``logprobs_mode``), and rewardkit renormalises over the
-choices. A row where the engine returns no log-probability for a choice is NaN, never a guess.
+``choice_probs`` requests one token with ``logprob_token_ids`` set to the choice tokens (in vLLM since
+0.30; the ``vllm`` extra pins 0.33.x): the engine returns the exact log-probability of every choice,
+whatever its rank (raw full-vocabulary log-softmax, vLLM's default ``logprobs_mode``), and rewardkit
+renormalises over the choices. A row where the engine returns no log-probability for a choice is NaN, never a guess.
 ``raw_choice_probs`` returns the same values un-renormalised (``exp`` of each choice's full-vocabulary
 log-probability); it refuses an engine built with a ``logprobs_mode`` other than ``raw_logprobs``.
 
@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Sequence
 
-from .base import ChoiceError, Conversation, JudgeBackend
+from .base import ChoiceError, Conversation, JudgeBackend, check_choices, check_temperature, continues_final_message
 
 __all__ = ["VLLMJudge", "normalize_dtype_name", "GREEDY_EPS"]
 
@@ -48,12 +48,6 @@ def normalize_dtype_name(dtype: Any) -> str:
         raise ValueError(f"unknown dtype {dtype!r}; use one of float32, float16, bfloat16, auto "
                          "(aliases fp32, fp16, half, bf16)")
     return _DTYPE_NAMES[key]
-
-
-def check_choices(choices: Sequence[str]) -> None:
-    """The same rule on every backend: choices are distinct, non-empty strings."""
-    if not choices or any(not isinstance(c, str) or not c for c in choices) or len(set(choices)) != len(choices):
-        raise ChoiceError(f"choices must be distinct non-empty strings, got {list(choices)}")
 
 
 def _digest(text: str, image_keys: list[str]) -> int:
@@ -115,7 +109,7 @@ class VLLMJudge(JudgeBackend):
 
         out = []
         for conv in conversations:
-            cont = bool(conv) and conv[-1].get("role") == "assistant"
+            cont = continues_final_message(conv)
             text = self.processor.apply_chat_template(list(conv), tokenize=False, add_generation_prompt=not cont,
                                                       continue_final_message=cont)
             ims = [_to_pil(im) for im in conversation_images(conv)]
@@ -131,7 +125,7 @@ class VLLMJudge(JudgeBackend):
     def _sampling(self, **kw: Any):
         """``SamplingParams`` with every field that changes sampling set explicitly (neutral values)."""
         base = dict(top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
-                    frequency_penalty=0.0)
+                    frequency_penalty=0.0, skip_special_tokens=True)
         return self._vllm.SamplingParams(**{**base, **kw})
 
     def _generate(self, prompts: list[dict[str, Any]], params: Any):
@@ -144,6 +138,7 @@ class VLLMJudge(JudgeBackend):
                  seed: int | None = None) -> list[list[str]]:
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
+        check_temperature(temperature)
         if not conversations:
             return []
         greedy = temperature < GREEDY_EPS
@@ -177,7 +172,7 @@ class VLLMJudge(JudgeBackend):
         if not conversations:
             return ids, []
         prompts = [p for p, _ in self._prompts(conversations)]
-        # exact label log-probs: logprobs must equal len(logprob_token_ids) when both are set (vLLM 0.32)
+        # exact label log-probs: logprobs must equal len(logprob_token_ids) when both are set (vLLM 0.33)
         params = self._sampling(n=1, temperature=0.0, max_tokens=1, logprobs=len(ids), logprob_token_ids=list(ids))
         outs = self._generate(prompts, params)
         rows = []
