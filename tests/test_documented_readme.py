@@ -102,6 +102,25 @@ def test_env_default_torch_pin_and_no_reinstall_when_torch_is_there(fake):
 
 
 @needs_bash
+def test_first_install_says_what_it_is_doing_at_each_step(fake):
+    """A first run is minutes of pip: each stage gets a line on stderr (the step, the elapsed time, what it
+    installs), never minutes of silence after one line; a run with nothing to install prints none of them."""
+    env, log, tmp = fake
+    res = _bash(f". {REPO}/scripts/_env.sh hf,train", env, tmp, REWARDKIT_VENV=str(tmp / "v"))
+    assert res.returncode == 0, res.stderr
+    steps = [x for x in res.stderr.splitlines() if x.startswith("[rewardkit] step ")]
+    assert [x.split()[2] for x in steps] == ["1/3", "2/3", "3/3"]
+    assert "pip" in steps[0] and "PyTorch (torch==2.13.0)" in steps[1] and "rewardkit-vision[hf,train]" in steps[2]
+    assert all(" s): " in x for x in steps) and "[rewardkit] installed in " in res.stderr
+    assert "several minutes" in res.stderr
+    res = _bash(f". {REPO}/scripts/_env.sh hf,bench", env, tmp, REWARDKIT_VENV=str(tmp / "v"), FAKE_TORCH_RC="0")
+    steps = [x for x in res.stderr.splitlines() if x.startswith("[rewardkit] step ")]
+    assert "PyTorch is already installed" in steps[1]
+    res = _bash(f". {REPO}/scripts/_env.sh hf", env, tmp, REWARDKIT_VENV=str(tmp / "v"))
+    assert "[rewardkit] step" not in res.stderr  # covered by the stamp: nothing to do, nothing said
+
+
+@needs_bash
 def test_skip_install_uses_the_environment_as_it_is(fake):
     env, log, tmp = fake
     subprocess.run([env["PYTHON"], "-m", "venv", str(tmp / "v")], env=env, check=True)
