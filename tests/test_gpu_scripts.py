@@ -49,7 +49,7 @@ def test_vllm_smoke_checks_what_the_gpu_run_needs():
     opt = {cmd[i]: cmd[i + 1] for i in range(3, len(cmd) - 1) if cmd[i].startswith("--") and not cmd[i + 1].startswith("--")}
     assert opt["--host"] == "127.0.0.1" and opt["--port"] == "8123"
     assert opt["--dtype"] == vllm_smoke.ENGINE_KW["dtype"] and int(opt["--max-logprobs"]) >= 20
-    assert opt["--generation-config"] == "vllm" and json.loads(opt["--limit-mm-per-prompt"]) == {"image": 8}
+    assert opt["--generation-config"] == "vllm" and json.loads(opt["--limit-mm-per-prompt"]) == {"image": 8, "video": 0}
     assert "--enforce-eager" in cmd and "--enable-prefix-caching" in cmd
     assert all((ROOT / t).is_file() for t in vllm_smoke.CPU_TESTS)
     assert vllm_smoke.cpu_test_command()[1:3] == ["-m", "pytest"]

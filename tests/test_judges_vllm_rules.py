@@ -335,7 +335,7 @@ def test_an_engine_refusal_is_a_usage_error_for_the_cli(monkeypatch, capsys):
 
 def test_the_judge_meets_the_engine_limits(vllm_stub, tiny_qwen2_5_vl_dir):
     judge = load_judge(f"vllm:{tiny_qwen2_5_vl_dir}", max_images=1)
-    assert judge.llm.engine_kwargs["limit_mm_per_prompt"] == {"image": 1}
+    assert judge.llm.engine_kwargs["limit_mm_per_prompt"] == {"image": 1, "video": 0}
     ims = random_images(2, seed=1)
     with pytest.raises(VLLMValidationError, match="At most 1 image"):
         judge.generate([conv(ims, "Describe.")], max_new_tokens=2)

@@ -62,7 +62,7 @@ def serve_command(model_dir: str, port: int) -> list[str]:
     return [*head, "serve", model_dir, "--host", "127.0.0.1", "--port", str(port), "--dtype", ENGINE_KW["dtype"],
             "--max-model-len", str(ENGINE_KW["max_model_len"]), "--enforce-eager",
             "--gpu-memory-utilization", str(ENGINE_KW["gpu_memory_utilization"]), "--max-logprobs", "20",
-            "--generation-config", "vllm", "--limit-mm-per-prompt", json.dumps({"image": 8}), "--seed", "0",
+            "--generation-config", "vllm", "--limit-mm-per-prompt", json.dumps({"image": 8, "video": 0}), "--seed", "0",
             "--enable-prefix-caching"]
 
 
@@ -164,7 +164,7 @@ def fake_serve(model_dir: str, port: int) -> None:
     from vllm_standin import StrictSamplingParams
 
     engine = TransformersAsVLLM(model_dir, enable_prefix_caching=True, max_logprobs=20,
-                                limit_mm_per_prompt={"image": 8})
+                                limit_mm_per_prompt={"image": 8, "video": 0})
     tok, lock = engine.processor.tokenizer, threading.Lock()
 
     def to_conv(messages):

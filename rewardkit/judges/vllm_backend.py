@@ -63,7 +63,8 @@ class VLLMJudge(JudgeBackend):
     Args:
         model: checkpoint path or hub id, or a ready ``vllm.LLM``.
         logprobs: the engine's ``max_logprobs`` (at least the number of choices given to ``choice_probs``).
-        max_images: images per prompt the engine accepts (``limit_mm_per_prompt``).
+        max_images: images per prompt the engine accepts (``limit_mm_per_prompt={"image": max_images,
+            "video": 0}``).
         processor: the processor whose chat template renders prompts; default: loaded from ``model`` (for a
             ready engine: the engine's tokenizer's template).
         **engine_kwargs: passed to ``vllm.LLM`` (``gpu_memory_utilization``, ``max_model_len``, ``dtype``
@@ -83,7 +84,8 @@ class VLLMJudge(JudgeBackend):
             engine_kwargs["dtype"] = normalize_dtype_name(engine_kwargs["dtype"])
         if isinstance(model, str):
             self.model_id = model
-            kw = {"trust_remote_code": False, "limit_mm_per_prompt": {"image": max_images},
+            # no videos: rewardkit never sends one, and the engine then reserves nothing for them
+            kw = {"trust_remote_code": False, "limit_mm_per_prompt": {"image": max_images, "video": 0},
                   "max_logprobs": max(20, logprobs), **engine_kwargs}
             kw["enable_prefix_caching"] = True
             self.llm = vllm.LLM(model=model, **kw)
