@@ -22,13 +22,14 @@ Rules, read from vLLM's source (vllm-project/vllm, the 0.33 line):
     ``logprob_token_ids`` at most ``MAX_LOGPROB_TOKEN_IDS`` = 128 ids, each in [0, vocab); ``logprobs`` equal to
     their count when both are set.
 
-``vllm/multimodal/processing`` (``BaseProcessingInfo.validate_num_items``) and ``vllm/config/multimodal.py``
-(``MultiModalConfig.get_limit_per_prompt``): at most ``limit_mm_per_prompt[modality]`` items per prompt
-(999 when the modality is not named; Qwen2.5-VL supports any number), else
-``"At most {limit} {modality}(s) may be provided in one prompt."``
+``vllm/multimodal/processing/context.py`` (``BaseProcessingInfo.validate_num_items``, a
+``VLLMValidationError``) and ``vllm/config/multimodal.py`` (``MultiModalConfig.get_limit_per_prompt``): at most
+``limit_mm_per_prompt[modality]`` items per prompt (999 when the modality is not named; Qwen2.5-VL supports any
+number), else ``"At most {limit} {modality}(s) may be provided in one prompt."``
 
-``vllm/renderers`` / ``InputPreprocessor._validate_mm_uuids``: ``multi_modal_uuids[m]``, if given, has the same
-length as ``multi_modal_data[m]`` (a single item counts as one), and names no modality without data.
+The renderer's ``_validate_mm_uuids`` (``vllm/renderers/``; ``vllm/v1/engine/processor.py`` before the renderer
+split), a plain ``ValueError``: ``multi_modal_uuids[m]``, if given, has the same length as
+``multi_modal_data[m]`` (a single item counts as one), and names no modality without data.
 
 Outputs (``vllm/v1/engine/logprobs.py`` + the sampler's ``logprob_token_ids`` path): with
 ``logprob_token_ids`` set, the first position's table holds the sampled token and *every* requested id,
