@@ -67,3 +67,16 @@ def test_cli_missing_relative_model_folder(tmp_path, monkeypatch, capsys, offlin
     err = capsys.readouterr().err
     assert "no folder 'models/PickScore_v1'" in err
     _says_how(err, "models/PickScore_v1")
+
+
+def test_only_hub_ids_are_reported_as_hub_errors():
+    from rewardkit.models.zoo import hub_unavailable, looks_like_hub_id
+
+    assert looks_like_hub_id("yuvalkirstain/PickScore_v1") and looks_like_hub_id("models/PickScore_v1")
+    for not_id in ("tiny:clip", "vllm:/models/x", "/abs/path/x", "~/x/y", "a/b/c", "name", None):
+        assert not looks_like_hub_id(not_id), not_id
+    boom = OSError("We couldn't connect to 'https://huggingface.co' to load the files")
+    assert hub_unavailable(boom, "openai:http://127.0.0.1:1/v1") is None  # a judge server is not the Hub
+    assert hub_unavailable(ValueError("connect"), "org/name") is None
+    err = hub_unavailable(boom, "org/name")
+    assert isinstance(err, OSError) and "org/name" in str(err) and "couldn't connect" in str(err)

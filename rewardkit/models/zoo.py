@@ -19,7 +19,8 @@ from torch import nn
 
 __all__ = ["RatingMLP", "hpsv2_transform", "hpsv2_pixels", "hpsv2_pixel_values", "hpsv2_resize_shape",
            "openai_clip_pixels", "openai_clip_pixel_values", "openai_clip_resize_shape", "CLIP_MEAN", "CLIP_STD",
-           "to_unit_tensor", "HubModelUnavailableError", "hub_unavailable", "hub_unavailable_message"]
+           "to_unit_tensor", "HubModelUnavailableError", "hub_unavailable", "hub_unavailable_message",
+           "looks_like_hub_id"]
 
 # ---------------------------------------------------------------------------------------------- hub access
 #: text of the errors transformers / huggingface_hub raise when a hub model cannot be fetched
@@ -46,12 +47,20 @@ def hub_unavailable_message(model: str | None) -> str:
             f"({dl}), copy DIR here and pass it: model=DIR in Python, --model DIR on the command line")
 
 
+def looks_like_hub_id(model: Any) -> bool:
+    """``org/name`` (letters, digits, ``-``, ``_``, ``.``): what the Hub accepts as a repository id; a backend
+    spec (``vllm:...``), ``tiny:...`` or an absolute / home path is not one."""
+    import re
+
+    return isinstance(model, str) and re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", model) is not None
+
+
 def hub_unavailable(exc: BaseException, model: str | None) -> HubModelUnavailableError | None:
     """``exc`` (raised while loading ``model``) as a :class:`HubModelUnavailableError` when it is a failure to
     reach the Hub for a model that is not a local directory; None otherwise (re-raise ``exc`` as it is)."""
     if isinstance(exc, HubModelUnavailableError):
         return exc
-    if not isinstance(exc, OSError) or (model is not None and Path(str(model)).expanduser().exists()):
+    if not isinstance(exc, OSError) or not looks_like_hub_id(model) or Path(str(model)).expanduser().exists():
         return None
     text = f"{type(exc).__name__}: {exc}"
     if not any(s in text for s in _HUB_SIGNS):
