@@ -301,7 +301,8 @@ def save_tiny_vllm_checkpoint(path: str | Path, *, dtype: str = "float16", seed:
     import torch
 
     if dtype not in ("float16", "bfloat16"):
-        raise ValueError(f"dtype must be 'float16' or 'bfloat16' (what vLLM's GPU attention backends take), got {dtype!r}")
+        raise ValueError(f"dtype must be 'float16' or 'bfloat16' (what vLLM's GPU attention backends take), "
+                         f"got {dtype!r}")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model, proc = tiny_qwen2_5_vl(seed=seed, **VLLM_TINY_QWEN2_5_VL)
@@ -315,8 +316,8 @@ def save_tiny_vllm_checkpoint(path: str | Path, *, dtype: str = "float16", seed:
                                    "temporal_patch_size") if k in image}
     video.update(video_processor_type="Qwen2VLVideoProcessor", do_sample_frames=False)
     (path / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2) + "\n")
-    (path / "processor_config.json").write_text(json.dumps(
-        {"processor_class": "Qwen2_5_VLProcessor", "image_processor": image, "video_processor": video}, indent=2) + "\n")
+    processor_config = {"processor_class": "Qwen2_5_VLProcessor", "image_processor": image, "video_processor": video}
+    (path / "processor_config.json").write_text(json.dumps(processor_config, indent=2) + "\n")
     (path / "chat_template.jinja").write_text(proc.tokenizer.chat_template)
     return path
 

@@ -203,7 +203,8 @@ def fake_serve(model_dir: str, port: int) -> None:
         for i, o in enumerate(out.outputs):
             ch = {"index": i, "message": {"role": "assistant", "content": o.text}}
             if body.get("logprobs") and o.logprobs:
-                name = (lambda t: f"token_id:{t}") if body.get("return_tokens_as_token_ids") else tok.convert_ids_to_tokens
+                by_id = body.get("return_tokens_as_token_ids")
+                name = (lambda t: f"token_id:{t}") if by_id else tok.convert_ids_to_tokens
                 alts = [{"token": name(t), "logprob": v.logprob} for t, v in o.logprobs[0].items()]
                 ch["logprobs"] = {"content": [{"token": alts[0]["token"], "logprob": alts[0]["logprob"],
                                                "top_logprobs": alts}]}

@@ -21,7 +21,8 @@ from .policy import JUDGE_ERROR_POLICIES, JudgeError
 from .templates import Template, load_template
 
 __all__ = ["JudgeBackend", "Conversation", "Message", "ChoiceError", "JudgeError", "JUDGE_ERROR_POLICIES", "load_judge",
-           "resolve_judge", "judge_spec", "Template", "load_template", "BACKENDS", "check_temperature", "MAX_TEMPERATURE"]
+           "resolve_judge", "judge_spec", "Template", "load_template", "BACKENDS", "check_temperature",
+           "MAX_TEMPERATURE"]
 
 #: spec prefix -> "module:Class" (relative to this package)
 BACKENDS = {
