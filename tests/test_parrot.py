@@ -370,3 +370,20 @@ def test_tiny_recipe_keep_rate_from_evidence():
     ties = sum(quality(r["image_a"]) == quality(r["image_b"]) for r in ds)  # computed from the images alone
     assert ties == 2 and rep["counts"]["unparseable_prediction"] == ties
     assert rep["kept"] == 16 - ties and rep["keep_rate"] == 0.875
+
+
+@pytest.mark.slow
+def test_run_no_progress_shows_no_bar_at_all(tmp_path, capfd, monkeypatch):
+    """`parrot run --no-progress`: no progress bar from the pipeline, datasets (Arrow cache writes) or the Trainer."""
+    from pathlib import Path
+
+    from rewardkit.cli import main
+
+    for var in ("HF_DATASETS_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_PROGRESS_BARS"):
+        monkeypatch.delenv(var, raising=False)  # restored afterwards (the command sets them)
+    recipe = str(Path(__file__).resolve().parents[1] / "recipes" / "parrot" / "tiny.yaml")
+    rc = main(["parrot", "run", "--config", recipe, f"output_dir={tmp_path / 'out'}", "data.synthetic_size=3",
+               "sft.max_steps=1", "sft.save_steps=100", "--no-progress"])
+    assert rc == 0
+    err = capfd.readouterr().err
+    assert "%|" not in err and "it/s]" not in err, err[-2000:]

@@ -202,9 +202,10 @@ class Pipeline:
     """Stages 1-3 over one dataset with one teacher. ``teacher`` may be passed ready (tests, notebooks)."""
 
     def __init__(self, cfg: ParrotConfig, *, teacher: Any = None, progress: bool = True) -> None:
-        from ..judges import load_template
+        from ..judges import check_temperature, load_template
         from ..train.data import load_pairs
 
+        check_temperature(cfg.teacher.temperature, "parrot teacher.temperature")
         self.cfg = cfg
         self.out = Path(cfg.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Sequence
 
 import torch
 
+from ..judges.base import check_temperature
 from ..reward import PairwiseOutput, Reward, RewardBatch, RewardConfig, RewardOutput
 
 __all__ = ["RationalReward", "RationalConfig"]
@@ -75,8 +76,9 @@ class RationalReward(Reward):
             raise ValueError(f"rational compare_mode must be 'pairwise' or 'scores', got {cfg.compare_mode!r}")
         if cfg.on_judge_error not in ("raise", "nan"):
             raise ValueError(f"rational on_judge_error must be 'raise' or 'nan', got {cfg.on_judge_error!r}")
-        if cfg.max_new_tokens < 1 or cfg.temperature < 0:
-            raise ValueError("rational needs max_new_tokens >= 1 and temperature >= 0")
+        if cfg.max_new_tokens < 1:
+            raise ValueError("rational needs max_new_tokens >= 1")
+        check_temperature(cfg.temperature, "rational temperature")
         if judge is not None and not isinstance(judge, str):
             if not isinstance(judge, (JudgeBackend, tuple)):
                 raise TypeError(f"judge must be a JudgeBackend, a (model, processor) tuple or a spec string, "
