@@ -308,3 +308,27 @@ def test_two_process_gloo_run_keeps_replicas_identical(tmp_path, tiny_dirs):
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
     assert summary["world_size"] == 2 and summary["replicas_in_sync"] is True and summary["global_step"] == 1
+
+
+def test_rewards_is_a_set_replaced_by_each_layer_and_edited_by_dotted_overrides(tmp_path, capsys):
+    """preset -> --config -> key=value -> train_nft(**kw): a `rewards` mapping replaces the one before it (it
+    used to merge: `rewards={remote: 1}` trained on PickScore + remote); `rewards.NAME=W` edits one entry;
+    other mappings (train, reward_kwargs) still merge key by key."""
+    import yaml
+
+    from rewardkit.cli import main
+    from rewardkit.config import build_config, parse_overrides
+
+    assert build_config(NFTConfig, NFTConfig(), {"rewards": {"remote": 1.0}}).rewards == {"remote": 1.0}
+    assert build_config(NFTConfig, None, {"rewards": {"remote": 1.0}}).rewards == {"remote": 1.0}
+    assert build_config(NFTConfig, None, parse_overrides(["rewards.remote=0.5"])).rewards == {"pickscore": 1.0, "remote": 0.5}
+    assert build_config(NFTConfig, None, parse_overrides(["rewards={remote: 2}"])).rewards == {"remote": 2}
+    cfg = build_config(NFTConfig, {"train": {"lr": 0.1}, "reward_kwargs": {"a": {"x": 1}}},
+                       {"train": {"beta": 0.5}, "reward_kwargs": {"a": {"y": 2}}})
+    assert (cfg.train.lr, cfg.train.beta, cfg.reward_kwargs) == (0.1, 0.5, {"a": {"x": 1, "y": 2}})
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("rewards: {clipscore: 2.0}\n")
+    assert main(["rl", "nft", "--preset", "multi_reward", "--config", str(recipe), "--print-config"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["rewards"] == {"clipscore": 2.0}
+    assert main(["rl", "nft", "--preset", "multi_reward", "--print-config", "rewards.clipscore=3"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["rewards"] == {"pickscore": 1.0, "hpsv2": 1.0, "clipscore": 3}

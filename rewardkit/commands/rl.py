@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
 
     data = preset(args.preset) if args.preset else {}
     if args.config is not None:
-        data = _merge(data, _read_yaml(args.config))
+        data = _merge(data, _read_yaml(args.config), NFTConfig)  # rewards: {...} replaces
     overrides = list(args.overrides)
     if args.output_dir:
         overrides.append(f"output_dir={args.output_dir}")

@@ -79,8 +79,9 @@ class NFTConfig:
     sample: SampleArgs = field(default_factory=SampleArgs)
     train: TrainArgs = field(default_factory=TrainArgs)
     e2po: E2POConfig = field(default_factory=E2POConfig)
-    # rewards: registry name -> weight; the training reward is the weighted SUM (flow_grpo's "avg")
-    rewards: dict[str, float] = field(default_factory=lambda: {"pickscore": 1.0})
+    # rewards: registry name -> weight; the training reward is the weighted SUM (flow_grpo's "avg"). A set: a
+    # later layer's mapping replaces it whole (rewards.NAME=W edits one entry); see rewardkit.config
+    rewards: dict[str, float] = field(default_factory=lambda: {"pickscore": 1.0}, metadata={"merge": False})
     # per-reward constructor options, e.g. {"clipscore": {"model": "path/to/clip"}}
     reward_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
     reward_workers: int = 4               # threads scoring finished batches while the next batch samples
