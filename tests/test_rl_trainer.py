@@ -332,3 +332,41 @@ def test_rewards_is_a_set_replaced_by_each_layer_and_edited_by_dotted_overrides(
     assert yaml.safe_load(capsys.readouterr().out)["rewards"] == {"clipscore": 2.0}
     assert main(["rl", "nft", "--preset", "multi_reward", "--print-config", "rewards.clipscore=3"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["rewards"] == {"pickscore": 1.0, "hpsv2": 1.0, "clipscore": 3}
+
+
+def test_prompt_rows_other_fields_reach_the_rewards_as_each_samples_metadata(tmp_path, tiny_dirs, monkeypatch):
+    """A .jsonl prompt row's other fields are its samples' metadata (flow_grpo's convention): a GenEval-style
+    reward that needs them gets the right row for every member of every group (it used to get {})."""
+    from rewardkit import registry
+    from rewardkit.reward import Reward, RewardOutput
+    from rewardkit.rl.prompts import load_prompt_set
+    from rewardkit.rl.trainer import NFTTrainer
+
+    rows = [{"prompt": f"a photo of {n}", "tag": "counting", "count": i, "include": [{"class": n}]}
+            for i, n in enumerate(["a cat", "two dogs", "a car", "a cup"])]
+    path = tmp_path / "train_metadata.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert load_prompt_set(str(path)) == ([r["prompt"] for r in rows], [{k: v for k, v in r.items() if k != "prompt"}
+                                                                         for r in rows])
+
+    class NeedsMeta(Reward):
+        name = "needs-meta"
+
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def _score(self, batch):
+            self.seen += list(zip(batch.prompts, batch.metadata))
+            return RewardOutput(scores=torch.tensor([float(m["count"]) for m in batch.metadata]))
+
+    reward = NeedsMeta()
+    monkeypatch.setattr(registry, "resolve_name", lambda n: n)
+    monkeypatch.setattr(registry, "load_reward", lambda name, **kw: reward)
+    tr = NFTTrainer(tiny_cfg(tmp_path / "run", tiny_dirs, prompts=str(path), rewards={"needs-meta": 1.0},
+                             reward_kwargs={}, sample={"num_groups": 3}))
+    buf = tr._sample_epoch(0, None)
+    by_prompt = {r["prompt"]: {k: v for k, v in r.items() if k != "prompt"} for r in rows}
+    assert len(reward.seen) >= 12 and all(meta == by_prompt[p] for p, meta in reward.seen)
+    totals = torch.cat([r["total"] for r in buf["rewards"]])
+    assert totals.tolist() == [float(rows[int(p)]["count"]) for p in buf["prompt"]]

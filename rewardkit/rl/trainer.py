@@ -49,257 +49,14 @@ from . import schedule as S
 from . import solvers
 from .config import NFTConfig
 from .exploration import check_anchor_band, content_token_mask, noise_aware_gamma, optimize_perturbations
+from .prompts import BUILTIN_PROMPTS, load_prompt_set, load_prompts
+from .runtime import _E2PO, _EVAL, _PLAN, _SAMPLE, _TRAIN, _Dist, _gen, _seed, resolve_tiny  # noqa: F401
+from .scoring import _batch_relative, _check_batch_relative, _resolve_tiny_tree, _RewardScorer  # noqa: F401
 from .sd3 import Cond, SD3Policy
 
-__all__ = ["NFTTrainer", "train_nft", "latest_checkpoint", "BUILTIN_PROMPTS", "load_prompts"]
+__all__ = ["NFTTrainer", "train_nft", "latest_checkpoint", "BUILTIN_PROMPTS", "load_prompts", "load_prompt_set"]
 
 KILL_ENV = "REWARDKIT_TEST_KILL_AFTER_EPOCH"  # test hook: SIGKILL the process after this epoch
-
-BUILTIN_PROMPTS = {
-    "geneval_tiny": [
-        "a photo of a cat", "a photo of two dogs", "a red car and a blue bicycle", "a photo of a banana",
-        "a green bowl to the left of a cup", "three birds on a branch", "a yellow umbrella", "a photo of a clock",
-        "a black sink and a white toilet", "a cow below a tv", "a purple vase", "two apples on a table",
-        "a photo of a giraffe and a zebra", "an orange kite in the sky", "a brown bear", "four books",
-    ],
-}
-
-
-def load_prompts(spec: str) -> list[str]:
-    """``builtin:NAME``, a ``.txt`` file (one prompt a line) or a ``.jsonl`` file (a ``"prompt"`` per line)."""
-    if spec.startswith("builtin:"):
-        name = spec.split(":", 1)[1]
-        if name not in BUILTIN_PROMPTS:
-            raise ValueError(f"unknown builtin prompt set {name!r}; choose from {sorted(BUILTIN_PROMPTS)}")
-        return list(BUILTIN_PROMPTS[name])
-    path = Path(spec)
-    if not path.is_file():
-        raise FileNotFoundError(f"prompt file not found: {path}")
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".jsonl":
-        prompts = []
-        for i, line in enumerate(text.splitlines()):
-            if line.strip():
-                rec = json.loads(line)
-                if not isinstance(rec, dict) or not isinstance(rec.get("prompt"), str):
-                    raise ValueError(f"{path}:{i + 1}: expected an object with a string 'prompt'")
-                prompts.append(rec["prompt"])
-    else:
-        prompts = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    if not prompts or any(not p.strip() for p in prompts):
-        raise ValueError(f"{path}: no prompts (or an empty prompt)")
-    return prompts
-
-
-def _seed(*parts: int) -> int:
-    """A 63-bit seed from integers (stable across processes and runs)."""
-    h = 1469598103934665603
-    for p in parts:
-        h = ((h ^ (int(p) & 0xFFFFFFFFFFFF)) * 1099511628211) & 0x7FFFFFFFFFFFFFFF
-    return h
-
-
-def _gen(*parts: int) -> torch.Generator:
-    return torch.Generator().manual_seed(_seed(*parts))
-
-
-_SAMPLE, _TRAIN, _PLAN, _E2PO, _EVAL = 1, 2, 3, 4, 5
-
-
-def resolve_tiny(spec: Any, root: Path, dist: "_Dist | None" = None) -> Any:
-    """``"tiny:<kind>"`` (``sd3``, ``clip``, ...) -> a tiny random checkpoint written under ``root`` by
-    :func:`rewardkit.testing.save_tiny_checkpoint` (once, by the main process) and loaded back from disk like
-    real weights. Anything else is returned unchanged."""
-    if not (isinstance(spec, str) and spec.startswith("tiny:")):
-        return spec
-    from ..testing import save_tiny_checkpoint
-
-    kind = spec.split(":", 1)[1]
-    path = root / kind
-    if dist is None or dist.main:
-        if not (path / ".complete").is_file():
-            save_tiny_checkpoint(kind, path)
-            (path / ".complete").write_text("ok", encoding="utf-8")
-    if dist is not None:
-        dist.barrier()
-    return str(path)
-
-
-# ---------------------------------------------------------------------------------------------- distributed
-class _Dist:
-    """torchrun's environment -> a process group (NCCL on GPU, gloo on CPU); or a single process."""
-
-    def __init__(self, cpu: bool):
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        use_cuda = torch.cuda.is_available() and not cpu
-        self.device = torch.device(f"cuda:{local}" if use_cuda else "cpu")
-        if use_cuda:
-            torch.cuda.set_device(self.device)
-        self.owns_group = False
-        if self.world > 1 and not torch.distributed.is_initialized():
-            torch.distributed.init_process_group("nccl" if use_cuda else "gloo")
-            self.owns_group = True
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-    def gather_cat(self, x: torch.Tensor) -> torch.Tensor:
-        """All processes' ``x`` (same shape everywhere) concatenated along dim 0, in rank order."""
-        if self.world == 1:
-            return x
-        parts = [torch.empty_like(x) for _ in range(self.world)]
-        torch.distributed.all_gather(parts, x.contiguous())
-        return torch.cat(parts)
-
-    def mean(self, x: torch.Tensor) -> torch.Tensor:
-        if self.world == 1:
-            return x
-        x = x.clone()
-        torch.distributed.all_reduce(x)
-        return x / self.world
-
-    def barrier(self) -> None:
-        if self.world > 1:
-            torch.distributed.barrier()
-
-
-# ---------------------------------------------------------------------------------------------- rewards
-def _resolve_tiny_tree(obj: Any, root: Path, dist: "_Dist") -> Any:
-    """:func:`resolve_tiny` on every string inside nested dicts / lists (a composite's ``axes[i].options``)."""
-    if isinstance(obj, dict):
-        return {k: _resolve_tiny_tree(v, root, dist) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_resolve_tiny_tree(v, root, dist) for v in obj]
-    return resolve_tiny(obj, root, dist)
-
-
-def _batch_relative(reward: Any) -> bool:
-    """A local composite whose score depends on the other samples of the call (its ``batch_relative``: z-scored
-    per batch or group), which :meth:`_RewardScorer.finalize` can combine over the epoch."""
-    from ..compose.composite import Composite
-
-    return isinstance(reward, Composite) and reward.batch_relative
-
-
-def _check_batch_relative(key: str, reward: Any) -> None:
-    """Refuse the batch-relative rewards :meth:`_RewardScorer.finalize` cannot combine over the epoch (their
-    statistics would silently be those of one decoded batch, or of no groups at all)."""
-    from ..compose.composite import Composite
-
-    if getattr(reward, "batch_relative", False) and not _batch_relative(reward):
-        raise ValueError(f"reward {key!r} normalises over each call (e.g. a served composite), which the NFT "
-                         "trainer would call once per decoded batch: use a local `composite` reward, or a "
-                         "per-sample normalisation")
-    if not isinstance(reward, Composite):
-        return
-    if _batch_relative(reward) and reward.config.normalize == "group" and reward.config.group_by != "prompt":
-        raise ValueError(f"reward {key!r}: group_by={reward.config.group_by!r} reads sample metadata, which the NFT "
-                         "trainer does not have (every sample would fall in one group): use group_by: prompt "
-                         "(groups by prompt index)")
-    for name, sub in reward.rewards.items():
-        if getattr(sub, "batch_relative", False):
-            raise ValueError(f"reward {key!r}: its axis {name!r} normalises over each call, which would be one "
-                             "decoded batch, not the epoch: only the outer composite may use normalize: batch | group")
-        _check_batch_relative(f"{key}.{name}", sub)
-
-
-class _RewardScorer:
-    """Weighted sum of rewardkit rewards (flow_grpo's "avg" convention: a sum) with per-component values.
-
-    A batch-relative composite (``normalize: batch | group``) is not scored per decoded batch: each batch
-    records its per-axis raw scores (:meth:`Composite.axis_scores`), and :meth:`finalize` runs the composite's
-    formula once over every process's samples of the epoch (:func:`rewardkit.distributed.gather_combine`), so
-    its z-scores equal one call over the whole epoch, whatever the batch size or the number of processes.
-    """
-
-    def __init__(self, cfg: NFTConfig, tiny_root: Path, dist: "_Dist"):
-        from ..registry import load_reward, resolve_name
-
-        self.names = [resolve_name(n) for n in cfg.rewards]  # unknown names fail before any model loads
-        self.weights = [float(w) for w in cfg.rewards.values()]
-        unknown = set(cfg.reward_kwargs) - set(cfg.rewards)
-        if unknown:
-            raise ValueError(f"reward_kwargs for rewards not in `rewards`: {sorted(unknown)}")
-        self.rewards = []
-        for name, raw in zip(self.names, cfg.rewards):
-            kwargs = _resolve_tiny_tree(dict(cfg.reward_kwargs.get(raw, {})), tiny_root, dist)
-            self.rewards.append(load_reward(name, **kwargs))
-        self.keys = list(cfg.rewards)
-        for key, r in zip(self.keys, self.rewards):
-            _check_batch_relative(key, r)
-        self.deferred = {k for k, r in zip(self.keys, self.rewards) if _batch_relative(r)}
-
-    def __call__(self, images: torch.Tensor, prompts: list[str]) -> dict[str, Any]:
-        """images: float32 ``[B, 3, H, W]`` in [0, 1] -> ``{"total": [B], "components": {name: [B]},
-        "dimensions": {name.dim: [B]}, "errors": [B reasons or None], "axes": {name: AxisScores}}`` (NaN where a
-        reward gave no score). A batch-relative composite's component (and so the total) is NaN here; its
-        ``AxisScores`` wait in ``axes`` for :meth:`finalize`."""
-        comps, dims, axes = {}, {}, {}
-        errors: list[str | None] = [None] * len(prompts)
-        total = torch.zeros(len(prompts), dtype=torch.float64)
-        for key, w, reward in zip(self.keys, self.weights, self.rewards):
-            if key in self.deferred:
-                axes[key] = reward.axis_scores(images, prompts, on_error="nan")
-                comps[key] = torch.full((len(prompts),), float("nan"), dtype=torch.float64)
-                total = total + comps[key]
-                continue
-            out = reward(images, prompts, on_error="nan")
-            s = out.scores.double()
-            comps[key] = s
-            for d, v in out.dimensions.items():
-                dims[f"{key}.{d}"] = v.double()
-            for i, e in enumerate(out.errors):
-                if e and errors[i] is None:
-                    errors[i] = f"{key}: {e}"
-            total = total + w * s  # NaN propagates: a sample missing any component has no total
-        return {"total": total, "components": comps, "dimensions": dims, "errors": errors, "axes": axes}
-
-    def finalize(self, results: list[dict[str, Any]], prompt_ids: torch.Tensor) -> dict[str, Any]:
-        """This process's batch results of one epoch (or evaluation), concatenated, with every batch-relative
-        composite combined over all processes' samples. Collective when a composite is deferred: every process
-        must call it. ``prompt_ids`` ``[n]`` (this process's, in batch order) are the groups of
-        ``normalize: group`` composites grouped by prompt. Returns ``{"total": [n], "components": {name: [n]},
-        "dimensions": {name.dim: [n]}, "errors": [n]}`` (float64)."""
-        from ..distributed import gather_combine
-
-        n = sum(len(r["errors"]) for r in results)
-        cat = (lambda xs: torch.cat(xs)) if results else (lambda xs: torch.zeros(0, dtype=torch.float64))
-        comp_keys = results[0]["components"] if results else self.keys
-        comps = {k: cat([r["components"][k] for r in results]) for k in comp_keys}
-        dims = {k: cat([r["dimensions"][k] for r in results]) for k in (results[0]["dimensions"] if results else [])}
-        errors = [e for r in results for e in r["errors"]]
-        if len(prompt_ids) != n:
-            raise ValueError(f"{len(prompt_ids)} prompt ids for {n} scored samples")
-        for key, reward in zip(self.keys, self.rewards):
-            if key not in self.deferred:
-                continue
-            from ..compose.composite import AxisScores
-
-            parts = [r["axes"][key] for r in results if "axes" in r and key in r["axes"]]
-            if len(parts) != len(results):
-                raise ValueError(f"{key}: batch results without the composite's axis scores")
-            names = list(reward.rewards)
-            local = AxisScores.cat(parts) if parts else AxisScores.empty(0, names, [a.name for a in reward.axes])
-            by_prompt = reward.config.normalize == "group" and reward.config.group_by == "prompt"
-            out = gather_combine(reward, local, local=True,
-                                 group_keys=[int(p) for p in prompt_ids] if by_prompt else None)
-            comps[key] = out.scores.double()
-            for d, v in out.dimensions.items():
-                dims[f"{key}.{d}"] = v.double()
-            for i, e in enumerate(out.errors):
-                if e and errors[i] is None:
-                    errors[i] = f"{key}: {e}"
-        if self.deferred:
-            total = torch.zeros(n, dtype=torch.float64)
-            for key, w in zip(self.keys, self.weights):
-                total = total + w * comps[key]  # NaN propagates as in __call__
-        else:
-            total = cat([r["total"] for r in results])
-        return {"total": total, "components": comps, "dimensions": dims, "errors": errors}
-
 
 # ---------------------------------------------------------------------------------------------- trainer
 class NFTTrainer:
@@ -331,7 +88,7 @@ class NFTTrainer:
         self.accum = self.micro_batches // t.steps_per_epoch
         self.sigmas = S.flow_sigmas(s.num_steps, s.shift)
         self.num_train_t = S.num_train_timesteps(s.num_steps, t.timestep_fraction)
-        self.prompts = load_prompts(cfg.prompts)
+        self.prompts, self.metadata = load_prompt_set(cfg.prompts)
         if cfg.eval_every and min(cfg.eval_prompts, len(self.prompts)) < self.dist.world:
             # every process evaluates a share of the prompts and the statistics are all-reduced by key
             raise ValueError(f"eval_prompts = {min(cfg.eval_prompts, len(self.prompts))} evaluation prompt(s) for "
@@ -486,7 +243,8 @@ class NFTTrainer:
                 x0 = self._rollout(c_orig, c_opt, noise, gen)
                 images = self.policy.decode(x0).cpu()
                 texts = [self.prompts[p] for p, _ in batch]
-                futures.append(pool.submit(self.scorer, images, texts))  # scored while the next batch samples
+                metas = [self.metadata[p] for p, _ in batch]  # the prompt row's other fields, per sample
+                futures.append(pool.submit(self.scorer, images, texts, metas))  # scored while the next batch samples
                 x0s.append(x0)
                 conds.append(c_orig)
                 prompt_ids += [p for p, _ in batch]
