@@ -55,7 +55,7 @@ def tiny_cfg(out, tiny_dirs, **over) -> NFTConfig:
     }
     from rewardkit.config import _merge
 
-    return build_config(NFTConfig, _merge(base, over))
+    return build_config(NFTConfig, _merge(base, over, NFTConfig))  # `rewards` in `over` replaces pickscore
 
 
 @pytest.fixture(scope="module")
@@ -363,10 +363,12 @@ def test_prompt_rows_other_fields_reach_the_rewards_as_each_samples_metadata(tmp
     reward = NeedsMeta()
     monkeypatch.setattr(registry, "resolve_name", lambda n: n)
     monkeypatch.setattr(registry, "load_reward", lambda name, **kw: reward)
-    tr = NFTTrainer(tiny_cfg(tmp_path / "run", tiny_dirs, prompts=str(path), rewards={"needs-meta": 1.0},
-                             reward_kwargs={}, sample={"num_groups": 3}))
+    cfg = tiny_cfg(tmp_path / "run", tiny_dirs, prompts=str(path), rewards={"needs-meta": 1.0},
+                   sample={"num_groups": 3})
+    cfg.reward_kwargs = {}
+    tr = NFTTrainer(cfg)
     buf = tr._sample_epoch(0, None)
     by_prompt = {r["prompt"]: {k: v for k, v in r.items() if k != "prompt"} for r in rows}
-    assert len(reward.seen) >= 12 and all(meta == by_prompt[p] for p, meta in reward.seen)
+    assert len(reward.seen) == 12 and all(meta == by_prompt[p] for p, meta in reward.seen)
     totals = torch.cat([r["total"] for r in buf["rewards"]])
     assert totals.tolist() == [float(rows[int(p)]["count"]) for p in buf["prompt"]]
