@@ -48,6 +48,20 @@ def _check_batch_relative(key: str, reward: Any) -> None:
         _check_batch_relative(f"{key}.{name}", sub)
 
 
+def check_group_keys(scorer: "_RewardScorer", metadata: list[dict[str, Any]], source: str) -> None:
+    """A composite with ``normalize: group`` and ``group_by: <metadata key>`` groups the samples by that field of
+    their prompt rows: every row must have it (a missing key would put those samples in one group, silently)."""
+    for key, reward in zip(scorer.keys, scorer.rewards):
+        if key not in scorer.deferred or reward.config.normalize != "group" or reward.config.group_by == "prompt":
+            continue
+        field = reward.config.group_by
+        missing = [i for i, m in enumerate(metadata) if field not in m]
+        if missing:
+            raise ValueError(f"reward {key!r} groups by the metadata field {field!r}, which {len(missing)} prompt "
+                             f"row(s) of {source} lack (first: row {missing[0] + 1}); give it in every row of a "
+                             ".jsonl prompt file, or use group_by: prompt")
+
+
 class _RewardScorer:
     """Weighted sum of rewardkit rewards (flow_grpo's "avg" convention: a sum) with per-component values.
 

@@ -51,7 +51,7 @@ from .config import NFTConfig
 from .exploration import check_anchor_band, content_token_mask, noise_aware_gamma, optimize_perturbations
 from .prompts import BUILTIN_PROMPTS, load_prompt_set, load_prompts
 from .runtime import _E2PO, _EVAL, _PLAN, _SAMPLE, _TRAIN, _Dist, _gen, _seed, resolve_tiny  # noqa: F401
-from .scoring import _batch_relative, _check_batch_relative, _resolve_tiny_tree, _RewardScorer  # noqa: F401
+from .scoring import _batch_relative, _check_batch_relative, _resolve_tiny_tree, _RewardScorer, check_group_keys  # noqa: F401
 from .sd3 import Cond, SD3Policy
 
 __all__ = ["NFTTrainer", "train_nft", "latest_checkpoint", "BUILTIN_PROMPTS", "load_prompts", "load_prompt_set"]
@@ -104,6 +104,7 @@ class NFTTrainer:
             text_dtype = getattr(torch, cfg.model.text_encoder_dtype)
         tiny_root = self.out / "tiny_models"
         self.scorer = _RewardScorer(cfg, tiny_root, self.dist)
+        check_group_keys(self.scorer, self.metadata, cfg.prompts)
         self.policy = SD3Policy(resolve_tiny(cfg.model.pretrained, tiny_root, self.dist), device=self.device, text_dtype=text_dtype,
                                 max_sequence_length=cfg.model.max_sequence_length, revision=cfg.model.revision,
                                 trust_remote_code=cfg.model.trust_remote_code)
