@@ -690,8 +690,9 @@ def test_rl_fp16_epoch_autocast_fp32_vae_adamw_clipping_and_logged_keys(tmp_path
     assert len(norms) == 1 and norms[0] == pytest.approx(1e-4, rel=1e-3)   # clipped to max_grad_norm
     assert rec["grad_norm"] > 1e-3                                        # the norm before clipping
     documented = {"reward/pickscore/mean", "reward/pickscore/std", "zero_std_group_ratio", "invalid_rewards", "r/mean",
-                  "r/hist", "loss", "policy_loss", "unweighted_policy_loss", "kl", "old_deviation", "x0_norm",
-                  "grad_norm", "grad_scale", "old_decay", "time/e2po_s", "time/sample_s", "time/train_s"}
+                  "r/hist", "total_loss", "policy_loss", "unweighted_policy_loss", "kl_div", "old_kl_div",
+                  "old_deviate", "old_deviate_max", "x0_norm", "x0_norm_max", "policy_loss_plain_mse",
+                  "reward/total/max", "reward/total/min", "grad_norm", "grad_scale", "old_decay", "time/e2po_s", "time/sample_s", "time/train_s"}
     assert documented <= set(rec), sorted(documented - set(rec))
     assert rec["old_decay"] == pytest.approx(min(0.001 * 1, 0.5))         # d = min(0.001 step, 0.5) after step 1
 

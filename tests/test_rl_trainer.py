@@ -124,20 +124,21 @@ def test_plan_is_rank_independent_and_groups_are_complete(trainer):
 def test_two_epoch_run_changes_lora_and_writes_outputs(tmp_path, tiny_dirs):
     from rewardkit.rl.trainer import NFTTrainer
 
-    tr = NFTTrainer(tiny_cfg(tmp_path / "run", tiny_dirs, eval_every=2, eval_prompts=4,
+    tr = NFTTrainer(tiny_cfg(tmp_path / "run", tiny_dirs, eval_every=2, eval_num_prompts=4,
                              sample={"eval_num_steps": 3}))
     before = [p.detach().clone() for p in tr.trainable]
     summary = tr.train()
     assert summary["global_step"] == 2 and summary["epoch"] == 2
     assert any(not torch.equal(a, b) for a, b in zip(before, tr.trainable))
     recs = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    epochs = [r for r in recs if "final" not in r]
+    baseline, epochs = recs[0], [r for r in recs[1:] if "final" not in r]
+    assert baseline["epoch"] == 0 and math.isfinite(baseline["eval/reward/pickscore/mean"])  # before any step
     assert [r["epoch"] for r in epochs] == [1, 2]
     for r in epochs:
-        assert math.isfinite(r["loss"]) and math.isfinite(r["policy_loss"]) and r["invalid_rewards"] == 0
+        assert math.isfinite(r["total_loss"]) and math.isfinite(r["policy_loss"]) and r["invalid_rewards"] == 0
         assert sum(r["r/hist"]) == 8 and 0 <= r["zero_std_group_ratio"] <= 1
         assert "reward/pickscore/mean" in r and r["reward/pickscore/std"] > 0
-    assert epochs[1]["kl"] > 0  # the trained adapter moved away from the base model after step 1
+    assert epochs[1]["kl_div"] > 0  # the trained adapter moved away from the base model after step 1
     assert "eval/reward/total/mean" not in epochs[0] and math.isfinite(epochs[1]["eval/reward/pickscore/mean"])
     assert (tmp_path / "run" / "curves.png").stat().st_size > 1000
     # the LoRA loads into a plain diffusers pipeline and equals our EMA weights
@@ -165,7 +166,7 @@ def test_mixed_precision_step_on_cpu(tmp_path, tiny_dirs, precision):
                              train={"ema": False}, **SMALL))
     before = [p.detach().clone() for p in tr.trainable]
     rec = tr.run_epoch()
-    assert math.isfinite(rec["loss"]) and math.isfinite(rec["grad_norm"])
+    assert math.isfinite(rec["total_loss"]) and math.isfinite(rec["grad_norm"])
     assert all(p.dtype == torch.float32 for p in tr.trainable)  # fp32 master weights
     assert any(not torch.equal(a, b) for a, b in zip(before, tr.trainable))
     if precision == "fp16":
@@ -198,7 +199,7 @@ def test_e2po_conditions_keep_reference_member_unperturbed(tmp_path, tiny_dirs):
     assert float(dl[~mask].abs().max()) == 0 and float(dl[mask].abs().max()) > 0
     assert float(dl.abs().max()) <= tr.cfg.e2po.delta_max
     rec = tr.run_epoch()  # a full E²PO epoch: perturbed rollouts, training on C_orig
-    assert math.isfinite(rec["loss"]) and "reward/total/mean_perturbed" in rec
+    assert math.isfinite(rec["total_loss"]) and "reward/total/mean_perturbed" in rec
 
 
 def test_invalid_rewards_raise_or_drop(trainer, monkeypatch):

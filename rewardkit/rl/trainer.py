@@ -52,16 +52,32 @@ from .exploration import check_anchor_band, content_token_mask, noise_aware_gamm
 from .prompts import BUILTIN_PROMPTS, load_prompt_set, load_prompts
 from .runtime import _E2PO, _EVAL, _PLAN, _SAMPLE, _TRAIN, _Dist, _gen, _seed, resolve_tiny  # noqa: F401
 from .scoring import _batch_relative, _check_batch_relative, _resolve_tiny_tree, _RewardScorer, check_group_keys  # noqa: F401
+from .evaluation import evaluate, write_grid
 from .sd3 import Cond, SD3Policy
+from .tracking import Trackers, check_report_to, loss_terms
 
 __all__ = ["NFTTrainer", "train_nft", "latest_checkpoint", "BUILTIN_PROMPTS", "load_prompts", "load_prompt_set"]
 
 KILL_ENV = "REWARDKIT_TEST_KILL_AFTER_EPOCH"  # test hook: SIGKILL the process after this epoch
+KILL_STEP_ENV = "REWARDKIT_TEST_KILL_AFTER_STEP"  # test hook: SIGKILL after this optimizer step (and its checkpoint)
+
+
+def _default_eval_prompts(prompts: str) -> str:
+    """``builtin:NAME_eval`` for ``builtin:NAME`` when that held-out set exists; otherwise an error: evaluating on
+    the training prompts would measure memorisation, so a held-out file must be named."""
+    if prompts.startswith("builtin:") and f"{prompts.split(':', 1)[1]}_eval" in BUILTIN_PROMPTS:
+        return prompts + "_eval"
+    raise ValueError("eval_every needs held-out prompts: set eval_prompts to a prompt file (as `prompts`, e.g. "
+                     "test_metadata.jsonl), or eval_every: 0")
 
 # ---------------------------------------------------------------------------------------------- trainer
 class NFTTrainer:
     def __init__(self, cfg: NFTConfig):
         cfg.validate()
+        # the rl extra and the trackers' libraries before any reward or model loads
+        require("diffusers", "rl", purpose="the DiffusionNFT trainer")
+        require("peft", "rl", purpose="LoRA adapters of the DiffusionNFT trainer")
+        check_report_to(cfg.report_to)
         self.cfg = cfg
         self.dist = _Dist(cfg.cpu)
         self.device = self.dist.device
@@ -89,10 +105,18 @@ class NFTTrainer:
         self.sigmas = S.flow_sigmas(s.num_steps, s.shift)
         self.num_train_t = S.num_train_timesteps(s.num_steps, t.timestep_fraction)
         self.prompts, self.metadata = load_prompt_set(cfg.prompts)
-        if cfg.eval_every and min(cfg.eval_prompts, len(self.prompts)) < self.dist.world:
+        self.eval_prompts: list[str] = []
+        self.eval_metadata: list[dict[str, Any]] = []
+        if cfg.eval_every:
+            spec = cfg.eval_prompts or _default_eval_prompts(cfg.prompts)
+            self.eval_prompts, self.eval_metadata = load_prompt_set(spec)
+            if cfg.eval_num_prompts:
+                self.eval_prompts = self.eval_prompts[:cfg.eval_num_prompts]
+                self.eval_metadata = self.eval_metadata[:cfg.eval_num_prompts]
+        if cfg.eval_every and len(self.eval_prompts) < self.dist.world:
             # every process evaluates a share of the prompts and the statistics are all-reduced by key
-            raise ValueError(f"eval_prompts = {min(cfg.eval_prompts, len(self.prompts))} evaluation prompt(s) for "
-                             f"{self.dist.world} processes: give at least one per process, or eval_every: 0")
+            raise ValueError(f"{len(self.eval_prompts)} evaluation prompt(s) for {self.dist.world} processes: give at "
+                             "least one per process (eval_prompts, eval_num_prompts), or eval_every: 0")
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
 
@@ -105,6 +129,7 @@ class NFTTrainer:
         tiny_root = self.out / "tiny_models"
         self.scorer = _RewardScorer(cfg, tiny_root, self.dist)
         check_group_keys(self.scorer, self.metadata, cfg.prompts)
+        check_group_keys(self.scorer, self.eval_metadata, cfg.eval_prompts or 'the evaluation prompts')
         self.policy = SD3Policy(resolve_tiny(cfg.model.pretrained, tiny_root, self.dist), device=self.device, text_dtype=text_dtype,
                                 max_sequence_length=cfg.model.max_sequence_length, revision=cfg.model.revision,
                                 trust_remote_code=cfg.model.trust_remote_code)
@@ -130,6 +155,9 @@ class NFTTrainer:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.mixed_precision == "fp16")
         self.epoch = 0
         self.global_step = 0
+        self._resume_state: dict[str, Any] | None = None  # an epoch a mid-epoch checkpoint stopped in
+        self._kill_after_step = int(os.environ.get(KILL_STEP_ENV, "0") or 0)
+        self.trackers = Trackers([], self.out, main=False)  # the real ones open in train()
 
     # ------------------------------------------------------------------ helpers
     def _autocast(self):
@@ -260,6 +288,7 @@ class NFTTrainer:
         t = self.cfg.train
         fin = self.scorer.finalize(buf["rewards"], buf["prompt"])  # collective for batch-relative composites
         total, errors = fin["total"], fin["errors"]
+        buf["total"] = total  # this process's rewards, for the top / bottom images
         keys, dims = list(fin["components"]), list(fin["dimensions"])
         comp = torch.stack([fin["components"][k] for k in keys] + [fin["dimensions"][k] for k in dims], dim=1) \
             if keys or dims else torch.zeros(len(total), 0, dtype=torch.float64)
@@ -284,6 +313,8 @@ class NFTTrainer:
             ok = torch.isfinite(col)
             logs[f"reward/{name}/mean"] = float(col[ok].mean()) if ok.any() else float("nan")
             logs[f"reward/{name}/std"] = float(col[ok].std(unbiased=False)) if ok.any() else float("nan")
+            logs[f"reward/{name}/max"] = float(col[ok].max()) if ok.any() else float("nan")
+            logs[f"reward/{name}/min"] = float(col[ok].min()) if ok.any() else float("nan")
         if self.cfg.e2po.enabled:
             for v in (0, 1):
                 sel = (g_var == 0) if v == 0 else (g_var > 0)
@@ -301,17 +332,23 @@ class NFTTrainer:
         return r, valid, logs
 
     # ------------------------------------------------------------------ training
-    def _train_epoch(self, buf: dict[str, Any], r: torch.Tensor, valid: torch.Tensor) -> dict[str, float]:
+    def _train_epoch(self, st: dict[str, Any]) -> dict[str, float]:
+        """The epoch's optimizer steps from micro-batch ``st["micro"]`` on. ``st`` is the epoch in progress (its
+        rollouts, r, the training generator's state after the last step, running sums): what a mid-epoch
+        checkpoint saves, so that a resumed epoch draws the same permutation, timesteps and noise."""
         t = self.cfg.train
-        gen = _gen(self.cfg.seed, _TRAIN, self.epoch, self.dist.rank)
+        buf, r, valid = st["buf"], st["r"], st["valid"]
+        gen = _gen(self.cfg.seed, _TRAIN, st["epoch"], self.dist.rank)
         perm = torch.randperm(self.local_n, generator=gen)
+        if st["gen_state"] is not None:
+            gen.set_state(st["gen_state"])
         T = self.num_train_t
         sig = self.sigmas.float()
-        sums: dict[str, float] = {}
-        count = 0
-        grad_norms, scales = [], []
+        sums: dict[str, float] = st["sums"]
+        step_sums: dict[str, float] = {}
+        step_count = 0
         self.policy.transformer.train()
-        for m in range(self.micro_batches):
+        for m in range(st["micro"], self.micro_batches):
             idx = perm[m * t.batch_size:(m + 1) * t.batch_size]
             x0 = buf["x0"][idx.to(self.device)].float()
             cond = buf["cond"][idx.to(self.device)]
@@ -338,91 +375,110 @@ class NFTTrainer:
                     loss, metrics = N.nft_loss(v_theta, v_old, v_ref, x0, xt, tt, rr, beta=t.beta,
                                                adv_clip_max=t.adv_clip_max, kl_coef=t.kl_coef, mask=mask)
                     self.scaler.scale(loss / (self.accum * T)).backward()
-                for k, v in metrics.items():
-                    sums[k] = sums.get(k, 0.0) + float(v)
-                sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
-                count += 1
+                for k, v in loss_terms(v_theta, v_old, v_ref, x0, loss, metrics, t.adv_clip_max).items():
+                    sums[k] = sums.get(k, 0.0) + v
+                    step_sums[k] = step_sums.get(k, 0.0) + v
+                st["count"] += 1
+                step_count += 1
             if last_micro:
                 self.scaler.unscale_(self.opt)
                 norm = torch.nn.utils.clip_grad_norm_(self.trainable, t.max_grad_norm)
-                grad_norms.append(float(norm))
+                st["grad_norms"].append(float(norm))
                 self.scaler.step(self.opt)
                 self.scaler.update()
-                scales.append(float(self.scaler.get_scale()) if self.scaler.is_enabled() else 1.0)
+                st["scales"].append(float(self.scaler.get_scale()) if self.scaler.is_enabled() else 1.0)
                 self.opt.zero_grad(set_to_none=True)
                 self.global_step += 1
                 if self.ema is not None:
                     N.ema_update_(self.ema, self.trainable, self.global_step, t.ema_decay)
+                st["micro"], st["gen_state"] = m + 1, gen.get_state()
+                self._log_step(st, step_sums, step_count)
+                step_sums, step_count = {}, 0
+                if self.cfg.save_every_steps and self.global_step % self.cfg.save_every_steps == 0:
+                    self.save_checkpoint(st)
+                if self._kill_after_step and self.global_step == self._kill_after_step:
+                    os.kill(os.getpid(), signal.SIGKILL)  # test hook: die like a preempted job, mid-epoch
         self.policy.transformer.eval()
-        out = {k: v / max(count, 1) for k, v in sums.items()}
-        vec = self.dist.mean(torch.tensor([out[k] for k in sorted(out)], dtype=torch.float64, device=self.device))
-        out = {k: float(v) for k, v in zip(sorted(out), vec.cpu())}
-        out["grad_norm"] = float(sum(grad_norms) / len(grad_norms)) if grad_norms else float("nan")
-        out["grad_scale"] = scales[-1] if scales else float("nan")
+        out = self._reduce_mean({k: v / max(st["count"], 1) for k, v in sums.items()})
+        out["grad_norm"] = float(sum(st["grad_norms"]) / len(st["grad_norms"])) if st["grad_norms"] else float("nan")
+        out["grad_scale"] = st["scales"][-1] if st["scales"] else float("nan")
         return out
+
+    def _reduce_mean(self, values: dict[str, float]) -> dict[str, float]:
+        """Per key, the mean over processes (collective)."""
+        keys = sorted(values)
+        vec = self.dist.mean(torch.tensor([values[k] for k in keys], dtype=torch.float64, device=self.device))
+        return {k: float(v) for k, v in zip(keys, vec.cpu())}
+
+    def _log_step(self, st: dict[str, Any], step_sums: dict[str, float], count: int) -> None:
+        """One optimizer step's record (the official per-step log): the loss terms averaged over its backward
+        passes and over processes, the gradient norm and scale; ``steps.jsonl`` and the trackers."""
+        rec = self._reduce_mean({k: v / max(count, 1) for k, v in step_sums.items()})
+        rec = {"step": self.global_step, "epoch": st["epoch"], **rec, "grad_norm": st["grad_norms"][-1],
+               "grad_scale": st["scales"][-1], "lr": float(self.opt.param_groups[0]["lr"])}
+        self._log(rec, "steps.jsonl")
+        self.trackers.log({f"train/{k}": v for k, v in rec.items() if k != "step"}, self.global_step)
 
     # ------------------------------------------------------------------ one epoch
     def run_epoch(self) -> dict[str, Any]:
+        """One epoch, or the rest of one a mid-epoch checkpoint stopped in."""
         epoch = self.epoch
+        st, self._resume_state = self._resume_state, None
         t0 = time.perf_counter()
-        deltas, e_logs = (None, {})
-        if self.cfg.e2po.enabled:
-            deltas, e_logs = self._explore(epoch)
-        t1 = time.perf_counter()
-        buf = self._sample_epoch(epoch, deltas)
+        if st is None:
+            deltas, e_logs = (None, {})
+            if self.cfg.e2po.enabled:
+                deltas, e_logs = self._explore(epoch)
+            t1 = time.perf_counter()
+            buf = self._sample_epoch(epoch, deltas)
+            t2 = time.perf_counter()
+            r, valid, r_logs = self._advantages(buf)
+            self._log_images(buf)
+            buf = {k: buf[k] for k in ("x0", "cond", "prompt", "variant")}
+            st = {"epoch": epoch, "buf": buf, "r": r, "valid": valid, "micro": 0, "gen_state": None, "sums": {},
+                  "count": 0, "grad_norms": [], "scales": [],
+                  "logs": {**r_logs, **e_logs, "time/e2po_s": t1 - t0, "time/sample_s": t2 - t1}}
+        else:  # resumed mid-epoch: the rollouts' conditions, encoded again batch by batch as when sampled
+            st["buf"]["cond"] = Cond.cat([self._conditions(batch, None)[0] for batch in self._plan(epoch)[1]])
         t2 = time.perf_counter()
-        r, valid, r_logs = self._advantages(buf)
-        train_logs = self._train_epoch(buf, r, valid)
+        train_logs = self._train_epoch(st)
         decay = S.old_policy_decay(self.global_step, self.cfg.train.decay_type)
         N.soft_update_(self.old_params, self.trainable, decay)
-        t3 = time.perf_counter()
         self.epoch += 1
-        rec = {"epoch": self.epoch, "global_step": self.global_step, "old_decay": decay, **r_logs, **train_logs,
-               **e_logs, "time/e2po_s": t1 - t0, "time/sample_s": t2 - t1, "time/train_s": t3 - t2}
-        return rec
+        return {"epoch": self.epoch, "global_step": self.global_step, "old_decay": decay, **st["logs"],
+                **train_logs, "time/train_s": time.perf_counter() - t2}
+
+    def _log_images(self, buf: dict[str, Any]) -> None:
+        """Every ``log_images_every`` epochs (from the first), the main process's ``log_images`` highest- and
+        lowest-reward training images of the epoch (decoded again from their latents) to the trackers."""
+        cfg = self.cfg
+        k, every = cfg.log_images, cfg.log_images_every
+        if not (self.dist.main and k and every and self.epoch % every == 0 and "total" in buf):
+            return
+        if self.trackers.tb is None and self.trackers.wandb is None:
+            return
+        total = buf["total"]
+        ok = torch.nonzero(torch.isfinite(total)).flatten()
+        if not len(ok):
+            return
+        order = ok[torch.argsort(total[ok], descending=True, stable=True)]
+        for tag, sel in (("train/top_reward_images", order[:k]), ("train/bottom_reward_images", order.flip(0)[:k])):
+            with torch.no_grad():
+                images = self.policy.decode(buf["x0"][sel.to(self.device)]).float().cpu()
+            caps = [f"{self.prompts[int(buf['prompt'][i])]:.100} | total: {float(total[i]):.4g}" for i in sel]
+            self.trackers.log_images(tag, images, self.global_step, caps)
 
     # ------------------------------------------------------------------ evaluation
-    @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Rewards of the EMA weights (the trained adapter when EMA is off) on the first ``eval_prompts`` prompts:
-        ``sample.eval_solver`` with ``sample.eval_num_steps`` steps, the same noise every time."""
-        cfg, s = self.cfg, self.cfg.sample
-        idx = list(range(min(cfg.eval_prompts, len(self.prompts))))[self.dist.rank::self.dist.world]
-        gen = _gen(cfg.seed, _EVAL, self.dist.rank)
-        backup = [p.detach().clone() for p in self.trainable]
-        if self.ema is not None:
-            for p, e in zip(self.trainable, self.ema):
-                p.copy_(e)
-        results, ids = [], []
-        try:
-            for start in range(0, len(idx), s.batch_size):
-                texts = [self.prompts[i] for i in idx[start:start + s.batch_size]]
-                cond = self.policy.encode(texts)
-                noise = torch.randn(self.policy.latent_shape(len(texts), s.resolution), generator=gen).to(self.device)
-                x0 = self._rollout(cond, cond, noise, gen, steps=s.eval_num_steps, solver=s.eval_solver, use_old=False)
-                results.append(self.scorer(self.policy.decode(x0).cpu(), texts))
-                ids += idx[start:start + s.batch_size]
-        finally:
-            for p, b in zip(self.trainable, backup):
-                p.copy_(b)
-        fin = self.scorer.finalize(results, torch.tensor(ids, dtype=torch.long))
-        comps = {"total": fin["total"], **fin["components"], **fin["dimensions"]}
-        if self.scorer.deferred:
-            # a batch-relative composite's value is relative to the other samples (its mean is 0 by
-            # construction, and each evaluation prompt is a group of one): log its axes' raw scores, not the
-            # z-scores, its component or the total
-            deferred = self.scorer.deferred
-            comps = {k: v for k, v in comps.items()
-                     if k != "total" and k not in deferred
-                     and not (k.split(".", 1)[0] in deferred and k.rsplit("/", 1)[-1] in ("z", "z_vetoed"))}
-        keys = sorted(comps)
-        cols = [comps[k] for k in keys]
-        # per key: (sum of finite values, count) summed over processes
-        stats = torch.tensor([[float(c[torch.isfinite(c)].sum()), float(torch.isfinite(c).sum())] for c in cols],
-                             dtype=torch.float64, device=self.device)
-        if self.dist.world > 1:
-            torch.distributed.all_reduce(stats)
-        return {f"eval/reward/{k}/mean": (float(a / n) if n else float("nan")) for k, (a, n) in zip(keys, stats.tolist())}
+        """Rewards of the EMA weights on the held-out prompts (:func:`.evaluation.evaluate`); writes the PNG grid
+        ``eval-epoch-NNNNNN.png`` and sends the metrics and images to the trackers."""
+        metrics, grid, grid_prompts = evaluate(self)
+        if self.dist.main:
+            if len(grid):
+                write_grid(grid, self.out / f"eval-epoch-{self.epoch:06d}.png")
+                self.trackers.log_images("eval/images", grid, self.global_step, grid_prompts)
+            self.trackers.log(metrics, self.global_step)
+        return metrics
 
     # ------------------------------------------------------------------ checkpoints
     def _state_tensors(self) -> dict[str, torch.Tensor]:
@@ -432,12 +488,15 @@ class NFTTrainer:
                 out[f"{name}.{i}"] = p.detach().cpu().contiguous()
         return out
 
-    def save_checkpoint(self) -> Path:
+    def save_checkpoint(self, st: dict[str, Any] | None = None) -> Path:
+        """``checkpoints/epoch-N`` after epoch N, or with ``st`` (an epoch in progress, after an optimizer step)
+        ``checkpoints/epoch-N-step-S``: each process also writes its rollouts, r and training-generator state,
+        so that the resumed epoch continues bitwise where it stopped."""
         from ..train.trainer import _flatten_optimizer, _write_text_atomic
 
-        st = require("safetensors.torch", "rl")
+        st_mod = require("safetensors.torch", "rl")
         root = self.out / "checkpoints"
-        name = f"epoch-{self.epoch:06d}"
+        name = f"epoch-{self.epoch:06d}" + ("" if st is None else f"-step-{self.global_step:08d}")
         final, tmp = root / name, root / f"{name}.tmp"
         if self.dist.main:
             for stale in root.glob("*.tmp"):
@@ -447,13 +506,23 @@ class NFTTrainer:
         rng = {"cpu": torch.get_rng_state()}
         if torch.cuda.is_available():
             rng.update({f"cuda{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
-        st.save_file(rng, str(tmp / f"rng-rank{self.dist.rank}.safetensors"))
+        st_mod.save_file(rng, str(tmp / f"rng-rank{self.dist.rank}.safetensors"))
+        if st is not None:
+            b = st["buf"]
+            tensors = {"x0": b["x0"].detach().cpu().contiguous(), "prompt": b["prompt"].cpu(),
+                       "variant": b["variant"].cpu(), "r": st["r"].cpu().contiguous(), "valid": st["valid"].cpu(),
+                       "gen_state": st["gen_state"]}
+            meta = {k: st[k] for k in ("epoch", "micro", "sums", "count", "grad_norms", "scales", "logs")}
+            st_mod.save_file(tensors, str(tmp / f"epoch-state-rank{self.dist.rank}.safetensors"),
+                             metadata={"state": json.dumps(meta)})
+        self.dist.barrier()
         if self.dist.main:
-            st.save_file(self._state_tensors(), str(tmp / "adapters.safetensors"))
+            st_mod.save_file(self._state_tensors(), str(tmp / "adapters.safetensors"))
             tensors, meta = _flatten_optimizer(self.opt)
-            st.save_file(tensors, str(tmp / "optimizer.safetensors"))
+            st_mod.save_file(tensors, str(tmp / "optimizer.safetensors"))
             self._save_lora(tmp / "lora")
             state = {"epoch": self.epoch, "global_step": self.global_step, "world_size": self.dist.world,
+                     "mid_epoch": st is not None,
                      "optimizer": meta, "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
                      "config": dataclasses.asdict(self.cfg)}
             (tmp / "state.json").write_text(json.dumps(state, indent=1), encoding="utf-8")
@@ -492,7 +561,8 @@ class NFTTrainer:
         state = json.loads((path / "state.json").read_text(encoding="utf-8"))
         if state["world_size"] != self.dist.world:
             raise ValueError(f"checkpoint {path} was written by {state['world_size']} processes, this run has "
-                             f"{self.dist.world}; the sample plan would differ")
+                             f"{self.dist.world}; the sample plan would differ: use a new output_dir (or "
+                             "--output-dir), or resume=never to start over in this one")
         saved, now = state.get("config", {}), dataclasses.asdict(self.cfg)
         keys = ("seed", "prompts", "sample", "lora", "e2po", "rewards")
         changed = [k for k in keys if saved.get(k) != now.get(k)]
@@ -516,24 +586,45 @@ class NFTTrainer:
             torch.set_rng_state(st.load_file(str(rng_file))["cpu"])
         self.epoch = int(state["epoch"])
         self.global_step = int(state["global_step"])
+        if state.get("mid_epoch"):
+            f = path / f"epoch-state-rank{self.dist.rank}.safetensors"
+            from safetensors import safe_open
+
+            with safe_open(str(f), framework="pt") as fh:
+                meta = json.loads(fh.metadata()["state"])
+            t = st.load_file(str(f))
+            self._resume_state = {**meta, "r": t["r"], "valid": t["valid"], "gen_state": t["gen_state"],
+                                  "buf": {"x0": t["x0"].to(self.device), "prompt": t["prompt"], "variant": t["variant"]}}
 
     # ------------------------------------------------------------------ logging
-    def _log(self, rec: dict[str, Any]) -> None:
+    def _log(self, rec: dict[str, Any], name: str = "metrics.jsonl") -> None:
         if not self.dist.main:
             return
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in rec.items()}
-        with (self.out / "metrics.jsonl").open("a", encoding="utf-8") as fh:
+        self.out.mkdir(parents=True, exist_ok=True)
+        with (self.out / name).open("a", encoding="utf-8") as fh:
             fh.write(json.dumps(clean) + "\n")
 
     def _truncate_metrics(self) -> None:
+        """On resume: drop the records the killed run wrote after its checkpoint (epochs after ``self.epoch``,
+        steps after ``self.global_step``) and the old final summary."""
         from ..train.trainer import _write_text_atomic
 
-        path = self.out / "metrics.jsonl"
-        if not self.dist.main or not path.is_file():
+        if not self.dist.main:
             return
-        keep = [ln for ln in path.read_text(encoding="utf-8").splitlines()
-                if ln.strip() and json.loads(ln).get("epoch", 0) <= self.epoch and "final" not in json.loads(ln)]
-        _write_text_atomic(path, "".join(ln + "\n" for ln in keep))
+        for name, key, last in (("metrics.jsonl", "epoch", self.epoch), ("steps.jsonl", "step", self.global_step)):
+            path = self.out / name
+            if path.is_file():
+                recs = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+                keep = [ln for ln in recs if json.loads(ln).get(key, 0) <= last and "final" not in json.loads(ln)]
+                _write_text_atomic(path, "".join(ln + "\n" for ln in keep))
+
+    def _last_epoch_record(self) -> dict[str, Any]:
+        path = self.out / "metrics.jsonl"
+        recs = [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()] \
+            if path.is_file() else []
+        recs = [r for r in recs if "final" not in r and "reward/total/mean" in r]
+        return recs[-1] if recs else {}
 
     # ------------------------------------------------------------------ main loop
     def train(self) -> dict[str, Any]:
@@ -548,8 +639,11 @@ class NFTTrainer:
             save_config(cfg, self.out / "config.yaml")
             if ckpt is None:
                 (self.out / "metrics.jsonl").unlink(missing_ok=True)
+                (self.out / "steps.jsonl").unlink(missing_ok=True)
             else:
                 self._truncate_metrics()
+        self.trackers = Trackers(cfg.report_to, self.out, main=self.dist.main, run_name=cfg.run_name,
+                                 config=dataclasses.asdict(cfg), resume_step=None if ckpt is None else self.global_step)
         self.dist.barrier()
         kill_after = int(os.environ.get(KILL_ENV, "0") or 0)
         from tqdm.auto import tqdm
@@ -558,23 +652,31 @@ class NFTTrainer:
                    disable=not (cfg.progress and self.dist.main))
         last: dict[str, Any] = {}
         try:
+            if cfg.eval_every and ckpt is None:  # the baseline: the base model (the LoRA starts at zero)
+                base = {"epoch": 0, "global_step": 0, **self.evaluate()}
+                self._log(base)
             while self.epoch < cfg.num_epochs:
                 last = self.run_epoch()
                 bar.update(1)
-                bar.set_postfix(reward=f"{last['reward/total/mean']:.4g}", loss=f"{last.get('loss', float('nan')):.4g}",
-                                kl=f"{last.get('kl', float('nan')):.2g}")
+                bar.set_postfix(reward=f"{last['reward/total/mean']:.4g}",
+                                loss=f"{last.get('total_loss', float('nan')):.4g}",
+                                kl=f"{last.get('kl_div', float('nan')):.2g}")
                 if cfg.eval_every and (self.epoch % cfg.eval_every == 0 or self.epoch == cfg.num_epochs):
                     last.update(self.evaluate())
                 if self.epoch % max(cfg.log_every, 1) == 0 or self.epoch == cfg.num_epochs:
                     self._log(last)
+                    self.trackers.log({k: v for k, v in last.items() if not k.startswith("eval/")
+                                       and k not in ("epoch", "global_step")}, self.global_step)
                 if kill_after and self.epoch == kill_after:
                     os.kill(os.getpid(), signal.SIGKILL)  # test hook: die like a preempted job, before saving
                 if (cfg.save_every and self.epoch % cfg.save_every == 0) or self.epoch == cfg.num_epochs:
                     self.save_checkpoint()
                     if self.dist.main:
                         self.plot()
+                self.trackers.flush()
         finally:
             bar.close()
+            self.trackers.close()
         summary: dict[str, Any] = {"final": True, "epoch": self.epoch, "global_step": self.global_step,
                                    "world_size": self.dist.world}
         if self.dist.world > 1:
@@ -585,7 +687,8 @@ class NFTTrainer:
         if self.dist.main:
             self._save_lora(self.out / "lora")
             summary["lora_dir"] = str(self.out / "lora")
-            summary["reward_mean"] = last.get("reward/total/mean")
+            # a rerun of a finished run trains no epoch: its summary reads the last epoch's record again
+            summary["reward_mean"] = (last or self._last_epoch_record()).get("reward/total/mean")
             self._log(summary)
             self.plot()
         self.dist.barrier()
