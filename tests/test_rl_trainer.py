@@ -141,6 +141,33 @@ def test_two_epoch_run_changes_lora_and_writes_outputs(tmp_path, tiny_dirs):
     assert epochs[1]["kl_div"] > 0  # the trained adapter moved away from the base model after step 1
     assert "eval/reward/total/mean" not in epochs[0] and math.isfinite(epochs[1]["eval/reward/pickscore/mean"])
     assert (tmp_path / "run" / "curves.png").stat().st_size > 1000
+    # evaluation: the held-out prompts, never the training ones; a PNG grid per evaluation beside curves.png
+    from PIL import Image
+
+    from rewardkit.rl.prompts import BUILTIN_PROMPTS
+
+    assert tr.eval_prompts == BUILTIN_PROMPTS["geneval_tiny_eval"][:4] and not set(tr.eval_prompts) & set(tr.prompts)
+    for e in (0, 2):
+        assert Image.open(tmp_path / "run" / f"eval-epoch-{e:06d}.png").size == (4 * 32, 32)
+    assert not (tmp_path / "run" / "eval-epoch-000001.png").exists()
+    # per optimizer step, the official names (steps.jsonl and TensorBoard, read back with its own reader)
+    steps = [json.loads(ln) for ln in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps] == [1, 2]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "run" / "tensorboard"), size_guidance={"images": 0, "scalars": 0})
+    acc.Reload()
+    tags = acc.Tags()
+    for key in ("old_kl_div", "kl_div", "unweighted_policy_loss", "policy_loss", "total_loss", "old_deviate",
+                "x0_norm_max", "grad_norm"):
+        ev = acc.Scalars(f"train/{key}")
+        assert [e.step for e in ev] == [1, 2], key
+        assert [e.value for e in ev] == pytest.approx([r[key] for r in steps], rel=1e-6), key
+    assert [e.value for e in acc.Scalars("train/old_kl_div")][0] == 0.0  # old adapter = base model before step 1
+    assert [e.step for e in acc.Scalars("reward/pickscore/max")] == [1, 2]
+    assert [e.value for e in acc.Scalars("reward/total/min")] == pytest.approx([r["reward/total/min"] for r in epochs])
+    assert [e.step for e in acc.Scalars("eval/reward/pickscore/mean")] == [0, 2]
+    assert {"train/top_reward_images", "train/bottom_reward_images", "eval/images"} <= set(tags["images"])
     # the LoRA loads into a plain diffusers pipeline and equals our EMA weights
     import diffusers
     from safetensors.torch import load_file
@@ -373,3 +400,60 @@ def test_prompt_rows_other_fields_reach_the_rewards_as_each_samples_metadata(tmp
     assert len(reward.seen) == 12 and all(meta == by_prompt[p] for p, meta in reward.seen)
     totals = torch.cat([r["total"] for r in buf["rewards"]])
     assert totals.tolist() == [float(rows[int(p)]["count"]) for p in buf["prompt"]]
+
+
+def test_logged_loss_terms_are_the_official_quantities_under_the_official_names():
+    """The official per-step log, transcribed from NVlabs/DiffusionNFT scripts/train_nft_sd3.py @ 24af555
+    (lines 928-980: r, loss_terms["x0_norm" ...], adaptive weighting, ori_policy_loss, kl_div, old_kl_div,
+    total_loss), on the same tensors as nft_loss + loss_terms. `unweighted_policy_loss` used to be our policy
+    loss without the adaptive weight (another quantity under the official name)."""
+    from rewardkit.rl.nft import nft_loss
+    from rewardkit.rl.tracking import loss_terms
+
+    g = torch.Generator().manual_seed(0)
+    B, beta, adv_clip_max, kl_beta = 3, 0.1, 5.0, 1e-4
+    x0, noise = torch.randn(B, 4, 8, 8, generator=g), torch.randn(B, 4, 8, 8, generator=g)
+    forward_prediction, old_prediction, ref_forward_prediction = (torch.randn(B, 4, 8, 8, generator=g) for _ in range(3))
+    t = torch.tensor([0.9, 0.5, 0.2])
+    advantages = torch.tensor([2.0, -7.0, 0.5])
+    t_expanded = t.view(-1, 1, 1, 1)
+    xt = (1 - t_expanded) * x0 + t_expanded * noise
+    # ---- transcription (config.beta = beta, config.train.adv_clip_max = adv_clip_max, config.train.beta = kl_beta)
+    loss_terms_ref = {}
+    advantages_clip = torch.clamp(advantages, -adv_clip_max, adv_clip_max)
+    normalized_advantages_clip = (advantages_clip / adv_clip_max) / 2.0 + 0.5
+    r = torch.clamp(normalized_advantages_clip, 0, 1)
+    loss_terms_ref["x0_norm"] = torch.mean(x0**2).detach()
+    loss_terms_ref["x0_norm_max"] = torch.max(x0**2).detach()
+    loss_terms_ref["old_deviate"] = torch.mean((forward_prediction - old_prediction) ** 2).detach()
+    loss_terms_ref["old_deviate_max"] = torch.max((forward_prediction - old_prediction) ** 2).detach()
+    positive_prediction = beta * forward_prediction + (1 - beta) * old_prediction.detach()
+    implicit_negative_prediction = (1.0 + beta) * old_prediction.detach() - beta * forward_prediction
+    x0_prediction = xt - t_expanded * positive_prediction
+    weight_factor = torch.abs(x0_prediction.double() - x0.double()).mean(dim=tuple(range(1, x0.ndim)), keepdim=True).clip(min=0.00001)
+    positive_loss = ((x0_prediction - x0) ** 2 / weight_factor).mean(dim=tuple(range(1, x0.ndim)))
+    negative_x0_prediction = xt - t_expanded * implicit_negative_prediction
+    negative_weight_factor = torch.abs(negative_x0_prediction.double() - x0.double()).mean(dim=tuple(range(1, x0.ndim)), keepdim=True).clip(min=0.00001)
+    negative_loss = ((negative_x0_prediction - x0) ** 2 / negative_weight_factor).mean(dim=tuple(range(1, x0.ndim)))
+    ori_policy_loss = r * positive_loss / beta + (1.0 - r) * negative_loss / beta
+    policy_loss = (ori_policy_loss * adv_clip_max).mean()
+    loss = policy_loss
+    loss_terms_ref["policy_loss"] = policy_loss.detach()
+    loss_terms_ref["unweighted_policy_loss"] = ori_policy_loss.mean().detach()
+    kl_div_loss = ((forward_prediction - ref_forward_prediction) ** 2).mean(dim=tuple(range(1, x0.ndim)))
+    loss += kl_beta * torch.mean(kl_div_loss)
+    loss_terms_ref["kl_div"] = torch.mean(((forward_prediction - ref_forward_prediction) ** 2).mean(dim=tuple(range(1, x0.ndim)))).detach()
+    loss_terms_ref["old_kl_div"] = torch.mean(((old_prediction - ref_forward_prediction) ** 2).mean(dim=tuple(range(1, x0.ndim)))).detach()
+    loss_terms_ref["total_loss"] = loss.detach()
+    # ---- ours
+    ours_r = (advantages.clamp(-adv_clip_max, adv_clip_max) / adv_clip_max / 2 + 0.5).clamp(0, 1)
+    our_loss, metrics = nft_loss(forward_prediction, old_prediction, ref_forward_prediction, x0, xt, t, ours_r,
+                                 beta=beta, adv_clip_max=adv_clip_max, kl_coef=kl_beta)
+    got = loss_terms(forward_prediction, old_prediction, ref_forward_prediction, x0, our_loss, metrics, adv_clip_max)
+    for k in ("x0_norm", "x0_norm_max", "old_deviate", "old_deviate_max", "unweighted_policy_loss", "kl_div",
+              "old_kl_div", "total_loss"):
+        assert got[k] == pytest.approx(float(loss_terms_ref[k]), rel=1e-6), k
+    # the official logged policy_loss is the same tensor as `loss` (the KL is added in place): ours leaves it out
+    assert float(loss_terms_ref["policy_loss"]) == pytest.approx(float(loss_terms_ref["total_loss"]), rel=1e-9)
+    assert got["policy_loss"] + kl_beta * got["kl_div"] == pytest.approx(float(loss_terms_ref["policy_loss"]), rel=1e-6)
+    assert got["policy_loss_plain_mse"] != pytest.approx(got["unweighted_policy_loss"], rel=0.1)  # the old meaning
