@@ -457,3 +457,33 @@ def test_logged_loss_terms_are_the_official_quantities_under_the_official_names(
     assert float(loss_terms_ref["policy_loss"]) == pytest.approx(float(loss_terms_ref["total_loss"]), rel=1e-9)
     assert got["policy_loss"] + kl_beta * got["kl_div"] == pytest.approx(float(loss_terms_ref["policy_loss"]), rel=1e-6)
     assert got["policy_loss_plain_mse"] != pytest.approx(got["unweighted_policy_loss"], rel=0.1)  # the old meaning
+
+
+@pytest.mark.slow
+def test_kill_mid_epoch_and_resume_is_bitwise_identical(tmp_path, tiny_dirs):
+    """Two optimizer steps per epoch, a checkpoint after every step (save_every_steps=1), SIGKILL after step 3
+    (the middle of epoch 2): the resumed run continues the epoch from its saved rollouts, r and training
+    generator, and ends with bitwise the same weights, optimizer and records as an uninterrupted run."""
+    from safetensors.torch import load_file
+
+    from rewardkit.rl.trainer import latest_checkpoint
+
+    args = [*_common(tiny_dirs, tmp_path / "x")[:-3], "num_epochs=2", "eval_every=0", "train.steps_per_epoch=2",
+            "train.batch_size=2", "save_every=0", "progress=false", "report_to=none"]
+    ref = _run_cli([*args, f"output_dir={tmp_path / 'ref'}"])
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    run = [*args, f"output_dir={tmp_path / 'k'}", "save_every_steps=1"]
+    killed = _run_cli(run, env_extra={"REWARDKIT_TEST_KILL_AFTER_STEP": "3"})
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert latest_checkpoint(tmp_path / "k").name == "epoch-000001-step-00000003"
+    resumed = _run_cli(run)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    for f in ("adapters.safetensors", "optimizer.safetensors"):
+        a = load_file(str(latest_checkpoint(tmp_path / "ref") / f))
+        b = load_file(str(latest_checkpoint(tmp_path / "k") / f))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), f
+    strip = lambda p: [{k: v for k, v in json.loads(ln).items() if not k.startswith("time/") and k != "lora_dir"}
+                       for ln in p.read_text().splitlines()]
+    assert strip(tmp_path / "k" / "metrics.jsonl") == strip(tmp_path / "ref" / "metrics.jsonl")
+    assert strip(tmp_path / "k" / "steps.jsonl") == strip(tmp_path / "ref" / "steps.jsonl")
+    assert [r["step"] for r in strip(tmp_path / "k" / "steps.jsonl")] == [1, 2, 3, 4]
