@@ -183,6 +183,13 @@ def test_two_epoch_run_changes_lora_and_writes_outputs(tmp_path, tiny_dirs):
     assert sorted(float(e.abs().sum()) for e in ema_b) == pytest.approx(sorted(float(p.abs().sum()) for p in loaded.values()), rel=1e-6)
     ck = tmp_path / "run" / "checkpoints"
     assert (ck / "latest").read_text() == "epoch-000002" and not list(ck.glob("*.tmp"))
+    # running the finished run again trains nothing and keeps its summary (it used to rewrite it with nulls)
+    final = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert math.isfinite(final["reward_mean"])
+    again = NFTTrainer(tiny_cfg(tmp_path / "run", tiny_dirs, eval_every=2, eval_num_prompts=4, resume="auto",
+                                sample={"eval_num_steps": 3})).train()
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert again["reward_mean"] == final["reward_mean"] and json.loads(lines[-1]) == final and len(lines) == len(recs)
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
@@ -487,3 +494,28 @@ def test_kill_mid_epoch_and_resume_is_bitwise_identical(tmp_path, tiny_dirs):
     assert strip(tmp_path / "k" / "metrics.jsonl") == strip(tmp_path / "ref" / "metrics.jsonl")
     assert strip(tmp_path / "k" / "steps.jsonl") == strip(tmp_path / "ref" / "steps.jsonl")
     assert [r["step"] for r in strip(tmp_path / "k" / "steps.jsonl")] == [1, 2, 3, 4]
+
+
+def test_rl_extra_is_checked_before_any_reward_loads(tmp_path, monkeypatch):
+    """Without the rl extra, `rl nft` used to build (download) the reward first, then fail on diffusers."""
+    from rewardkit import registry
+    from rewardkit.errors import MissingDependencyError
+    from rewardkit.rl import trainer as T
+
+    def missing(module, extra=None, purpose=None):
+        raise MissingDependencyError(module, extra, purpose)
+
+    loaded = []
+    monkeypatch.setattr(T, "require", missing)
+    monkeypatch.setattr(registry, "load_reward", lambda *a, **k: loaded.append(a))
+    with pytest.raises(MissingDependencyError, match=r"diffusers(.|\n)*rewardkit-vision\[rl\]"):
+        T.NFTTrainer(NFTConfig(output_dir=str(tmp_path), cpu=True))
+    assert loaded == []
+
+
+def test_resuming_with_another_world_size_says_how_to_start_over(trainer, tmp_path):
+    ck = tmp_path / "checkpoints" / "epoch-000001"
+    ck.mkdir(parents=True)
+    (ck / "state.json").write_text(json.dumps({"world_size": 2, "epoch": 1, "global_step": 1}))
+    with pytest.raises(ValueError, match=r"2 processes.*new output_dir.*resume=never"):
+        trainer.load_checkpoint(ck)
