@@ -119,7 +119,7 @@ def test_nft_run_with_a_yaml_composite_reward(tmp_path, tiny_dirs):
     the composite and its per-axis dimensions are logged, z-scored over the epoch (mean 0 by construction)."""
     from rewardkit.rl.trainer import NFTTrainer
 
-    cfg = tiny_cfg(tmp_path / "run", tiny_dirs, num_epochs=1, save_every=0,
+    cfg = tiny_cfg(tmp_path / "run", tiny_dirs, num_epochs=1, save_every=0, eval_every=1,
                    rewards={"composite": 1.0},
                    reward_kwargs={"composite": {"axes": [
                        {"name": "pref", "reward": "pickscore", "options": {"model": "tiny:clip", "device": "cpu"}},

@@ -329,7 +329,8 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path, tiny_dirs):
     b = load_file(str(latest_checkpoint(tmp_path / "k") / "adapters.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     epochs = [json.loads(ln)["epoch"] for ln in (tmp_path / "k" / "metrics.jsonl").read_text().splitlines()]
-    assert epochs == [1, 2, 3, 3]  # epochs 1-3 once each (2 dropped and replayed), then the final summary
+    assert epochs == [0, 1, 2, 3, 3]  # the baseline evaluation, epochs 1-3 once each (2 dropped and
+    # replayed), then the final summary
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -28,6 +28,8 @@ def evaluate(tr: "NFTTrainer") -> tuple[dict[str, float], torch.Tensor, list[str
     the main process the first ``eval_grid`` images (float ``[G, 3, H, W]`` in [0, 1], prompt order)."""
     cfg, s = tr.cfg, tr.cfg.sample
     n = len(tr.eval_prompts)
+    if n == 0:
+        raise ValueError("no evaluation prompts: they load when eval_every > 0 (eval_prompts)")
     rank, world = tr.dist.rank, tr.dist.world
     idx = list(range(n))[rank::world]
     backup = [p.detach().clone() for p in tr.trainable]

@@ -31,7 +31,6 @@ import dataclasses
 import json
 import math
 import os
-import shutil
 import signal
 import time
 import warnings
@@ -44,6 +43,7 @@ import torch
 
 from .._imports import require
 from ..train.trainer import latest_checkpoint, resume_checkpoint  # same checkpoint layout as the RM trainer
+from . import checkpoints as _ckpt
 from . import nft as N
 from . import schedule as S
 from . import solvers
@@ -480,121 +480,15 @@ class NFTTrainer:
             self.trackers.log(metrics, self.global_step)
         return metrics
 
-    # ------------------------------------------------------------------ checkpoints
-    def _state_tensors(self) -> dict[str, torch.Tensor]:
-        out = {}
-        for name, params in (("default", self.trainable), ("old", self.old_params), ("ema", self.ema or [])):
-            for i, p in enumerate(params):
-                out[f"{name}.{i}"] = p.detach().cpu().contiguous()
-        return out
-
+    # ------------------------------------------------------------------ checkpoints (.checkpoints)
     def save_checkpoint(self, st: dict[str, Any] | None = None) -> Path:
-        """``checkpoints/epoch-N`` after epoch N, or with ``st`` (an epoch in progress, after an optimizer step)
-        ``checkpoints/epoch-N-step-S``: each process also writes its rollouts, r and training-generator state,
-        so that the resumed epoch continues bitwise where it stopped."""
-        from ..train.trainer import _flatten_optimizer, _write_text_atomic
-
-        st_mod = require("safetensors.torch", "rl")
-        root = self.out / "checkpoints"
-        name = f"epoch-{self.epoch:06d}" + ("" if st is None else f"-step-{self.global_step:08d}")
-        final, tmp = root / name, root / f"{name}.tmp"
-        if self.dist.main:
-            for stale in root.glob("*.tmp"):
-                shutil.rmtree(stale, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        self.dist.barrier()
-        rng = {"cpu": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            rng.update({f"cuda{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
-        st_mod.save_file(rng, str(tmp / f"rng-rank{self.dist.rank}.safetensors"))
-        if st is not None:
-            b = st["buf"]
-            tensors = {"x0": b["x0"].detach().cpu().contiguous(), "prompt": b["prompt"].cpu(),
-                       "variant": b["variant"].cpu(), "r": st["r"].cpu().contiguous(), "valid": st["valid"].cpu(),
-                       "gen_state": st["gen_state"]}
-            meta = {k: st[k] for k in ("epoch", "micro", "sums", "count", "grad_norms", "scales", "logs")}
-            st_mod.save_file(tensors, str(tmp / f"epoch-state-rank{self.dist.rank}.safetensors"),
-                             metadata={"state": json.dumps(meta)})
-        self.dist.barrier()
-        if self.dist.main:
-            st_mod.save_file(self._state_tensors(), str(tmp / "adapters.safetensors"))
-            tensors, meta = _flatten_optimizer(self.opt)
-            st_mod.save_file(tensors, str(tmp / "optimizer.safetensors"))
-            self._save_lora(tmp / "lora")
-            state = {"epoch": self.epoch, "global_step": self.global_step, "world_size": self.dist.world,
-                     "mid_epoch": st is not None,
-                     "optimizer": meta, "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
-                     "config": dataclasses.asdict(self.cfg)}
-            (tmp / "state.json").write_text(json.dumps(state, indent=1), encoding="utf-8")
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-            _write_text_atomic(root / "latest", name)
-            kept = sorted(p for p in root.glob("epoch-*") if p.is_dir() and not p.name.endswith(".tmp"))
-            for old in kept[:-max(self.cfg.save_total_limit, 1)]:
-                shutil.rmtree(old, ignore_errors=True)
-        self.dist.barrier()
-        return final
-
-    def _save_lora(self, directory: Path) -> None:
-        """The LoRA for inference: the EMA weights when EMA is on (as the official code saves), else the
-        trained adapter."""
-        directory.mkdir(parents=True, exist_ok=True)
-        if self.ema is None:
-            self.policy.save_lora(directory, "default")
-            return
-        backup = [p.detach().clone() for p in self.trainable]
-        with torch.no_grad():
-            for p, e in zip(self.trainable, self.ema):
-                p.copy_(e)
-        try:
-            self.policy.save_lora(directory, "default")
-        finally:
-            with torch.no_grad():
-                for p, b in zip(self.trainable, backup):
-                    p.copy_(b)
+        return _ckpt.save_checkpoint(self, st)
 
     def load_checkpoint(self, path: Path) -> None:
-        from ..train.trainer import _unflatten_optimizer
+        _ckpt.load_checkpoint(self, path)
 
-        st = require("safetensors.torch", "rl")
-        state = json.loads((path / "state.json").read_text(encoding="utf-8"))
-        if state["world_size"] != self.dist.world:
-            raise ValueError(f"checkpoint {path} was written by {state['world_size']} processes, this run has "
-                             f"{self.dist.world}; the sample plan would differ: use a new output_dir (or "
-                             "--output-dir), or resume=never to start over in this one")
-        saved, now = state.get("config", {}), dataclasses.asdict(self.cfg)
-        keys = ("seed", "prompts", "sample", "lora", "e2po", "rewards")
-        changed = [k for k in keys if saved.get(k) != now.get(k)]
-        if changed:
-            raise ValueError(f"cannot resume from {path}: {', '.join(changed)} changed since it was written; use a "
-                             "new output_dir or resume=never")
-        tensors = st.load_file(str(path / "adapters.safetensors"))
-        with torch.no_grad():
-            for name, params in (("default", self.trainable), ("old", self.old_params), ("ema", self.ema or [])):
-                for i, p in enumerate(params):
-                    key = f"{name}.{i}"
-                    if key not in tensors or tensors[key].shape != p.shape:
-                        raise ValueError(f"checkpoint {path}: {key} missing or of another shape (lora changed?)")
-                    p.copy_(tensors[key])
-        self.opt.load_state_dict(_unflatten_optimizer(st.load_file(str(path / "optimizer.safetensors")),
-                                                      state["optimizer"]))
-        if state.get("scaler") and self.scaler.is_enabled():
-            self.scaler.load_state_dict(state["scaler"])
-        rng_file = path / f"rng-rank{self.dist.rank}.safetensors"
-        if rng_file.is_file():
-            torch.set_rng_state(st.load_file(str(rng_file))["cpu"])
-        self.epoch = int(state["epoch"])
-        self.global_step = int(state["global_step"])
-        if state.get("mid_epoch"):
-            f = path / f"epoch-state-rank{self.dist.rank}.safetensors"
-            from safetensors import safe_open
-
-            with safe_open(str(f), framework="pt") as fh:
-                meta = json.loads(fh.metadata()["state"])
-            t = st.load_file(str(f))
-            self._resume_state = {**meta, "r": t["r"], "valid": t["valid"], "gen_state": t["gen_state"],
-                                  "buf": {"x0": t["x0"].to(self.device), "prompt": t["prompt"], "variant": t["variant"]}}
+    def _save_lora(self, directory: Path) -> None:
+        _ckpt.save_lora(self, directory)
 
     # ------------------------------------------------------------------ logging
     def _log(self, rec: dict[str, Any], name: str = "metrics.jsonl") -> None:
