@@ -17,12 +17,18 @@ One epoch, top to bottom (:meth:`NFTTrainer.run_epoch`):
    trained adapter through DDP, base model), :func:`nft.nft_loss`; ``steps_per_epoch`` optimizer steps
    (fp16: GradScaler), an EMA step after each.
 6. **Old policy** ``old <- d old + (1 - d) default`` with ``d = old_policy_decay(global_step)``.
-7. **Log** (``metrics.jsonl``, tqdm, ``curves.png``) and **checkpoint** (atomic; LoRA safetensors a diffusers
-   pipeline loads with ``load_lora_weights``).
+7. **Log** (``metrics.jsonl`` per epoch, ``steps.jsonl`` per optimizer step under the official names, the
+   ``report_to`` trackers, tqdm, ``curves.png``), **evaluate** (:mod:`.evaluation`: held-out prompts, EMA
+   weights, a baseline before the first epoch) and **checkpoint** (:mod:`.checkpoints`; atomic; LoRA
+   safetensors a diffusers pipeline loads with ``load_lora_weights``).
 
 Every random draw is a pure function of ``(seed, epoch, rank)``, so a resumed run needs only the weights
-(trained, old, EMA), the optimizer, the scaler and the epoch: killing a run and resuming it gives bitwise the
-same weights on CPU (tested).
+(trained, old, EMA), the optimizer, the scaler and the epoch; inside an epoch (``save_every_steps``) also the
+epoch's rollouts, r and the training generator's state. Killing a run and resuming it gives bitwise the same
+weights on CPU, at an epoch boundary or mid-epoch (tested).
+
+Helpers live beside it: :mod:`.prompts` (prompt sets with metadata), :mod:`.runtime` (seeds, processes),
+:mod:`.scoring` (rewards), :mod:`.tracking` (loss terms, trackers).
 """
 
 from __future__ import annotations
