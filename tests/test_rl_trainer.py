@@ -520,3 +520,31 @@ def test_resuming_with_another_world_size_says_how_to_start_over(trainer, tmp_pa
     (ck / "state.json").write_text(json.dumps({"world_size": 2, "epoch": 1, "global_step": 1}))
     with pytest.raises(ValueError, match=r"2 processes.*new output_dir.*resume=never"):
         trainer.load_checkpoint(ck)
+
+
+def test_documented_single_and_multi_process_tiny_commands_use_separate_folders():
+    """README / docs/rl.md / the recipe headers / `rl nft --help`: a single-process and a torchrun command on
+    the same recipe shared one output_dir, so the second resumed a checkpoint of another world size and failed."""
+    import re
+
+    import yaml
+
+    sources = [ROOT / "docs" / "rl.md", ROOT / "README.md", ROOT / "rewardkit" / "commands" / "rl.py",
+               *sorted((ROOT / "recipes" / "nft").glob("*.yaml"))]
+    dirs: dict[tuple[str, bool], set[str]] = {}
+    for src in sources:
+        for line in src.read_text(encoding="utf-8").splitlines():
+            m = re.search(r"((?:torchrun|rewardkit) .*rl nft .*)", line.lstrip("# "))
+            if not m or "--config" not in m.group(1):
+                continue
+            words = m.group(1).split("  #")[0].replace("`", " ").split()
+            recipe = words[words.index("--config") + 1]
+            if not (ROOT / recipe).is_file():  # a placeholder such as recipes/nft/NAME.yaml
+                continue
+            out = [w.split("=", 1)[1] for w in words if w.startswith("output_dir=")]
+            if not out:
+                out = [yaml.safe_load((ROOT / recipe).read_text())["output_dir"]]
+            multi = words[0] == "torchrun"
+            dirs.setdefault((recipe, multi), set()).add(out[-1])
+    shared = {r: dirs[(r, False)] & dirs[(r, True)] for r, multi in dirs if multi and (r, False) in dirs}
+    assert any((r, True) in dirs for r, _ in dirs) and not any(shared.values()), shared

@@ -76,6 +76,7 @@ def _default_eval_prompts(prompts: str) -> str:
     raise ValueError("eval_every needs held-out prompts: set eval_prompts to a prompt file (as `prompts`, e.g. "
                      "test_metadata.jsonl), or eval_every: 0")
 
+
 # ---------------------------------------------------------------------------------------------- trainer
 class NFTTrainer:
     def __init__(self, cfg: NFTConfig):
@@ -119,6 +120,10 @@ class NFTTrainer:
             if cfg.eval_num_prompts:
                 self.eval_prompts = self.eval_prompts[:cfg.eval_num_prompts]
                 self.eval_metadata = self.eval_metadata[:cfg.eval_num_prompts]
+        overlap = set(self.eval_prompts) & set(self.prompts)
+        if overlap and self.dist.main:
+            warnings.warn(f"{len(overlap)} of {len(self.eval_prompts)} evaluation prompts are training prompts too "
+                          f"(e.g. {sorted(overlap)[0]!r}): the evaluation is not held out", stacklevel=2)
         if cfg.eval_every and len(self.eval_prompts) < self.dist.world:
             # every process evaluates a share of the prompts and the statistics are all-reduced by key
             raise ValueError(f"{len(self.eval_prompts)} evaluation prompt(s) for {self.dist.world} processes: give at "
