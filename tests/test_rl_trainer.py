@@ -400,14 +400,25 @@ def test_prompt_rows_other_fields_reach_the_rewards_as_each_samples_metadata(tmp
     monkeypatch.setattr(registry, "resolve_name", lambda n: n)
     monkeypatch.setattr(registry, "load_reward", lambda name, **kw: reward)
     cfg = tiny_cfg(tmp_path / "run", tiny_dirs, prompts=str(path), rewards={"needs-meta": 1.0},
-                   sample={"num_groups": 3})
+                   sample={"num_groups": 4})
     cfg.reward_kwargs = {}
     tr = NFTTrainer(cfg)
     buf = tr._sample_epoch(0, None)
     by_prompt = {r["prompt"]: {k: v for k, v in r.items() if k != "prompt"} for r in rows}
-    assert len(reward.seen) == 12 and all(meta == by_prompt[p] for p, meta in reward.seen)
+    assert len(reward.seen) == 16 and all(meta == by_prompt[p] for p, meta in reward.seen)
     totals = torch.cat([r["total"] for r in buf["rewards"]])
     assert totals.tolist() == [float(rows[int(p)]["count"]) for p in buf["prompt"]]
+    # the same plan seen from each of 2 processes (a group spread over them): every process's samples carry
+    # their own prompt's row, and together they are the whole epoch
+    seen = []
+    tr.dist.world, tr.num_batches = 2, tr.num_batches // 2
+    for rank in (0, 1):
+        reward.seen.clear()
+        tr.dist.rank = rank
+        part = tr._sample_epoch(0, None)
+        assert len(reward.seen) == 8 and all(meta == by_prompt[p] for p, meta in reward.seen)
+        seen += part["prompt"].tolist()
+    assert sorted(seen) == sorted(buf["prompt"].tolist())
 
 
 def test_logged_loss_terms_are_the_official_quantities_under_the_official_names():
