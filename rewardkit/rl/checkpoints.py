@@ -107,6 +107,8 @@ def load_checkpoint(tr: "NFTTrainer", path: Path) -> None:
                          "--output-dir), or resume=never to start over in this one")
     saved, now = state.get("config", {}), dataclasses.asdict(tr.cfg)
     keys = ("seed", "prompts", "sample", "lora", "e2po", "rewards")
+    if state.get("mid_epoch"):  # the rest of the epoch follows the saved micro-batch split and generator
+        keys += ("train",)
     changed = [k for k in keys if saved.get(k) != now.get(k)]
     if changed:
         raise ValueError(f"cannot resume from {path}: {', '.join(changed)} changed since it was written; use a "
