@@ -52,8 +52,10 @@ def safe_load_yaml(text: str) -> Any:
 T = TypeVar("T")
 
 
-def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
-    """``["a=1", "b.c=x"]`` -> ``{"a": 1, "b": {"c": "x"}}``."""
+def parse_overrides(overrides: Sequence[str], *, patches: bool = False) -> dict[str, Any]:
+    """``["a=1", "b.c=x"]`` -> ``{"a": 1, "b": {"c": "x"}}``. With ``patches`` the mappings made from dotted keys
+    are :class:`Patch` objects, for :func:`build_config` (they edit a ``merge: False`` field instead of replacing it;
+    the merged config holds plain dicts again)."""
     out: dict[str, Any] = {}
     bad = []
     for item in overrides:
@@ -68,7 +70,7 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
         node = out
         parts = key.strip().split(".")
         for p in parts[:-1]:
-            node = node.setdefault(p, Patch())
+            node = node.setdefault(p, Patch() if patches else {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r} conflicts with an earlier override of {p!r}")
         node[parts[-1]] = value
@@ -101,6 +103,17 @@ def _field_default(f: dataclasses.Field) -> Any:
     return None if f.default is dataclasses.MISSING else f.default
 
 
+def _plain(v: Any) -> Any:
+    """``v`` with every :class:`Patch` inside it made a plain dict (nothing downstream sees the marker)."""
+    if isinstance(v, Patch):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()} if any(isinstance(x, (dict, list)) for x in v.values()) else v
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    return v
+
+
 def _merge(base: dict[str, Any], upd: Mapping[str, Any], cls: type | None = None) -> dict[str, Any]:
     """``upd`` layered over ``base``, mappings merged key by key. With the dataclass ``cls`` the layers are
     read as its config: a field declared ``metadata={"merge": False}`` is replaced by a whole mapping and
@@ -110,7 +123,7 @@ def _merge(base: dict[str, Any], upd: Mapping[str, Any], cls: type | None = None
         f, sub = _field_info(cls, k)
         whole = f is not None and f.metadata.get("merge", True) is False
         if whole and isinstance(v, Mapping) and not isinstance(v, Patch):
-            out[k] = dict(v)
+            out[k] = _plain(dict(v))
             continue
         if whole and isinstance(v, Patch) and k not in out:
             default = _field_default(f)
@@ -119,7 +132,7 @@ def _merge(base: dict[str, Any], upd: Mapping[str, Any], cls: type | None = None
         if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
             out[k] = _merge(dict(out[k]), v, sub)
         else:
-            out[k] = dict(v) if isinstance(v, Patch) else v
+            out[k] = _plain(v)
     return out
 
 
@@ -256,7 +269,7 @@ def _read_yaml(path: str | Path) -> dict[str, Any]:
 def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
     """Load ``cls`` from a YAML file (optional) and ``key=value`` overrides (CLI style)."""
     data = _read_yaml(path) if path is not None else {}
-    return build_config(cls, data, parse_overrides(overrides))
+    return build_config(cls, data, parse_overrides(overrides, patches=True))
 
 
 def save_config(cfg: Any, path: str | Path) -> None:

@@ -357,8 +357,13 @@ def test_rewards_is_a_set_replaced_by_each_layer_and_edited_by_dotted_overrides(
 
     assert build_config(NFTConfig, NFTConfig(), {"rewards": {"remote": 1.0}}).rewards == {"remote": 1.0}
     assert build_config(NFTConfig, None, {"rewards": {"remote": 1.0}}).rewards == {"remote": 1.0}
-    assert build_config(NFTConfig, None, parse_overrides(["rewards.remote=0.5"])).rewards == {"pickscore": 1.0, "remote": 0.5}
-    assert build_config(NFTConfig, None, parse_overrides(["rewards={remote: 2}"])).rewards == {"remote": 2}
+    dotted = parse_overrides(["rewards.remote=0.5"], patches=True)
+    assert build_config(NFTConfig, None, dotted).rewards == {"pickscore": 1.0, "remote": 0.5}
+    assert build_config(NFTConfig, None, parse_overrides(["rewards={remote: 2}"], patches=True)).rewards == {"remote": 2}
+    # the markers never leak: plain dicts all the way down (yaml.safe_dump refuses dict subclasses)
+    deep = build_config(NFTConfig, None, parse_overrides(["reward_kwargs.clipscore.options.model=x"], patches=True))
+    assert type(deep.reward_kwargs["clipscore"]["options"]) is dict
+    assert yaml.safe_dump(deep.reward_kwargs) and type(parse_overrides(["a.b=1"])["a"]) is dict
     cfg = build_config(NFTConfig, {"train": {"lr": 0.1}, "reward_kwargs": {"a": {"x": 1}}},
                        {"train": {"beta": 0.5}, "reward_kwargs": {"a": {"y": 2}}})
     assert (cfg.train.lr, cfg.train.beta, cfg.reward_kwargs) == (0.1, 0.5, {"a": {"x": 1, "y": 2}})
@@ -366,8 +371,11 @@ def test_rewards_is_a_set_replaced_by_each_layer_and_edited_by_dotted_overrides(
     recipe.write_text("rewards: {clipscore: 2.0}\n")
     assert main(["rl", "nft", "--preset", "multi_reward", "--config", str(recipe), "--print-config"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["rewards"] == {"clipscore": 2.0}
-    assert main(["rl", "nft", "--preset", "multi_reward", "--print-config", "rewards.clipscore=3"]) == 0
-    assert yaml.safe_load(capsys.readouterr().out)["rewards"] == {"pickscore": 1.0, "hpsv2": 1.0, "clipscore": 3}
+    assert main(["rl", "nft", "--preset", "multi_reward", "--print-config", "rewards.clipscore=3",
+                 "reward_kwargs.clipscore.options.model=x"]) == 0
+    out = yaml.safe_load(capsys.readouterr().out)
+    assert out["rewards"] == {"pickscore": 1.0, "hpsv2": 1.0, "clipscore": 3}
+    assert out["reward_kwargs"] == {"clipscore": {"options": {"model": "x"}}}
 
 
 def test_prompt_rows_other_fields_reach_the_rewards_as_each_samples_metadata(tmp_path, tiny_dirs, monkeypatch):

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         overrides.append(f"output_dir={args.output_dir}")
     if args.resume:
         overrides.append(f"resume={args.resume}")
-    cfg = build_config(NFTConfig, data, parse_overrides(overrides))
+    cfg = build_config(NFTConfig, data, parse_overrides(overrides, patches=True))
     if args.print_config:
         import yaml
 
