@@ -911,8 +911,7 @@ def test_rl_reward_scorer_weighted_sum_components_dimensions_and_nan(tmp_path, m
 
 # dropin's options (CFG, DDIM, integer timestep, init_lora): in the table by their real names; on a branch
 # without them yet they are the only names allowed to be missing (empty this set once both branches are merged)
-_OPTIONS_FROM_OTHER_BRANCHES = {"sample.guidance_scale", "sample.negative_prompt", "sample.integer_timestep",
-                                "model.init_lora", "model.transformer"}
+_OPTIONS_FROM_OTHER_BRANCHES: set[str] = set()
 
 
 def test_rl_side_by_side_table_names_real_options():

@@ -58,6 +58,7 @@ class SampleArgs:
     group_size: int = 24                  # images per prompt (with E²PO: G x K, K = e2po.num_variants)
     eval_num_steps: int = 40              # evaluation: Euler ODE
     eval_solver: str = "euler"
+    eval_guidance_scale: float | None = None  # evaluation's CFG scale; None: sample.guidance_scale (official)
 
 
 @dataclass
@@ -128,6 +129,10 @@ class NFTConfig:
                              f"{s.solver!r} / {s.eval_solver!r}")
         if not (isinstance(s.guidance_scale, (int, float)) and math.isfinite(s.guidance_scale)):
             raise ValueError(f"sample.guidance_scale must be a finite number, got {s.guidance_scale!r}")
+        if s.eval_guidance_scale is not None and not (isinstance(s.eval_guidance_scale, (int, float))
+                                                      and math.isfinite(s.eval_guidance_scale)):
+            raise ValueError(f"sample.eval_guidance_scale must be a finite number or null, got "
+                             f"{s.eval_guidance_scale!r}")
         if not (0 <= s.eta < math.inf):
             raise ValueError(f"sample.eta must be finite and >= 0, got {s.eta!r}")
         if self.mixed_precision not in ("no", "fp16", "bf16"):

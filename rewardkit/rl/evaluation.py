@@ -46,7 +46,7 @@ def evaluate(tr: "NFTTrainer") -> tuple[dict[str, float], torch.Tensor, list[str
             shape = tr.policy.latent_shape(1, s.resolution)
             noise = torch.cat([torch.randn(shape, generator=_gen(cfg.seed, _EVAL, i)) for i in ids]).to(tr.device)
             x0 = tr._rollout(cond, cond, noise, _gen(cfg.seed, _EVAL, n + ids[0]), steps=s.eval_num_steps,
-                             solver=s.eval_solver, use_old=False)
+                             solver=s.eval_solver, use_old=False, guidance_scale=s.eval_guidance_scale)
             images = tr.policy.decode(x0).float().cpu()
             results.append(tr.scorer(images, texts, [tr.eval_metadata[i] for i in ids]))
             grid_local += [images[j] for j, i in enumerate(ids) if i < grid_n]

@@ -252,11 +252,13 @@ class NFTTrainer:
     # ------------------------------------------------------------------ rollouts
     @torch.no_grad()
     def _rollout(self, c_orig: Cond, c_opt: Cond, noise: torch.Tensor, gen: torch.Generator,
-                 steps: int | None = None, solver: str | None = None, use_old: bool = True) -> torch.Tensor:
+                 steps: int | None = None, solver: str | None = None, use_old: bool = True,
+                 guidance_scale: float | None = None) -> torch.Tensor:
         """Latents at sigma = 0 from ``noise`` ``[B, C, h, w]``; E²PO members follow the noise-aware condition."""
         s, e = self.cfg.sample, self.cfg.e2po
         sigmas = self.sigmas if steps is None else S.flow_sigmas(steps, s.shift)
         perturbed = c_opt is not c_orig
+        cfg_scale = s.guidance_scale if guidance_scale is None else guidance_scale
 
         def velocity(x, sigma, i):
             cond = c_orig
@@ -267,7 +269,7 @@ class NFTTrainer:
             sig = torch.full((x.shape[0],), sigma, device=x.device, dtype=torch.float32)
             with self._autocast():
                 return self.policy.sample_velocity(
-                    self.policy.transformer, x, sig, cond, guidance_scale=s.guidance_scale,
+                    self.policy.transformer, x, sig, cond, guidance_scale=cfg_scale,
                     negative_prompt=s.negative_prompt, integer_timestep=s.integer_timestep).float()
 
         ctx = self.policy.use_old() if use_old else nullcontext()
