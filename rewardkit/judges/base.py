@@ -21,7 +21,12 @@ from typing import Any, Iterator, Sequence
 Message = dict[str, Any]
 Conversation = list[Message]
 
-__all__ = ["Message", "Conversation", "JudgeBackend", "ChoiceError"]
+__all__ = ["Message", "Conversation", "JudgeBackend", "ChoiceError", "DECIMAL"]
+
+#: The one number rule of every judge answer parser: a plain non-negative decimal in ASCII digits ("4", "3.5").
+#: Python's ``\d`` would also read "４" (fullwidth), "٣" (Arabic-Indic) or "४" (Devanagari) as digits, and
+#: ``float()`` would turn them into a score; no sign, no exponent, no "nan" / "inf". Use it inside a regex.
+DECIMAL = r"[0-9]+(?:\.[0-9]+)?"
 
 
 class ChoiceError(ValueError):
