@@ -354,11 +354,12 @@ class OpenAIJudge(JudgeBackend):
         """True for a vLLM server (``server="vllm"``, or ``"auto"`` and ``GET /version`` answers a version)."""
         if self._server == "auto":
             kind = "openai"
-            try:
-                resp = self._client.get(self.base_url.rsplit("/v1", 1)[0] + "/version")
-                if resp.status_code == 200 and isinstance(resp.json(), dict) and "version" in resp.json():
+            try:  # bounded like every request: the deadline (timeout) and max_response_bytes
+                status, _, raw = self._send(self.base_url.rsplit("/v1", 1)[0] + "/version", None, method="GET")
+                data = json.loads(raw) if status == 200 else None
+                if isinstance(data, dict) and "version" in data:
                     kind = "vllm"
-            except (self._httpx.HTTPError, ValueError):
+            except (self._httpx.HTTPError, _TooLarge, ValueError, RecursionError):
                 pass
             self._server = kind
         return self._server == "vllm"
@@ -378,13 +379,14 @@ class OpenAIJudge(JudgeBackend):
         raise TypeError("OpenAIJudge holds an HTTP client and cannot be pickled; pass the spec string instead")
 
     # ------------------------------------------------------------------ HTTP
-    def _send(self, url: str, body: dict[str, Any]) -> tuple[int, Any, bytes]:
-        """One POST bounded by ``timeout`` in all and by ``max_response_bytes``: (status, headers, body)."""
+    def _send(self, url: str, body: dict[str, Any] | None, *, method: str = "POST") -> tuple[int, Any, bytes]:
+        """One request (a POST of ``body``, or a GET) bounded by ``timeout`` in all and by ``max_response_bytes``:
+        (status, headers, body)."""
         httpx = self._httpx
         deadline = time.monotonic() + self.timeout
         _local.deadline = deadline
         try:
-            with self._client.stream("POST", url, json=body) as resp:
+            with self._client.stream(method, url, **({} if body is None else {"json": body})) as resp:
                 size = resp.headers.get("content-length", "")
                 if size.strip().isdigit() and int(size) > self.max_response_bytes:
                     raise _TooLarge(f"Content-Length {int(size)}")
