@@ -31,8 +31,8 @@ DRIP_SECONDS = 20.0  # a dripping response lasts at most this long (bounds the t
 
 class FakeServer:
     """OpenAI chat-completions double. ``mode`` applies to every request; ``script`` (consumed first) to the
-    next ones. Modes: ok, nologprobs, labels_missing, neginf, nanlp, offscale, malformed, 500, 429, drip,
-    header_drip, huge, huge_nolength, retry_after_nan."""
+    next ones. Modes: ok, nologprobs, labels_missing, neginf, nanlp, offscale, overunity, dupyes, malformed, 500,
+    429, drip, header_drip, huge, huge_nolength, retry_after_nan."""
 
     def __init__(self):
         self.mode = "ok"
@@ -116,6 +116,11 @@ class FakeServer:
                     top = [("Yes", math.nan), ("No", -0.2)]
                 elif mode == "offscale":
                     top = [("Yes", 2.0), ("No", 1.0)]
+                elif mode == "overunity":                       # P(Yes) + P(No) = 2 exp(-0.05) = 1.90
+                    top = [("Yes", -0.05), ("No", -0.05)]
+                elif mode == "dupyes":                          # "Yes" twice (sum 1.002): which one is it?
+                    top = [("Yes", -0.1), ("No", -2.4), ("Yes", -5.0)] if yes > 0.5 else \
+                        [("Yes", -5.0), ("No", -0.1), ("Yes", -2.4)]
                 content = "Reason: looks right.\nScore: 7" if mode == "offscale" else "Reason: looks right.\nScore: 4"
                 choices = []
                 for i in range(body.get("n", 1)):
@@ -253,6 +258,8 @@ CASES = {  # case -> (server mode or script, what a NaN's reason must mention)
     "slow_drip": ("drip", "Timeout"),
     "huge_body": ("huge_nolength", "max_response_bytes"),
     "off_scale": ("offscale", None),
+    "over_unity_logprobs": ("overunity", "no usable"),    # before: renormalised to 0.5 / 0.5 and scored
+    "duplicate_label_logprobs": ("dupyes", "no usable"),  # before: the first "Yes" won
 }
 
 
