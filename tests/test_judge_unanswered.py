@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -128,6 +129,40 @@ def test_detector_cache_with_non_boolean_entries_is_asked_again(tmp_path):
     det = load_reward("detectors", judge=judge, template=_det_template(tmp_path), detectors=["b"],
                       applicability_cache=str(cache))
     assert det([IMG], "a NOPE prompt").scores[0] == 1.0 and judge.calls == 2   # asked again, then scored
+
+
+def test_detector_cache_entries_count_only_for_their_template_and_judge(tmp_path):
+    """Bug: the applicability cache stored the template id but never checked it: answers given under another
+    template version (other applies questions) or by another judge were reused."""
+    cache = tmp_path / "det.jsonl"
+    judge = Scripted()
+    det = load_reward("detectors", judge=judge, template=_det_template(tmp_path), detectors=["b"],
+                      applicability_cache=str(cache))
+    assert det([IMG], "a NOPE prompt").scores[0] == 1.0 and judge.calls == 2     # asked, cached, scored
+    rec = json.loads(cache.read_text().splitlines()[-1])
+    assert rec["template"] == det.template.id and rec["judge"] and rec["applies"] == {"b": False}
+    again = Scripted()
+    load_reward("detectors", judge=again, template=_det_template(tmp_path), detectors=["b"],
+                applicability_cache=str(cache))([IMG], "a NOPE prompt")
+    assert again.calls == 1                                   # same template and judge: the cached answer is used
+    # another template version (its applies question now mentions the prompt as unanswerable): asked again
+    (tmp_path / "v2").mkdir()
+    v2 = _det_template(tmp_path / "v2", applies_q="Is it UNANSWERED?")
+    Path(v2).write_text(Path(v2).read_text().replace('version: "t"', 'version: "t2"'))
+    other = Scripted()
+    out = load_reward("detectors", judge=other, template=v2, detectors=["b"], applicability_cache=str(cache))(
+        [IMG], "a NOPE prompt")
+    # the v2 applies question was asked (and is unanswered): NaN; before, the v1 answer was reused: score 1.0
+    assert any("UNANSWERED" in a for a in other.asked) and math.isnan(out.scores[0])
+    # another judge (same template): asked again
+    class OtherJudge(Scripted):
+        def describe(self):
+            return {"kind": "scripted", "model": "another"}
+
+    j2 = OtherJudge()
+    load_reward("detectors", judge=j2, template=_det_template(tmp_path), detectors=["b"],
+                applicability_cache=str(cache))([IMG], "a NOPE prompt")
+    assert j2.calls == 2
 
 
 def test_detector_unanswered_verdicts(tmp_path):
