@@ -618,6 +618,7 @@ def test_cache_is_keyed_by_the_weights_content_judge_and_template(tmp_path, data
 
     assert list(content_identity({"model": str(model)})) == [str(model.resolve())]
     assert content_identity({"model": "org/not-a-local-path", "device": "cpu"}) == {}
+    assert content_identity({"applicability_cache": str(model / "weights.txt")}) == {}  # the reward's own memo
 
     # the judge's identity and the template id (a template re-versioned under the same name)
     from rewardkit.judges.base import JudgeBackend

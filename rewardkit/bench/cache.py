@@ -137,18 +137,25 @@ def _path_candidates(value: str) -> list[str]:
     return out
 
 
+#: configuration keys naming a file the reward writes as its own memo of the judge's answers (already keyed by
+#: judge and template inside): growing during a run, they are not part of the weights' identity
+_MEMO_KEYS = frozenset({"applicability_cache"})
+
+
 def content_identity(config: Any, memo_dir: str | Path | None = None) -> dict[str, str]:
     """``{path: digest}`` for every string in ``config`` (nested) that names an existing local file or directory:
     a file's bytes (:func:`file_digest`); a directory's files (relative names and digests; hidden entries
-    skipped). Hub ids and other strings are left to the configuration itself."""
+    skipped). Hub ids and other strings are left to the configuration itself; a reward's own answer memo
+    (``applicability_cache``) is not content."""
     found: dict[str, str] = {}
     memo = _load_memo(memo_dir)
     before = dict(memo)
 
     def walk(x: Any) -> None:
         if isinstance(x, dict):
-            for v in x.values():
-                walk(v)
+            for k, v in x.items():
+                if k not in _MEMO_KEYS:
+                    walk(v)
         elif isinstance(x, (list, tuple)):
             for v in x:
                 walk(v)
