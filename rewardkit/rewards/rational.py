@@ -193,7 +193,8 @@ class RationalReward(JudgePolicyMixin, Reward):
                             "summary": c.summary, "refined_request": c.refined_request, "notes": c.notes,
                             "mean": None if math.isnan(m) else m})
         valid = torch.tensor([e is None for e in errors])
-        return RewardOutput(scores=scores, valid=valid, errors=errors, dimensions=dims, rationales=list(texts),
+        rationales = [None if e else t for t, e in zip(texts, failed)]  # (no text for an unanswered request)
+        return RewardOutput(scores=scores, valid=valid, errors=errors, dimensions=dims, rationales=rationales,
                             details=details, info=self._info())
 
     # ------------------------------------------------------------------ pairwise
