@@ -12,8 +12,11 @@ reasoning reward.
    and a ``refined_request``) critiques every image;
 3. a sample is refined iff some applicable dimension scores below ``threshold`` (default 3.0; N/A ignored):
    its refined request is sent back to the generator (one batch for all refined samples) and the new image is
-   critiqued again. One iteration by default (the paper's setting); ``iterations`` > 1 repeats on the samples
-   still below the threshold.
+   critiqued again **against the user's request**, like the first image: before and after are scores of the
+   same question (the refined request is the generator's input, not the goal; a critique against it would let
+   a refinement that drops part of the request score higher). One iteration by default (the paper's
+   setting); ``iterations`` > 1 repeats on the samples still below the threshold, each round's refined
+   request coming from the critique of the latest image against the user's request.
 
 Never a silent pass: a critique that did not parse is NaN, which never counts as "good" (status
 ``critique_failed``: the sample is not refined, since there is no refined request to use, and the
@@ -141,7 +144,7 @@ def refine(generator: Callable[..., list[Any]], prompts: Sequence[str], *, criti
                          seed=None if seed is None else seed + 7919 * (it + 1))
         if len(imgs) != len(todo):
             raise ValueError(f"the generator returned {len(imgs)} images for {len(todo)} refined prompts")
-        out = critique(imgs, new_prompts, todo)
+        out = critique(imgs, [prompts[i] for i in todo], todo)  # the user's request, as before
         for j, i in enumerate(todo):
             current[i] = imgs[j]
             cur_out[i] = (out, j)
@@ -152,6 +155,6 @@ def refine(generator: Callable[..., list[Any]], prompts: Sequence[str], *, criti
             r["dimensions_after"] = _dim_scores(out, j)
             r["error_after"] = out.errors[j]
         active = todo
-    info = {"threshold": threshold, "iterations": iterations, "seed": seed,
+    info = {"threshold": threshold, "iterations": iterations, "seed": seed, "critiqued_against": "user_prompt",
             "critic": getattr(critic, "name", type(critic).__name__), "critic_info": dict(out0.info)}
     return RefineResult(records=records, images_before=before, images_after=current, info=info)

@@ -5,8 +5,8 @@ Third-party packages add rewards through the entry-point group ``rewardkit.rewar
     [project.entry-points."rewardkit.rewards"]
     my-reward = "my_pkg.rewards:MyReward"
 
-Nothing is imported until a reward is loaded (``rewardkit ls`` imports reward modules, which are cheap
-by rule: heavy libraries are imported inside methods).
+Nothing is imported until a reward is loaded. ``rewardkit ls`` describes the built-ins from the generated
+``rewardkit/_reward_meta.py`` (no reward module, no torch) and imports only plugins and run-time registrations.
 """
 
 from __future__ import annotations
@@ -154,7 +154,29 @@ def load_reward(name: str, config: Any = None, /, **kwargs: Any):
     ``config`` may be the reward's config dataclass, a mapping or a YAML path; ``kwargs`` override it.
     """
     cls = get_reward_class(name)
-    return cls(config, **kwargs)
+    try:
+        return cls(config, **kwargs)
+    except OSError as exc:  # a hub id that cannot be fetched: say which, and how to pass a local copy
+        from .models.zoo import hub_unavailable
+
+        err = hub_unavailable(exc, _model_of(cls, config, kwargs))
+        if err is None:
+            raise
+        raise err from exc
+
+
+def _model_of(cls: Any, config: Any, kwargs: dict[str, Any]) -> str | None:
+    """The ``model`` a reward is being built with: the keyword, the config's, or the config class default."""
+    for src in (kwargs, config if isinstance(config, dict) else None):
+        if src and isinstance(src.get("model"), str):
+            return src["model"]
+    if config is not None and isinstance(getattr(config, "model", None), str):
+        return config.model
+    try:
+        default = getattr(cls.Config(), "model", None)
+    except Exception:  # noqa: BLE001  a config without defaults: no id to name
+        return None
+    return default if isinstance(default, str) and default else None
 
 
 def list_rewards(*, include_aliases: bool = False) -> list[str]:

@@ -9,7 +9,8 @@
 # (MUTATION_TIMEOUT seconds, default 900) and MUTATION_JOBS workers (default 2). MUTATION_SAMPLE=N tests a
 # seeded random sample of N mutants per module (default 0 = all; a module such as bench/metrics.py has ~1000
 # mutants, about an hour on 2 busy cores). Prints the surviving mutants and one score line per module:
-# killed / (killed + survived); timeouts count as killed, "no tests" as survived.
+# killed / (killed + survived); timeouts count as killed, "no tests" as survived. MUTATION_SEED (default 0) seeds
+# the sample; each module's commit, seed, sample and per-mutant status go to MUTATION_RECORDS/<module>-*.json.
 # Needs `pip install mutmut` (in the `dev` extra).
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -19,6 +20,14 @@ JOBS="${MUTATION_JOBS:-2}"
 WORK="${MUTATION_WORKDIR:-$(mktemp -d -t rewardkit-mutation-XXXX)}"
 
 SAMPLE="${MUTATION_SAMPLE:-0}"
+SEED="${MUTATION_SEED:-0}"
+# Every run is recorded so a row of benchmarks/README.md can be reproduced: the commit (and whether the tree had
+# uncommitted changes), the seed, the sample size and every tested mutant with its status, as one JSON file per
+# module under MUTATION_RECORDS (default: benchmarks/mutation/, committed beside the table it backs).
+RECORDS="${MUTATION_RECORDS:-$ROOT/benchmarks/mutation}"
+mkdir -p "$RECORDS"
+COMMIT="$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)"
+if [ -n "$(git -C "$ROOT" status --porcelain -- rewardkit tests 2>/dev/null)" ]; then COMMIT="$COMMIT+dirty"; fi
 
 # name | files to mutate (space separated) | mutant-name globs ("*" = every function) | its test files
 # Keep slow tests out of these lists: mutmut's first (stats) run does not apply -m "not slow", and the scratch copy
@@ -31,6 +40,11 @@ MODULES=(
   "soup|rewardkit/compose/soup.py|*|tests/test_soup.py tests/test_soup_patterns.py tests/test_soup_contracts.py"
   "media|rewardkit/media.py|*|tests/test_bad_inputs.py tests/test_properties.py tests/test_behaviour_killers.py tests/test_media_contracts.py"
   "reward|rewardkit/reward.py|*|tests/test_contract.py tests/test_bad_inputs.py tests/test_properties.py tests/test_reward_contracts.py"
+  "integrations|rewardkit/integrations/_common.py|*|tests/test_integrations.py"
+  "nft|rewardkit/rl/nft.py|*|tests/test_rl_math.py"
+  "exploration|rewardkit/rl/exploration.py|*|tests/test_rl_exploration.py"
+  "server|rewardkit/server.py|*|tests/test_server.py"
+  "parrot_format|rewardkit/parrot/format.py|*|tests/test_parrot.py tests/test_rational.py"
 )
 
 want=("$@")
@@ -68,13 +82,13 @@ for entry in "${MODULES[@]}"; do
   if [ "$SAMPLE" -gt 0 ] || [ "$globs" != "*" ]; then
     # generate every mutant (and test only the first of each function), then pick the names to test
     (cd "$dir" && timeout "$TIMEOUT" nice -n 19 "$PY" -m mutmut run --max-children "$JOBS" "*__mutmut_1" >"$dir/gen.log" 2>&1)
-    names=$("$PY" - "$dir" "$SAMPLE" $globs <<'PYEOF'
+    names=$("$PY" - "$dir" "$SAMPLE" "$SEED" $globs <<'PYEOF'
 import fnmatch, json, pathlib, random, sys
-d, n, globs = pathlib.Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+d, n, seed, globs = pathlib.Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
 keys = sorted(k for meta in d.glob("mutants/**/*.py.meta") for k in json.loads(meta.read_text())["exit_code_by_key"])
 keys = [k for k in keys if any(fnmatch.fnmatch(k, g) for g in globs)]
 if n and len(keys) > n:
-    keys = sorted(random.Random(0).sample(keys, n))
+    keys = sorted(random.Random(seed).sample(keys, n))
 (d / "selected.txt").write_text("\n".join(keys) + "\n")
 print(" ".join(keys))
 PYEOF
@@ -85,9 +99,10 @@ PYEOF
   (cd "$dir" && timeout "$TIMEOUT" nice -n 19 "$PY" -m mutmut run --max-children "$JOBS" $names >"$dir/run.log" 2>&1)
   rc=$?
   set +f
-  line=$("$PY" - "$dir" "$rc" "$(( $(date +%s) - start ))" "$name" <<'PYEOF'
-import json, pathlib, sys
+  line=$("$PY" - "$dir" "$rc" "$(( $(date +%s) - start ))" "$name" "$COMMIT" "$SEED" "$SAMPLE" "$module" "$tests" "$RECORDS" <<'PYEOF'
+import json, pathlib, sys, time
 d, rc, secs, name = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+commit, seed, sample, module, tests, records = sys.argv[5:11]
 codes = {k: v for meta in d.glob("mutants/**/*.py.meta") for k, v in json.loads(meta.read_text())["exit_code_by_key"].items()}
 sel = d / "selected.txt"
 if sel.exists():
@@ -102,6 +117,13 @@ for k in survived:
 total = len(killed) + len(survived)
 score = 100.0 * len(killed) / total if total else float("nan")
 note = " (time limit hit: partial)" if rc == "124" or left else ""
+record = {"module": name, "files": module.split(), "tests": tests.split(), "commit": commit, "seed": int(seed),
+          "sample": int(sample), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "seconds": int(secs),
+          "killed": len(killed), "survived": len(survived), "unchecked": len(left), "score": round(score, 2),
+          "mutants": dict(sorted(st.items()))}
+out = pathlib.Path(records) / f"{name}-{commit[:12]}-seed{seed}-n{sample}.json"
+out.write_text(json.dumps(record, indent=1) + "\n")
+print(f"    record: {out}")
 print(f"RESULT {name:10s} killed {len(killed):4d}  survived {len(survived):4d}  unchecked {len(left):4d}  "
       f"score {score:5.1f}%  {secs}s{note}")
 PYEOF

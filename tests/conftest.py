@@ -48,3 +48,36 @@ def edit_example() -> Path:
     if not EDIT_EXAMPLE.is_dir():
         pytest.skip("../shared/fixtures/edit_example is not present")
     return EDIT_EXAMPLE
+
+
+# --- slow marks that hold ------------------------------------------------------------------------------------------
+# An unmarked test must stay fast, or the `-m "not slow"` inner loop grows unnoticed. Under CI (CI=true) or with
+# REWARDKIT_CHECK_SLOW_MARKS=1, the session fails when an unmarked test's own run (the call phase, not session
+# fixtures it happens to build first) takes longer than REWARDKIT_UNMARKED_LIMIT_S (default 10 s); the fix is
+# `@pytest.mark.slow` (or a faster test). Tests whose calls take over ~4 s on this machine size are marked.
+_UNMARKED_LIMIT_S = float(os.environ.get("REWARDKIT_UNMARKED_LIMIT_S", "10"))
+_unmarked_too_slow: list[tuple[str, float]] = []
+
+
+def _check_slow_marks() -> bool:
+    return os.environ.get("REWARDKIT_CHECK_SLOW_MARKS", "1" if os.environ.get("CI") else "0") not in ("", "0")
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" and report.passed and "slow" not in report.keywords \
+            and report.duration > _UNMARKED_LIMIT_S:
+        _unmarked_too_slow.append((report.nodeid, report.duration))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _unmarked_too_slow:
+        terminalreporter.section("tests without @pytest.mark.slow over the limit")
+        for nodeid, seconds in sorted(_unmarked_too_slow, key=lambda t: -t[1]):
+            terminalreporter.write_line(f"{seconds:6.1f} s  {nodeid}")
+        terminalreporter.write_line(f"limit {_UNMARKED_LIMIT_S:g} s (REWARDKIT_UNMARKED_LIMIT_S); mark them slow"
+                                    + ("" if _check_slow_marks() else " (not enforced outside CI)"))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _unmarked_too_slow and _check_slow_marks() and exitstatus == 0:
+        session.exitstatus = 1

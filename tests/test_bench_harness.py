@@ -521,8 +521,10 @@ def test_cli_bench_and_report(tmp_path, data_root, tiny_clip_dir, capsys):
                "--cache-dir", str(tmp_path / "cache"), "--output-dir", str(out), "--bootstrap", "50",
                "--no-progress", "--device", "cpu"])
     assert rc == 0
-    stem = f"clipscore-{tiny_clip_dir.name}"
-    rec = json.loads((out / f"{stem}.json").read_text())
+    (rec_path,) = out.glob("*.json")
+    stem = rec_path.stem  # <reward>-<model dir>-<config fingerprint>
+    rec = json.loads(rec_path.read_text())
+    assert stem == f"clipscore-{tiny_clip_dir.name}-{rec['reward']['fingerprint'][:8]}"
     assert rec["benchmarks"]["mmrb2/t2i"]["metrics"]["mmrb2_official"]["value"] == pytest.approx(0.583333, abs=1e-6)
     assert (out / f"{stem}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| clipscore" in (out / f"{stem}.md").read_text()

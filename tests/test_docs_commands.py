@@ -23,6 +23,8 @@ _NEEDS = re.compile(r"#.*\bneeds?\b")
 ELSEWHERE = {
     "bash scripts/score.sh": "tests/test_main_job.py::test_demo_without_arguments_shows_t2i_edit_and_compare",
     "bash scripts/test.sh": "the test suite itself",
+    "bash scripts/docs.sh build": ".ci/run (strict site build); tests/test_docs_site.py",
+    "bash scripts/docs.sh serve": "a live server: the same build as `build`, served",
 }
 
 

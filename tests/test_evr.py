@@ -344,3 +344,26 @@ def test_judge_failure_raises_or_marks_the_chunk_invalid(imgs):
     _, out = run(Down({}), imgs, on_judge_error="nan")
     assert not out.valid.any() and "judge call failed: JudgeServerError" in out.errors[0]
     assert torch.isnan(out.dimensions["harmony"]).all()
+
+
+def test_all_rejected_zero_is_the_literal_formula_only_for_binary_verdicts():
+    """The docstring's claim: with binary verdicts, every hypothesis rejected means v = 0 and the formula
+    sum v S / (sum v + eps) is exactly 0 (= ``"zero"``); with soft verdicts all below 0.5 the literal formula is
+    the v-weighted mean of the scores (by hand: (0.1*4 + 0.3*2) / (0.4 + 1e-6)), which ``"zero"`` replaces."""
+    import torch
+
+    from rewardkit.rewards.evr import dimension_scores
+
+    s = torch.tensor([[4.0, 2.0]])
+    binary = torch.tensor([[0.0, 0.0]])
+    r_zero, rej = dimension_scores(s, binary, all_rejected="zero")
+    literal_binary = float((binary * s).sum() / (binary.sum() + 1e-6))
+    assert bool(rej[0]) and float(r_zero[0]) == literal_binary == 0.0
+    soft = torch.tensor([[0.1, 0.3]])
+    r_soft_zero, rej_soft = dimension_scores(s, soft, all_rejected="zero")
+    literal_soft = (0.1 * 4 + 0.3 * 2) / (0.4 + 1e-6)
+    assert bool(rej_soft[0]) and float(r_soft_zero[0]) == 0.0 and literal_soft == pytest.approx(2.5, rel=1e-5)
+    import rewardkit.rewards.evr as evr_module
+
+    doc = " ".join(evr_module.__doc__.split())
+    assert 'with ``verifier="soft"`` the formula taken literally would give the P(Yes)-weighted mean' in doc

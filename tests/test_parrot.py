@@ -82,7 +82,7 @@ def test_filter_arithmetic_and_report(tmp_path, pairs):
     for name in ("rationales", "filtered", "projected"):
         ds = datasets.load_dataset("json", data_files=str(tmp_path / "out" / f"{name}.jsonl"), split="train")
         assert {"row", "teacher", "template", "seed", "data", "stage"} <= set(ds.column_names)
-        assert ds[0]["template"] == "parrot/default@1"
+        assert ds[0]["template"] == "parrot/default@2"
     assert json.loads((tmp_path / "out" / "filter_report.json").read_text())["kept"] == 4
 
 
@@ -326,3 +326,150 @@ def test_last_complete_checkpoint_skips_a_half_written_one(tmp_path):
         warnings.simplefilter("error")
         assert last_complete_checkpoint(run) == str(run / "checkpoint-4")
 
+
+# ------------------------------------------------------------------ stage 2 never sees the verdict
+EVIDENCE = ("Text Faithfulness: Image A shows a red bicycle against a brick wall. Image B's bicycle is blue. {v1}\n"
+            "Scores: A = 3.5, B = 2\n"
+            "Image Faithfulness: not applicable.\nScores: A = N/A, B = N/A\n"
+            "Physical and Visual Quality: {v2}\nThe spokes of Image B merge into the frame; Image A has clean spokes.\n"
+            "Scores: A = 3, B = 2.5\n"
+            "Text Rendering: no text requested.\nScores: A = N/A, B = N/A\n"
+            "Summary: The wheel of Image B is distorted. {v3}\n"
+            "Preferred: {L}\n")
+#: verdict phrasings (with {L} the winner, {O} the other) that must not reach stage 2
+VERDICTS = ["Image {L} is better.", "{L} wins.", "I prefer {L}.", "Overall I'd go with {L}.", "{L} is preferable.",
+            "**Image {L}** is clearly superior to Image {O}.", "The winner is image {L}.", "Image {O} is worse.",
+            "{L} outperforms {O} here.", "Choose {L}.", "Final answer: {L}", "Verdict: {L}", "Image {L} > Image {O}.",
+            "Image {L} should be chosen over Image {O}.", "Human annotators preferred Image {L}.", "{L}.",
+            "The second image is better." if "{L}" == "B" else "The better image is the one labelled {L}.",
+            "Image {O} loses to Image {L}; {L} beats it on every count!", "Image {L} has the edge.",
+            "I favour {L}.", "{L} is the stronger image.", "Image {O} is inferior.", "Answer: {L}"]
+
+
+def _rationale(label: str, verdict: str) -> str:
+    other = "B" if label == "A" else "A"
+    v = verdict.format(L=label, O=other)
+    return EVIDENCE.format(v1=v, v2=v, v3=v, L=label)
+
+
+@pytest.mark.parametrize("verdict", VERDICTS)
+def test_strip_verdict_removes_every_verdict_keeps_evidence_and_scores(verdict):
+    from rewardkit.parrot.format import parse_pairwise, strip_verdict
+
+    a, b = _rationale("A", verdict), _rationale("B", verdict)
+    assert parse_pairwise(a).preferred == "A" and parse_pairwise(b).preferred == "B"
+    sa, sb = strip_verdict(a), strip_verdict(b)
+    # the same evidence with the opposite verdict gives the same stage-2 text: nothing about the label survives
+    assert sa == sb
+    assert "Preferred" not in sa and "annotators" not in sa
+    for words in ("better", "wins", "prefer", "go with", "superior", "winner", "worse", "outperforms", "Choose",
+                  "answer", "Verdict", ">", "chosen", "beats", "edge", "favour", "stronger", "inferior"):
+        assert words.lower() not in sa.lower(), words
+    # evidence and scores survive, in the canonical format
+    assert "Image A shows a red bicycle against a brick wall. Image B's bicycle is blue." in sa
+    assert "The spokes of Image B merge into the frame; Image A has clean spokes." in sa
+    assert "Summary: The wheel of Image B is distorted." in sa
+    assert "Scores: A = 3.5, B = 2\n" in sa and "Scores: A = 3, B = 2.5\n" in sa
+    assert strip_verdict(sa) == sa  # idempotent: stripped text still parses (without a Preferred line)
+
+
+def test_strip_verdict_drops_text_outside_the_sections():
+    from rewardkit.parrot.format import strip_verdict
+
+    r = "Clearly B.\n" + _rationale("B", "") + "I would pick B any day.\n"
+    s = strip_verdict(r)
+    assert "B." not in s.split("\n")[0] and "pick" not in s and s.startswith("Text Faithfulness:")
+
+
+def test_stage2_prompts_are_label_blind_and_unsupported_verdicts_are_rejected(tmp_path):
+    """The same pair with label A and with label B: stage 1 (anchored) writes opposite verdicts over the same
+    evidence; stage 2 gets byte-identical prompts with no verdict, and keeps only the rationale whose evidence
+    supports its label (the label-B one, contradicted by its own scores, is rejected). Before the fix the
+    prompt carried "Preferred: <label>" and both were kept."""
+    from rewardkit.parrot.testing import _parts
+
+    d = tmp_path / "pairs"
+    d.mkdir()
+    grey(BRIGHT).save(d / "bright.png")
+    grey(DARK).save(d / "dark.png")
+    with open(d / "metadata.jsonl", "w") as f:
+        for lab in ("A", "B"):
+            f.write(json.dumps({"prompt": "a cat", "image_a": "bright.png", "image_b": "dark.png", "label": lab}) + "\n")
+
+    class Recording(ScriptedTeacher):
+        stage2: list[str] = []
+
+        def generate(self, conversations, **kw):
+            for c in conversations:
+                _, text = _parts(c)
+                if "--- evaluation ---" in text:
+                    self.stage2.append(text)
+            return super().generate(conversations, **kw)
+
+    teacher = Recording()
+    pipe = Pipeline(cfg_for(tmp_path, d), teacher=teacher, progress=False)
+    rep = pipe.run_stages()
+    rats = {r["row"]: r["rationale"] for r in pipe.rationales.records.values()}
+    assert "Preferred: A" in rats[0] and "Preferred: B" in rats[1] and "Image B is better" in rats[1]
+    assert len(teacher.stage2) == 2 and teacher.stage2[0] == teacher.stage2[1]
+    for t in teacher.stage2:
+        shown = t.split("--- evaluation ---", 1)[1].split("--- end ---", 1)[0]
+        for leak in ("Preferred", "better", "Human annotators"):
+            assert leak not in shown
+    f = {r["row"]: r for r in pipe.filtered.records.values()}
+    assert f[0]["reason"] == "kept" and f[1]["reason"] == "wrong_prediction" and f[1]["prediction"] == "A"
+    assert f[0]["evidence"] in teacher.stage2[0] and rep["keep_rate"] == 0.5
+
+
+def test_tiny_recipe_keep_rate_from_evidence():
+    """The tiny recipe's data (synthetic:brightness, 16 pairs, seed 0) through stages 1-2 with the scripted
+    teacher: the brighter image always wins, so every verdict agrees with the content, but 2 pairs' qualities
+    round to the same value (scores equal in every dimension): their evidence separates nothing and they are
+    dropped as non-predictive. Keep rate 14/16 = 0.875 (it was 1.0 when stage 2 could read "Preferred:")."""
+    import tempfile
+    from pathlib import Path
+
+    import yaml
+
+    from rewardkit.parrot.testing import _parts, quality
+    from rewardkit.train.data import load_pairs
+
+    recipe = yaml.safe_load((Path(__file__).resolve().parents[1] / "recipes" / "parrot" / "tiny.yaml").read_text())
+    assert recipe["data"] == {"train": "synthetic:brightness", "synthetic_size": 16} and recipe["seed"] == 0
+    assert recipe["teacher"]["judge"] == "scripted"
+    shown = []
+
+    class Recording(ScriptedTeacher):
+        def generate(self, conversations, **kw):
+            shown.extend(t.split("--- evaluation ---", 1)[1].split("--- end ---", 1)[0]
+                         for _, t in map(_parts, conversations) if "--- evaluation ---" in t)
+            return super().generate(conversations, **kw)
+
+    cfg = ParrotConfig(output_dir=tempfile.mkdtemp(), data=DataCfg(train="synthetic:brightness", synthetic_size=16),
+                       teacher=TeacherCfg(judge="scripted"), batch_size=recipe["batch_size"], seed=recipe["seed"])
+    pipe = Pipeline(cfg, teacher=Recording(), progress=False)
+    pipe.rationalize()
+    pipe.filter()
+    rep = pipe.report()
+    assert len(shown) == 16 and not any("Preferred" in t or "better" in t for t in shown)
+    ds, _ = load_pairs("synthetic:brightness", synthetic_size=16, seed=0)
+    ties = sum(quality(r["image_a"]) == quality(r["image_b"]) for r in ds)  # computed from the images alone
+    assert ties == 2 and rep["counts"]["unparseable_prediction"] == ties
+    assert rep["kept"] == 16 - ties and rep["keep_rate"] == 0.875
+
+
+@pytest.mark.slow
+def test_run_no_progress_shows_no_bar_at_all(tmp_path, capfd, monkeypatch):
+    """`parrot run --no-progress`: no progress bar from the pipeline, datasets (Arrow cache writes) or the Trainer."""
+    from pathlib import Path
+
+    from rewardkit.cli import main
+
+    for var in ("HF_DATASETS_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_PROGRESS_BARS"):
+        monkeypatch.delenv(var, raising=False)  # restored afterwards (the command sets them)
+    recipe = str(Path(__file__).resolve().parents[1] / "recipes" / "parrot" / "tiny.yaml")
+    rc = main(["parrot", "run", "--config", recipe, f"output_dir={tmp_path / 'out'}", "data.synthetic_size=3",
+               "sft.max_steps=1", "sft.save_steps=100", "--no-progress"])
+    assert rc == 0
+    err = capfd.readouterr().err
+    assert "%|" not in err and "it/s]" not in err, err[-2000:]

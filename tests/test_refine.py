@@ -83,7 +83,39 @@ def test_refine_cli_callable_generator(tmp_path, monkeypatch, tiny_qwen2_5_vl_di
     rc = main(["refine", "--generator", "gcr_gen:generate", "--gen", "level=40", "--prompt", "a cat", "--prompt", "a dog",
                "--critic-model", str(tiny_qwen2_5_vl_dir), "--device", "cpu", "--set", "max_new_tokens=6",
                "-o", str(tmp_path / "out")])
-    assert rc == 0
+    assert rc == 3  # no image could be critiqued (the tiny critic writes no parsable critique): not a success
     recs = [json.loads(x) for x in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
     assert [r["status"] for r in recs] == ["critique_failed"] * 2 and recs[0]["error_before"]
     assert (tmp_path / "out" / "before" / "00001.png").is_file() and (tmp_path / "out" / "after" / "00000.png").is_file()
+
+
+def test_after_image_is_critiqued_against_the_users_prompt_not_the_refined_one():
+    """Before and after answer the same question. The user asks for text ('a sign saying "OPEN"'); the
+    critic's refined request drops the quotes. Against the refined request the after-critique would have no
+    text-rendering dimension (N/A) and a different mean; against the user's request it keeps it (scripted:
+    2 when the request quotes text). The critic is asked with the user's prompt both times."""
+    from rewardkit.rewards.rational import RationalReward
+
+    class Teacher(ScriptedTeacher):
+        def _pointwise(self, im, request, edit):
+            return super()._pointwise(im, request, edit).replace(
+                f"Refined Request: {request}, highly detailed, well lit",
+                "Refined Request: a bright shop front with a large sign over the door, crisp daylight")
+
+    asked = []
+
+    class Critic(RationalReward):
+        def __call__(self, images, prompts, **kw):
+            asked.append(list(prompts))
+            return super().__call__(images, prompts, **kw)
+
+    user = 'a sign saying "OPEN"'
+    res = refine(BrightnessGenerator(factor=5), [user], critic=Critic(judge=Teacher()))
+    r = res.records[0]
+    assert r["status"] == "refined" and r["refined_prompts"] == [
+        "a bright shop front with a large sign over the door, crisp daylight"]
+    assert asked == [[user], [user]] and res.info["critiqued_against"] == "user_prompt"
+    # by hand: after = 81 chars * 5 = 255 (capped) -> q = 4; text rendering 2 (quoted text asked for)
+    assert r["dimensions_after"] == {"text_faithfulness": 4.0, "image_faithfulness": None,
+                                     "physical_quality": 4.0, "text_rendering": 2.0}
+    assert r["score_after"] == pytest.approx(((4 + 4 + 2) / 3 - 1) / 3)

@@ -73,3 +73,45 @@ def test_register_reward_programmatically(fresh_registry):
     assert registry.get_reward_class("dummy-plugin") is Dummy
     with pytest.raises(RegistryError, match="already registered"):
         registry.register_reward("clipscore", Dummy)
+
+
+def test_ls_metadata_table_matches_the_classes():
+    """`rewardkit ls` reads built-ins from the generated `_reward_meta.py`; it must equal what the classes say.
+    On failure: python -m rewardkit.commands.ls --regenerate"""
+    from rewardkit._reward_meta import META
+    from rewardkit.commands.ls import builtin_metadata
+
+    assert META == builtin_metadata(), "stale rewardkit/_reward_meta.py: python -m rewardkit.commands.ls --regenerate"
+
+
+def test_ls_imports_no_reward_module_and_no_torch():
+    import subprocess
+
+    code = ("import sys; from rewardkit.cli import main; rc = main(['ls', '--json']); "
+            "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('rewardkit.rewards')); "
+            "assert rc == 0 and not bad, bad")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert '"name": "hpsv3"' in res.stdout
+
+
+def test_ls_describes_a_runtime_registered_class_by_importing_it(fresh_registry):
+    from rewardkit.commands.ls import describe_rewards
+
+    class Described(Reward):
+        """A reward registered at run time."""
+        name, tasks, dimensions, extras = "described", ("edit",), ("a", "b"), ()
+
+        def _score(self, batch):  # pragma: no cover - never called
+            raise AssertionError
+
+    mod = types.ModuleType("rk_test_described")
+    mod.Described = Described
+    sys.modules["rk_test_described"] = mod
+    try:
+        registry.register_reward("described", "rk_test_described:Described")
+        row = {r["name"]: r for r in describe_rewards()}["described"]
+    finally:
+        del sys.modules["rk_test_described"]
+    assert row["tasks"] == ["edit"] and row["dimensions"] == ["a", "b"] and row["installed"] is True
+    assert row["summary"] == "A reward registered at run time."

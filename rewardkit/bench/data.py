@@ -22,7 +22,7 @@ from ..errors import RewardkitError
 from .spec import BenchmarkSpec
 
 __all__ = ["Comparison", "BenchDataError", "load_comparisons", "parse_label", "comparisons_from_rows",
-           "bytes_hash", "resolve_local_files", "check_distinct_files"]
+           "bytes_hash", "resolve_local_files", "check_distinct_files", "check_shards", "check_duplicate_ids"]
 
 _IMAGE_TAG = re.compile(r"<image_\d+>")
 
@@ -265,6 +265,7 @@ def resolve_local_files(spec: BenchmarkSpec, root: Path) -> list[Path]:
         seen += [p for p in found if p not in seen]
         ok = [p for p in found if _strict_match(spec, p.relative_to(anchor))]
         if ok:
+            check_shards(spec, ok)
             return ok
     want = f"split {spec.split!r}" + (f", config {spec.config!r}" if spec.config and not spec.data_files else "")
     near = ""
@@ -277,6 +278,60 @@ def resolve_local_files(spec: BenchmarkSpec, root: Path) -> list[Path]:
         f"{spec.name}: no data under {root}: looked for {', '.join(spec.local_files)} ({want}).{near} Download "
         f"the dataset ({spec.dataset}) with `hf download --repo-type dataset {spec.dataset} --local-dir DIR`"
         " and pass --data-dir DIR.")
+
+
+_SHARD_PARTS = re.compile(r"^(?P<base>.*)-(?P<i>\d{5})-of-(?P<n>\d{5})$")
+
+
+def check_shards(spec: BenchmarkSpec, files: list[Path]) -> None:
+    """Refuse a mixed shard set: files of one split in one folder that come from different downloads
+    (``test-00000-of-00001`` beside ``test-00000-of-00002``), a set with a shard missing, or one shard twice.
+    Concatenating them would score stale rows beside new ones, silently."""
+    sets: dict[tuple[Path, str], list[tuple[int, int, Path]]] = {}
+    for p in files:
+        m = _SHARD_PARTS.match(p.name.removesuffix(".parquet"))
+        if m:
+            sets.setdefault((p.parent, m.group("base")), []).append((int(m.group("i")), int(m.group("n")), p))
+    for (folder, base), shards in sets.items():
+        totals = sorted({n for _, n, _ in shards})
+        names = ", ".join(sorted(p.name for _, _, p in shards))
+        if len(totals) > 1:
+            raise BenchDataError(
+                f"{spec.name}: mixed shard sets in {folder}: {names} (shard counts {', '.join(map(str, totals))}): "
+                "files of two different downloads. Delete the stale ones (keep one complete "
+                f"'{base}-NNNNN-of-MMMMM' set) and rerun.")
+        n = totals[0]
+        have = sorted(i for i, _, _ in shards)
+        if have != list(range(n)):
+            raise BenchDataError(
+                f"{spec.name}: incomplete shard set in {folder}: {names} (expected shards 00000 to {n - 1:05d} of "
+                f"{n:05d}). Download the missing shards (or all of {spec.dataset} again) and rerun.")
+
+
+def check_duplicate_ids(spec: BenchmarkSpec, tables: list[Any], files: list[Path]) -> None:
+    """Refuse data in which one comparison id (the spec's id column, after its row filter) appears twice:
+    stale and new copies of a file read together. The message names the files holding each duplicate."""
+    col = spec.fields.get("id")
+    if not col:
+        return
+    where: dict[Any, list[str]] = {}
+    for table, f in zip(tables, files):
+        if col not in table.column_names:
+            return  # the missing column is reported by the loader
+        for key, want in (spec.filter or {}).items():
+            if key in table.column_names:
+                import pyarrow.compute as pc
+
+                table = table.filter(pc.equal(table[key], want))
+        for v in table.column(col).to_pylist():
+            where.setdefault(v, []).append(f.name)
+    dups = {k: v for k, v in where.items() if len(v) > 1}
+    if dups:
+        ex = list(dups.items())[:3]
+        files_named = sorted({f for v in dups.values() for f in v})
+        raise BenchDataError(
+            f"{spec.name}: {len(dups)} comparison id(s) appear more than once ({'; '.join(f'{k!r} in {v}' for k, v in ex)}"
+            f"{' ...' if len(dups) > 3 else ''}); files: {', '.join(files_named)}. Remove the stale copy and rerun.")
 
 
 _local_files = resolve_local_files  # the name the loader used before
@@ -308,6 +363,7 @@ def _read_local(spec: BenchmarkSpec, root: Path) -> tuple[Any, dict[str, Any]]:
     files = _local_files(spec, root)
     try:
         tables = [pq.read_table(f) for f in files]
+        check_duplicate_ids(spec, tables, files)
         table = pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
     except (pa.ArrowException, OSError) as exc:
         raise BenchDataError(f"{spec.name}: cannot read parquet under {root}: {exc}") from None

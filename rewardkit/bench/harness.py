@@ -42,7 +42,8 @@ from .cache import ScoreCache, default_cache_dir, pair_key, reward_fingerprint, 
 from .data import BenchDataError, Comparison, load_comparisons
 from .spec import BenchmarkSpec, get_spec
 
-__all__ = ["evaluate", "BenchResult", "BenchmarkResult", "compute_metrics", "Predictions"]
+__all__ = ["evaluate", "BenchResult", "BenchmarkResult", "compute_metrics", "Predictions", "check_data_dir_keys",
+           "check_by_columns", "by_columns"]
 
 RECORD_SCHEMA = "rewardkit.bench.result/1"
 
@@ -387,6 +388,39 @@ def _git_hash() -> str | None:
         return None
 
 
+def check_data_dir_keys(data_dir: Any, specs: Sequence[BenchmarkSpec]) -> None:
+    """A ``NAME=DIR`` mapping's keys must each name one of ``specs`` (its name or family): a typo would
+    otherwise send that benchmark to the hub silently. :class:`BenchDataError` lists the valid keys."""
+    if not isinstance(data_dir, Mapping):
+        return
+    valid = sorted({s.name for s in specs} | {s.family for s in specs})
+    bad = [k for k in data_dir if k not in valid]
+    if bad:
+        raise BenchDataError(f"--data-dir / data_dir key(s) {', '.join(map(repr, bad))} match no benchmark of this "
+                             f"run; valid keys: {', '.join(valid)}")
+
+
+def by_columns(rows: Sequence[Comparison], by: Sequence[str]) -> tuple[set[str], set[str]]:
+    """``(found, columns)``: which ``by`` names (``col`` or ``col.key``) the rows have (some row has a value
+    there), and the columns there are."""
+    import dataclasses
+
+    attrs = {f.name for f in dataclasses.fields(Comparison)
+             if f.name not in ("image_a", "image_b", "sources", "extra", "hash_a", "hash_b", "source_hashes")}
+    cols = {k for c in rows for k in c.extra} | attrs
+    found = {name for name in by if name.partition(".")[0] in cols
+             and any(_category_value(c, name) != "<none>" for c in rows)}
+    return found, cols
+
+
+def check_by_columns(missing: Sequence[str], columns: set[str], benches: Sequence[str]) -> None:
+    """A ``by`` column that no benchmark of the run has is a typo: :class:`BenchDataError` with the columns
+    there are (a column only some benchmarks have is fine: the others report one "<none>" category)."""
+    if missing:
+        raise BenchDataError(f"--by / by: {', '.join(map(repr, sorted(missing)))} is in none of {', '.join(benches)}; "
+                             f"columns: {', '.join(sorted(columns))} (a JSON-string column's key as COLUMN.KEY)")
+
+
 def _data_path(data_dir: Any, spec: BenchmarkSpec) -> Path | None:
     if data_dir is None:
         return None
@@ -507,6 +541,9 @@ def evaluate(
         raise ValueError("no benchmarks given")
     if limit is not None and limit < 1:
         raise ValueError("limit must be >= 1")
+    if not isinstance(n_boot, int) or n_boot < 0:
+        raise ValueError(f"n_boot must be an int >= 0 (0: no confidence intervals), got {n_boot!r}")
+    check_data_dir_keys(data_dir, specs)
     if revision and data_dir is not None and all(_data_path(data_dir, s) is not None for s in specs):
         raise ValueError("revision pins the hub dataset, but every benchmark reads local files (data_dir), so it "
                          "would be ignored; drop one of the two")
@@ -535,6 +572,8 @@ def evaluate(
             s = to_load[k]
             futures[s.name] = pool.submit(_timed_load, s, _data_path(data_dir, s), revision, limit)
 
+    by_seen: set[str] = set()
+    by_cols: set[str] = set()
     prefetch(0)  # start reading before the cache opens
     try:
         with ScoreCache(root, reward_name, fp, describe=reward_info) as cache:
@@ -549,6 +588,12 @@ def evaluate(
                 t0 = time.perf_counter()
                 rows, info, load_s = futures.pop(spec.name).result()
                 wait_s = time.perf_counter() - t0
+                user_by = [b for b in by if b not in spec.categories]
+                found_by, cols = by_columns(rows, user_by)
+                by_seen |= found_by
+                by_cols |= cols
+                if len(to_load) == 1:  # the only data of the run: a typo is known before any scoring
+                    check_by_columns(sorted(set(user_by) - found_by), cols, [spec.name])
                 use_sources = spec.task == "edit" and reward.accepts_sources
                 if requested_mode == "auto" and mode == "pairwise" and mode_reason == "compare() is overridden":
                     mode, mode_reason = _resolve_mode(reward, "auto", rows[0], use_sources)
@@ -563,6 +608,9 @@ def evaluate(
         for f in futures.values():
             f.cancel()
         pool.shutdown(wait=True, cancel_futures=True)
+    if to_load:  # several benchmarks: a column none of them has is a typo (the scores stay cached)
+        check_by_columns(sorted({b for b in by if not any(b in s.categories for s in to_load)} - by_seen), by_cols,
+                         [s.name for s in to_load])
     total = time.perf_counter() - t_start
     settings = {"benchmarks": [s.name for s in specs], "limit": limit, "n_boot": n_boot, "seed": seed,
                 "batch_size": bs, "ignore_sources": ignore_sources, "cache": cache_path, "revision": revision,

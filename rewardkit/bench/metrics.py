@@ -40,6 +40,10 @@ __all__ = [
 ]
 
 
+#: extras stored exactly (not rounded to 10 decimals): values that are compared against margins
+EXACT_EXTRAS = frozenset({"threshold"})
+
+
 @dataclass
 class MetricValue:
     """One metric's result. ``ci`` is the bootstrap 95% interval (filled by the harness)."""
@@ -60,10 +64,14 @@ class MetricValue:
                 return {k: clean(x) for k, x in v.items()}
             return v
 
+        def exact(x: Any) -> Any:  # a fitted threshold is a margin itself: rounding it moves the boundary
+            return None if x is None or not math.isfinite(x) else float(x)
+
         d: dict[str, Any] = {"value": f(self.value), "n": int(self.n)}
         if self.ci is not None:
             d["ci95"] = [f(self.ci[0]), f(self.ci[1])]
-        d.update({k: clean(v) for k, v in self.extra.items()})
+        d.update({k: exact(v) if k in EXACT_EXTRAS and isinstance(v, float) else clean(v)
+                  for k, v in self.extra.items()})
         return d
 
 

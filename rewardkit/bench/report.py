@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["load_records", "markdown_report", "plot_records", "chance_level", "METRIC_LABELS"]
+__all__ = ["load_records", "markdown_report", "plot_records", "chance_level", "labels", "METRIC_LABELS"]
 
 METRIC_LABELS = {
     "mmrb2_official": "MMRB2 official (both orders)",
@@ -54,6 +54,42 @@ def _label(rec: dict[str, Any]) -> str:
     return f"{r['name']} ({model})" if model else r["name"]
 
 
+def _flat(d: Any, prefix: str = "") -> dict[str, str]:
+    if not isinstance(d, dict):
+        return {prefix: json.dumps(d, sort_keys=True, default=str)}
+    out: dict[str, str] = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) and v else
+                   {f"{prefix}{k}": json.dumps(v, sort_keys=True, default=str)})
+    return out
+
+
+def labels(records: Sequence[dict[str, Any]]) -> list[str]:
+    """One label per record, unique per configuration: ``name (model)``, and where two records of different
+    configurations would share it, the options that tell them apart (``judge=...``, ``temperature=0.5``; the
+    config fingerprint when more than three differ or the configs are the same); identical labels left after
+    that (several runs of one configuration) get ``#2``, ``#3``."""
+    base = [_label(r) for r in records]
+    out = list(base)
+    for lab in set(base):
+        idx = [i for i, b in enumerate(base) if b == lab]
+        if len(idx) < 2:
+            continue
+        flats = [_flat((records[i]["reward"].get("config") or {})) for i in idx]
+        keys = sorted({k for f in flats for k in f if len({f.get(k) for f in flats}) > 1})
+        for i, f in zip(idx, flats):
+            if keys and len(keys) <= 3:
+                out[i] = f"{lab} [" + ", ".join(f"{k}={json.loads(f[k]) if k in f else '-'}" for k in keys) + "]"
+            elif keys:
+                out[i] = f"{lab} [config {str(records[i]['reward'].get('fingerprint') or '?')[:8]}]"
+    seen: dict[str, int] = {}
+    for i, lab in enumerate(out):
+        seen[lab] = seen.get(lab, 0) + 1
+        if seen[lab] > 1:
+            out[i] = f"{lab} #{seen[lab]}"
+    return out
+
+
 def markdown_report(records: Sequence[dict[str, Any]], *, details: bool = True) -> str:
     """Summary table (primary metric per benchmark, % with bootstrap 95% CI) and, with ``details``, every
     metric, counts and per-category breakdowns per reward."""
@@ -62,7 +98,8 @@ def markdown_report(records: Sequence[dict[str, Any]], *, details: bool = True) 
         benches += [b for b in rec["benchmarks"] if b not in benches]
     lines = ["| reward | " + " | ".join(benches) + " |", "|---" * (len(benches) + 1) + "|"]
     primaries: dict[str, set[str]] = {b: set() for b in benches}
-    for rec in records:
+    names = labels(records)
+    for rec, name in zip(records, names):
         cells = []
         for b in benches:
             br = rec["benchmarks"].get(b)
@@ -74,15 +111,15 @@ def markdown_report(records: Sequence[dict[str, Any]], *, details: bool = True) 
                 primaries[b].add(br["primary"])
                 cells.append(_cell(br["metrics"].get(br["primary"])) + f" ({br['primary']})"
                              if len(records) > 1 else _cell(br["metrics"].get(br["primary"])))
-        lines.append(f"| {_label(rec)} | " + " | ".join(cells) + " |")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines.append("")
     lines.append("Primary metric per benchmark: " + "; ".join(
         f"{b}: {', '.join(METRIC_LABELS.get(p, p) for p in sorted(primaries[b])) or '–'}" for b in benches)
         + ". Values in %, [bootstrap 95% CI].")
     if not details:
         return "\n".join(lines) + "\n"
-    for rec in records:
-        lines += ["", f"### {_label(rec)}", "",
+    for rec, name in zip(records, names):
+        lines += ["", f"### {name}", "",
                   f"rewardkit {rec.get('rewardkit_version')} (git {str(rec.get('git_hash') or '?')[:10]}), "
                   f"mode {rec['reward'].get('mode')}, config fingerprint {rec['reward'].get('fingerprint')}", "",
                   "| benchmark | version | metric | value [95% CI] | n | notes |", "|---|---|---|---|---|---|"]
@@ -174,45 +211,55 @@ def plot_records(records: Sequence[dict[str, Any]], path: str | Path, *, title: 
     fig = Figure(figsize=(max(6.5, 1.6 * len(benches) * max(1, n / 2) + 2), 4.8), dpi=120)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
+    from matplotlib.patches import Patch
+
     colors = [f"C{j % 10}" for j in range(n)]
+    names = labels(records)
+    # legend entries are drawn from proxies, one per reward in its colour: whichever bar comes first (a
+    # hatched "missing" one when the reward's first benchmark was skipped) cannot stand in for the reward
+    handles: list[Any] = [Patch(facecolor=colors[j], label=names[j]) for j in range(len(records))]
+    missing_drawn = False
     chance_drawn = False
     for j, rec in enumerate(records):
-        first = True
         for i, b in enumerate(benches):
             x = i - 0.4 + width * (j + 0.5)
             br = rec["benchmarks"].get(b)
             metric = (br or {}).get("primary") if br and not br.get("skipped") else None
             m = (br or {}).get("metrics", {}).get(metric) if metric else None
-            label = _label(rec) if first else None
             if not m or m.get("value") is None:
-                ax.bar([x], [100], width=width * 0.95, fill=False, hatch="//", edgecolor="0.75", lw=0.6, label=label)
+                ax.bar([x], [100], width=width * 0.95, fill=False, hatch="//", edgecolor="0.75", lw=0.6)
                 ax.text(x, 50, "missing" + (" (skipped)" if br and br.get("skipped") else ""), rotation=90,
                         ha="center", va="center", fontsize=7, color="0.45")
-                first = False
+                if not missing_drawn:
+                    handles.append(Patch(fill=False, hatch="//", edgecolor="0.75", label="missing / skipped"))
+                    missing_drawn = True
                 continue
             v = 100 * m["value"]
             ci = m.get("ci95") or [m["value"], m["value"]]
             lo = max(0.0, v - 100 * (ci[0] if ci[0] is not None else m["value"]))
             hi = max(0.0, 100 * (ci[1] if ci[1] is not None else m["value"]) - v)
             if v == 0:
-                ax.bar([x], [0.8], width=width * 0.95, color="white", edgecolor=colors[j], lw=1.2, label=label)
+                ax.bar([x], [0.8], width=width * 0.95, color="white", edgecolor=colors[j], lw=1.2)
             else:
-                ax.bar([x], [v], width=width * 0.95, yerr=[[lo], [hi]], capsize=3, color=colors[j], label=label)
-            first = False
+                ax.bar([x], [v], width=width * 0.95, yerr=[[lo], [hi]], capsize=3, color=colors[j])
             ax.text(x, min(v + hi, 100) + 1.5, f"{v:.1f}%\n{SHORT_METRIC.get(metric, metric)}", ha="center",
                     va="bottom", fontsize=6.5)
             ch = chance_level(metric, br)
             if ch is not None:
-                ax.hlines(100 * ch, x - width * 0.5, x + width * 0.5, colors="black", linestyles=":", lw=1.2,
-                          label=None if chance_drawn else "chance level of the bar's metric")
-                chance_drawn = True
+                ax.hlines(100 * ch, x - width * 0.5, x + width * 0.5, colors="black", linestyles=":", lw=1.2)
+                if not chance_drawn:
+                    from matplotlib.lines import Line2D
+
+                    handles.append(Line2D([], [], color="black", linestyle=":", lw=1.2,
+                                          label="chance level of the bar's metric"))
+                    chance_drawn = True
     ax.set_xticks(range(len(benches)))
     ax.set_xticklabels(benches, rotation=20, ha="right")
     ax.set_ylabel("primary metric (%)")
     ax.set_ylim(0, 118)
     ax.set_yticks(range(0, 101, 20))
     ax.set_title(title or "Agreement with human preferences (95% bootstrap CI)")
-    ax.legend(fontsize=7, loc="upper left", ncol=2)
+    ax.legend(handles=handles, fontsize=7, loc="upper left", ncol=2)
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -115,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
         get_spec(b)  # fail on a typo before loading any model
     if args.limit is not None and args.limit < 1:
         raise UsageError("--limit must be >= 1")
+    if args.bootstrap < 0:
+        raise UsageError(f"--bootstrap must be >= 0 (0: no confidence intervals), got {args.bootstrap}")
     if args.batch_size is not None and args.batch_size < 1:
         raise UsageError("--batch-size must be >= 1")
 
@@ -129,6 +131,9 @@ def run(args: argparse.Namespace) -> int:
             kwargs[key] = getattr(args, key)
     data_dir = _data_dir(args.data_dir)
     try:
+        from ..bench.harness import check_data_dir_keys
+
+        check_data_dir_keys(data_dir, [get_spec(b) for b in benches])
         _check_local_data(benches, data_dir)  # wrong or shared files: say so before any model loads
     except BenchDataError as exc:
         raise UsageError(str(exc)) from None
@@ -155,12 +160,15 @@ def run(args: argparse.Namespace) -> int:
                           progress=not args.no_progress)
     except BenchDataError as exc:
         raise UsageError(str(exc)) from None
-    if distributed.rank() != 0:
-        return 0
     result.reward["name"] = args.reward
+    if distributed.rank() != 0:  # the same record on every rank: the same exit code (rank 0 prints)
+        return _exit_together(_summary(result.to_dict(), quiet=True))
     out = args.output_dir
     out.mkdir(parents=True, exist_ok=True)
-    stem = _safe(args.reward + ("-" + Path(args.model).name if args.model else ""))
+    stem = record_stem(args.reward, args.model, result.reward["fingerprint"])
+    if (out / f"{stem}.json").exists():
+        print(f"note: replacing {out / f'{stem}.json'} (an earlier run of the same reward configuration)",
+              file=sys.stderr)
     json_path = result.save(out / f"{stem}.json")
     md = result.markdown()
     (out / f"{stem}.md").write_text(md, encoding="utf-8")
@@ -175,7 +183,34 @@ def run(args: argparse.Namespace) -> int:
     t = result.timing
     print(f"time: {t['total_s']:.1f}s total, {t['reward_s']:.1f}s in the reward, {t['harness_s']:.1f}s harness",
           file=sys.stderr)
-    return _summary(rec)
+    return _exit_together(_summary(rec))
+
+
+def _exit_together(code: int) -> int:
+    """Without a process group: ``code``. Under torchrun every rank holds the same record, so the same code;
+    but torchrun SIGTERMs the other workers as soon as it sees one exit non-zero, so a rank that is still
+    writing (rank 0) or tearing down would report -15 instead. So: wait until rank 0 has written everything
+    (a barrier), flush, and leave at once (``os._exit``, skipping the interpreter's teardown), so that every
+    rank exits with ``code`` within torchrun's monitor interval."""
+    from .. import distributed
+
+    if not distributed.is_distributed():
+        return code
+    import logging
+    import os
+
+    distributed.barrier()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def record_stem(reward: str, model: str | None, fingerprint: str) -> str:
+    """``<reward>[-<model dir>]-<config fingerprint[:8]>``: one name per reward configuration (``--set``
+    options, the judge, ``--config`` all enter the fingerprint), so runs of one reward with different
+    options never overwrite each other."""
+    return _safe(reward + ("-" + Path(model).name if model else "") + "-" + str(fingerprint)[:8])
 
 
 def _check_local_data(benches: list[str], data_dir) -> None:
@@ -200,10 +235,17 @@ def _check_local_data(benches: list[str], data_dir) -> None:
     check_distinct_files(resolved)
 
 
-def _summary(rec: dict) -> int:
-    """Warnings and the exit code: 3 when some scores / judgements were invalid, with a loud line when all were."""
+def _summary(rec: dict, quiet: bool = False) -> int:
+    """Warnings and the exit code: 3 when some scores / judgements were invalid, with a loud line when all were.
+    ``quiet``: the exit code only (ranks other than 0 under torchrun)."""
+    import contextlib
+    import io
+
     from . import EXIT_INVALID, EXIT_OK
 
+    if quiet:
+        with contextlib.redirect_stderr(io.StringIO()):
+            return _summary(rec)
     bad = total = 0
     for name, br in rec["benchmarks"].items():
         if br.get("skipped"):

@@ -6,7 +6,7 @@ optional E²PO embedding-perturbed exploration (e2po.enabled=true). Examples:
     rewardkit rl nft --config recipes/nft/tiny.yaml                       # CPU, under 2 minutes
     rewardkit rl nft --config recipes/nft/tiny_e2po.yaml
     rewardkit rl nft --config recipes/nft/sd35m_pickscore.yaml rewards.pickscore=1.0 train.lr=1e-4
-    torchrun --nproc_per_node 8 -m rewardkit.cli rl nft --config recipes/nft/sd35m_geneval.yaml
+    torchrun --nproc_per_node 8 -m rewardkit.cli rl nft --config recipes/nft/e2po_geneval_k12.yaml
     rewardkit rl nft --preset e2po_pickscore_k3 --print-config            # the seed paper's PickScore setting
 
 Outputs in output_dir: metrics.jsonl, curves.png, lora/ (pytorch_lora_weights.safetensors, loadable with

@@ -55,7 +55,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
-from .base import ChoiceError, Conversation, JudgeBackend
+from .base import ChoiceError, Conversation, JudgeBackend, check_choices, check_temperature, continues_final_message
 from .policy import JudgeError
 
 __all__ = ["OpenAIJudge", "JudgeServerError", "to_openai_messages", "read_choice_logprobs", "read_raw_logprobs"]
@@ -388,8 +388,21 @@ class OpenAIJudge(JudgeBackend):
         (``vllm serve``: the checkpoint's generation_config)."""
         body = {"temperature": temperature, "top_p": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
         if self.is_vllm:
-            body.update(top_k=-1, min_p=0.0, repetition_penalty=1.0)
+            body.update(top_k=-1, min_p=0.0, repetition_penalty=1.0, skip_special_tokens=True)
         return body
+
+    def _template_fields(self, conv: Conversation) -> dict[str, Any]:
+        """A conversation ending in an assistant message is continued, as the local backends do: vLLM's
+        ``continue_final_message=True`` (with ``add_generation_prompt=False``, which vLLM requires with it).
+        A server without that field would start a new assistant turn instead: refused."""
+        if not continues_final_message(conv):
+            return {}
+        if not self.is_vllm and "continue_final_message" not in self.extra_body:
+            raise ValueError("this conversation ends in an assistant message, to be continued; only a vLLM server "
+                             "(continue_final_message) does that over the OpenAI API. Use server='vllm', or pass "
+                             "extra_body={'continue_final_message': True, 'add_generation_prompt': False} for a "
+                             "server that supports it")
+        return {"continue_final_message": True, "add_generation_prompt": False}
 
     def close(self) -> None:
         self._client.close()
@@ -510,18 +523,20 @@ class OpenAIJudge(JudgeBackend):
         that fails after its retries gives ``[]`` and its error message instead of raising."""
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
+        check_temperature(temperature)
         cache: dict[int, str] = {}
-        msgs = [to_openai_messages(c, cache) for c in conversations]
+        msgs = [(to_openai_messages(c, cache), self._template_fields(c)) for c in conversations]
 
         greedy = temperature < _GREEDY_EPS
         sampling = self._sampling_fields(0.0 if greedy else temperature)
         want = 1 if greedy else n  # vLLM refuses n > 1 at temperature 0; greedy gives one answer anyway
 
-        def one(m):
+        def one(item):
+            m, template = item
             texts: list[str] = []
             for _ in range(want):  # servers that ignore n return fewer choices: ask again for the rest
                 body = {"model": self.model, "messages": m, "n": want - len(texts), **sampling,
-                        "max_tokens": max_new_tokens, **self.extra_body}
+                        "max_tokens": max_new_tokens, **template, **self.extra_body}
                 if stop:
                     body["stop"] = list(stop)
                 if seed is not None and not greedy:
@@ -546,16 +561,16 @@ class OpenAIJudge(JudgeBackend):
         """One ``max_tokens=1`` request per conversation asking for the choices' log-probabilities (on a vLLM
         server the exact log-prob of each choice id, keyed by id in the answer); ``read(data, choices,
         token_ids=...)`` turns each response into a row. Returns the rows (None where a request failed)."""
-        if not choices or len(set(choices)) != len(choices):
-            raise ChoiceError(f"choices must be distinct and non-empty, got {list(choices)}")
+        check_choices(choices)
         ids = self._check_single_tokens(tuple(choices))
         exact_ids = ids is not None and self.is_vllm
         sampling = self._sampling_fields(0.0)
         cache: dict[int, str] = {}
-        msgs = [to_openai_messages(c, cache) for c in conversations]
+        msgs = [(to_openai_messages(c, cache), self._template_fields(c)) for c in conversations]
 
-        def one(m):
-            body = {"model": self.model, "messages": m, "max_tokens": 1, **sampling,
+        def one(item):
+            m, template = item
+            body = {"model": self.model, "messages": m, "max_tokens": 1, **sampling, **template,
                     "logprobs": True, "top_logprobs": self.top_logprobs, **self.extra_body}
             if exact_ids:
                 body.update(top_logprobs=len(ids), logprob_token_ids=list(ids), return_tokens_as_token_ids=True)

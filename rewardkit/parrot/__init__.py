@@ -6,7 +6,8 @@ Stages (``rewardkit parrot rationalize | filter | project | sft | run``):
 1. :func:`~rewardkit.parrot.pipeline.rationalize`: the teacher, shown the pair, the request (+ source) and
    the known label, writes an anchored pairwise rationale (the ELBO's variational posterior).
 2. :func:`~rewardkit.parrot.pipeline.filter_rationales`: asked again without the label, given only the
-   rationale, the teacher predicts the preferred image; kept iff prediction == label (term 1 of the ELBO).
+   rationale's evidence (its verdict stripped: :func:`~rewardkit.parrot.format.strip_verdict`), the teacher
+   predicts the preferred image; kept iff prediction == label (term 1 of the ELBO).
 3. :func:`~rewardkit.parrot.pipeline.project`: each image of a kept pair scored alone (1-4 / N/A per
    dimension) with the verified rationale as a hint (pointwise projection).
 4. :func:`~rewardkit.parrot.sft.train_sft`: TRL ``SFTTrainer`` on the pairwise + pointwise examples

@@ -37,7 +37,7 @@ from typing import Sequence
 from ..judges.base import DECIMAL
 
 __all__ = ["DIMENSIONS", "TITLES", "ParseError", "Critique", "PairRationale", "parse_score", "parse_pointwise",
-           "parse_pairwise", "parse_prediction", "mean_score", "to_unit", "needs_refinement", "SCORE_MIN",
+           "parse_pairwise", "parse_prediction", "strip_verdict", "is_verdict", "mean_score", "to_unit", "needs_refinement", "SCORE_MIN",
            "SCORE_MAX"]
 
 DIMENSIONS = ("text_faithfulness", "image_faithfulness", "physical_quality", "text_rendering")
@@ -186,6 +186,18 @@ class PairRationale:
 def parse_pairwise(text: str, *, t2i: bool = False) -> PairRationale:
     """Strictly parse a pairwise rationale (format in the module docstring). Image faithfulness must be N/A
     for both images of a text-to-image pair (a number there is a format error: the template says N/A)."""
+    scores, reasons = _pair_sections(text, t2i=t2i)
+    pref = _field(text, "preferred")
+    if pref is None:
+        raise ParseError("no 'Preferred:' line")
+    p = parse_prediction(pref)
+    if p is None:
+        raise ParseError(f"'Preferred: {pref[:40]}' is not A or B")
+    return PairRationale(scores=scores, reasons=reasons, preferred=p, summary=_field(text, "summary"))
+
+
+def _pair_sections(text: str, *, t2i: bool) -> tuple[dict[str, tuple[float | None, float | None]], dict[str, str]]:
+    """The four dimensions of a pairwise answer: ``(score A, score B)`` and reasoning per dimension."""
     secs = _sections(text, DIMENSIONS)
     scores: dict[str, tuple[float | None, float | None]] = {}
     reasons: dict[str, str] = {}
@@ -213,13 +225,7 @@ def parse_pairwise(text: str, *, t2i: bool = False) -> PairRationale:
             raise ParseError(f"{TITLES[d][0]}: a text-to-image pair has no image faithfulness (N/A)", d)
         scores[d] = (a, b)
         reasons[d] = _reasoning(secs[d], lines[0])
-    pref = _field(text, "preferred")
-    if pref is None:
-        raise ParseError("no 'Preferred:' line")
-    p = parse_prediction(pref)
-    if p is None:
-        raise ParseError(f"'Preferred: {pref[:40]}' is not A or B")
-    return PairRationale(scores=scores, reasons=reasons, preferred=p, summary=_field(text, "summary"))
+    return scores, reasons
 
 
 _PRED_RE = re.compile(r"^\s*(?:preferred\s*:\s*)?\**\s*(?:image\s+)?\**\s*(?P<x>[AB])\s*\**\s*\.?\s*$", re.IGNORECASE)
@@ -234,6 +240,65 @@ def parse_prediction(text: str) -> str | None:
     if not m or m.group("x") not in "AB":
         return None
     return m.group("x")
+
+
+# ---------------------------------------------------------------------------------------------- verdicts
+#: a candidate named in a sentence: "Image A", "picture b", a standalone capital A / B, first / second ...
+_CAND_RE = re.compile(r"(?:\b(?:images?|pictures?|imgs?|candidates?|options?|photos?|results?|generations?)\s*"
+                      r"[\(\[\"'*_]*[AaBb]\b)|(?-i:\b[AB]\b)|\b(?:first|second|former|latter|left|right|"
+                      r"1st|2nd|one|two)\b", re.IGNORECASE)
+#: words and signs that state which candidate wins (any form: "better", "preferable", "wins", "favoured" ...)
+_VERDICT_WORD_RE = re.compile(
+    r"\b(?:better|best|prefer\w*|pref|win|wins|winning|winner\w*|won|loser\w*|los(?:e|es|ing|t)\s+(?:to|against)|"
+    r"superior\w*|inferior\w*|"
+    r"outperform\w*|outshin\w*|outdo\w*|outclass\w*|favou?r\w*|choos\w*|chos\w*|choice|pick\w*|select\w*|"
+    r"go(?:es|ing)?\s+(?:with|for)|ahead|beat\w*|has\s+the\s+edge|edges?\s+out|verdict\w*|conclu\w*|"
+    r"stronger|weaker|worse|worst|recommend\w*|victor\w*|surpass\w*|dominates?|trumps?|excels?|exceed\w*|"
+    r"prevail\w*|answer\w*|decision|decide\w*|judg\w*|rank\w*)\b"
+    r"|(?:image\s*)?\b[AB]\s*(?:[<>≻≺≥≤]=?|>>|<<)\s*(?:image\s*)?[AB]\b", re.IGNORECASE)
+_SENT_SPLIT = re.compile(r"(?<=[.!?;])\s+|\n+")
+
+
+def is_verdict(sentence: str) -> bool:
+    """True when ``sentence`` says which candidate wins: it names a candidate (``Image A``, a standalone
+    ``A`` / ``B``, ``the first image``, ``the latter`` ...) and a verdict word (``better``, ``prefer``,
+    ``wins``, ``superior``, ``choose``, ``>`` ...), or it is a bare answer (``"B"``, ``"Answer: A"``).
+    Deliberately broad: a sentence that mixes evidence with a verdict is dropped whole."""
+    s = sentence.strip()
+    if not s:
+        return False
+    if parse_prediction(s) is not None or parse_prediction(s.rsplit(":", 1)[-1]) is not None:
+        return True
+    return bool(_CAND_RE.search(s)) and bool(_VERDICT_WORD_RE.search(s))
+
+
+def _evidence(text: str | None) -> str:
+    if not text:
+        return ""
+    kept = [s.strip() for s in _SENT_SPLIT.split(text) if s.strip() and not is_verdict(s)]
+    return " ".join(kept)
+
+
+def strip_verdict(rationale: str) -> str:
+    """The evidence of a pairwise rationale with every verdict removed, for PARROT's stage 2.
+
+    The consistency check must recover the preference from the rationale's *content*; a rationale that says
+    "Preferred: B" (stage 1 is told the label) would otherwise hand the label back. The result is rebuilt from
+    the parse (:func:`parse_pairwise`): per dimension its reasoning and its ``Scores:`` line, then the
+    summary, in the canonical format. Dropped: the ``Preferred:`` field, any text before the first dimension
+    or after the summary, and every sentence of a reasoning / the summary that :func:`is_verdict` flags
+    ("Image A is better", "A wins", "I prefer B", "the second image is superior", "Answer: A" ...). The
+    paper's C.2 shows the teacher the rationale "in full (per-dimension arguments, scores and summary)": the
+    scores and the evidence stay. Idempotent. :class:`ParseError` if the rationale does not parse."""
+    scores, reasons = _pair_sections(rationale, t2i=False)
+    lines = []
+    for d in DIMENSIONS:
+        a, b = scores[d]
+        reason = _evidence(reasons[d])
+        lines.append(f"{TITLES[d][0]}: {reason}".rstrip())
+        lines.append("Scores: A = N/A, B = N/A" if a is None else f"Scores: A = {a:g}, B = {b:g}")
+    lines.append(f"Summary: {_evidence(_field(rationale, 'summary'))}".rstrip())
+    return "\n".join(lines)
 
 
 def mean_score(scores: dict[str, float | None]) -> float:

@@ -6,8 +6,9 @@ record per source row (per row and image for the projection), each with its prov
 
 - ``rationales.jsonl``: stage 1, the anchored pairwise rationale of each pair (``status`` ok / unparseable /
   judge_failure / skipped, ``reason`` when not ok, ``dimension`` when one section was at fault);
-- ``filtered.jsonl``: stage 2, the label-free prediction from the rationale alone and ``kept`` (iff the
-  prediction equals the label); ``reason`` is ``kept``, ``wrong_prediction``, ``unparseable_prediction``,
+- ``filtered.jsonl``: stage 2, the label-free prediction from the rationale's evidence alone (``evidence``:
+  the rationale with its verdict stripped, :func:`~rewardkit.parrot.format.strip_verdict`, exactly what the
+  teacher was shown) and ``kept`` (iff the prediction equals the label); ``reason`` is ``kept``, ``wrong_prediction``, ``unparseable_prediction``,
   ``unparseable_rationale``, ``judge_failure`` or ``skipped``;
 - ``filter_report.json``: keep rate and rejection reasons (per dimension where it applies);
 - ``projected.jsonl``: stage 3, each image of a kept pair critiqued alone (1-4 / N/A per dimension) with the
@@ -36,7 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from .format import DIMENSIONS, ParseError, mean_score, parse_pairwise, parse_pointwise, parse_prediction
+from .format import (DIMENSIONS, ParseError, mean_score, parse_pairwise, parse_pointwise, parse_prediction,
+                     strip_verdict)
 
 __all__ = ["ParrotConfig", "DataCfg", "TeacherCfg", "SFTCfg", "JsonlStore", "Pipeline", "load_teacher",
            "filter_report", "REASONS"]
@@ -219,9 +221,10 @@ class Pipeline:
     """Stages 1-3 over one dataset with one teacher. ``teacher`` may be passed ready (tests, notebooks)."""
 
     def __init__(self, cfg: ParrotConfig, *, teacher: Any = None, progress: bool = True) -> None:
-        from ..judges import load_template
+        from ..judges import check_temperature, load_template
         from ..train.data import load_pairs
 
+        check_temperature(cfg.teacher.temperature, "parrot teacher.temperature")
         self.cfg = cfg
         self.out = Path(cfg.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -393,8 +396,10 @@ class Pipeline:
                 recs.append({**base, "reason": "unparseable_rationale", "detail": src["reason"]})
             else:
                 recs.append({**base, "reason": "skipped", "detail": src["reason"]})
-        convs = [consistency_conv(self.template, recs[j]["prompt"], self.rationales.get(recs[j]["row"])["rationale"],
-                                  recs[j]["task"] == "edit") for j in ask]
+        for j in ask:  # what stage 2 is shown: the rationale without its verdict (recorded for audit)
+            recs[j]["evidence"] = strip_verdict(self.rationales.get(recs[j]["row"])["rationale"])
+        convs = [consistency_conv(self.template, recs[j]["prompt"], recs[j]["evidence"], recs[j]["task"] == "edit")
+                 for j in ask]
         for j, ans in zip(ask, self._generate_safe(convs, self.cfg.teacher.predict_max_new_tokens) if convs else []):
             rec = recs[j]
             if isinstance(ans, Exception):
@@ -411,6 +416,7 @@ class Pipeline:
                 rec.update(kept=True, reason="kept", detail=None)
         for rec in recs:
             rec.setdefault("detail", None)
+            rec.setdefault("evidence", None)
         self.filtered.append(recs)
         return len(recs)
 

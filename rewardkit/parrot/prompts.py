@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..judges.templates import Template
+from .format import strip_verdict
 
 __all__ = ["pointwise_conv", "pairwise_conv", "rationalize_conv", "consistency_conv", "project_conv"]
 
@@ -50,11 +51,13 @@ def rationalize_conv(t: Template, request: str, image_a: Any, image_b: Any, labe
 
 
 def consistency_conv(t: Template, request: str, rationale: str, edit: bool) -> list[dict[str, Any]]:
-    """Stage 2: text only (no images, no label); the rationale alone must recover the preference."""
+    """Stage 2: text only (no images, no label, no verdict); the rationale's evidence alone must recover the
+    preference. The rationale goes through :func:`~rewardkit.parrot.format.strip_verdict` here (its
+    ``Preferred:`` line and every sentence naming the winner removed), so no caller can hand the label back."""
     line = t.render("request_text_edit" if edit else "request_text_t2i", request=request)
     return [{"role": "system", "content": t["system"]},
             {"role": "user", "content": [{"type": "text", "text": t.render("consistency", request_line_text=line,
-                                                                            rationale=rationale)}]}]
+                                                                            rationale=strip_verdict(rationale))}]}]
 
 
 def project_conv(t: Template, request: str, image: Any, slot: str, rationale: str,

@@ -230,7 +230,8 @@ def train_sft(pipe: Any) -> dict[str, Any]:
         gradient_accumulation_steps=cfg.gradient_accumulation_steps,
         **{ckpt_key: cfg.gradient_checkpointing}, bf16=cfg.bf16, fp16=False, use_cpu=cfg.use_cpu,
         logging_steps=cfg.logging_steps, save_steps=cfg.save_steps, seed=cfg.seed, report_to=cfg.report_to,
-        remove_unused_columns=False, dataset_kwargs={"skip_prepare_dataset": True}, max_length=None)
+        remove_unused_columns=False, dataset_kwargs={"skip_prepare_dataset": True}, max_length=None,
+        disable_tqdm=not pipe.progress)
     trainer = trl.SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=processor,
                              data_collator=ParrotCollator(processor, pipe.template), peft_config=peft_config)
     last = last_complete_checkpoint(run_dir)

@@ -7,8 +7,12 @@ Rules. An image's quality is ``q = 1 + 3 * mean brightness / 255`` rounded to 0.
 
 - pointwise (student question, projection): Text Faithfulness = Physical Quality = q; Image Faithfulness
   N/A for text-to-image, 3 for edits; Text Rendering N/A unless the request contains a double quote (then 2).
-- anchored rationale: per-dimension scores of A and B as above, ``Preferred:`` = the given label.
-- consistency: the letter of the rationale's ``Preferred:`` line.
+- anchored rationale: per-dimension scores of A and B as above, each dimension's reasoning describes both
+  images' brightness and then states the given label as the winner ("Image B is better here."), the summary
+  states it again and ``Preferred:`` = the given label. The verdict sentences are what stage 2 strips.
+- consistency: answers from the evidence it is shown, never from a verdict: the image whose ``Scores:``
+  lines sum higher; equal sums -> "The evaluation does not separate the two images." (non-predictive,
+  unparseable). So a rationale is kept iff its content (brightness) supports the label.
 - student pairwise question: the brighter image.
 
 Markers in the request change the behaviour: ``[garbage]`` -> the anchored rationale is prose without the
@@ -51,6 +55,11 @@ def _request(text: str) -> str:
     return text[i + 1:j] if i >= 0 and j > i else ""
 
 
+def _looks(im: Any) -> str:
+    b = float(np.asarray(im.convert("L"), dtype=np.float64).mean())
+    return f"{'bright' if b >= 170 else 'dark' if b < 85 else 'mid-grey'} (mean brightness {b:.0f} of 255)"
+
+
 def _fmt(x: float | None) -> str:
     return "N/A" if x is None else f"{x:g}"
 
@@ -85,7 +94,8 @@ class ScriptedTeacher(JudgeBackend):
             if da[name] is None:
                 lines += [f"{name}: not applicable.", "Scores: A = N/A, B = N/A"]
             else:
-                lines += [f"{name}: Image {preferred} is better here.", f"Scores: A = {_fmt(da[name])}, B = {_fmt(db[name])}"]
+                lines += [f"{name}: Image A looks {_looks(a)}, Image B looks {_looks(b)}. Image {preferred} is better here.",
+                          f"Scores: A = {_fmt(da[name])}, B = {_fmt(db[name])}"]
         lines += [f"Summary: Image {preferred} is better overall.", f"Preferred: {preferred}"]
         return "\n".join(lines)
 
@@ -97,11 +107,13 @@ class ScriptedTeacher(JudgeBackend):
         if "--- evaluation ---" in text:  # consistency
             if "[vague]" in req:
                 return "Both images look fine."
-            body = text.split("--- evaluation ---", 1)[1]
+            body = text.split("--- evaluation ---", 1)[1].split("--- end ---", 1)[0]
+            margin = 0.0
             for line in body.splitlines():
-                if line.strip().lower().startswith("preferred:"):
-                    return line.split(":", 1)[1].strip()
-            return "I cannot tell."
+                if line.strip().startswith("Scores:") and "N/A" not in line:
+                    a, b = (float(x.split("=")[1]) for x in line.split(":", 1)[1].split(","))
+                    margin += a - b
+            return "A" if margin > 0 else "B" if margin < 0 else "The evaluation does not separate the two images."
         edit = "The first image is the source image." in text
         if "--- reference comparison ---" in text:  # projection
             return "This image is pretty good overall." if "[badproj]" in req else self._pointwise(imgs[-1], req, edit)

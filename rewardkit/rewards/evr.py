@@ -13,8 +13,10 @@ raw value is always in ``dimensions["raw"]``).
 
 When the verifier rejects every hypothesis of a dimension, ``all_rejected`` decides (never eps by accident):
 ``"invalid"`` (default: the sample is NaN + invalid with the reason), ``"unverified_mean"`` (r_d = mean of
-the K scores, as without a verifier) or ``"zero"`` (the paper's formula taken literally: r_d = 0, so a
-geometric R is 0).
+the K scores, as without a verifier) or ``"zero"`` (r_d = 0, so a geometric R is 0). ``"zero"`` is what the
+paper's formula gives with the binary verifier (every v = 0: 0 / eps); with ``verifier="soft"`` the formula
+taken literally would give the P(Yes)-weighted mean of the scores (every v small but non-zero), so there
+``"zero"`` is a policy, not the formula.
 
 Ablations of the paper: ``verifier="none"`` (mean of S), ``use_dimensions=False`` (one joint score),
 ``cot=False`` (score only), ``aggregate="arithmetic"``; and ``k``, ``eps``, ``temperature``,
@@ -30,6 +32,7 @@ from typing import Any, ClassVar, Sequence
 
 import torch
 
+from ..judges.base import check_temperature
 from ..judges.policy import (JUDGE_FAILURE_PREFIX, JudgePolicyMixin, call_rows, check_policy, describe_failure,
                              is_judge_failure, judge_policy, usable_rows)
 from ..reward import PairwiseOutput, Reward, RewardBatch, RewardConfig, RewardOutput
@@ -53,7 +56,8 @@ def dimension_scores(scores: torch.Tensor, verdicts: torch.Tensor | None, *, eps
         verdicts: ``[..., K]`` v in [0, 1] (binary 0/1 or soft P(Yes)); None = no verifier (r_d = mean S).
         eps: the formula's epsilon.
         all_rejected: policy when every parsed hypothesis has v < ``threshold``: ``"invalid"`` (NaN),
-            ``"unverified_mean"`` (mean S) or ``"zero"`` (the literal formula, 0).
+            ``"unverified_mean"`` (mean S) or ``"zero"`` (0: the literal formula for binary verdicts; for soft
+            verdicts the formula would give the v-weighted mean, so ``"zero"`` is a policy there).
 
     Returns:
         ``(r [...], rejected [...] bool)``: r is NaN where no hypothesis parsed or the policy says invalid.
@@ -257,8 +261,9 @@ class EVR(JudgePolicyMixin, Reward):
         for key, allowed in choices.items():
             if getattr(cfg, key) not in allowed:
                 raise ValueError(f"EVR {key} must be one of {allowed}, got {getattr(cfg, key)!r}")
-        if cfg.k < 1 or cfg.max_retries < 0 or cfg.eps < 0 or cfg.temperature < 0 or cfg.max_new_tokens < 1:
-            raise ValueError("EVR needs k >= 1, max_retries >= 0, eps >= 0, temperature >= 0, max_new_tokens >= 1")
+        if cfg.k < 1 or cfg.max_retries < 0 or cfg.eps < 0 or cfg.max_new_tokens < 1:
+            raise ValueError("EVR needs k >= 1, max_retries >= 0, eps >= 0, max_new_tokens >= 1")
+        check_temperature(cfg.temperature, "EVR temperature")
         if cfg.use_dimensions:
             unknown = [d for d in cfg.dimensions if _SHORT.get(d.lower(), d) not in DIMENSIONS]
             if unknown or not cfg.dimensions:

@@ -27,6 +27,7 @@ from typing import Any, ClassVar, Sequence
 
 import torch
 
+from ..judges.base import check_temperature
 from ..judges.policy import (JUDGE_FAILURE_PREFIX, JudgeError, JudgePolicyMixin, call_rows, check_policy,
                              describe_failure, is_judge_failure, judge_policy)
 from ..reward import PairwiseOutput, Reward, RewardBatch, RewardConfig, RewardOutput
@@ -77,8 +78,9 @@ class RationalReward(JudgePolicyMixin, Reward):
         if cfg.compare_mode not in ("pairwise", "scores"):
             raise ValueError(f"rational compare_mode must be 'pairwise' or 'scores', got {cfg.compare_mode!r}")
         check_policy(cfg.on_judge_error, self.name)
-        if cfg.max_new_tokens < 1 or cfg.temperature < 0:
-            raise ValueError("rational needs max_new_tokens >= 1 and temperature >= 0")
+        if cfg.max_new_tokens < 1:
+            raise ValueError("rational needs max_new_tokens >= 1")
+        check_temperature(cfg.temperature, "rational temperature")
         if judge is not None and not isinstance(judge, str):
             if not isinstance(judge, (JudgeBackend, tuple)):
                 raise TypeError(f"judge must be a JudgeBackend, a (model, processor) tuple or a spec string, "

@@ -13,7 +13,8 @@ from typing import Any
 
 from .exploration import E2POConfig
 
-__all__ = ["NFTConfig", "ModelArgs", "LoraArgs", "SampleArgs", "TrainArgs", "PRESETS", "preset"]
+__all__ = ["NFTConfig", "ModelArgs", "LoraArgs", "SampleArgs", "TrainArgs", "PRESETS", "preset",
+           "FLOW_GRPO_REWARD_KWARGS"]
 
 
 @dataclass
@@ -23,6 +24,13 @@ class ModelArgs:
     max_sequence_length: int = 128        # T5 tokens (CLIP: the tokenizers' 77)
     text_encoder_dtype: str = "auto"      # auto (the mixed-precision dtype on GPU, float32 on CPU) | float32 | ...
     trust_remote_code: bool = False
+    # start from a LoRA: a directory with pytorch_lora_weights.safetensors (diffusers' save_lora_weights, what this
+    # trainer writes) or adapter_config.json + adapter_model.safetensors (peft's save_pretrained). It becomes the
+    # trained adapter (and the old one); the reference policy stays the base model (official train.lora_path)
+    init_lora: str | None = None
+    # start from a full fine-tune: a diffusers SD3Transformer2DModel directory (or a pipeline folder with a
+    # transformer/ subfolder) replacing the pipeline's transformer (LoRA trains on top; it is the reference policy)
+    transformer: str | None = None
 
 
 @dataclass
@@ -38,8 +46,11 @@ class LoraArgs:
 @dataclass
 class SampleArgs:
     num_steps: int = 10                   # rollout steps
-    solver: str = "dpm2"                  # dpm2 | euler | flow_sde
-    eta: float = 0.7                      # flow_sde noise level (unused by the ODE solvers)
+    solver: str = "dpm2"                  # dpm2 | euler | ddim | flow_sde | ddim_sde
+    eta: float = 0.7                      # flow_sde / ddim_sde noise level (unused by the ODE solvers)
+    guidance_scale: float = 1.0           # classifier-free guidance in rollouts and eval; <= 1: off (NFT: 1.0)
+    negative_prompt: str = ""             # the unconditional prompt of CFG (the official code encodes "")
+    integer_timestep: bool = False        # rollouts feed the transformer long(1000 sigma), as the official sampler
     shift: float = 3.0                    # flow-matching sigma shift (SD3 / SD3.5: 3)
     resolution: int = 512
     batch_size: int = 9                   # images per process per rollout batch
@@ -57,7 +68,7 @@ class TrainArgs:
     beta: float = 1.0                     # NFT mixing strength (0.1 for OCR / multi-reward)
     kl_coef: float = 1e-4                 # KL to the base model (official train.beta)
     adv_clip_max: float = 5.0
-    adv_mode: str = "all"                 # all | positive_only | negative_only
+    adv_mode: str = "all"                 # all | positive_only | negative_only | one_only | binary
     global_std: bool = True               # one std over the epoch (official) or one per prompt group
     lr: float = 3e-4
     adam_beta1: float = 0.9
@@ -101,8 +112,14 @@ class NFTConfig:
 
     def validate(self) -> None:
         s, t = self.sample, self.train
-        if s.solver not in ("dpm2", "euler", "flow_sde") or s.eval_solver not in ("dpm2", "euler", "flow_sde"):
-            raise ValueError(f"sample.solver must be dpm2, euler or flow_sde, got {s.solver!r}")
+        known = ("dpm2", "euler", "ddim", "flow_sde", "ddim_sde")
+        if s.solver not in known or s.eval_solver not in known:
+            raise ValueError(f"sample.solver and sample.eval_solver must be one of {', '.join(known)}, got "
+                             f"{s.solver!r} / {s.eval_solver!r}")
+        if not (isinstance(s.guidance_scale, (int, float)) and math.isfinite(s.guidance_scale)):
+            raise ValueError(f"sample.guidance_scale must be a finite number, got {s.guidance_scale!r}")
+        if not (0 <= s.eta < math.inf):
+            raise ValueError(f"sample.eta must be finite and >= 0, got {s.eta!r}")
         if self.mixed_precision not in ("no", "fp16", "bf16"):
             raise ValueError(f"mixed_precision must be no, fp16 or bf16, got {self.mixed_precision!r}")
         if self.invalid_rewards not in ("drop", "raise"):
@@ -135,21 +152,36 @@ class NFTConfig:
                                  f"(K = {self.e2po.num_variants}), got {s.group_size}")
 
 
+# flow_grpo's scales (flow_grpo/rewards.py, as DiffusionNFT uses them) where rewardkit's defaults differ: PickScore
+# / 26 and CLIP ViT-L/14 logits / 100, so the official weights ({"pickscore": 1, "hpsv2": 1, "clipscore": 1}) keep
+# their meaning. The same values as rewardkit.integrations.flow_grpo.FLOW_GRPO_CONVENTIONS (a test checks).
+FLOW_GRPO_REWARD_KWARGS: dict[str, dict[str, Any]] = {
+    "pickscore": {"scale": 1.0 / 26.0},
+    "clipscore": {"model": "openai/clip-vit-large-patch14", "convention": "logits100"},
+}
+
+
+def _official(*names: str) -> dict[str, dict[str, Any]]:
+    return {n: dict(FLOW_GRPO_REWARD_KWARGS[n]) for n in names if n in FLOW_GRPO_REWARD_KWARGS}
+
+
 # Official variants (config/nft.py) and the E²PO paper's three settings. Values not listed are the defaults.
 PRESETS: dict[str, dict[str, Any]] = {
     "geneval": {"rewards": {"geneval": 1.0}},
-    "pickscore": {"rewards": {"pickscore": 1.0}},
+    "pickscore": {"rewards": {"pickscore": 1.0}, "reward_kwargs": _official("pickscore")},
     "hpsv2": {"rewards": {"hpsv2": 1.0}},
     "ocr": {"rewards": {"ocr": 1.0}, "train": {"beta": 0.1, "decay_type": "delayed_linear_to_0_999",
                                                "steps_per_epoch": 2}},
     "multi_reward": {"rewards": {"pickscore": 1.0, "hpsv2": 1.0, "clipscore": 1.0},
+                     "reward_kwargs": _official("pickscore", "hpsv2", "clipscore"),
                      "sample": {"num_steps": 25}, "train": {"beta": 0.1}},
     # E²PO (seed paper, section 4): GenEval G=4 K=12; GenEval G=2 K=4 (lambda_div 100); PickScore G=8 K=3
     "e2po_geneval_k12": {"rewards": {"geneval": 1.0}, "sample": {"group_size": 48},
                          "e2po": {"enabled": True, "num_variants": 12}},
     "e2po_geneval_k4": {"rewards": {"geneval": 1.0}, "sample": {"group_size": 8},
                         "e2po": {"enabled": True, "num_variants": 4, "lambda_div": 100.0}},
-    "e2po_pickscore_k3": {"rewards": {"pickscore": 1.0}, "sample": {"group_size": 24},
+    "e2po_pickscore_k3": {"rewards": {"pickscore": 1.0}, "reward_kwargs": _official("pickscore"),
+                          "sample": {"group_size": 24},
                           "e2po": {"enabled": True, "num_variants": 3}},
 }
 

@@ -15,7 +15,7 @@ import torch
 __all__ = ["group_advantages", "optimality_probability", "zero_std_group_ratio", "nft_loss",
            "soft_update_", "ema_update_", "ADV_MODES"]
 
-ADV_MODES = ("all", "positive_only", "negative_only")
+ADV_MODES = ("all", "positive_only", "negative_only", "one_only", "binary")
 
 
 def group_advantages(rewards: torch.Tensor, groups: torch.Tensor, *, global_std: bool = True,
@@ -53,8 +53,10 @@ def optimality_probability(adv: torch.Tensor, clip_max: float = 5.0, mode: str =
     """``r = clamp(clip(A, -c, c) / c / 2 + 1/2, 0, 1)`` in [0, 1]: DiffusionNFT's optimality probability
     (``r = 1/2 + 1/2 clip((R - E[R|c]) / Z_c, -1, 1)`` with ``Z_c = c * std``). NaN stays NaN.
 
-    ``mode``: ``all`` (default), ``positive_only`` (A < 0 -> 0, i.e. r >= 1/2) or ``negative_only``
-    (A > 0 -> 0, r <= 1/2).
+    ``mode`` (the official ``train.adv_mode``, scripts/train_nft_sd3.py:915-925 of NVlabs/DiffusionNFT):
+    ``all`` (default), ``positive_only`` (A < 0 -> 0, i.e. r >= 1/2), ``negative_only`` (A > 0 -> 0,
+    r <= 1/2), ``one_only`` (A -> 1 where A > 0, else 0: r = 1/2 + 1/(2c) or 1/2) or ``binary``
+    (A -> sign(A): r = 1/2 - 1/(2c), 1/2 or 1/2 + 1/(2c)). The clip to [-c, c] comes first, as there.
     """
     if not clip_max > 0:
         raise ValueError(f"clip_max must be > 0, got {clip_max}")
@@ -65,6 +67,10 @@ def optimality_probability(adv: torch.Tensor, clip_max: float = 5.0, mode: str =
         a = a.clamp(min=0)
     elif mode == "negative_only":
         a = a.clamp(max=0)
+    elif mode == "one_only":
+        a = torch.where(a > 0, torch.ones_like(a), torch.where(torch.isnan(a), a, torch.zeros_like(a)))
+    elif mode == "binary":
+        a = torch.where(torch.isnan(a), a, torch.sign(a))   # torch.sign(NaN) is 0: keep an unscored sample NaN
     return (a / clip_max / 2 + 0.5).clamp(0, 1)
 
 
@@ -98,7 +104,8 @@ def nft_loss(v_theta: torch.Tensor, v_old: torch.Tensor, v_ref: torch.Tensor | N
     x0 predictions ``x0(v) = xt - t v``; per sample
     ``L(v) = mean_CHW (x0(v) - x0)^2 / sg(max(mean_CHW |x0(v) - x0|, floor))`` (``self_normalize``; the
     normaliser in float64), ``policy = mean_B (r L(v+) + (1 - r) L(v-)) / beta * adv_clip_max``,
-    ``kl = mean_B mean_CHW (v_theta - v_ref)^2`` and ``loss = policy + kl_coef * kl``.
+    ``kl = mean_B mean_CHW (v_theta - v_ref)^2`` and ``loss = policy + kl_coef * kl``. The arithmetic runs in
+    float32 (bf16 / fp16 inputs are upcast), or in float64 when any input is float64 (for checking).
 
     Args:
         v_theta: ``[B, C, H, W]`` prediction of the trained adapter (with grad).
@@ -121,10 +128,13 @@ def nft_loss(v_theta: torch.Tensor, v_old: torch.Tensor, v_ref: torch.Tensor | N
     if not (v_old.shape == x0.shape == xt.shape == v_theta.shape) or t.shape != (b,) or r.shape != (b,):
         raise ValueError(f"shape mismatch: v_theta {tuple(v_theta.shape)}, v_old {tuple(v_old.shape)}, "
                          f"x0 {tuple(x0.shape)}, xt {tuple(xt.shape)}, t {tuple(t.shape)}, r {tuple(r.shape)}")
-    v_old = v_old.detach().float()
-    v_theta = v_theta.float()
-    x0, xt = x0.float(), xt.float()
-    tt = t.float().reshape(b, *([1] * (v_theta.ndim - 1)))
+    # float32 arithmetic for low-precision inputs (the official code's promotion); float64 stays float64
+    dt = torch.float64 if any(x is not None and x.dtype == torch.float64 for x in (v_theta, v_old, v_ref, x0, xt, t)) \
+        else torch.float32
+    v_old = v_old.detach().to(dt)
+    v_theta = v_theta.to(dt)
+    x0, xt = x0.to(dt), xt.to(dt)
+    tt = t.to(dt).reshape(b, *([1] * (v_theta.ndim - 1)))
     v_pos = beta * v_theta + (1 - beta) * v_old
     v_neg = (1 + beta) * v_old - beta * v_theta
     err_pos = xt - tt * v_pos - x0
@@ -143,7 +153,7 @@ def nft_loss(v_theta: torch.Tensor, v_old: torch.Tensor, v_ref: torch.Tensor | N
     loss = policy
     kl = torch.zeros((), dtype=torch.float64, device=v_theta.device)
     if v_ref is not None:
-        kl = (w * _mean_chw((v_theta - v_ref.detach().float()) ** 2)).mean()
+        kl = (w * _mean_chw((v_theta - v_ref.detach().to(dt)) ** 2)).mean()
         loss = policy + kl_coef * kl
     with torch.no_grad():
         unweighted = (w * (rr * _mean_chw(err_pos ** 2) + (1 - rr) * _mean_chw(err_neg ** 2)) / beta).mean() * adv_clip_max

@@ -349,7 +349,7 @@ class NFTTrainer:
         self.scorer = _RewardScorer(cfg, tiny_root, self.dist)
         self.policy = SD3Policy(resolve_tiny(cfg.model.pretrained, tiny_root, self.dist), device=self.device, text_dtype=text_dtype,
                                 max_sequence_length=cfg.model.max_sequence_length, revision=cfg.model.revision,
-                                trust_remote_code=cfg.model.trust_remote_code)
+                                trust_remote_code=cfg.model.trust_remote_code, transformer=cfg.model.transformer)
         long = self.policy.truncated(self.prompts)
         if long and self.dist.main:
             warnings.warn(f"{len(long)} of {len(self.prompts)} prompts exceed the CLIP window "
@@ -358,7 +358,8 @@ class NFTTrainer:
         # identical LoRA init on every process (DDP also broadcasts at wrap time)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.seed)
-            self.policy.add_lora(cfg.lora.r, cfg.lora.alpha, cfg.lora.target_modules, cfg.lora.init)
+            self.policy.add_lora(cfg.lora.r, cfg.lora.alpha, cfg.lora.target_modules, cfg.lora.init,
+                                 init_lora=cfg.model.init_lora)
         self.trainable = self.policy.adapter_params("default")
         self.old_params = self.policy.adapter_params("old")
         self.ema = [p.detach().clone() for p in self.trainable] if t.ema else None
@@ -468,7 +469,9 @@ class NFTTrainer:
                                                   g * c_opt.pooled + (1 - g) * c_orig.pooled)
             sig = torch.full((x.shape[0],), sigma, device=x.device, dtype=torch.float32)
             with self._autocast():
-                return self.policy.velocity(self.policy.transformer, x, sig, cond).float()
+                return self.policy.sample_velocity(
+                    self.policy.transformer, x, sig, cond, guidance_scale=s.guidance_scale,
+                    negative_prompt=s.negative_prompt, integer_timestep=s.integer_timestep).float()
 
         ctx = self.policy.use_old() if use_old else nullcontext()
         with ctx:
