@@ -343,8 +343,10 @@ def judge_rewards() -> list[str]:
 
     out = []
     for name in list_rewards():
-        cfg = get_reward_class(name).Config
-        if dataclasses.is_dataclass(cfg) and "on_judge_error" in {f.name for f in dataclasses.fields(cfg)}:
+        cls = get_reward_class(name)
+        if not cls.__module__.startswith("rewardkit."):  # an installed plugin is not this project's to cover
+            continue
+        if dataclasses.is_dataclass(cls.Config) and "on_judge_error" in {f.name for f in dataclasses.fields(cls.Config)}:
             out.append(name)
     return out
 
