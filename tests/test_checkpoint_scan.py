@@ -105,3 +105,21 @@ def test_pickle_renamed_safetensors_exits_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "renamed .safetensors" in err and "please report" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_model_directory_with_a_pickle_renamed_safetensors_exits_2(tiny_clip_dir, tmp_path, capsys):
+    """The runtime path too: a model directory whose ``model.safetensors`` is a pickle is refused with exit 2 (it
+    was "internal error ... please report it", exit 1), and nothing is unpickled."""
+    import shutil
+
+    from PIL import Image
+
+    from rewardkit.cli import main
+
+    bad = tmp_path / "clip"
+    shutil.copytree(tiny_clip_dir, bad)
+    (bad / "model.safetensors").write_bytes(_zip(OrderedDict(w=torch.ones(2))))
+    Image.new("RGB", (16, 16), "red").save(tmp_path / "a.png")
+    assert main(["score", str(tmp_path / "a.png"), "--prompt", "x", "--reward", "clipscore", "--model", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "not a readable safetensors file" in err and "please report" not in err
