@@ -250,6 +250,7 @@ def test_cli_stages_print_reports(tmp_path, pairs, capsys):
 
 
 # ------------------------------------------------------------------ storage: provenance, last records, checkpoints
+@pytest.mark.slow
 def test_rerun_with_another_seed_teacher_or_template_is_refused(tmp_path, pairs):
     """Bug: a rerun in the same output folder with another seed or teacher silently reused every old rationale
     as its own. Records carry their provenance; a mismatch is a ConfigError (exit 2) naming what differs."""
