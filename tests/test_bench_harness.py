@@ -573,7 +573,7 @@ def test_failed_judge_calls_are_reported_but_never_cached(tmp_path, data_root):
     assert third.n_scored == 0  # real answers are cached
 
 
-def test_cache_is_keyed_by_the_weights_content_judge_and_template(tmp_path, data_root):
+def test_cache_is_keyed_by_the_weights_content_judge_and_template(tmp_path, data_root, monkeypatch):
     """Bug: the score cache was keyed by the configuration only, so weights replaced at the same path gave the
     old scores back. The key now holds the content of every local file / directory the configuration names
     (memoised by path, size and mtime), the judge's identity and the template ids."""
@@ -621,6 +621,20 @@ def test_cache_is_keyed_by_the_weights_content_judge_and_template(tmp_path, data
     assert list(content_identity({"model": str(model)})) == [str(model.resolve())]
     assert content_identity({"model": "org/not-a-local-path", "device": "cpu"}) == {}
     assert content_identity({"applicability_cache": str(model / "weights.txt")}) == {}  # the reward's own memo
+    # a hub id cached locally: keyed by the commit of its cached snapshot (an update under the same id re-keys)
+    import huggingface_hub.constants as hub_constants
+
+    hub = tmp_path / "hub"
+    repo = hub / "models--org--tiny"
+    for commit in ("a" * 40, "b" * 40):
+        (repo / "snapshots" / commit).mkdir(parents=True)
+        (repo / "snapshots" / commit / "config.json").write_text("{}")
+    (repo / "refs").mkdir()
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(hub))
+    (repo / "refs" / "main").write_text("a" * 40)
+    assert content_identity({"model": "org/tiny"}) == {"hub:org/tiny": "a" * 40}
+    (repo / "refs" / "main").write_text("b" * 40)
+    assert content_identity({"model": "org/tiny"}) == {"hub:org/tiny": "b" * 40}
 
     # the judge's identity and the template id (a template re-versioned under the same name)
     from rewardkit.judges.base import JudgeBackend

@@ -137,6 +137,28 @@ def _path_candidates(value: str) -> list[str]:
     return out
 
 
+_HUB_ID = __import__("re").compile(r"[\w.-]+/[\w.-]+")
+
+
+def _hub_snapshot(repo_id: str) -> str | None:
+    """The commit of the locally cached snapshot a hub id resolves to (``main``), or None (not cached, no
+    ``huggingface_hub``): a model updated in the cache under the same id gives another key. No network."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    for fname in ("config.json", "model_index.json", "open_clip_config.json"):
+        try:
+            hit = try_to_load_from_cache(repo_id, fname)
+        except Exception:  # noqa: BLE001 - an id the hub library refuses is simply not a cached model
+            return None
+        if isinstance(hit, str):
+            parts = Path(hit).parts
+            if "snapshots" in parts and parts.index("snapshots") + 1 < len(parts):
+                return parts[parts.index("snapshots") + 1]
+    return None
+
+
 #: configuration keys naming a file the reward writes as its own memo of the judge's answers (already keyed by
 #: judge and template inside): growing during a run, they are not part of the weights' identity
 _MEMO_KEYS = frozenset({"applicability_cache"})
@@ -145,8 +167,8 @@ _MEMO_KEYS = frozenset({"applicability_cache"})
 def content_identity(config: Any, memo_dir: str | Path | None = None) -> dict[str, str]:
     """``{path: digest}`` for every string in ``config`` (nested) that names an existing local file or directory:
     a file's bytes (:func:`file_digest`); a directory's files (relative names and digests; hidden entries
-    skipped). Hub ids and other strings are left to the configuration itself; a reward's own answer memo
-    (``applicability_cache``) is not content."""
+    skipped); for a hub id (``org/name``) cached locally, the commit of its cached snapshot. Other strings are
+    left to the configuration itself; a reward's own answer memo (``applicability_cache``) is not content."""
     found: dict[str, str] = {}
     memo = _load_memo(memo_dir)
     before = dict(memo)
@@ -173,6 +195,10 @@ def content_identity(config: Any, memo_dir: str | Path | None = None) -> dict[st
                                         and not any(part.startswith(".") for part in q.relative_to(p).parts)):
                             h.update(f"{f.relative_to(p).as_posix()}\x1f{file_digest(f, memo)}\x1e".encode())
                         found[str(p.resolve())] = h.hexdigest()
+                    elif cand == x and _HUB_ID.fullmatch(x):
+                        commit = _hub_snapshot(x)
+                        if commit is not None:
+                            found[f"hub:{x}"] = commit
                 except (OSError, ValueError):
                     continue
 
