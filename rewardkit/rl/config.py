@@ -90,8 +90,9 @@ class NFTConfig:
     sample: SampleArgs = field(default_factory=SampleArgs)
     train: TrainArgs = field(default_factory=TrainArgs)
     e2po: E2POConfig = field(default_factory=E2POConfig)
-    # rewards: registry name -> weight; the training reward is the weighted SUM (flow_grpo's "avg")
-    rewards: dict[str, float] = field(default_factory=lambda: {"pickscore": 1.0})
+    # rewards: registry name -> weight; the training reward is the weighted SUM (flow_grpo's "avg"). A set: a
+    # later layer's mapping replaces it whole (rewards.NAME=W edits one entry); see rewardkit.config
+    rewards: dict[str, float] = field(default_factory=lambda: {"pickscore": 1.0}, metadata={"merge": False})
     # per-reward constructor options, e.g. {"clipscore": {"model": "path/to/clip"}}
     reward_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
     reward_workers: int = 4               # threads scoring finished batches while the next batch samples
@@ -100,8 +101,6 @@ class NFTConfig:
     num_epochs: int = 1000
     mixed_precision: str = "fp16"         # no | fp16 (autocast + GradScaler) | bf16
     cpu: bool = False
-    eval_every: int = 10                  # epochs; 0: never. Euler ODE, sample.eval_num_steps, EMA weights
-    eval_prompts: int = 16                # the first N prompts, fixed noise
     save_every: int = 30                  # epochs (and at the end)
     save_total_limit: int = 2
     resume: str = "auto"                  # auto | never | a checkpoint directory
@@ -109,6 +108,17 @@ class NFTConfig:
     progress: bool = True
     allow_tf32: bool = True
     torch_threads: int = 0                # CPU threads for torch (0: torch's default; 1 is fastest for tiny models)
+
+    # ---- evaluation, experiment tracking, step checkpoints (the trainer's block)
+    eval_every: int = 10                  # epochs; 0: never. Also before the first epoch (the baseline) and at the end
+    eval_prompts: str = ""                # held-out prompt set (as `prompts`); "": builtin:NAME_eval for builtin:NAME
+    eval_num_prompts: int = 0             # the first N evaluation prompts (0: all), the same noise every time
+    eval_grid: int = 16                   # images in the PNG grid written per evaluation (0: none)
+    report_to: list[str] | str = field(default_factory=lambda: ["tensorboard"])  # tensorboard, wandb | none
+    run_name: str = ""                    # wandb run name ("": the output_dir's name)
+    log_images_every: int = 10            # epochs: the top / bottom `log_images` training images by reward (0: never)
+    log_images: int = 4
+    save_every_steps: int = 0             # optimizer steps between checkpoints, mid-epoch too (0: per save_every)
 
     def validate(self) -> None:
         s, t = self.sample, self.train
@@ -145,6 +155,18 @@ class NFTConfig:
             raise ValueError("sample.group_size must be >= 2: advantages are relative to the group")
         if s.resolution % 16:
             raise ValueError(f"sample.resolution must be a multiple of 16, got {s.resolution}")
+        if isinstance(self.eval_prompts, str) and self.eval_prompts.strip().isdigit():
+            raise ValueError(f"eval_prompts is a held-out prompt set (a file or builtin:NAME), got {self.eval_prompts!r}"
+                             f"; the number of evaluation prompts is eval_num_prompts={self.eval_prompts}")
+        if isinstance(self.report_to, str):  # report_to=wandb, report_to=tensorboard,wandb
+            self.report_to = [x.strip() for x in self.report_to.split(",") if x.strip()]
+        bad = [r for r in self.report_to if r not in ("tensorboard", "wandb", "none")]
+        if bad or ("none" in self.report_to and len(self.report_to) > 1):
+            raise ValueError(f"report_to: a list of tensorboard, wandb, or [none]; got {self.report_to!r}")
+        if min(self.eval_num_prompts, self.eval_grid, self.log_images_every, self.log_images,
+               self.save_every_steps) < 0:
+            raise ValueError("eval_num_prompts, eval_grid, log_images_every, log_images and save_every_steps "
+                             "must be >= 0")
         if self.e2po.enabled:
             self.e2po.validate()
             if s.group_size % self.e2po.num_variants:
