@@ -26,7 +26,8 @@ import yaml
 
 from .errors import ConfigError
 
-__all__ = ["load_config", "build_config", "parse_overrides", "config_to_dict", "save_config", "safe_load_yaml"]
+__all__ = ["load_config", "build_config", "parse_overrides", "config_to_dict", "save_config", "safe_load_yaml",
+           "YAMLConfigError", "MAX_YAML_NODES"]
 
 
 def _yaml12_booleans(base: type) -> type:
@@ -44,10 +45,60 @@ _LOADER = _yaml12_booleans(getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 _BOOL_WORDS = {"true": True, "yes": True, "on": True, "y": True, "false": False, "no": False, "off": False, "n": False}
 
 
-def safe_load_yaml(text: str) -> Any:
+#: the most nodes a YAML document may expand to, aliases counted at their full size (a "billion laughs"
+#: document of 10^8 references is a few hundred bytes; every config, spec and template rewardkit reads is tiny)
+MAX_YAML_NODES = 1_000_000
+
+
+class YAMLConfigError(ConfigError, yaml.YAMLError):
+    """A YAML document rewardkit refuses: malformed, a tag the safe loader does not construct (``!!python/...``,
+    any ``!tag``), or an alias bomb. A :class:`ConfigError` (the CLI's exit 2) and still a ``yaml.YAMLError``."""
+
+
+def _check_expansion(text: str, limit: int) -> None:
+    """Refuse a document whose expansion (each alias counted as the size of what it refers to) exceeds
+    ``limit`` nodes, from the parser's events, before anything is constructed."""
+    sizes: dict[str, int] = {}
+    totals, anchors = [0], []
+    for ev in yaml.parse(text, Loader=_LOADER):
+        if isinstance(ev, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            totals.append(0)
+            anchors.append(ev.anchor)
+            continue
+        if isinstance(ev, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            n = 1 + totals.pop()
+            anchor = anchors.pop()
+            if anchor is not None:
+                sizes[anchor] = n
+        elif isinstance(ev, yaml.ScalarEvent):
+            n = 1
+            if ev.anchor is not None:
+                sizes[ev.anchor] = 1
+        elif isinstance(ev, yaml.AliasEvent):
+            n = sizes.get(ev.anchor, 1)
+        else:
+            continue
+        totals[-1] += n
+        if totals[-1] > limit:
+            raise YAMLConfigError(f"the YAML document expands to more than {limit:,} nodes through its aliases "
+                                  "(&anchor / *alias): refused (an alias bomb?)")
+
+
+def safe_load_yaml(text: str, *, source: Any = None, max_nodes: int | None = None) -> Any:
     """``yaml.safe_load`` through libyaml's C loader when present (the same safe constructors, ~10x faster),
-    with YAML 1.2 booleans (``true`` / ``false`` only; ``no`` / ``off`` / ``yes`` / ``on`` are strings)."""
-    return yaml.load(text, Loader=_LOADER)
+    with YAML 1.2 booleans (``true`` / ``false`` only; ``no`` / ``off`` / ``yes`` / ``on`` are strings).
+
+    Bounded: a document that expands to more than ``max_nodes`` (default :data:`MAX_YAML_NODES`) nodes through
+    its aliases is refused before it is constructed. Every refusal (malformed YAML, a tag the safe loader does
+    not construct, an alias bomb) is a :class:`YAMLConfigError` naming ``source`` when given."""
+    where = f"{source}: " if source is not None else ""
+    try:
+        _check_expansion(text, MAX_YAML_NODES if max_nodes is None else max_nodes)
+        return yaml.load(text, Loader=_LOADER)
+    except YAMLConfigError as exc:
+        raise YAMLConfigError(f"{where}{exc}") from None
+    except yaml.YAMLError as exc:
+        raise YAMLConfigError(f"{where}not a valid (safe) YAML document: {exc}") from None
 
 T = TypeVar("T")
 
@@ -255,10 +306,7 @@ def _read_yaml(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     with p.open(encoding="utf-8") as fh:
-        try:
-            data = safe_load_yaml(fh.read())
-        except yaml.YAMLError as exc:  # malformed, or a tag the safe loader refuses to construct (!!python/...)
-            raise ConfigError(f"{p}: not a valid (safe) YAML config: {exc}") from None
+        data = safe_load_yaml(fh.read(), source=p)  # malformed, a tag, an alias bomb: YAMLConfigError
     if data is None:
         return {}
     if not isinstance(data, Mapping):

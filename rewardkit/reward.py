@@ -679,6 +679,11 @@ class Reward(abc.ABC):
             return f"prompt must be a string, got {type(p).__name__}"
         if self.uses_prompt and not p.strip() and not self.scores_empty_prompt:
             return "prompt is empty"
+        try:
+            p.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate ("\udc80", e.g. from surrogateescape): not text
+            return (f"prompt is not valid Unicode text: lone surrogate {p[exc.start]!r} at position {exc.start} "
+                    "(decode the bytes with errors='replace', or fix the source)")
         return None
 
     def _sources(self, sources: Any, n: int) -> list[Any] | None:
