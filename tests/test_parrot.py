@@ -318,6 +318,18 @@ def test_strip_verdict_lookalike_letters(i):
         assert "better" not in s and LOOKALIKE[lab][i] not in s
 
 
+def test_strip_verdict_parses_the_rationale_as_stage_1_did():
+    """Cleaning (NFKC, no zero-width characters) applies to the texts, never before the parse: a rationale that
+    stage 1 accepted, with a zero-width space that hid a second header, still strips (it raised ParseError,
+    which would stop the whole filter stage)."""
+    from rewardkit.parrot.format import parse_pairwise, strip_verdict
+
+    r = _rationale("B", "Image B is better.").replace("bicycle is blue.", "bicycle is blue.\nText\u200b Faithfulness: noted")
+    assert parse_pairwise(r).preferred == "B"
+    s = strip_verdict(r)
+    assert "\u200b" not in s and "better" not in s and strip_verdict(s) == s
+
+
 def test_strip_verdict_drops_text_outside_the_sections():
     from rewardkit.parrot.format import strip_verdict
 

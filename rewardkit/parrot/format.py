@@ -296,7 +296,7 @@ def is_verdict(sentence: str) -> bool:
 def _evidence(text: str | None) -> str:
     if not text:
         return ""
-    kept = [s.strip() for s in _SENT_SPLIT.split(text) if s.strip() and not is_verdict(s)]
+    kept = [s.strip() for s in _SENT_SPLIT.split(_clean(text)) if s.strip() and not is_verdict(s)]
     return " ".join(kept)
 
 
@@ -313,8 +313,7 @@ def strip_verdict(rationale: str) -> str:
     read as A / B (the text shown is NFKC without format characters). The
     paper's C.2 shows the teacher the rationale "in full (per-dimension arguments, scores and summary)": the
     scores and the evidence stay. Idempotent. :class:`ParseError` if the rationale does not parse."""
-    rationale = _clean(rationale)
-    scores, reasons = _pair_sections(rationale, t2i=False)
+    scores, reasons = _pair_sections(rationale, t2i=False)  # the stage-1 parse (cleaning only the texts below)
     lines = []
     for d in DIMENSIONS:
         a, b = scores[d]
