@@ -293,7 +293,8 @@ VERDICTS_HARD = ["Overall, Image {L}.", "Image {L} overall.", "It is {L}.", "The
                  "Image {L} it is.", "Go {L}.", "\u2192 {L}", "{L} \u2713", "The nod goes to Image {L}.",
                  "Image {L} comes out on top.", "Image {L} is the clear standout.", "I'd lean towards {L}.",
                  "{L} \u226b {O}.", "Image {L} is the more faithful and higher-quality result overall.",
-                 "Image {L} is bet\u200bter.", "Image {L} is pre\u00adferable.", "Image {L} is \U0001d41b\U0001d41e\U0001d42d\U0001d42d\U0001d41e\U0001d42b."]
+                 "Image {L} is bet\u200bter.", "Image {L} is pre\u00adferable.",
+                 "Image {L} is \U0001d41b\U0001d41e\U0001d42d\U0001d42d\U0001d41e\U0001d42b."]
 LOOKALIKE = {"A": ("\u0410", "\uff21", "\U0001d400"), "B": ("\u0412", "\uff22", "\U0001d401")}
 
 
@@ -324,7 +325,8 @@ def test_strip_verdict_parses_the_rationale_as_stage_1_did():
     which would stop the whole filter stage)."""
     from rewardkit.parrot.format import parse_pairwise, strip_verdict
 
-    r = _rationale("B", "Image B is better.").replace("bicycle is blue.", "bicycle is blue.\nText\u200b Faithfulness: noted")
+    hidden = "bicycle is blue.\nText\u200b Faithfulness: noted"  # a header only once the zero-width space goes
+    r = _rationale("B", "Image B is better.").replace("bicycle is blue.", hidden)
     assert parse_pairwise(r).preferred == "B"
     s = strip_verdict(r)
     assert "\u200b" not in s and "better" not in s and strip_verdict(s) == s

@@ -36,10 +36,10 @@ def test_documented_single_and_multi_process_runs_use_separate_output_dirs():
     processes and fail). The output_dir is the command's ``output_dir=`` override, else the recipe's."""
     import yaml
 
-    texts = [(ROOT / "README.md").read_text(encoding="utf-8"), *(p.read_text(encoding="utf-8") for p in
-             (ROOT / "docs").glob("*.md")), *(p.read_text(encoding="utf-8") for p in (ROOT / "recipes").rglob("*.yaml"))]
-    cmds = [re.sub(r"\\\n\s*", " ", m) for t in texts
-            for m in re.findall(r"(?:^|\n)[#\s]*((?:torchrun|rewardkit|python)[^\n]*\brl nft\b(?:[^\n]*\\\n)*[^\n]*)", t)]
+    files = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "recipes").rglob("*.yaml")]
+    texts = [p.read_text(encoding="utf-8") for p in files]
+    command = re.compile(r"(?:^|\n)[#\s]*((?:torchrun|rewardkit|python)[^\n]*\brl nft\b(?:[^\n]*\\\n)*[^\n]*)")
+    cmds = [re.sub(r"\\\n\s*", " ", m) for t in texts for m in command.findall(t)]
     dirs: dict[str, set[str]] = {"single": set(), "multi": set()}
     for c in cmds:
         m = re.search(r"--config (recipes/\S*tiny\S*\.yaml)", c)  # the CPU ones, run one after the other
