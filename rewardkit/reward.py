@@ -23,7 +23,9 @@ import torch
 
 from . import media
 from .config import build_config
+from .devices import device_arg, resolve_device
 from .errors import ConfigError, RewardInputError
+from .reasons import join_reasons
 from ._reward_inputs import RewardBatch, RewardInputs
 from ._reward_outputs import PairwiseOutput, RewardOutput
 
@@ -34,8 +36,6 @@ _ON_ERROR = ("raise", "nan")
 
 
 def _device_arg(device: Any) -> Any:
-    from .models.vlm import device_arg
-
     try:
         return device_arg(device)
     except ValueError as exc:
@@ -90,8 +90,6 @@ class Reward(RewardInputs, abc.ABC):
         if to is not None and not getattr(to, "_rk_resolves_device", False):
             @functools.wraps(to)
             def to_checked(self, device, *args, **kw):
-                from .models.vlm import resolve_device
-
                 return to(self, resolve_device(device), *args, **kw)
 
             to_checked._rk_resolves_device = True  # type: ignore[attr-defined]
@@ -127,8 +125,6 @@ class Reward(RewardInputs, abc.ABC):
 
     def to(self, device: str | torch.device) -> "Reward":
         """Move every ``torch.nn.Module`` attribute to ``device``; returns self."""
-        from .models.vlm import resolve_device
-
         device = resolve_device(device)
         for value in vars(self).values():
             if isinstance(value, torch.nn.Module):
@@ -352,8 +348,6 @@ class Reward(RewardInputs, abc.ABC):
         diff = (ca - cb) if self.higher_is_better else (cb - ca)
         prob = torch.sigmoid(diff / self.compare_temperature)
         valid = out.valid[:n] & out.valid[n:]
-        from .judges.policy import join_reasons
-
         errors = []
         for i in range(n):
             ea, eb = out.errors[i], out.errors[n + i]
