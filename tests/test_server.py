@@ -557,6 +557,21 @@ def test_deeply_nested_json_is_a_400(served):
     assert r.status_code == 400 and "nested too deeply" in r.json()["error"]
 
 
+def _busy_pool_threads():
+    """RemoteReward pool threads inside a request (an idle worker, waiting for the next call, does not count)."""
+    import sys
+
+    frames = sys._current_frames()
+    busy = []
+    for t in threading.enumerate():
+        f = frames.get(t.ident) if t.name.startswith("rewardkit-remote") else None
+        while f is not None and f.f_code.co_name != "_once":
+            f = f.f_back
+        if f is not None:
+            busy.append(t)
+    return busy
+
+
 def test_client_threads_end_with_the_call():
     """The drip server sends one byte every 0.1 s; the call gives up after 1 s. Before: the pool thread kept
     reading the drip (about 20 s for this body) after the call had raised; now it stops with the call."""
@@ -564,8 +579,7 @@ def test_client_threads_end_with_the_call():
                        "score_range": None, "uses_prompt": True, "batch_relative": False, "pad": "x" * 100}).encode()
     url, close = _drip_server(0.1, body)
 
-    def pool_threads():
-        return [t for t in threading.enumerate() if t.name.startswith("rewardkit-remote") and t.is_alive()]
+    pool_threads = _busy_pool_threads
 
     try:
         before = len(pool_threads())
@@ -577,6 +591,49 @@ def test_client_threads_end_with_the_call():
         assert len(pool_threads()) == before, "a pool thread is still reading the dripping server"
     finally:
         close()
+
+
+def test_client_threads_end_with_the_call_when_the_server_drips_its_headers():
+    """The same, with the status line and headers dripped (one byte every 0.1 s, about 20 s of them). Before:
+    the deadline was checked only between body chunks, and each header byte reset httpx's read timeout, so the
+    pool thread stayed blocked in the header read long after the call had raised."""
+    head = b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * 200 + b"\r\n\r\n"
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(2)
+    srv.settimeout(10)
+    stop = threading.Event()
+
+    def serve():
+        try:
+            conn, _ = srv.accept()
+        except OSError:
+            return
+        with conn:
+            try:
+                conn.recv(65536)
+                for i in range(len(head)):  # bounded: len(head) bytes, ends when stop is set
+                    if stop.wait(0.1):
+                        return
+                    conn.sendall(head[i:i + 1])
+            except OSError:
+                pass
+
+    threading.Thread(target=serve, daemon=True).start()
+
+    pool_threads = _busy_pool_threads
+
+    try:
+        before = len(pool_threads())
+        with pytest.raises(RemoteRewardError, match="within 1 s"):
+            RemoteReward(url=f"http://127.0.0.1:{srv.getsockname()[1]}", timeout=1.0, max_retries=0)
+        deadline = time.monotonic() + 1.0
+        while len(pool_threads()) > before and time.monotonic() < deadline:  # bounded: 1 s
+            time.sleep(0.05)
+        assert len(pool_threads()) == before, "a pool thread is still reading the dripped headers"
+    finally:
+        stop.set()
+        srv.close()
 
 
 # ---------------------------------------------------------------------------------------------- float tensors
