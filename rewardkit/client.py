@@ -146,9 +146,12 @@ def _bounded_transport(httpx: Any) -> Any:
     transport = httpx.HTTPTransport()
     pool = getattr(transport, "_pool", None)
     backend = getattr(pool, "_network_backend", None)
-    if backend is None:  # another httpx / httpcore layout: refuse rather than lose the bound silently
-        raise RuntimeError("this httpx / httpcore version does not expose its network backend; RemoteReward "
-                           "cannot bound its reads by the request deadline (please report it)")
+    if backend is None:  # another httpx / httpcore layout: say so (the call still returns at its deadline)
+        import warnings
+
+        warnings.warn("this httpx / httpcore version does not expose its network backend: a RemoteReward pool "
+                      "thread may outlive a timed-out call while the server drips its answer", RuntimeWarning)
+        return transport
     pool._network_backend = _DeadlineBackend(backend)
     return transport
 
