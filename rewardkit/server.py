@@ -513,7 +513,7 @@ def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
             raise HTTPError(408, f"the request body took longer than {cfg.body_timeout:g} s") from None
         try:
             return json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer over int_max_str_digits
             raise HTTPError(400, f"the body is not valid JSON: {exc}") from None
         except RecursionError:
             raise HTTPError(400, "the body is not valid JSON: nested too deeply") from None

@@ -557,6 +557,14 @@ def test_deeply_nested_json_is_a_400(served):
     assert r.status_code == 400 and "nested too deeply" in r.json()["error"]
 
 
+
+def test_an_integer_too_long_to_convert_is_a_400(served):
+    """json.loads raises a plain ValueError (not JSONDecodeError) for an integer of more than 4300 digits
+    (Python's int_max_str_digits): it was answered 500 with Python's message."""
+    body = b'{"images": [], "prompt": "a", "metadata": [{"x": 1' + b"0" * 5000 + b'}]}'
+    r = httpx.post(served.url + "/score", content=body, headers={"Content-Type": "application/json"}, timeout=30)
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]
+
 def _busy_pool_threads():
     """RemoteReward pool threads inside a request (an idle worker, waiting for the next call, does not count)."""
     import sys
