@@ -518,6 +518,27 @@ def test_redactor_keys_and_values():
                    "flag": "true", "env": "***"}
 
 
+
+def test_redactor_learns_every_secret_under_a_credential_key_and_url_passwords():
+    """Before: a list of keys under a credential-like key (``api_keys: [...]``) was redacted in /info but its
+    values were not learned, so an error quoting one of them went out as it was; so did the token of an
+    ``Authorization: Bearer <token>`` header quoted without its scheme, and the password of a judge URL with
+    credentials (``https://user:password@host/v1``)."""
+    from rewardkit._serve_secrets import Redactor
+
+    red = Redactor([], env={})
+    red.collect({"judge_kwargs": {"api_keys": ["sk-first-1234", "sk-second-5678"],
+                                  "extra_headers": {"Authorization": "Bearer tok-in-header-99"}},
+                 "judge": "openai:https://bob:pa55-word-x@judge.example/v1"})
+    said = ("judge 401: key sk-second-5678 refused; header tok-in-header-99; "
+            "POST https://bob:pa55-word-x@judge.example/v1/chat/completions failed")
+    assert red.text(said) == ("judge 401: key *** refused; header ***; "
+                              "POST https://bob:***@judge.example/v1/chat/completions failed")
+    assert red({"judge": "openai:https://bob:pa55-word-x@judge.example/v1", "api_keys": ["a", "b"]}) == \
+        {"judge": "openai:https://bob:***@judge.example/v1", "api_keys": "***"}
+    assert red.text("see http://127.0.0.1:8000/v1 and user@example.com") == \
+        "see http://127.0.0.1:8000/v1 and user@example.com"
+
 def test_bearer_token_is_compared_whole(clip):
     """Catches the mutation that compares the token by prefix (``token.startswith(given)``), which accepts an
     empty token and any prefix of the real one. Expected answers are written out by hand, not derived from
