@@ -73,7 +73,8 @@ class ServerConfig:
         token: bearer token required on every endpoint but /health (None: no authentication).
         header_timeout: seconds a client has to send a request's line and headers, from the connection (or
             the previous response); then ``408`` and the connection is closed.
-        body_timeout: seconds a client has to send a request's body once its headers are in (408 after).
+        body_timeout: seconds a client has to send a request's body once its headers are in (408 after); also
+            the longest a connection's answers may stay unread (its write buffer full), then it is dropped.
         keep_alive: seconds an idle keep-alive connection stays open (uvicorn's ``timeout_keep_alive``).
         max_connections: most open client connections; one more is answered ``503`` and closed. Lowered at
             startup to stay under the process's file-descriptor limit.

@@ -244,6 +244,47 @@ def test_a_dripping_body_gets_408_and_the_connection_closes():
         handle.stop()
 
 
+
+@pytest.mark.slow
+def test_clients_that_never_read_their_answers_are_dropped():
+    """The slow-read variant of slowloris, without a token: 3 clients pipeline requests whose answers are big
+    (a 400 that lists 1000 unknown fields, 16 KB) and never read them, so each connection's write buffer fills
+    and uvicorn waits for the client to drain it, forever. Before: they held all 3 connections of the cap
+    indefinitely and every other client got 503. Now: a connection whose answers stay unread for body_timeout
+    (0.5 s) is dropped, and /health answers 200 again while the 3 clients are still connected."""
+    handle = serve_in_thread(_Const(), ServerConfig(max_connections=3, header_timeout=0.5, keep_alive=0.5,
+                                                    body_timeout=0.5))
+    port = int(handle.url.rsplit(":", 1)[1])
+    body = json.dumps({f"unknown_field_{i:05d}": 0 for i in range(1000)}).encode()
+    req = (b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+           % len(body) + body) * 20
+    socks = []
+    try:
+        for _ in range(3):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(("127.0.0.1", port))
+            s.setblocking(False)
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 0.5:  # bounded: 0.5 s of pipelining per client, never reading
+                try:
+                    s.send(req)
+                except BlockingIOError:
+                    time.sleep(0.02)
+                except OSError:
+                    break
+            socks.append(s)
+        statuses = []
+        deadline = time.monotonic() + 4.0
+        while time.monotonic() < deadline and statuses[-1:] != [200]:  # bounded: 4 s
+            statuses.append(_health(handle.url, timeout=1.0))
+            time.sleep(0.2)
+        assert statuses[-1] == 200, statuses
+    finally:
+        for s in socks:
+            s.close()
+        handle.stop()
+
 def test_requests_in_flight_are_capped_with_503_and_retry_after():
     handle = serve_in_thread(_Const(delay=0.6), ServerConfig(max_in_flight=2, max_wait_ms=0))
     body = {"images": [_png(random_images(1, size=16)[0])], "prompt": "a"}

@@ -48,7 +48,8 @@ def add_parser(sub) -> None:
     g.add_argument("--header-timeout", type=float, default=10.0,
                    help="seconds to send a request's headers, then 408 and close (default 10)")
     g.add_argument("--body-timeout", type=float, default=60.0,
-                   help="seconds to send a request's body once its headers are in (default 60)")
+                   help="seconds to send a request's body once its headers are in, and to read "
+                        "an answer (default 60)")
     g.add_argument("--keep-alive", type=float, default=5.0, help="idle keep-alive seconds (default 5)")
     g.add_argument("--max-connections", type=int, default=512,
                    help="open connections; more get 503 (default 512; lowered to fit the fd limit)")
