@@ -67,7 +67,8 @@ class ServerConfig:
         max_batch: most images scored in one model call (merged across requests).
         max_wait_ms: how long a non-full batch waits for more requests (0: take only what is queued).
         max_body_bytes: largest request body accepted (413 above).
-        max_images: most images in one request (each of ``images_a`` / ``images_b`` for /compare).
+        max_images: most images in one request (each of ``images_a`` / ``images_b`` for /compare), and most
+            source images in one request, all samples together.
         timeout: seconds a request may take from arrival to response (504 after; the model call it joined
             still completes for the other requests of its batch).
         token: bearer token required on every endpoint but /health (None: no authentication).

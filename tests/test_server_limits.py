@@ -435,3 +435,27 @@ def test_an_unread_body_cannot_hold_the_connection():
     finally:
         s.close()
         handle.stop()
+
+
+class _Edit(_Const):
+    name = "edit-const"
+    tasks = frozenset({"edit", "multi_ref"})
+    accepts_sources = True
+
+
+def test_source_images_count_against_max_images():
+    """--max-images bounded ``images`` but every sample could bring another max_images sources: 256 images with
+    256 one-pixel PNG sources each (65,536 images in a 6 MB body) took 21 s of server time and blocked the event
+    loop (/health) for 3 s while their headers were read. Now the sources of a request count against
+    max_images too (in all), refused with 413 before any is opened."""
+    handle = serve_in_thread(_Edit(), ServerConfig(max_images=8))
+    one = _png(random_images(1, size=4)[0])
+    try:
+        ok = httpx.post(handle.url + "/score", json={"images": [one] * 4, "prompt": "a",
+                                                     "sources": [[one, one]] * 4}, timeout=30)
+        assert ok.status_code == 200 and ok.json()["valid"] == [True] * 4  # 8 sources in all: at the limit
+        r = httpx.post(handle.url + "/score", json={"images": [one] * 4, "prompt": "a",
+                                                    "sources": [[one, one, one]] * 4}, timeout=30)
+        assert r.status_code == 413 and "12 source images" in r.json()["error"], r.text
+    finally:
+        handle.stop()
