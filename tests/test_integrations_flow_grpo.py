@@ -221,10 +221,23 @@ def test_every_convention_names_real_options_of_its_reward():
         assert conv.factor > 0 and conv.source
 
 
+def _levenshtein(a, b):
+    """Unit-cost Levenshtein distance (what ``Levenshtein.distance`` computes), the textbook DP written out
+    here so that the reference does not share rewardkit's own edit_distance."""
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        prev = cur
+    return prev[-1]
+
+
 def _flow_grpo_ocr(recognized_text, prompt):
-    """flow_grpo/ocr.py:27 (target = first "..." span) and :44-58, transcribed (Levenshtein.distance via
-    rewardkit's edit_distance, the same unit-cost Levenshtein)."""
-    from rewardkit.rewards.ocr import edit_distance as distance
+    """flow_grpo/ocr.py:27 (target = first "..." span) and :44-58, transcribed (``Levenshtein.distance`` as
+    :func:`_levenshtein`)."""
+    distance = _levenshtein
+    assert distance("kitten", "sitting") == 3 and distance("", "abc") == 3   # the classic values
 
     prompt = prompt.split('"')[1]
     recognized_text = recognized_text.replace(" ", "").lower()
