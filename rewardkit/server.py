@@ -450,11 +450,14 @@ class RewardServer:
 
 
 def _jsonable(obj: Any) -> Any:
-    """Config values as strict JSON: non-finite floats -> None, tuples -> lists, anything else -> str."""
+    """Config values and answers as strict JSON: non-finite floats -> None, tuples -> lists, numpy scalars and
+    arrays / tensors -> numbers and lists, anything else -> str."""
     if isinstance(obj, dict):
         return {str(k): _jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [_jsonable(v) for v in obj]
+    if hasattr(obj, "tolist") and type(obj).__module__.split(".")[0] in ("numpy", "torch"):
+        return _jsonable(obj.tolist())  # numpy scalar / array, torch tensor
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if obj is None or isinstance(obj, (str, int, bool)):
@@ -548,7 +551,8 @@ def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
             for key in ("errors", "rationales"):  # a judge's error may quote its request (and key)
                 if isinstance(result.get(key), list):
                     result[key] = [server.redact.text(v) if isinstance(v, str) else v for v in result[key]]
-            return JSONResponse(result)
+            # details / info are the reward's own: NaN for a failed sample, numpy scalars... (strict JSON here)
+            return JSONResponse(_jsonable(result))
         return handler
 
     async def health(request: Request) -> Response:

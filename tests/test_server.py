@@ -579,6 +579,37 @@ def test_deeply_nested_json_is_a_400(served):
 
 
 
+
+class _Details(Reward):
+    """Per-sample details and call info holding what judge rewards put there: NaN for a failed sample, numpy
+    scalars, a tensor."""
+
+    name = "details"
+    tasks = frozenset({"t2i"})
+    thread_safe = False
+
+    def _score(self, batch):
+        import numpy as np
+
+        n = len(batch)
+        return RewardOutput(scores=torch.ones(n), details=[{"p": float("nan"), "q": np.float32(0.5),
+                                                            "k": np.int64(3)} for _ in range(n)],
+                            info={"t": float("inf"), "v": torch.tensor([0.25, float("nan")])})
+
+
+def test_non_json_values_in_details_and_info_are_answered():
+    """NaN / inf / numpy scalars / tensors in ``details`` or ``info`` (EVR's compare details are NaN for a failed
+    sample): before, rendering the answer raised ValueError after the handler, so the client got uvicorn's
+    plain-text 500 (and uvicorn logged the traceback past the redaction filter). Now they travel as JSON:
+    non-finite -> null, numpy scalars and tensors -> numbers and lists."""
+    handle = serve_in_thread(_Details(), ServerConfig())
+    try:
+        out = RemoteReward(url=handle.url)(random_images(2, size=8), "a")
+        assert out.valid.all() and out.details == [{"p": None, "q": 0.5, "k": 3}] * 2
+        assert out.info == {"t": None, "v": [0.25, None]}
+    finally:
+        handle.stop()
+
 def test_an_integer_too_long_to_convert_is_a_400(served):
     """json.loads raises a plain ValueError (not JSONDecodeError) for an integer of more than 4300 digits
     (Python's int_max_str_digits): it was answered 500 with Python's message."""
