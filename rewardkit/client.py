@@ -90,13 +90,13 @@ class _DeadlineStream:
         self._stream = stream
 
     @staticmethod
-    def _left(timeout: float | None) -> float | None:
+    def _left(timeout: float | None, slack: float = 0.0) -> float | None:
         call = getattr(_CALL, "value", None)
         if call is None:
             return timeout
         deadline, stop = call
         left = deadline - time.monotonic()
-        if left <= 0 or stop.is_set():
+        if left <= slack or stop.is_set():
             raise _Deadline()
         return left if timeout is None else min(timeout, left)
 
@@ -106,7 +106,7 @@ class _DeadlineStream:
         try:
             return self._stream.read(max_bytes, self._left(timeout))
         except httpcore.ReadTimeout:
-            self._left(None)  # raises _Deadline when the deadline is what cut the read short
+            self._left(None, slack=0.05)  # raises _Deadline when the deadline is what cut the read short
             raise
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
@@ -115,7 +115,7 @@ class _DeadlineStream:
         try:
             return self._stream.write(buffer, self._left(timeout))
         except httpcore.WriteTimeout:
-            self._left(None)
+            self._left(None, slack=0.05)
             raise
 
     def start_tls(self, *args: Any, **kwargs: Any) -> Any:
