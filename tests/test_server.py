@@ -697,7 +697,7 @@ def test_client_threads_end_with_the_call_when_the_server_drips_its_headers():
 
 
 # ---------------------------------------------------------------------------------------------- float tensors
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_float_tensors_are_served_bit_identical(clip, served, dtype):
     """A float [B, 3, H, W] tensor (what an RL host holds) scores the same served as in-process, bit for bit.
     Before: the client rounded it to uint8 first, which changes the scores (checked below, so the equality is
