@@ -241,6 +241,9 @@ def test_trl_empty_completion_policy(pick):
     assert logged == {"rewardkit/pickscore/valid_fraction": 1.0, "rewardkit/pickscore/empty_fraction": 2 / 6}
     all_empty, _ = _trl_call(fn, ["d"] * 2, ["", ""], image=imgs[:2])
     assert all_empty == [-5.0, -5.0]
+    # an empty batch is an empty answer under every policy (before: UnboundLocalError under the default "nan")
+    for policy in ({}, {"empty_completion": "reward"}, {"empty_completion": "fill", "empty_value": -5.0}):
+        assert _trl_call(trl_reward_func(pick, **policy), [], [], image=[])[0] == []
     with pytest.raises(ValueError, match="finite empty_value"):
         trl_reward_func(pick, empty_completion="fill")
     with pytest.raises(ValueError, match="empty_completion must be one of"):

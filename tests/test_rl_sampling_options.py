@@ -240,6 +240,27 @@ def test_start_from_a_diffusers_lora_and_alpha_survives_saving(sd3_dir, tmp_path
                                                     return_dict=False)[0], ref, rtol=1e-5, atol=1e-6)
 
 
+
+def test_a_lora_that_also_adapts_the_text_encoders_is_refused(sd3_dir, tmp_path):
+    """A diffusers LoRA file with text-encoder tensors too (``save_lora_weights(text_encoder_lora_layers=...)``).
+    The trainer adapts the transformer only, so starting from such a file starts from another model than the
+    LoRA's. Before: the text-encoder tensors were dropped without a word."""
+    from safetensors.torch import load_file, save_file
+
+    from rewardkit.rl.sd3 import SD3Policy
+
+    pol = SD3Policy(sd3_dir, device=torch.device("cpu"), max_sequence_length=16)
+    pol.add_lora(4, 8.0, ["attn.to_q"])
+    pol.save_lora(tmp_path / "tr", "default")
+    sd = load_file(str(tmp_path / "tr" / "pytorch_lora_weights.safetensors"))
+    sd["text_encoder.text_model.encoder.layers.0.self_attn.q_proj.lora_A.weight"] = torch.zeros(4, 8)
+    (tmp_path / "both").mkdir()
+    save_file(sd, str(tmp_path / "both" / "pytorch_lora_weights.safetensors"))
+    fresh = SD3Policy(sd3_dir, device=torch.device("cpu"), max_sequence_length=16)
+    with pytest.raises(ValueError, match="text_encoder.*transformer only"):
+        fresh.add_lora(4, 8.0, ["attn.to_q"], init_lora=str(tmp_path / "both"))
+    fresh.add_lora(4, 8.0, ["attn.to_q"], init_lora=str(tmp_path / "tr"))   # the transformer's part alone loads
+
 def test_start_from_a_full_fine_tune(sd3_dir, tmp_path):
     """``model.transformer``: a diffusers transformer folder replaces the pipeline's; LoRA trains on top and the
     reference (adapters off) is that transformer."""
