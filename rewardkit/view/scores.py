@@ -60,11 +60,19 @@ def read_parquet(path: Path) -> list[dict[str, Any]]:
     from .._imports import require
 
     pq = require("pyarrow.parquet", "bench", "reading Parquet score files")
-    rows = pq.read_table(path).to_pylist()
+    import pyarrow as pa
+
+    table = pq.read_table(path)
+    # numeric columns other than the fixed ones are the dimensions (as `rewardkit score`'s "dimensions")
+    dims = [f.name for f in table.schema if f.name not in SCORE_FIELDS
+            and (pa.types.is_integer(f.type) or pa.types.is_floating(f.type))]
+    rows = table.to_pylist()
     if not rows:
         raise ViewInputError(f"{path}: no rows")
     for i, r in enumerate(rows):
         r["_line"] = i + 1
+        if dims and "dimensions" not in r:
+            r["dimensions"] = {d: r.pop(d) for d in dims}
     return rows
 
 
@@ -100,7 +108,6 @@ def score_section(path: Path, rows: list[dict[str, Any]], store: ImageStore, lab
     """The ``scores`` section of one score file."""
     base = Path(path).parent
     dims: list[str] = []
-    parquet = Path(path).suffix.lower() == ".parquet"
     out = []
     for i, r in enumerate(rows):
         where = f"{path}:{r['_line']}"
@@ -114,10 +121,7 @@ def score_section(path: Path, rows: list[dict[str, Any]], store: ImageStore, lab
         for k, v in r.items():
             if k in SCORE_FIELDS or k in INFO_FIELDS or k == "_line" or v is None:
                 continue
-            if parquet and (isinstance(v, (int, float)) and not isinstance(v, bool)):
-                row_dims[k] = _num(v)  # a Parquet file's extra numeric columns are its dimensions
-            else:
-                info[k] = v
+            info[k] = v
         dims += [k for k in row_dims if k not in dims]
         image = r.get("image")
         name = Path(str(image)).name if isinstance(image, str) else f"row {r['_line']}"

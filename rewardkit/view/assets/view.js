@@ -1,5 +1,5 @@
 /* rewardkit view: draws the report from the JSON in #rk-data. Plain JavaScript, no library, no network.
-   Every text from the data goes into the page through textContent / createTextNode (never innerHTML). */
+   Every text from the data goes into the page through textContent / createTextNode (never as markup). */
 (function () {
   "use strict";
   var DATA = JSON.parse(document.getElementById("rk-data").textContent);
