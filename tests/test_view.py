@@ -179,7 +179,8 @@ def test_rl_run_series_and_grids(tmp_path):
     assert sec["series"]["reward/pickscore/mean"] == [[1.0, 0.3], [2.0, 0.5]]
     assert sec["series"]["eval/reward/pickscore/mean"] == [[0.0, 0.2], [2.0, 0.4]]
     assert "kl_div" not in sec["series"]  # NaN: not a point
-    assert sec["groups"]["reward (train, mean)"] == ["reward/pickscore/mean"]
+    assert sec["groups"]["reward (train mean; evaluation of the EMA weights dashed)"] == [
+        "reward/pickscore/mean", "eval/reward/pickscore/mean"]
     assert sec["final"]["eval/reward/pickscore/mean"] == 0.45 and sec["n_epochs"] == 3 and sec["curves"] is None
     assert [g["epoch"] for g in sec["grids"]] == [0, 2, 7]
 

@@ -64,13 +64,11 @@ def rl_section(run: Path, store: ImageStore, label: str) -> dict[str, Any]:
             recs.append(rec)
     final = [r for r in recs if "final" in r]
     series = _series([r for r in recs if "final" not in r])
-    groups: dict[str, list[str]] = {"reward (train, mean)": [], "reward (evaluation, EMA)": [], "loss": [],
-                                    "KL / deviation": [], "other": []}
-    for k in sorted(series):
-        if k.startswith("reward/") and k.endswith("/mean"):
-            groups["reward (train, mean)"].append(k)
-        elif k.startswith("eval/reward/") and k.endswith("/mean"):
-            groups["reward (evaluation, EMA)"].append(k)
+    reward = "reward (train mean; evaluation of the EMA weights dashed)"
+    groups: dict[str, list[str]] = {reward: [], "loss": [], "KL / deviation": [], "other": []}
+    for k in sorted(series, key=lambda k: (k.startswith("eval/"), k)):
+        if (k.startswith("reward/") or k.startswith("eval/reward/")) and k.endswith("/mean"):
+            groups[reward].append(k)
         elif k.endswith("_loss") or k == "loss":
             groups["loss"].append(k)
         elif k in ("kl_div", "old_kl_div", "old_deviate"):

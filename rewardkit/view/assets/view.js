@@ -341,7 +341,7 @@
     function draw() {
       var a = +sx.value, b = +sy.value;
       var pts = sec.rows.filter(function (r) { return isNum(r.scores[a]) && isNum(r.scores[b]); });
-      var W = 440, H = 440, L = 64, B = 48, T = 14, Rm = 14;
+      var W = 460, H = 440, L = 64, B = 48, T = 14, Rm = 34;
       var rx = range(pts, function (r) { return r.scores[a]; }), ry = range(pts, function (r) { return r.scores[b]; });
       function pad(rg) { var d = rg[1] - rg[0]; if (!(d > 0)) d = Math.abs(rg[0]) || 1; return [rg[0] - 0.05 * d, rg[1] + 0.05 * d]; }
       rx = pad(rx); ry = pad(ry);
@@ -411,7 +411,7 @@
     });
     cols.push({key: "gap", label: "rank gap", num: true, sort: function (r) { return r.gap; }, cell: function (r) {
       var td = el("td", {cls: "num", text: isNum(r.gap) ? r.gap.toFixed(3) : "\u2013"});
-      if (isNum(r.gap) && r.gap >= sec.disagree_gap) td.appendChild(el("span", {cls: "rk-badge", text: "disagree"}));
+      if (isNum(r.gap) && r.gap >= sec.disagree_gap) { td.appendChild(document.createTextNode(" ")); td.appendChild(el("span", {cls: "rk-badge", text: "disagree"})); }
       return td; }});
     function allValid(r) { return r.valid.every(function (v) { return v === true; }); }
     makeTable(host, sec.rows, cols, {caption: "Scores and ranks of each reward", isValid: allValid,
@@ -517,9 +517,13 @@
     var legend = el("ul", {cls: "rk-legend"});
     keys.forEach(function (k, i) {
       var pts = series[k] || [];
-      var color = COLORS[i % COLORS.length];
+      // an evaluation series takes the colour of its training twin (same reward name), drawn dashed
+      var twin = keys.indexOf(k.replace(/^eval\//, ""));
+      var color = COLORS[(/^eval\//.test(k) && twin >= 0 ? twin : i) % COLORS.length];
       var path = pts.map(function (p, j) { return (j ? "L" : "M") + X(p[0]).toFixed(1) + " " + Y(p[1]).toFixed(1); }).join(" ");
-      s.appendChild(svg("path", {d: path, fill: "none", stroke: color, "stroke-width": 1.8, "data-key": k}));
+      var attrs = {d: path, fill: "none", stroke: color, "stroke-width": 1.8, "data-key": k};
+      if (/^eval\//.test(k)) attrs["stroke-dasharray"] = "6 4";
+      s.appendChild(svg("path", attrs));
       pts.forEach(function (p) {
         var c = svg("circle", {cx: X(p[0]).toFixed(1), cy: Y(p[1]).toFixed(1), r: 2.5, fill: color});
         c.appendChild(svg("title", {text: k + " @ epoch " + p[0] + ": " + fmt(p[1])}));
