@@ -149,12 +149,15 @@ def test_score_sh_demo_runs_t2i_edit_compare_into_outputs(venv):
     assert res.returncode == 0, res.stderr
     rk = [x for x in _lines(log) if x.startswith("rewardkit[")]
     cache = tmp / "democache"
-    assert len(rk) == 3 and all(x.startswith(f"rewardkit[{REPO}] ") for x in rk)
+    assert len(rk) == 4 and all(x.startswith(f"rewardkit[{REPO}] ") for x in rk)
     assert "score --reward pickscore" in rk[0] and f"{cache}/tiny-clip" in rk[0]
     assert "--jsonl examples/images/t2i.jsonl --output outputs/t2i_scores.jsonl" in rk[0]
     assert "score --reward preference" in rk[1] and f"{cache}/tiny-preference" in rk[1]
     assert "--jsonl examples/images/edit.jsonl --output outputs/edit_scores.jsonl" in rk[1]
     assert rk[2].split("] ", 1)[1].startswith("compare --reward pickscore") and "--output outputs/compare.jsonl" in rk[2]
+    assert rk[3].split("] ", 1)[1] == ("view outputs/t2i_scores.jsonl outputs/edit_scores.jsonl outputs/compare.jsonl "
+                                       "-o outputs/report.html")
+    assert f"report: {REPO}/outputs/report.html" in res.stderr
     # a failing step is the script's status
     log.write_text("")
     assert _bash(f"bash {REPO}/scripts/score.sh", env, tmp, FAKE_RK_RC="2").returncode == 2
