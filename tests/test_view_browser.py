@@ -214,6 +214,21 @@ def test_edit_rows_show_source_and_result_side_by_side(browser, tmp_path):
     assert o.events == [], o.events
 
 
+def test_folder_thumbnails_load_and_the_enlarged_view_links_the_original(browser, tmp_path):
+    rows = score_rows(tmp_path)
+    html = build_report([write_jsonl(tmp_path / "s.jsonl", rows)], tmp_path / "out" / "r.html", thumbs="folder")
+    o = Opened(browser, html, tmp_path / "screenshots")
+    t = _first_table("scores")
+    srcs = o.page.eval_on_selector_all(f"{t} img", "ims => ims.map(i => i.getAttribute('src'))")
+    assert srcs == ["r_files/i0.png", "r_files/i1.png", "r_files/i2.png"]  # beside the page, allowed by the CSP
+    assert o.images_loaded(f"{t} img") == [256, 256, 256]
+    o.page.click(f"{t} button.rk-thumb >> nth=2")
+    assert o.page.get_attribute("#rk-zoom-link", "href") == "../t2i_open_sign.png"
+    assert o.page.is_visible("#rk-zoom-link")
+    o.page.keyboard.press("Escape")
+    assert o.events == [], o.events
+
+
 def test_two_rewards_side_by_side_with_ranks_and_scatter(browser, tmp_path):
     rows = score_rows(tmp_path)
     rows[1].update(score=0.1, valid=True, error=None)
@@ -237,7 +252,7 @@ def test_two_rewards_side_by_side_with_ranks_and_scatter(browser, tmp_path):
     assert o.events == [], o.events
 
 
-def test_bench_record_tables_and_wrong_pairs(browser, tmp_path):
+def test_bench_record_tables_and_wrong_pairs(browser, tmp_path, axe_js):
     from test_bench_harness import MeanPixel
 
     from rewardkit.bench import evaluate
@@ -261,6 +276,7 @@ def test_bench_record_tables_and_wrong_pairs(browser, tmp_path):
         in figs[0].inner_text()
     o.shot("bench")
     assert o.events == [], o.events
+    assert _axe(o, axe_js) == []
 
 
 def _rl_run(root: Path) -> Path:
@@ -329,8 +345,17 @@ def test_reports_pass_axe_core(browser, tmp_path, axe_js):
                          _rl_run(tmp_path)], tmp_path / "all.html")
     o = Opened(browser, html, tmp_path / "screenshots")
     o.page.click("section[data-kind=scores] details summary >> nth=0")  # opened content is checked too
-    o.page.evaluate(axe_js + "\n;0")  # CDP evaluation: the page's CSP does not apply to the test harness
-    result = o.page.evaluate("async () => { const r = await axe.run(document); "
-                             "return r.violations.map(v => ({id: v.id, nodes: v.nodes.map(n => n.html).slice(0, 3)})); }")
     o.shot("axe")
+    result = _axe(o, axe_js)
     assert result == [], json.dumps(result, indent=1)
+    o.page.click("section[data-kind=scores] button.rk-thumb >> nth=0")  # and with the enlarged image open
+    assert _axe(o, axe_js) == []
+
+
+def _axe(o: Opened, axe_js: str) -> list[dict]:
+    """axe-core's violations on the page as it is now (every rule axe runs by default: WCAG 2 A / AA and
+    best practices)."""
+    if not o.page.evaluate("() => typeof window.axe !== 'undefined'"):
+        o.page.evaluate(axe_js + "\n;0")  # CDP evaluation: the page's CSP does not apply to the test harness
+    return o.page.evaluate("async () => { const r = await axe.run(document); "
+                           "return r.violations.map(v => ({id: v.id, nodes: v.nodes.map(n => n.html).slice(0, 3)})); }")
