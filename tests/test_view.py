@@ -222,6 +222,11 @@ def test_cli(tmp_path, capsys):
     (tmp_path / "bad.jsonl").write_text('{"image": "a.png"}\n')
     assert main(["view", str(tmp_path / "bad.jsonl"), "-o", str(tmp_path / "x.html")]) == 2
     assert "bad.jsonl:1: a score row needs 'score' and 'valid'" in capsys.readouterr().err
+    assert main(["view", str(f), str(f), "-o", str(tmp_path / "two.html"), "--label", "A", "B", "--title", "<t>"]) == 0
+    html = (tmp_path / "two.html").read_text(encoding="utf-8")
+    assert [s["label"] for s in payload_of(html)["sections"]] == ["A vs B", "A", "B"]
+    assert "<title>&lt;t&gt;</title>" in html
+    assert main(["view", str(f), "-o", str(tmp_path / "y.html"), "--label", "A", "B"]) == 2  # 2 labels, 1 input
     assert main(["view", str(f), "-o", str(tmp_path / "x.txt")]) == 2
     with pytest.raises(ViewInputError, match="no inputs"):
         build_report([], tmp_path / "y.html")

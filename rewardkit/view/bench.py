@@ -86,4 +86,4 @@ def bench_section(paths: list[Path], store: ImageStore) -> dict[str, Any]:
         out.append({"label": name, "file": str(path), "reward": rec.get("reward", {}).get("name"),
                     "mode": rec.get("reward", {}).get("mode"), "fingerprint": rec.get("reward", {}).get("fingerprint"),
                     "version": rec.get("rewardkit_version"), "created": rec.get("created"), "benchmarks": benches})
-    return {"kind": "bench", "label": "benchmarks", "records": out, "metric_labels": METRIC_LABELS}
+    return {"kind": "bench", "label": ", ".join(names), "records": out, "metric_labels": METRIC_LABELS}

@@ -93,5 +93,6 @@ def rewards_section(sections: list[dict[str, Any]]) -> dict[str, Any] | None:
             for b in range(R)] for a in range(R)]
     for n_, r in enumerate(rows, 1):
         r["n"] = n_
-    return {"kind": "rewards", "label": "rewards compared", "rewards": [s["label"] for s in sections],
+    names = [s["label"] for s in sections]
+    return {"kind": "rewards", "label": " vs ".join(names), "rewards": names,
             "rows": rows, "n_common": n, "spearman": rho, "disagree_gap": DISAGREE_GAP}
