@@ -64,10 +64,19 @@ def browser():
 
 @pytest.fixture(scope="session")
 def axe_js(tmp_path_factory) -> str:
-    """axe-core's axe.min.js: $AXE_CORE_JS, a cached npm install, or `npm install --prefix CACHE axe-core`."""
+    """axe-core's axe.min.js: $AXE_CORE_JS, the copy bundled by axe-playwright-python (`dev` extra), a cached
+    npm install, or `npm install --prefix CACHE axe-core`."""
     env = os.environ.get("AXE_CORE_JS")
     if env and Path(env).is_file():
         return Path(env).read_text(encoding="utf-8")
+    try:
+        from importlib import resources
+
+        bundled = resources.files("axe_playwright_python").joinpath("axe.min.js")
+        if bundled.is_file():
+            return bundled.read_text(encoding="utf-8")
+    except ModuleNotFoundError:
+        pass
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rewardkit-tests" / "axe"
     js = cache / "node_modules" / "axe-core" / "axe.min.js"
     if not js.is_file():
@@ -178,6 +187,7 @@ def test_score_report_shows_the_file_sorts_filters_and_escapes(browser, tmp_path
     o.page.select_option("select", "all")
     # the judge answers: a table of hypotheses, built when opened
     o.page.click(f"{t} details summary")
+    o.page.wait_for_function("() => document.querySelector('section[data-kind=scores] details table') !== null")
     assert "blurry" in o.page.inner_text(f"{t} details") and "<b>red</b>" in o.page.inner_text(f"{t} details")
     # click a thumbnail to enlarge it; Esc closes it and focus returns to the thumbnail
     o.page.click(f"{t} button.rk-thumb >> nth=0")
@@ -186,8 +196,8 @@ def test_score_report_shows_the_file_sorts_filters_and_escapes(browser, tmp_path
     assert XSS[1] in o.page.inner_text("#rk-zoom-caption") or XSS[0] in o.page.inner_text("#rk-zoom-caption")
     o.shot("scores-enlarged")
     o.page.keyboard.press("Escape")
-    assert not o.page.evaluate("() => document.getElementById('rk-zoom').open")
-    assert o.page.evaluate("() => document.activeElement.classList.contains('rk-thumb')")
+    o.page.wait_for_function("() => !document.getElementById('rk-zoom').open", timeout=2000)
+    o.page.wait_for_function("() => document.activeElement.classList.contains('rk-thumb')", timeout=2000)
     # keyboard: the sort headers are buttons
     o.page.focus(f"{t} thead button[data-col=n]")
     o.page.keyboard.press("Enter")
@@ -345,6 +355,7 @@ def test_reports_pass_axe_core(browser, tmp_path, axe_js):
                          _rl_run(tmp_path)], tmp_path / "all.html")
     o = Opened(browser, html, tmp_path / "screenshots")
     o.page.click("section[data-kind=scores] details summary >> nth=0")  # opened content is checked too
+    o.page.wait_for_function("() => document.querySelector('section[data-kind=scores] details table') !== null")
     o.shot("axe")
     result = _axe(o, axe_js)
     assert result == [], json.dumps(result, indent=1)
