@@ -149,6 +149,14 @@ def test_two_rewards_joined_ranked_and_disagreements_flagged(tmp_path):
     assert multi["spearman"][0][1] == pytest.approx(-1.0)
     assert [s["kind"] for s in secs] == ["rewards", "scores", "scores"]
     assert rewards_section([secs[1]]) is None  # one reward: nothing to compare
+    # a row one reward could not score: shown as invalid there, left out of the ranks (computed over the rest)
+    other[0].update(score=None, valid=False, error="no answer")  # the sign, under pick
+    secs = collect([a, write_jsonl(tmp_path / "pick.jsonl", other)], ImageStore(tmp_path))
+    by_prompt = {r["prompt"]: r for r in secs[0]["rows"]}
+    assert secs[0]["n_common"] == 2
+    assert by_prompt[XSS[2]]["valid"] == [True, False] and by_prompt[XSS[2]]["errors"] == [None, "no answer"]
+    assert by_prompt[XSS[2]]["ranks"] == [None, None] and by_prompt[XSS[2]]["gap"] is None
+    assert by_prompt[XSS[0]]["ranks"] == [1.0, 2.0] and by_prompt[XSS[1]]["ranks"] == [2.0, 1.0]
 
 
 def test_compare_output_is_a_pairs_section(tmp_path):

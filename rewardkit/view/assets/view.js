@@ -308,7 +308,7 @@
 
   function drawPairs(sec, host) {
     var rows = sec.rows;
-    host.appendChild(el("p", {cls: "rk-note", text: rows.length + " pairs from " + sec.file + ": P(A preferred over B) under the reward."}));
+    host.appendChild(el("p", {cls: "rk-note", text: rows.length + (rows.length === 1 ? " pair" : " pairs") + " from " + sec.file + ": P(A preferred over B) under the reward."}));
     var cols = [
       {key: "n", label: "#", num: true, sort: function (r) { return r.n; }, cell: function (r) { return el("td", {cls: "num", text: r.n}); }},
       {key: "prompt", label: "prompt", sort: function (r) { return r.prompt.toLowerCase(); }, cell: function (r) { return el("td", {cls: "prompt", text: r.prompt}); }},
@@ -341,6 +341,8 @@
     function draw() {
       var a = +sx.value, b = +sy.value;
       var pts = sec.rows.filter(function (r) { return isNum(r.scores[a]) && isNum(r.scores[b]); });
+      holder.textContent = "";
+      if (!pts.length) { holder.appendChild(el("p", {text: "No image was scored validly by both rewards: nothing to plot."})); return; }
       var W = 460, H = 440, L = 64, B = 48, T = 14, Rm = 34;
       var rx = range(pts, function (r) { return r.scores[a]; }), ry = range(pts, function (r) { return r.scores[b]; });
       function pad(rg) { var d = rg[1] - rg[0]; if (!(d > 0)) d = Math.abs(rg[0]) || 1; return [rg[0] - 0.05 * d, rg[1] + 0.05 * d]; }
@@ -369,7 +371,6 @@
         c.appendChild(svg("title", {text: "#" + r.n + " " + r.prompt + "\n" + sec.rewards[a] + ": " + fmt(r.scores[a]) + ", " + sec.rewards[b] + ": " + fmt(r.scores[b])}));
         s.appendChild(c);
       });
-      holder.textContent = "";
       holder.appendChild(s);
       holder.appendChild(el("p", {cls: "rk-note", text: pts.length + " images scored validly by both; Spearman rho " +
         (isNum(rho) ? rho.toFixed(3) : "\u2013") + ". Larger orange points: rank disagreement (gap \u2265 " + sec.disagree_gap + ")."}));
