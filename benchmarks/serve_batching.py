@@ -61,8 +61,10 @@ def main() -> None:
                "--max-batch", str(max_batch), "--max-wait-ms", str(wait)]
         if args.device:
             cmd += ["--devices", args.device]
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                env={**os.environ, "REWARDKIT_SERVE_TOKEN": ""})
+        # no auth: the token unset (set but empty is refused)
+        env = {k: v for k, v in os.environ.items() if k != "REWARDKIT_SERVE_TOKEN"}
+        proc = subprocess.Popen(cmd + ["--max-in-flight", str(max(64, 2 * args.clients))], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, env=env)
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="rewardkit",
         description="Reward models for image generation: score images, benchmark rewards, train reward models.",
         epilog=EXIT_CODES_HELP + "\n\nenvironment: HF_HUB_OFFLINE=1 never touches the network; "
-               "REWARDKIT_DEBUG=1 shows tracebacks.",
+               "REWARDKIT_DEBUG=1 shows tracebacks (exit codes unchanged).",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"rewardkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -55,6 +55,19 @@ def _fail(command: str, message: str, code: int) -> int:
     return code
 
 
+def debug_enabled() -> bool:
+    """``REWARDKIT_DEBUG`` set to anything but empty / ``0`` / ``false`` / ``no`` / ``off``."""
+    return os.environ.get("REWARDKIT_DEBUG", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _traceback(command: str, message: str, code: int) -> int:
+    """Debug mode: the full traceback, then the same one-line error and the same exit code as without it."""
+    import traceback
+
+    traceback.print_exc()
+    return _fail(command, message, code)
+
+
 def main(argv: list[str] | None = None) -> int:
     # Our own progress bars report the work; silence the Hub/transformers download and loading bars.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -64,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     module = importlib.import_module(COMMANDS[args.command])
-    debug = bool(os.environ.get("REWARDKIT_DEBUG"))
+    debug = debug_enabled()
+    fail = _traceback if debug else _fail
     try:
         return int(module.run(args) or 0)
     except SystemExit as exc:  # a message from a command (or a library) is a usage error, a number is kept
@@ -79,20 +93,18 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except MissingDependencyError as exc:
         return _fail(args.command, str(exc), EXIT_USAGE)
+    # debug mode prints the traceback first; the exit code stays what it is without it (2 stays 2)
     except (UsageError, RegistryError, ConfigError, RewardInputError, FileNotFoundError, NotADirectoryError) as exc:
-        if debug:
-            raise
-        return _fail(args.command, str(exc), EXIT_USAGE)
+        return fail(args.command, str(exc), EXIT_USAGE)
     except (ValueError, OSError) as exc:  # bad option values, unreadable checkpoints: a message, not a traceback
-        if debug:
-            raise
-        return _fail(args.command, f"{type(exc).__name__}: {exc}\n(set REWARDKIT_DEBUG=1 to see the traceback)",
-                     EXIT_USAGE)
+        hint = "" if debug else "\n(set REWARDKIT_DEBUG=1 to see the traceback)"
+        return fail(args.command, f"{type(exc).__name__}: {exc}{hint}", EXIT_USAGE)
     except Exception as exc:  # noqa: BLE001  anything else is our bug: say so, keep the code distinct
-        if debug:
-            raise
-        return _fail(args.command, f"internal error: {type(exc).__name__}: {exc}\n"
-                                   "(set REWARDKIT_DEBUG=1 to see the traceback; please report it)", EXIT_INTERNAL)
+        if type(exc).__name__ == "SafetensorError":  # a weights file that is not one (e.g. a renamed pickle)
+            return fail(args.command, f"a weights file is not a readable safetensors file ({exc}); rewardkit reads "
+                                      "safetensors only and never unpickles a file by another name", EXIT_USAGE)
+        hint = "please report it" if debug else "set REWARDKIT_DEBUG=1 to see the traceback; please report it"
+        return fail(args.command, f"internal error: {type(exc).__name__}: {exc}\n({hint})", EXIT_INTERNAL)
 
 
 if __name__ == "__main__":  # pragma: no cover

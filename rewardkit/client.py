@@ -5,9 +5,12 @@
 
 Inputs are validated and normalised locally by the base class (bad samples fail or go NaN before anything
 is sent); the canonical RGB pixels travel as raw uint8 (``encoding="raw"``, no compression cost) or PNG.
+A float ``[B, 3, H, W]`` tensor sent to a reward with a tensor path (``supports_tensor_input`` in ``/info``)
+travels as it is, float32 / float16 / bfloat16 bytes, so served scores equal in-process scores bit for bit.
 The reward's metadata (name, tasks, dimensions, scale) is read from the server's ``/info``.
 
 ``timeout`` bounds each HTTP request as a whole (connect, upload, scoring, download), not each socket read;
+the thread doing the request stops with it (a server dripping its answer cannot keep it reading);
 connection errors, 429, 502, 503 and 504 are retried ``max_retries`` times with exponential backoff (a
 ``Retry-After`` header is honoured, capped at ``max_backoff``); other 4xx / 5xx answers raise at once with
 the server's message. A response that is not the documented shape raises: no score is ever made up.
@@ -43,6 +46,10 @@ class RemoteRewardError(RewardkitError, RuntimeError):
     """The reward server could not be reached, refused the request or answered something malformed."""
 
 
+class _Deadline(Exception):
+    """A pool thread's request ran past the call's deadline (it stops reading; the call reports a timeout)."""
+
+
 @dataclass
 class RemoteRewardConfig(RewardConfig):
     url: str = "http://127.0.0.1:8000"
@@ -70,7 +77,19 @@ class RemoteRewardConfig(RewardConfig):
 
 
 def encode_image(im: Any, encoding: str) -> Any:
-    """A canonical RGB PIL image -> its wire form (see :mod:`rewardkit.server`)."""
+    """A canonical RGB PIL image, or a float ``[3, H, W]`` tensor (the tensor path), -> its wire form (see
+    :mod:`rewardkit._serve_wire`). Floats travel losslessly: little-endian bytes of their own dtype."""
+    if isinstance(im, torch.Tensor):
+        t = im.detach().to("cpu").contiguous()
+        if t.dtype == torch.bfloat16:
+            raw = t.view(torch.int16).numpy().astype("<i2").tobytes()
+        elif t.dtype in (torch.float32, torch.float16):
+            raw = t.numpy().astype("<f4" if t.dtype == torch.float32 else "<f2").tobytes()
+        else:  # float64 and others: float32 is what every tensor path computes in at most
+            t = t.float()
+            raw = t.numpy().astype("<f4").tobytes()
+        return {"data": base64.b64encode(raw).decode("ascii"), "shape": list(t.shape),
+                "dtype": str(t.dtype).removeprefix("torch.")}
     if encoding == "png":
         buf = io.BytesIO()
         im.save(buf, format="PNG", compress_level=1)
@@ -104,7 +123,13 @@ class RemoteReward(Reward):
         self.uses_prompt = bool(info["uses_prompt"])
         self.batch_relative = bool(info["batch_relative"])
         self.compare_is_symmetric = bool(info.get("compare_is_symmetric", False))
+        self._tensor_input = bool(info.get("supports_tensor_input", False))
         self.default_batch_size = self.config.batch_size
+
+    @property
+    def supports_tensor_input(self) -> bool:
+        """The served reward's: float ``[B, 3, H, W]`` tensors are then sent as floats, not rounded to uint8."""
+        return getattr(self, "_tensor_input", False)
 
     # ------------------------------------------------------------------ HTTP
     def _client(self):
@@ -120,13 +145,22 @@ class RemoteReward(Reward):
                 self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="rewardkit-remote")
             return self._http
 
-    def _once(self, method: str, path: str, body: Any) -> tuple[int, dict[str, str], bytes]:
+    def _once(self, method: str, path: str, body: Any, deadline: float,
+              stop: threading.Event) -> tuple[int, dict[str, str], bytes]:
+        """One HTTP exchange, in a pool thread. Every socket operation is bounded by the time left until
+        ``deadline``, and the response is read only until then (or until the caller gives up: ``stop``), so
+        the thread ends with the call even when the server drips its answer one byte at a time."""
+        import httpx
+
         client = self._client()
         content = None if body is None else json.dumps(body, allow_nan=False).encode()
-        with client.stream(method, path, content=content,
+        left = max(deadline - time.monotonic(), 0.001)
+        with client.stream(method, path, content=content, timeout=httpx.Timeout(left),
                            headers={"Content-Type": "application/json"} if content is not None else None) as r:
             data, size = [], 0
             for chunk in r.iter_bytes():
+                if stop.is_set() or time.monotonic() > deadline:
+                    raise _Deadline()
                 size += len(chunk)
                 if size > self.config.max_response_bytes:
                     raise RemoteRewardError(f"response over {self.config.max_response_bytes:,} bytes")
@@ -140,10 +174,13 @@ class RemoteReward(Reward):
         self._client()
         last = None
         for attempt in range(self.config.max_retries + 1):
-            fut = self._pool.submit(self._once, method, path, body)
+            stop = threading.Event()
+            fut = self._pool.submit(self._once, method, path, body, time.monotonic() + self.config.timeout, stop)
             try:
                 status, headers, data = fut.result(timeout=self.config.timeout)
-            except FutureTimeout:
+            except (FutureTimeout, _Deadline):
+                stop.set()  # the pool thread stops reading at its next chunk
+                fut.cancel()
                 last = f"no complete answer within {self.config.timeout:g} s"
                 retry_after = None
             except (httpx.TransportError, ConnectionError) as exc:
@@ -179,7 +216,7 @@ class RemoteReward(Reward):
     # ------------------------------------------------------------------ Reward
     def _payload(self, batch: RewardBatch) -> dict[str, Any]:
         enc = self.config.encoding
-        body: dict[str, Any] = {"images": [encode_image(im, enc) for im in batch.images],
+        body: dict[str, Any] = {"images": [encode_image(im, enc) for im in batch.images],  # a tensor: its rows
                                 "prompt": list(batch.prompts) if self.uses_prompt else None}
         if batch.sources is not None:
             body["sources"] = [[encode_image(s, enc) for s in srcs] for srcs in batch.sources]

@@ -154,7 +154,29 @@ def load_reward(name: str, config: Any = None, /, **kwargs: Any):
     ``config`` may be the reward's config dataclass, a mapping or a YAML path; ``kwargs`` override it.
     """
     cls = get_reward_class(name)
-    return cls(config, **kwargs)
+    try:
+        return cls(config, **kwargs)
+    except OSError as exc:  # a hub id that cannot be fetched: say which, and how to pass a local copy
+        from .models.zoo import hub_unavailable
+
+        err = hub_unavailable(exc, _model_of(cls, config, kwargs))
+        if err is None:
+            raise
+        raise err from exc
+
+
+def _model_of(cls: Any, config: Any, kwargs: dict[str, Any]) -> str | None:
+    """The ``model`` a reward is being built with: the keyword, the config's, or the config class default."""
+    for src in (kwargs, config if isinstance(config, dict) else None):
+        if src and isinstance(src.get("model"), str):
+            return src["model"]
+    if config is not None and isinstance(getattr(config, "model", None), str):
+        return config.model
+    try:
+        default = getattr(cls.Config(), "model", None)
+    except Exception:  # noqa: BLE001  a config without defaults: no id to name
+        return None
+    return default if isinstance(default, str) and default else None
 
 
 def list_rewards(*, include_aliases: bool = False) -> list[str]:

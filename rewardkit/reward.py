@@ -287,6 +287,10 @@ class Reward(abc.ABC):
     extras: ClassVar[tuple[str, ...]] = ()
     #: False for rewards that ignore the prompt (e.g. aesthetics): ``prompt`` may then be None.
     uses_prompt: ClassVar[bool] = True
+    #: True for prompt-conditioned rewards that score an empty (or blank) prompt as their own package does, the
+    #: model's unconditional text input (hpsv2, hpsv3, imagereward, pickscore, clipscore); otherwise an empty
+    #: prompt is that sample's input error (NaN + "prompt is empty").
+    scores_empty_prompt: ClassVar[bool] = False
     #: Chunk size when the caller passes no ``batch_size`` (None = the whole batch at once).
     default_batch_size: ClassVar[int | None] = None
     #: ``compare`` default: P(a) = sigmoid((s_a - s_b) / compare_temperature).
@@ -673,8 +677,13 @@ class Reward(abc.ABC):
             return None
         if not isinstance(p, str):
             return f"prompt must be a string, got {type(p).__name__}"
-        if self.uses_prompt and not p.strip():
+        if self.uses_prompt and not p.strip() and not self.scores_empty_prompt:
             return "prompt is empty"
+        try:
+            p.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate ("\udc80", e.g. from surrogateescape): not text
+            return (f"prompt is not valid Unicode text: lone surrogate {p[exc.start]!r} at position {exc.start} "
+                    "(decode the bytes with errors='replace', or fix the source)")
         return None
 
     def _sources(self, sources: Any, n: int) -> list[Any] | None:

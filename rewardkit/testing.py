@@ -27,6 +27,7 @@ __all__ = [
     "tiny_clip",
     "tiny_sd3_pipeline",
     "save_tiny_checkpoint",
+    "save_tiny_vllm_checkpoint",
     "TINY_KINDS",
     "random_images",
 ]
@@ -134,16 +135,18 @@ def _tiny_qwen(transformers, tok, config_cls, model_cls, proc_cls, cfg_kwargs, p
     return model, proc
 
 
-def tiny_qwen2_5_vl(seed: int = 0, hidden_size: int = 32, num_layers: int = 1):
+def tiny_qwen2_5_vl(seed: int = 0, hidden_size: int = 32, num_layers: int = 1, vision_hidden_size: int = 32):
     """Tiny ``Qwen2_5_VLForConditionalGeneration`` + image-only processor. Returns ``(model, processor)``.
 
-    Images are resized to 28..56 px per side (1..4 merged image tokens per image).
+    Images are resized to 28..56 px per side (1..4 merged image tokens per image). Text and vision attention
+    have 2 heads each: head size ``hidden_size // 2`` and ``vision_hidden_size // 2``.
     """
     transformers = require("transformers", "hf")
     tok = build_tiny_tokenizer(300)
     ids = _qwen_ids(tok)
     cfg = dict(text_config=_qwen_text_config(tok, ids, hidden_size, num_layers),
-               vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=14,
+               vision_config=dict(depth=1, hidden_size=vision_hidden_size, intermediate_size=2 * vision_hidden_size,
+                                  num_heads=2, patch_size=14,
                                   spatial_merge_size=2, temporal_patch_size=2, window_size=56,
                                   out_hidden_size=hidden_size, fullatt_block_indexes=[0]),
                **_qwen_vision_ids(ids))
@@ -277,6 +280,45 @@ def save_tiny_checkpoint(kind: str, path: str | Path, **kwargs: Any) -> Path:
     else:  # image-only processors: save the parts the loader reads back
         proc.tokenizer.save_pretrained(path)
         proc.image_processor.save_pretrained(path)
+    return path
+
+
+#: The tiny Qwen2.5-VL for vLLM on a GPU: head size 64 in the text and vision towers (vLLM's Triton attention
+#: needs >= 32, FlashAttention / FlashInfer take 64) and float16 weights (FlashAttention / FlashInfer need
+#: fp16 or bf16); the CPU fixtures keep ``tiny_qwen2_5_vl``'s defaults (head size 16, float32).
+VLLM_TINY_QWEN2_5_VL = {"hidden_size": 128, "vision_hidden_size": 128, "num_layers": 1}
+
+
+def save_tiny_vllm_checkpoint(path: str | Path, *, dtype: str = "float16", seed: int = 0) -> Path:
+    """A tiny Qwen2.5-VL checkpoint that every vLLM attention backend accepts (:data:`VLLM_TINY_QWEN2_5_VL`),
+    saved in ``dtype`` (``"float16"`` or ``"bfloat16"``), with a complete processor config
+    (``processor_config.json`` naming ``Qwen2_5_VLProcessor`` with its image and video processors,
+    ``preprocessor_config.json``, ``video_preprocessor_config.json``, ``chat_template.jinja``), so vLLM loads the
+    processor as it would a published checkpoint's instead of building one. rewardkit's CPU loaders read it too
+    (without torchvision they fall back to the image-only processor)."""
+    import json
+
+    import torch
+
+    if dtype not in ("float16", "bfloat16"):
+        raise ValueError(f"dtype must be 'float16' or 'bfloat16' (what vLLM's GPU attention backends take), "
+                         f"got {dtype!r}")
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model, proc = tiny_qwen2_5_vl(seed=seed, **VLLM_TINY_QWEN2_5_VL)
+    model.to(getattr(torch, dtype)).save_pretrained(path, safe_serialization=True)
+    proc.tokenizer.save_pretrained(path)
+    proc.image_processor.save_pretrained(path)
+    image = {k: v for k, v in proc.image_processor.to_dict().items() if not k.startswith("_")}
+    image["image_processor_type"] = "Qwen2VLImageProcessor"
+    video = {k: image[k] for k in ("do_convert_rgb", "do_normalize", "do_rescale", "do_resize", "image_mean",
+                                   "image_std", "merge_size", "patch_size", "resample", "rescale_factor", "size",
+                                   "temporal_patch_size") if k in image}
+    video.update(video_processor_type="Qwen2VLVideoProcessor", do_sample_frames=False)
+    (path / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2) + "\n")
+    processor_config = {"processor_class": "Qwen2_5_VLProcessor", "image_processor": image, "video_processor": video}
+    (path / "processor_config.json").write_text(json.dumps(processor_config, indent=2) + "\n")
+    (path / "chat_template.jinja").write_text(proc.tokenizer.chat_template)
     return path
 
 

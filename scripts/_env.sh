@@ -38,9 +38,16 @@ _rk_installed() {  # does an existing stamp (same pyproject) cover every request
   return 1
 }
 
+_rk_step() {  # one line per install stage, so a first run (minutes of pip) is never silent
+  echo "[rewardkit] step $1/3 ($(( SECONDS - _rk_t0 )) s): $2" >&2
+}
+
 stamp="$VENV/.rewardkit-${EXTRAS//,/_}-$hash"
 if [ "${REWARDKIT_SKIP_INSTALL:-0}" != 1 ] && ! _rk_installed; then
-  echo "[rewardkit] installing rewardkit-vision[$EXTRAS] into $VENV" >&2
+  _rk_t0=$SECONDS
+  echo "[rewardkit] installing rewardkit-vision[$EXTRAS] into $VENV: a first run downloads and installs" \
+    "PyTorch and the extras' packages (several minutes; later runs skip this)" >&2
+  _rk_step 1 "upgrading pip"
   python -m pip install -q --upgrade pip
   # Install torch first and explicitly: an unpinned resolve could pick a multi-GB CUDA build. On the CI
   # machines `torch==2.13.0` resolves to a local CPU wheel; elsewhere set REWARDKIT_TORCH to your choice.
@@ -49,9 +56,15 @@ if [ "${REWARDKIT_SKIP_INSTALL:-0}" != 1 ] && ! _rk_installed; then
     # explicitly too, in case PIP_FIND_LINKS is not in the environment.
     links=()
     if [ -z "${PIP_FIND_LINKS:-}" ] && [ -d /opt/wheels ]; then links=(--find-links /opt/wheels); fi
+    _rk_step 2 "installing PyTorch (${REWARDKIT_TORCH:-torch==2.13.0}): a download of about 200 MB for a CPU" \
+      "build, several GB for a CUDA one; usually the longest step"
     # shellcheck disable=SC2086
     python -m pip install -q "${links[@]}" ${REWARDKIT_TORCH:-torch==2.13.0}
+  else
+    _rk_step 2 "PyTorch is already installed: kept"
   fi
+  _rk_step 3 "installing rewardkit-vision[$EXTRAS] and its dependencies (transformers and the extras' packages)"
   python -m pip install -q -e "$REPO[$EXTRAS]"
   touch "$stamp"
+  echo "[rewardkit] installed in $(( SECONDS - _rk_t0 )) s" >&2
 fi

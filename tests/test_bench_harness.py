@@ -610,3 +610,98 @@ def test_record_keeps_the_most_confident_wrong_pairs_with_thumbnails(data_root, 
     assert "wrong_pairs" not in off["benchmarks"]["mmrb2/t2i"]  # 0: the record is as before
     with pytest.raises(ValueError, match="wrong_examples"):
         _run(MeanPixel(), "mmrb2/t2i", data_root, wrong_examples=-1)
+
+
+def test_cache_is_keyed_by_the_weights_content_judge_and_template(tmp_path, data_root, monkeypatch):
+    """Bug: the score cache was keyed by the configuration only, so weights replaced at the same path gave the
+    old scores back. The key now holds the content of every local file / directory the configuration names
+    (memoised by path, size and mtime), the judge's identity and the template ids."""
+    import os
+    from dataclasses import dataclass
+
+    from rewardkit.reward import RewardConfig
+
+    @dataclass
+    class Cfg(RewardConfig):
+        model: str = ""
+
+    class FileGain(MeanPixel):
+        """Its "weights": a gain read from the file ``model`` at load time."""
+        name = "test-file-gain"
+        Config = Cfg
+
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.gain = float(Path(self.config.model, "weights.txt").read_text())
+
+        def _score(self, batch):
+            return RewardOutput(scores=super()._score(batch).scores * self.gain)
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "weights.txt").write_text("+1.0")
+    cache = tmp_path / "cache"
+    value = lambda res: res["genaibench/t2i"].metrics["accuracy_without_ties"].value  # noqa: E731
+    first = FileGain(model=str(model))
+    v1 = value(_run(first, "genaibench/t2i", data_root, cache_dir=cache))
+    assert first.n_scored > 0
+    (model / "weights.txt").write_text("-1.0")              # new weights, same path, same size
+    st = (model / "weights.txt").stat()
+    os.utime(model / "weights.txt", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    second = FileGain(model=str(model))
+    v2 = value(_run(second, "genaibench/t2i", data_root, cache_dir=cache))
+    assert second.n_scored == first.n_scored                 # re-scored (before: 0, the old scores returned)
+    assert v2 == value(_run(FileGain(model=str(model)), "genaibench/t2i", data_root, cache_dir=None)) != v1
+    again = FileGain(model=str(model))                       # unchanged weights: served from the cache
+    assert value(_run(again, "genaibench/t2i", data_root, cache_dir=cache)) == v2 and again.n_scored == 0
+    assert (cache / "file-digests.json").is_file()           # digests kept between runs (path, size, mtime)
+    from rewardkit.bench.cache import content_identity, reward_fingerprint
+
+    assert list(content_identity({"model": str(model)})) == [str(model.resolve())]
+    assert content_identity({"model": "org/not-a-local-path", "device": "cpu"}) == {}
+    assert content_identity({"applicability_cache": str(model / "weights.txt")}) == {}  # the reward's own memo
+    # a hub id cached locally: keyed by the commit of its cached snapshot (an update under the same id re-keys)
+    import huggingface_hub.constants as hub_constants
+
+    hub = tmp_path / "hub"
+    repo = hub / "models--org--tiny"
+    for commit in ("a" * 40, "b" * 40):
+        (repo / "snapshots" / commit).mkdir(parents=True)
+        (repo / "snapshots" / commit / "config.json").write_text("{}")
+    (repo / "refs").mkdir()
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(hub))
+    (repo / "refs" / "main").write_text("a" * 40)
+    assert content_identity({"model": "org/tiny"}) == {"hub:org/tiny": "a" * 40}
+    (repo / "refs" / "main").write_text("b" * 40)
+    assert content_identity({"model": "org/tiny"}) == {"hub:org/tiny": "b" * 40}
+
+    # the judge's identity and the template id (a template re-versioned under the same name)
+    from rewardkit.judges.base import JudgeBackend
+
+    class J(JudgeBackend):
+        kind = "scripted"
+
+        def __init__(self, model):
+            self.model = model
+
+        def generate(self, *a, **k):
+            raise NotImplementedError
+
+        def choice_probs(self, *a, **k):
+            raise NotImplementedError
+
+        def describe(self):
+            return {"kind": self.kind, "model": self.model}
+
+    from rewardkit import load_reward
+
+    def fp(r):
+        return reward_fingerprint(r.name, type(r).__qualname__, {"template": "default"}, reward=r)
+
+    a, b = load_reward("vqascore", judge=J("judge-a")), load_reward("vqascore", judge=J("judge-b"))
+    assert fp(a) != fp(b) and fp(a) == fp(load_reward("vqascore", judge=J("judge-a")))
+    c = load_reward("vqascore", judge=J("judge-a"))
+    import dataclasses
+
+    c.template = dataclasses.replace(c.template, version="999")  # same name, another version
+    assert fp(c) != fp(a)

@@ -209,37 +209,45 @@ def test_remote_reward_through_load_reward_and_the_score_command(serve_mod, tiny
 
 
 def test_serve_command_options_reach_the_server(serve_mod, monkeypatch, capsys, tiny_clip_dir, tmp_path):
-    """--max-batch / --max-wait-ms / --max-body-mb / --max-images / --timeout / --token-file / --devices /
-    --set reach the app (read back through GET /info)."""
-    import uvicorn
+    """--max-batch / --max-wait-ms / --max-body-mb / --max-images / --timeout / the per-client bounds /
+    --token-file / --devices / --set reach the app (read back through GET /info)."""
     from starlette.testclient import TestClient
 
     from rewardkit.cli import main
 
     seen: dict = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app, **kw))
+    monkeypatch.setattr(serve_mod, "run_server",
+                        lambda app, sock, cfg: seen.update(app=app, host=sock.getsockname()[0], cfg=cfg))
     monkeypatch.delenv("REWARDKIT_SERVE_TOKEN", raising=False)
     tok = tmp_path / "token"
     tok.write_text("  file-secret\n")
     assert main(["serve", "-r", "clipscore", "-m", str(tiny_clip_dir), "--set", "convention=cosine",
                  "--devices", "cpu,cpu", "--max-batch", "7", "--max-wait-ms", "3", "--max-body-mb", "2",
                  "--max-images", "9", "--timeout", "11", "--token-file", str(tok), "--host", "0.0.0.0",
-                 "--port", "0"]) == 0
+                 "--port", "0", "--header-timeout", "2", "--body-timeout", "3", "--keep-alive", "4",
+                 "--max-connections", "50", "--max-in-flight", "6", "--max-request-mpixels", "1",
+                 "--max-batch-mpixels", "2"]) == 0
     err = capsys.readouterr().err
     assert "WARNING" in err and "WITHOUT authentication" not in err   # a token is set: the milder warning
     with TestClient(seen["app"]) as tc:
         assert tc.get("/info").status_code == 401
         info = tc.get("/info", headers={"Authorization": "Bearer file-secret"}).json()
     assert info["limits"] == {"max_batch": 7, "max_wait_ms": 3.0, "max_body_bytes": 2 * 1024 * 1024,
-                              "max_images": 9, "timeout": 11.0}
+                              "max_images": 9, "timeout": 11.0, "header_timeout": 2.0, "body_timeout": 3.0,
+                              "keep_alive": 4.0, "max_connections": 50, "max_in_flight": 6,
+                              "max_header_bytes": 16384, "backlog": 256, "max_request_pixels": 1024 * 1024,
+                              "max_batch_pixels": 2 * 1024 * 1024}
     assert info["replicas"] == ["cpu", "cpu"] and info["config"]["convention"] == "cosine" and info["auth"]
     # the documented defaults
     assert main(["serve", "-r", "clipscore", "-m", str(tiny_clip_dir), "--port", "0"]) == 0
     with TestClient(seen["app"]) as tc:
         info = tc.get("/info").json()
     assert info["limits"] == {"max_batch": 32, "max_wait_ms": 5.0, "max_body_bytes": 64 * 1024 * 1024,
-                              "max_images": 256, "timeout": 120.0}
-    assert info["auth"] is False and seen["host"] == "127.0.0.1" and seen["port"] == 0
+                              "max_images": 256, "timeout": 120.0, "header_timeout": 10.0, "body_timeout": 60.0,
+                              "keep_alive": 5.0, "max_connections": 512, "max_in_flight": 64,
+                              "max_header_bytes": 16384, "backlog": 256, "max_request_pixels": 64 * 1024 * 1024,
+                              "max_batch_pixels": 64 * 1024 * 1024}
+    assert info["auth"] is False and seen["host"] == "127.0.0.1"
     # REWARDKIT_SERVE_TOKEN configures the server when there is no --token-file
     monkeypatch.setenv("REWARDKIT_SERVE_TOKEN", "env-secret")
     assert main(["serve", "-r", "clipscore", "-m", str(tiny_clip_dir), "--port", "0"]) == 0
@@ -673,7 +681,8 @@ def test_editreward_single_source_only_and_its_dimensions(zoo_dir):
 
 
 def test_unifiedreward_decoding_defaults():
-    """zoo.md: greedy decoding, 512 new tokens, compare() asks both orders by default."""
+    """zoo.md: greedy decoding, 512 new tokens (t2i; the 2.0 / edit templates: 4096), compare() asks both orders by
+    default."""
     from rewardkit.rewards.unifiedreward import UnifiedRewardConfig
 
     from test_zoo_judges import Scripted
@@ -681,7 +690,7 @@ def test_unifiedreward_decoding_defaults():
     from rewardkit.rewards.unifiedreward import UnifiedReward
 
     cfg = UnifiedRewardConfig()
-    assert cfg.max_new_tokens == 512 and cfg.both_orders is True
+    assert cfg.max_new_tokens is None and cfg.reencode == "auto" and cfg.both_orders is True  # None: the template's
 
     class Recording(Scripted):
         def generate(self, conversations, **kw):

@@ -220,6 +220,89 @@ def test_trl_nan_policies():
     assert filled[1] == 0.0 and all(np.isfinite(filled))
 
 
+def test_trl_empty_completion_policy(pick):
+    """An empty caption: by default the reward's NaN + reason goes through the NaN policy (raise); with
+    empty_completion="fill" it gets empty_value without a reward call and the rest is scored as usual."""
+    imgs = [im for im in float_batch()]
+    comps = ["a photo of a cat", "", "two birds on a branch", "   ", "a neon sign", "a dog in the snow"]
+    # PickScore itself scores an empty prompt (as its package does): the adapter, not the reward, refuses it
+    with pytest.raises(NonFiniteRewardError, match="sample 1: completion is empty"):
+        _trl_call(trl_reward_func(pick), ["d"] * 6, comps, image=imgs)
+    masked, _ = _trl_call(trl_reward_func(pick, nan_policy="mask"), ["d"] * 6, comps, image=imgs)
+    assert masked[1] is None and masked[3] is None
+    own, _ = _trl_call(trl_reward_func(pick, empty_completion="reward"), ["d"] * 6, comps, image=imgs)
+    assert own == pytest.approx(pick(imgs, comps).scores.tolist(), abs=0)  # the reward's own rule: scored
+    fn = trl_reward_func(pick, empty_completion="fill", empty_value=-5.0)
+    out, logged = _trl_call(fn, ["d"] * 6, comps, image=imgs)
+    keep = [0, 2, 4, 5]
+    direct = pick([imgs[i] for i in keep], [comps[i] for i in keep]).scores.tolist()
+    assert out[1] == out[3] == -5.0
+    assert [out[i] for i in keep] == pytest.approx(direct, abs=0)
+    assert logged == {"rewardkit/pickscore/valid_fraction": 1.0, "rewardkit/pickscore/empty_fraction": 2 / 6}
+    all_empty, _ = _trl_call(fn, ["d"] * 2, ["", ""], image=imgs[:2])
+    assert all_empty == [-5.0, -5.0]
+    with pytest.raises(ValueError, match="finite empty_value"):
+        trl_reward_func(pick, empty_completion="fill")
+    with pytest.raises(ValueError, match="empty_completion must be one of"):
+        trl_reward_func(pick, empty_completion="skip")
+    with pytest.raises(ValueError, match="only used with"):
+        trl_reward_func(pick, empty_value=0.0)
+
+
+def test_public_adapter_classes_are_built_from_a_reward(pick):
+    """TRLRewardFunction / AsyncTRLRewardFunction / VerlComputeScore are in __all__: a user can build them from a
+    reward (or a registry name) with the same arguments as the factory functions."""
+    # Bug caught: their __init__ took an internal LazyReward handle, so TRLRewardFunction(reward) raised TypeError.
+    from rewardkit.integrations.trl import AsyncTRLRewardFunction, TRLRewardFunction
+    from rewardkit.integrations.verl import VerlComputeScore
+
+    imgs = [im for im in float_batch()]
+    direct = pick(imgs, list(PROMPTS)).scores.tolist()
+    fn = TRLRewardFunction(pick, name="pick")
+    assert fn.__name__ == "pick" and _trl_call(fn, ["d"] * 6, list(PROMPTS), image=imgs)[0] == direct
+    afn = AsyncTRLRewardFunction(pick)
+    assert asyncio.run(afn(prompts=["d"] * 6, completions=list(PROMPTS), image=imgs)) == direct
+    by_name = TRLRewardFunction("pickscore")                            # lazy, by registry name
+    assert by_name.__name__ == "pickscore" and not by_name.handle.loaded
+    u8 = (float_batch() * 255).round().to(torch.uint8)
+    v = VerlComputeScore(pick, micro_batch=0)
+    assert v(data_source="t2i", solution_image=u8[0], ground_truth=PROMPTS[0], extra_info={})["score"] == \
+        float(pick(u8[0], PROMPTS[0]).scores[0])
+    with pytest.raises(ValueError, match="finite fill_value"):
+        VerlComputeScore(pick, nan_policy="fill")
+    with pytest.raises(ValueError, match="cannot mask"):
+        VerlComputeScore(pick, nan_policy="mask")
+
+
+def test_fill_and_mask_reach_every_invalid_sample_of_a_large_batch():
+    """130 samples, 120 of them invalid (more than the 10 reasons listed and the 100 reported): every invalid
+    sample is filled / masked and every valid one keeps its score."""
+    # Bug caught (issue 25 mutation survivor): a fill loop over bad[:10] (or bad[:100], the report's cap) passed
+    # the NaN-policy tests, which never had more than 2 invalid samples of 6.
+    from rewardkit.integrations._common import apply_nan_policy
+
+    n, dark = 130, set(range(5, 125))
+    g = torch.Generator().manual_seed(3)
+    imgs = 0.3 + 0.7 * torch.rand(n, 3, 8, 8, generator=g)
+    imgs[sorted(dark)] = 0.01
+    u8 = (imgs * 255).round().to(torch.uint8)
+    # expected, computed by hand from the pixels: red-channel mean / 255 for a valid sample, the fill otherwise
+    red = [float(u8[i, 0].double().mean()) / 255.0 for i in range(n)]
+    prompts = ["p"] * n
+    out = DarkIsNaN()(imgs, prompts, on_error="nan")
+    values, report = apply_nan_policy(out, host="flow_grpo", name="d", nan_policy="fill", fill_value=-7.0)
+    assert [i for i, v in enumerate(values) if v == -7.0] == sorted(dark)
+    assert [values[i] for i in range(n) if i not in dark] == pytest.approx([red[i] for i in range(n) if i not in dark])
+    assert report["n_invalid"] == 120 and report["valid_fraction"] == pytest.approx(10 / 130)
+    masked, _ = apply_nan_policy(out, host="TRL", name="d", nan_policy="mask", fill_value=None)
+    assert [i for i, v in enumerate(masked) if v is None] == sorted(dark)
+    scores, _ = flow_grpo_scorer(DarkIsNaN(), nan_policy="fill", fill_value=-7.0)(imgs, prompts, None)
+    assert np.isfinite(scores).all() and (scores == -7.0).sum() == 120
+    trl_out, _ = _trl_call(trl_reward_func(DarkIsNaN(), nan_policy="mask"), prompts, prompts,
+                           image=[im for im in imgs])
+    assert sum(v is None for v in trl_out) == 120
+
+
 # ---------------------------------------------------------------- verl-omni
 def test_verl_compute_score_uint8_chw_by_keyword(pick):
     u8 = (float_batch() * 255).round().to(torch.uint8)

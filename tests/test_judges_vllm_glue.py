@@ -1,8 +1,8 @@
 """The vLLM backend's glue (prompt rendering, per-request seeds, log-prob tables) on a stand-in engine.
 
 vLLM itself needs a GPU: the real engine runs in tests/test_judges_vllm_gpu.py. Here ``vllm`` is a stub
-module whose ``SamplingParams`` and ``LLM`` enforce vLLM's own validation rules (tests/vllm_standin.py;
-the real ``SamplingParams`` when vLLM is installed), so a call the real engine refuses fails here too.
+module whose ``SamplingParams`` and ``LLM`` enforce vLLM's own validation rules (tests/vllm_standin.py, used
+whether or not vLLM is installed), so a call the real engine refuses fails here too.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def test_choice_probs_from_logprob_table(judge):
     judge.llm.table = {"a": -0.01, "Yes": -12.0, "No": -13.0}
     torch.testing.assert_close(judge.choice_probs([conv([], "q")], ["Yes", "No"]),
                                torch.softmax(torch.tensor([[-12.0, -13.0]]), -1))
-    judge.llm.table = {"a": -0.1, "Yes": -1.0}  # the engine reported no log-prob for "No": NaN, not a guess
+    judge.llm.omit = {"No"}  # a (broken) engine that reports no log-prob for "No": NaN, not a guess
     assert torch.isnan(judge.choice_probs([conv([], "q")], ["Yes", "No"])).all()
     with pytest.raises(ValueError, match="at most 20 log-probs"):
         judge.choice_probs([conv([], "q")], [str(i) for i in range(10)] + list("abcdefghijk"))

@@ -63,8 +63,67 @@ def test_the_stand_in_refuses_what_vllm_refuses():
         StrictSamplingParams(best_of=2)
     sp = StrictSamplingParams(logprobs=3, logprob_token_ids=[1, 2])
     with pytest.raises(VLLMValidationError, match="logprobs must equal"):
-        sp.verify(300)
+        sp.validate_logprobs(300)
     assert StrictSamplingParams(n=4, temperature=SAMPLING_EPS).n == 4
+
+
+def test_the_stand_in_does_not_depend_on_vllm_being_installed(monkeypatch):
+    """In the documented GPU setup (``[all,vllm,dev]``) ``vllm`` is importable: the stand-in must not switch to
+    the real ``SamplingParams`` (whose ``verify(model_config, ...)`` the stand-in engine cannot call)."""
+    import vllm_standin
+
+    real = types.ModuleType("vllm")
+
+    class RealLike:  # the real class's shape: verify needs a ModelConfig, not a vocabulary size
+        def __init__(self, **kw):
+            pass
+
+        def verify(self, model_config, speculative_config, structured_outputs_config, tokenizer):
+            raise AssertionError("the real SamplingParams reached the stand-in")
+
+    real.SamplingParams = RealLike
+    monkeypatch.setitem(sys.modules, "vllm", real)
+    assert vllm_standin.sampling_params_class() is StrictSamplingParams
+    llm = StrictLLM(build_tiny_tokenizer(300), {"Yes": -1.0})
+    with pytest.raises(TypeError, match="SamplingParams"):
+        llm.generate([{"prompt": "q"}], RealLike(n=1))
+
+
+def test_the_stand_in_applies_vllm_0_33_rules():
+    """vllm/sampling_params.py (__post_init__, _verify_num_sequences, _validate_logprobs) and the multimodal
+    input checks (validate_num_items, _validate_mm_uuids), as listed in tests/vllm_standin.py."""
+    # temperatures in (0, 0.01) are raised to 0.01 (_MAX_TEMP); 0 stays greedy
+    assert StrictSamplingParams(temperature=0.005).temperature == 0.01
+    assert StrictSamplingParams(temperature=1e-6, n=3).temperature == 0.01  # no longer greedy: n > 1 is fine
+    assert StrictSamplingParams(temperature=0.0).temperature == 0.0
+    with pytest.raises(VLLMValidationError, match="temperature must be in"):
+        StrictSamplingParams(temperature=2.5)
+    with pytest.raises(VLLMValidationError, match="at most 16384"):  # VLLM_MAX_N_SEQUENCES default
+        StrictSamplingParams(n=16385, temperature=1.0)
+    with pytest.raises(VLLMValidationError, match="must be an int"):
+        StrictSamplingParams(n=2.0, temperature=1.0)
+    assert issubclass(VLLMValidationError, ValueError)  # vllm.exceptions: the CLI maps it to exit 2
+
+    tok = build_tiny_tokenizer(300)
+    yes, no = (tok.convert_tokens_to_ids(t) for t in ("Yes", "No"))
+    llm = StrictLLM(tok, {"Yes": math.log(0.3)}, max_logprobs=1, limit_mm_per_prompt={"image": 1})
+    with pytest.raises(VLLMValidationError, match="greater than max allowed: 1"):  # max_logprobs
+        llm.generate([{"prompt": "q"}], StrictSamplingParams(max_tokens=1, logprobs=2, logprob_token_ids=[yes, no]))
+    with pytest.raises(VLLMValidationError, match="out-of-vocab"):
+        llm.generate([{"prompt": "q"}], StrictSamplingParams(max_tokens=1, logprob_token_ids=[len(tok)]))
+    ims = random_images(2)
+    with pytest.raises(VLLMValidationError, match="At most 1 image"):  # limit_mm_per_prompt
+        llm.generate([{"prompt": "q", "multi_modal_data": {"image": ims}}], StrictSamplingParams())
+    with pytest.raises(ValueError, match="same length"):  # uuids: one per item
+        llm.generate([{"prompt": "q", "multi_modal_data": {"image": ims[:1]},
+                       "multi_modal_uuids": {"image": ["a", "b"]}}], StrictSamplingParams())
+    with pytest.raises(ValueError, match="multi_modal_uuids"):  # uuids for a modality without data
+        llm.generate([{"prompt": "q", "multi_modal_uuids": {"image": ["a"]}}], StrictSamplingParams())
+    # every requested id is returned, whatever its rank: "No" is not in the table, it shares the rest evenly
+    out = llm.generate([{"prompt": "q"}], StrictSamplingParams(max_tokens=1, logprob_token_ids=[no]))
+    table = out[0].outputs[0].logprobs[0]
+    assert set(table) == {yes, no}
+    assert table[no].logprob == pytest.approx(math.log(0.7 / (len(tok) - 1)))
 
 
 # ---------------------------------------------------------------------------------------------- offline vLLM
@@ -152,6 +211,8 @@ class FakeServe:
     OpenAI-style API that rejects unknown fields and has neither endpoint."""
 
     GENERATION_CONFIG = {"top_k": 1, "top_p": 0.001, "repetition_penalty": 1.05, "temperature": 0.01}
+    #: what the server uses for a field the request leaves out (a server-side default, as the generation config)
+    SERVER_DEFAULTS = {"skip_special_tokens": False}
     STANDARD = {"model", "messages", "n", "temperature", "top_p", "max_tokens", "stop", "seed", "logprobs",
                 "top_logprobs", "presence_penalty", "frequency_penalty"}
     VOCAB = {"Yes": 11, " Yes": 12, "No": 13, " No": 14}
@@ -188,7 +249,12 @@ class FakeServe:
                 srv.requests.append(body)
                 if not srv.vllm and set(body) - srv.STANDARD:
                     return self.send(400, {"error": f"Unrecognized request arguments: {sorted(set(body) - srv.STANDARD)}"})
-                eff = {**srv.GENERATION_CONFIG, **{k: v for k, v in body.items() if v is not None}}
+                eff = {**srv.SERVER_DEFAULTS, **srv.GENERATION_CONFIG,
+                       **{k: v for k, v in body.items() if v is not None}}
+                if eff.get("continue_final_message") and eff.get("add_generation_prompt", True):
+                    # vLLM's ChatCompletionRequest validator
+                    return self.send(400, {"error": "Cannot set both `continue_final_message` and "
+                                                    "`add_generation_prompt` to True."})
                 srv.effective.append(eff)
                 try:
                     StrictSamplingParams(n=eff.get("n", 1), temperature=eff["temperature"], top_p=eff["top_p"],
@@ -251,3 +317,93 @@ def test_label_logprobs_are_exact_tokens(serve):
         assert torch.isnan(judge.choice_probs([conv([], "Yes or No?")], ["Yes", "No"])).all()
     else:
         assert "logprob_token_ids" not in body
+
+
+def test_an_engine_refusal_is_a_usage_error_for_the_cli(monkeypatch, capsys):
+    """vLLM's VLLMValidationError is a ValueError: the CLI reports it and exits 2 (not 3, not a traceback)."""
+    from rewardkit import cli
+    from rewardkit.commands import ls
+
+    def refuse(args):
+        raise VLLMValidationError("At most 1 image(s) may be provided in one prompt.", parameter="image")
+
+    monkeypatch.delenv("REWARDKIT_DEBUG", raising=False)
+    monkeypatch.setattr(ls, "run", refuse)
+    assert cli.main(["ls"]) == 2
+    assert "At most 1 image(s)" in capsys.readouterr().err
+
+
+def test_the_judge_meets_the_engine_limits(vllm_stub, tiny_qwen2_5_vl_dir):
+    judge = load_judge(f"vllm:{tiny_qwen2_5_vl_dir}", max_images=1)
+    assert judge.llm.engine_kwargs["limit_mm_per_prompt"] == {"image": 1, "video": 0}
+    ims = random_images(2, seed=1)
+    with pytest.raises(VLLMValidationError, match="At most 1 image"):
+        judge.generate([conv(ims, "Describe.")], max_new_tokens=2)
+    out = judge.generate([conv(ims[:1], "Describe.")], n=3, temperature=0.005, seed=1)
+    assert len(out[0]) == 3 and judge.llm.calls[-1][1][0].temperature == 0.01  # raised, as vLLM does
+
+
+# ---------------------------------------------------------------------------------------------- request rules
+def test_continued_conversation_on_the_server(serve):
+    """A conversation ending in an assistant message is continued on the server path too (vLLM's
+    ``continue_final_message``), as the transformers and offline vLLM backends do; a server that cannot is
+    refused rather than silently starting a new turn."""
+    judge = load_judge(f"openai:{serve.url}", model="m", max_retries=0)
+    convs = [[*conv([], "Why?"), {"role": "assistant", "content": "Because"}]]
+    if serve.vllm:
+        judge.generate(convs, max_new_tokens=3)
+        body = serve.requests[-1]
+        assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
+        judge.choice_probs(convs, ["Yes", "No"])
+        assert serve.requests[-1]["continue_final_message"] is True
+        judge.generate([conv([], "q")], max_new_tokens=3)  # an ordinary conversation: no template fields
+        assert "continue_final_message" not in serve.requests[-1]
+    else:
+        with pytest.raises(ValueError, match="continue_final_message"):
+            judge.generate(convs, max_new_tokens=3)
+
+
+def test_server_decodes_without_special_tokens(serve):
+    judge = load_judge(f"openai:{serve.url}", model="m", max_retries=0)
+    judge.generate([conv([], "q")], max_new_tokens=3)
+    if serve.vllm:  # explicit, not the server's default
+        assert serve.requests[-1]["skip_special_tokens"] is True and serve.effective[-1]["skip_special_tokens"]
+    else:
+        assert "skip_special_tokens" not in serve.requests[-1]
+
+
+def test_an_empty_choice_is_refused_on_every_backend(serve, vllm_stub, tiny_qwen2_5_vl_dir):
+    """Without ``/tokenize`` (a plain OpenAI server) an empty choice used to read as probability 0: [[1, 0]]."""
+    judges = [load_judge(f"openai:{serve.url}", model="m", max_retries=0), load_judge(f"vllm:{tiny_qwen2_5_vl_dir}"),
+              load_judge(f"transformers:{tiny_qwen2_5_vl_dir}", device="cpu")]
+    for judge in judges:
+        for bad in (["Yes", ""], [], ["Yes", "Yes"]):
+            with pytest.raises(ChoiceError):
+                judge.choice_probs([conv([], "q")], bad)
+
+
+def test_temperature_outside_vllms_range_is_refused_everywhere(serve, vllm_stub, tiny_qwen2_5_vl_dir, tmp_path):
+    """vLLM refuses temperatures above 2 (``SamplingParams._verify_args``): every backend and every judge
+    reward refuses them up front, with one shared check."""
+    from rewardkit.judges import check_temperature
+    from rewardkit.parrot.pipeline import ParrotConfig, Pipeline, TeacherCfg
+    from rewardkit.rewards.evr import EVR
+    from rewardkit.rewards.rational import RationalReward
+
+    judges = [load_judge(f"openai:{serve.url}", model="m", max_retries=0), load_judge(f"vllm:{tiny_qwen2_5_vl_dir}"),
+              load_judge(f"transformers:{tiny_qwen2_5_vl_dir}", device="cpu")]
+    n_requests = len(serve.requests)
+    for t in (2.5, -0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"\[0, 2\]"):
+            check_temperature(t)
+        for judge in judges:
+            with pytest.raises(ValueError, match=r"\[0, 2\]"):
+                judge.generate([conv([], "q")], n=2, temperature=t, max_new_tokens=2)
+        with pytest.raises(ValueError, match="EVR temperature"):
+            EVR(judge=judges[2], temperature=t)
+        with pytest.raises(ValueError, match="rational temperature"):
+            RationalReward(judge=judges[2], temperature=t)
+        with pytest.raises(ValueError, match="teacher.temperature"):
+            Pipeline(ParrotConfig(output_dir=str(tmp_path), teacher=TeacherCfg(temperature=t)))
+    assert len(serve.requests) == n_requests  # refused before anything was sent
+    assert check_temperature(2.0) == 2.0 and check_temperature(0) == 0.0

@@ -179,6 +179,14 @@ def test_sft_tiny_student_trains_and_loads_as_rational(tmp_path, lora):
     assert summary["examples"] == 9 and summary["pairwise"] == 3 and summary["steps"] == 2
     again = train_sft(Pipeline(cfg, progress=False))  # rerun: resumes from the final checkpoint, no extra step
     assert again["already_trained"] and again["steps"] == 2
+    # a kill while checkpoint-5 was written: no trainer_state.json, half a weights file. Before, every rerun
+    # resumed from it and failed; now it is removed and the run resumes from the last complete checkpoint.
+    half = tmp_path / "out" / "student-trainer" / "checkpoint-5"
+    half.mkdir()
+    (half / "model.safetensors").write_bytes(b"\x00" * 100)
+    with pytest.warns(UserWarning, match="incomplete checkpoint"):
+        again = train_sft(Pipeline(cfg, progress=False))
+    assert again["already_trained"] and again["resumed_from"].endswith("checkpoint-2") and not half.exists()
     # the documented outputs: the examples trained on, the merged student with its provenance, the checkpoints
     out_dir = tmp_path / "out"
     examples = [json.loads(x) for x in (out_dir / "sft_examples.jsonl").read_text().splitlines()]
@@ -239,6 +247,85 @@ def test_cli_stages_print_reports(tmp_path, pairs, capsys):
     assert json.loads(capsys.readouterr().out)["status"] == {"ok": 6, "unparseable": 2}
     assert (out / "parrot_config.yaml").is_file()
     assert main(["parrot"]) == 2
+
+
+# ------------------------------------------------------------------ storage: provenance, last records, checkpoints
+@pytest.mark.slow
+def test_rerun_with_another_seed_teacher_or_template_is_refused(tmp_path, pairs):
+    """Bug: a rerun in the same output folder with another seed or teacher silently reused every old rationale
+    as its own. Records carry their provenance; a mismatch is a ConfigError (exit 2) naming what differs."""
+    from rewardkit.errors import ConfigError
+
+    cfg = cfg_for(tmp_path, pairs)
+    assert Pipeline(cfg, progress=False).rationalize() == 9
+    assert Pipeline(cfg, progress=False).rationalize() == 1      # same run: resumed (only the failure retried)
+
+    class OtherTeacher(ScriptedTeacher):
+        def describe(self):
+            return {"kind": "scripted", "model": "another-teacher"}
+
+    cfg.seed = 7
+    with pytest.raises(ConfigError, match="seed: 0 in the file, 7 now"):
+        Pipeline(cfg, progress=False).rationalize()
+    cfg.seed = 0
+    with pytest.raises(ConfigError, match="another-teacher"):
+        Pipeline(cfg, teacher=OtherTeacher(), progress=False).rationalize()
+    Pipeline(cfg, progress=False).filter()
+    with pytest.raises(ConfigError, match="filtered.jsonl holds records of another run"):
+        Pipeline(cfg, teacher=OtherTeacher(), progress=False).filter()
+    assert Pipeline(cfg, teacher=OtherTeacher(), progress=False).project() == 8  # a later stage, another teacher
+    cfg.data.synthetic_size = 5
+    cfg.data.train = "synthetic:brightness"                        # another dataset: no stage reads the old rows
+    with pytest.raises(ConfigError, match="data: "):
+        Pipeline(cfg, progress=False).filter()
+    cfg.output_dir = str(tmp_path / "fresh")                       # another folder: a new run
+    assert Pipeline(cfg, teacher=OtherTeacher(), progress=False).rationalize() == 5  # the 5 synthetic pairs
+
+
+def test_parrot_cli_refuses_a_mismatched_rerun_with_exit_2(tmp_path, pairs, capsys):
+    from rewardkit.cli import main
+
+    args = ["--config", "recipes/parrot/tiny.yaml", f"data.train={pairs}", f"output_dir={tmp_path / 'o'}",
+            "teacher.judge=scripted", "--no-progress"]
+    assert main(["parrot", "rationalize", *args]) == 0
+    assert main(["parrot", "rationalize", *args[:-1], "seed=3", "--no-progress"]) == 2
+    assert "another run" in capsys.readouterr().err
+
+
+def test_jsonl_store_keeps_a_last_record_without_newline(tmp_path):
+    """Bug: a valid last record without its trailing newline was deleted on reopening."""
+    f = tmp_path / "x.jsonl"
+    f.write_text('{"row": 0, "v": 1}\n{"row": 1, "v": 2}')
+    s = JsonlStore(f, lambda r: r["row"])
+    assert sorted(s.records) == [0, 1] and f.read_text().endswith('"v": 2}\n')
+    s.append([{"row": 2, "v": 3}])
+    assert [json.loads(x)["row"] for x in f.read_text().splitlines()] == [0, 1, 2]
+    f.write_text(f.read_text() + '{"row": 3, "v"')                  # half a record (a crash mid-write): cut
+    assert sorted(JsonlStore(f, lambda r: r["row"]).records) == [0, 1, 2]
+    assert f.read_text().endswith('"v": 3}\n')
+
+
+def test_last_complete_checkpoint_skips_a_half_written_one(tmp_path):
+    import warnings
+
+    from rewardkit.parrot.sft import last_complete_checkpoint
+
+    run = tmp_path / "student-trainer"
+    assert last_complete_checkpoint(run) is None
+    for step, state in ((2, {"global_step": 2}), (4, {"global_step": 4}), (6, None), (8, "{\"global_st")):
+        d = run / f"checkpoint-{step}"
+        d.mkdir(parents=True)
+        (d / "model.safetensors").write_bytes(b"x")
+        if isinstance(state, dict):
+            (d / "trainer_state.json").write_text(json.dumps(state))
+        elif state is not None:
+            (d / "trainer_state.json").write_text(state)            # cut mid-write
+    with pytest.warns(UserWarning, match="incomplete checkpoint"):
+        assert last_complete_checkpoint(run) == str(run / "checkpoint-4")
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint-2", "checkpoint-4"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert last_complete_checkpoint(run) == str(run / "checkpoint-4")
 
 
 # ------------------------------------------------------------------ stage 2 never sees the verdict
@@ -370,3 +457,20 @@ def test_tiny_recipe_keep_rate_from_evidence():
     ties = sum(quality(r["image_a"]) == quality(r["image_b"]) for r in ds)  # computed from the images alone
     assert ties == 2 and rep["counts"]["unparseable_prediction"] == ties
     assert rep["kept"] == 16 - ties and rep["keep_rate"] == 0.875
+
+
+@pytest.mark.slow
+def test_run_no_progress_shows_no_bar_at_all(tmp_path, capfd, monkeypatch):
+    """`parrot run --no-progress`: no progress bar from the pipeline, datasets (Arrow cache writes) or the Trainer."""
+    from pathlib import Path
+
+    from rewardkit.cli import main
+
+    for var in ("HF_DATASETS_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_PROGRESS_BARS"):
+        monkeypatch.delenv(var, raising=False)  # restored afterwards (the command sets them)
+    recipe = str(Path(__file__).resolve().parents[1] / "recipes" / "parrot" / "tiny.yaml")
+    rc = main(["parrot", "run", "--config", recipe, f"output_dir={tmp_path / 'out'}", "data.synthetic_size=3",
+               "sft.max_steps=1", "sft.save_steps=100", "--no-progress"])
+    assert rc == 0
+    err = capfd.readouterr().err
+    assert "%|" not in err and "it/s]" not in err, err[-2000:]

@@ -295,3 +295,58 @@ def test_calibrate_command_writes_statistics(model, images, tmp_path, capsys):
     z = load_reward("preference", model=str(d), normalize="calibration")(images[:3], PROMPTS[:3]).scores
     assert float(z.double().mean()) == pytest.approx(0.0, abs=1e-4)
     assert main(["calibrate", "--model", str(tmp_path), "--data", str(f)]) == 2  # not a model directory
+
+
+def test_sequential_position_ids_hand_computed():
+    from rewardkit.models.preference import sequential_position_ids
+
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])  # right-padded, full, left-padded
+    pos = sequential_position_ids(mask)
+    want = torch.tensor([[0, 1, 2, 1, 1], [0, 1, 2, 3, 4], [1, 1, 0, 1, 2]])  # padding -> 1 (as transformers)
+    assert pos.shape == (3, 3, 5)
+    for section in pos:  # temporal, height, width: the same 1-D positions
+        assert torch.equal(section, want)
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_sequential_positions_batched_equals_one_by_one(model, images, side):
+    """positions="sequential" counts each sample's own tokens: padding side and batching do not move a score; the
+    scores are not the 3-D ("mrope") ones."""
+    tok = model.processor.tokenizer
+    old_side, model.positions = tok.padding_side, "sequential"
+    try:
+        tok.padding_side = side
+        batched, _ = model.score(images, PROMPTS, batch_size=6)
+        single = torch.cat([model.score([im], [p])[0] for im, p in zip(images, PROMPTS)])
+        torch.testing.assert_close(batched, single, atol=1e-5, rtol=1e-5)
+        # one sample by hand: arange(T) positions on the three sections, straight into the inner model
+        enc = model.encode(images[:1], PROMPTS[:1])
+        t = enc["input_ids"].shape[1]
+        out = model.vlm.model(**enc, position_ids=torch.arange(t).view(1, 1, t).expand(3, 1, t), use_cache=False)
+        at = int((enc["input_ids"][0] == model.reward_token_id).nonzero())
+        torch.testing.assert_close(single[:1], model.head(out.last_hidden_state[0, at].float())[:1], atol=1e-5,
+                                   rtol=1e-5)
+        model.positions = "mrope"
+        mrope, _ = model.score(images, PROMPTS, batch_size=6)
+        assert (mrope - single).abs().max() > 3e-5  # ~1e-4 on this 0.02-init model; float noise is ~1e-7
+    finally:
+        tok.padding_side, model.positions = old_side, "mrope"
+
+
+def test_positions_saved_and_old_configs_mean_mrope(saved, images, tmp_path):
+    import shutil
+
+    cfg = json.loads((saved / CONFIG_NAME).read_text())
+    assert cfg["positions"] == "mrope"  # rewardkit's own models: the backbone's 3-D positions
+    old = tmp_path / "old"
+    shutil.copytree(saved, old)
+    del cfg["positions"]  # saved before the option existed
+    (old / CONFIG_NAME).write_text(json.dumps(cfg))
+    a = PreferenceModel.from_pretrained(saved)
+    b = PreferenceModel.from_pretrained(old)
+    assert b.positions == "mrope"
+    torch.testing.assert_close(b.score(images[:3], PROMPTS[:3])[0], a.score(images[:3], PROMPTS[:3])[0])
+    c = PreferenceModel.from_pretrained(old, positions="sequential")
+    assert c.positions == "sequential" and c.config_dict()["positions"] == "sequential"
+    with pytest.raises(ValueError, match="positions must be one of"):
+        PreferenceModel.from_pretrained(saved, positions="1d")

@@ -136,6 +136,32 @@ def test_optimality_probability():
     assert nft.optimality_probability(adv).tolist() == pytest.approx([0.5 - 0.1 / s, 0.5 - 0.1 / s, 0.5 - 0.1 / s, 0.5 + 0.3 / s])
 
 
+def test_optimality_probability_one_only_and_binary_as_the_official_code():
+    """scripts/train_nft_sd3.py:910-929 (NVlabs/DiffusionNFT @ 24af5554), transcribed: clip to +-c, then
+    one_only: where(A > 0, 1, 0); binary: sign(A); then r = clamp((A / c) / 2 + 0.5, 0, 1)."""
+    a = torch.tensor([-7.0, -5.0, -2.5, 0.0, 1e-3, 1.0, 5.0, 9.0])
+    c = 5.0
+
+    def official(adv, mode):
+        advantages_clip = torch.clamp(adv, -c, c)
+        if mode == "one_only":
+            advantages_clip = torch.where(advantages_clip > 0, torch.ones_like(advantages_clip),
+                                          torch.zeros_like(advantages_clip))
+        elif mode == "binary":
+            advantages_clip = torch.sign(advantages_clip)
+        normalized_advantages_clip = (advantages_clip / c) / 2.0 + 0.5
+        return torch.clamp(normalized_advantages_clip, 0, 1)
+
+    # by hand: one_only gives 0.6 for A > 0 and 0.5 otherwise; binary 0.4 / 0.5 / 0.6 by sign
+    assert nft.optimality_probability(a, c, "one_only").tolist() == pytest.approx([.5, .5, .5, .5, .6, .6, .6, .6])
+    assert nft.optimality_probability(a, c, "binary").tolist() == pytest.approx([.4, .4, .4, .5, .6, .6, .6, .6])
+    for mode in ("one_only", "binary"):
+        torch.testing.assert_close(nft.optimality_probability(a, c, mode), official(a, mode))
+        assert math.isnan(nft.optimality_probability(torch.tensor([float("nan")]), c, mode)[0])  # unscored stays NaN
+    with pytest.raises(ValueError, match="adv mode"):
+        nft.optimality_probability(a, c, "sft")
+
+
 def test_zero_std_group_ratio():
     r = torch.tensor([1.0, 1.0, 2.0, 3.0, 5.0, float("nan")])
     g = torch.tensor([0, 0, 1, 1, 2, 2])
@@ -205,6 +231,54 @@ def test_nft_loss_kl_and_weight_floor():
     assert float(loss) == pytest.approx(1e-4, rel=1e-4)  # policy ~ 0 up to fp32 rounding
     with pytest.raises(ValueError):
         nft.nft_loss(v, v, None, x0, xt, t[:2], torch.ones(3))
+
+
+def _one(x0, xt, t, v_old, v_th):
+    f = lambda v: torch.tensor([[[[v]]]])   # one sample, one element: the self-normalised L is |x0 error|
+    return f(x0), f(xt), torch.tensor([t]), f(v_old), f(v_th).requires_grad_(True)
+
+
+def test_nft_loss_beta_point_one_by_hand():
+    """beta = 0.1 (the OCR / multi-reward setting), one element: x0 = 0, xt = 1, t = 0.5, v_old = 1, v_theta = 3.
+    v+ = 0.1*3 + 0.9*1 = 1.2, v- = 1.1*1 - 0.1*3 = 0.8; x0 errors 1 - 0.5*1.2 = 0.4 and 1 - 0.5*0.8 = 0.6;
+    self-normalised L+ = 0.4, L- = 0.6; r = 0.75: policy = (0.75*0.4 + 0.25*0.6) / 0.1 * 5 = 22.5.
+    d/dv_theta: dL+ = 2*0.4*(-0.5*0.1)/0.4 = -0.1, dL- = 2*0.6*(0.5*0.1)/0.6 = 0.1 ->
+    (0.75*(-0.1) + 0.25*0.1) / 0.1 * 5 = -2.5."""
+    # Bug caught (issue 25 mutation survivor): dropping the "/ beta" (the official code divides both terms by
+    # config.beta, train_nft_sd3.py:959) gave 2.25 here; beta was only ever valued at 1 by hand before.
+    x0, xt, t, v_old, v_th = _one(0.0, 1.0, 0.5, 1.0, 3.0)
+    loss, m = nft.nft_loss(v_th, v_old, None, x0, xt, t, torch.tensor([0.75]), beta=0.1, adv_clip_max=5.0)
+    assert float(loss) == pytest.approx(22.5, rel=1e-6)
+    assert float(m["policy_loss"]) == pytest.approx(22.5, rel=1e-6)
+    (g,) = torch.autograd.grad(loss, v_th)
+    assert float(g) == pytest.approx(-2.5, rel=1e-5)
+    # unweighted: (0.75*0.16 + 0.25*0.36) / 0.1 * 5 = 10.5
+    assert float(m["unweighted_policy_loss"]) == pytest.approx(10.5, rel=1e-6)
+
+
+def test_nft_loss_mask_by_hand():
+    """Two samples, mask [1, 0]: sample 0 is the beta = 0.1 case above (22.5); sample 1 (x0 = 0, xt = 1, t = 1,
+    v_old = v_theta = 0, r NaN: an unscored sample) would add L = 1 per side. Means divide by B = 2:
+    policy = (22.5 + 0) / 2 = 11.25; KL with v_ref = [2, 5]: (1*(3-2)^2 + 0*(0-5)^2) / 2 = 0.5;
+    loss = 11.25 + 0.1 * 0.5 = 11.3. Without the mask (r = 0.2 for sample 1): sample 1 adds
+    (0.2*1 + 0.8*1) / 0.1 * 5 = 50, policy (22.5 + 50) / 2 = 36.25."""
+    # Bug caught (issue 25 mutation survivor): ignoring `mask` passed, no test passed one.
+    x0 = torch.zeros(2, 1, 1, 1)
+    xt = torch.ones(2, 1, 1, 1)
+    t = torch.tensor([0.5, 1.0])
+    v_old = torch.tensor([1.0, 0.0]).view(2, 1, 1, 1)
+    v_th = torch.tensor([3.0, 0.0]).view(2, 1, 1, 1).requires_grad_(True)
+    v_ref = torch.tensor([2.0, 5.0]).view(2, 1, 1, 1)
+    r = torch.tensor([0.75, float("nan")])
+    loss, m = nft.nft_loss(v_th, v_old, v_ref, x0, xt, t, r, beta=0.1, kl_coef=0.1, mask=torch.tensor([1.0, 0.0]))
+    assert float(m["policy_loss"]) == pytest.approx(11.25, rel=1e-6)
+    assert float(m["kl"]) == pytest.approx(0.5, rel=1e-6)
+    assert float(loss) == pytest.approx(11.3, rel=1e-6)
+    (g,) = torch.autograd.grad(loss, v_th)
+    # sample 0: policy -2.5 / 2, KL 0.1 * 2*(3-2) / 2 = 0.1; sample 1: nothing
+    assert g.flatten().tolist() == pytest.approx([-1.25 + 0.1, 0.0], abs=1e-6)
+    full, _ = nft.nft_loss(v_th, v_old, None, x0, xt, t, torch.tensor([0.75, 0.2]), beta=0.1)
+    assert float(full) == pytest.approx(36.25, rel=1e-6)
 
 
 # ------------------------------------------------------------------------------------------ soft update / EMA

@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import pytest
 import torch
@@ -376,21 +377,63 @@ def test_several_replicas_behind_one_endpoint(tiny_clip_dir, clip):
 
 
 def test_serve_command_help_and_host_warning(monkeypatch, capsys, tiny_clip_dir):
+    import rewardkit.server as srv
     from rewardkit.cli import main
 
     with pytest.raises(SystemExit) as exc:
         main(["serve", "--help"])
     assert exc.value.code == 0 and "127.0.0.1" in capsys.readouterr().out
-    import uvicorn
 
     seen = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(kw))
+    monkeypatch.setattr(srv, "run_server", lambda app, sock, cfg: seen.update(sock=sock.getsockname(), cfg=cfg))
     monkeypatch.delenv("REWARDKIT_SERVE_TOKEN", raising=False)
-    assert main(["serve", "-r", "clipscore", "-m", str(tiny_clip_dir), "--host", "0.0.0.0", "--port", "0"]) == 0
+    args = ["serve", "-r", "clipscore", "-m", str(tiny_clip_dir)]
+    # another host than this machine without a token is refused, unless --no-auth says so explicitly
+    assert main(args + ["--host", "0.0.0.0", "--port", "0"]) == 2
+    assert "REWARDKIT_SERVE_TOKEN" in capsys.readouterr().err and not seen
+    assert main(args + ["--host", "0.0.0.0", "--port", "0", "--no-auth"]) == 0
     err = capsys.readouterr().err
-    assert seen["host"] == "0.0.0.0" and "WARNING" in err and "WITHOUT authentication" in err
-    assert main(["serve", "-r", "clipscore", "-m", str(tiny_clip_dir), "--port", "0"]) == 0
-    assert seen["host"] == "127.0.0.1" and "WARNING" not in capsys.readouterr().err
+    assert seen["sock"][0] == "0.0.0.0" and "WARNING" in err and "WITHOUT authentication" in err
+    # --port 0: the port the server really listens on is printed (before: ":0")
+    assert main(args + ["--port", "0"]) == 0
+    err = capsys.readouterr().err
+    port = seen["sock"][1]
+    assert seen["sock"][0] == "127.0.0.1" and port > 0 and f"http://127.0.0.1:{port} " in err
+    assert "WARNING" not in err and seen["cfg"].token is None
+
+
+def test_serve_refuses_before_loading_the_model(monkeypatch, capsys, tmp_path):
+    """A busy port, an empty REWARDKIT_SERVE_TOKEN (which silently turned authentication off) and an empty
+    token file exit 2 before the reward loads (before: the model loaded first, then uvicorn exited 3)."""
+    import rewardkit.server as srv
+    from rewardkit.cli import main
+
+    def boom(*a, **k):
+        raise AssertionError("the reward was loaded before the command line was checked")
+
+    monkeypatch.setattr(srv, "load_replicas", boom)
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    try:
+        monkeypatch.delenv("REWARDKIT_SERVE_TOKEN", raising=False)
+        assert main(["serve", "-r", "clipscore", "--port", str(busy.getsockname()[1])]) == 2
+        assert "cannot listen on 127.0.0.1" in capsys.readouterr().err
+    finally:
+        busy.close()
+    monkeypatch.setenv("REWARDKIT_SERVE_TOKEN", "  ")
+    assert main(["serve", "-r", "clipscore", "--port", "0"]) == 2
+    assert "REWARDKIT_SERVE_TOKEN is set but empty" in capsys.readouterr().err
+    empty = tmp_path / "token"
+    empty.write_text("\n")
+    assert main(["serve", "-r", "clipscore", "--port", "0", "--token-file", str(empty)]) == 2
+    assert "is empty" in capsys.readouterr().err
+    assert main(["serve", "-r", "clipscore", "--port", "0", "--no-auth", "--header-timeout", "0"]) == 2
+    assert "header_timeout" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="set but empty"):
+        srv.app_from_env()
+    with pytest.raises(ValueError, match="non-empty"):
+        ServerConfig(token="")
 
 
 def test_app_factory_for_external_asgi_servers(monkeypatch, tiny_clip_dir, clip):
@@ -409,3 +452,153 @@ def test_app_factory_for_external_asgi_servers(monkeypatch, tiny_clip_dir, clip)
         assert tc.post("/score", json=body).status_code == 401
         res = tc.post("/score", json=body, headers={"Authorization": "Bearer tok"}).json()
     torch.testing.assert_close(torch.tensor(res["scores"]), clip(images, "a cat").scores, atol=1e-6, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------- secrets
+@dataclass
+class _JudgeLikeConfig(RewardConfig):
+    judge: str = "openai:http://127.0.0.1:1"
+    judge_kwargs: dict = field(default_factory=lambda: {"model": "m", "api_key": "sk-live-0123456789"})
+    headers: dict = field(default_factory=lambda: {"Authorization": "Bearer hdr-secret-abc"})
+    password: str | None = None
+
+
+class _JudgeLike(Reward):
+    """A reward configured like an API judge; its call fails with a message quoting its key and the env key."""
+
+    name = "judgelike"
+    tasks = frozenset({"t2i"})
+    thread_safe = False
+    Config = _JudgeLikeConfig
+
+    def _score(self, batch):
+        import os
+
+        raise RuntimeError(f"401 from the judge: key sk-live-0123456789 / {os.environ.get('OPENAI_API_KEY')} refused")
+
+
+def test_credentials_never_leave_the_server(monkeypatch, caplog):
+    """/info, error answers and the server's logs carry no credential: the judge's api_key and auth header
+    (config values under credential-like keys), an OPENAI_API_KEY from the environment, the bearer token.
+    Before: /info returned judge_kwargs.api_key as is, and a 500 quoted whatever the reward's error said."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-env-9876543210")
+    secrets = ["sk-live-0123456789", "hdr-secret-abc", "sk-env-9876543210", "tok-abcdef"]
+    handle = serve_in_thread(_JudgeLike(), ServerConfig(token="tok-abcdef"))
+    auth = {"Authorization": "Bearer tok-abcdef"}
+    try:
+        info = httpx.get(handle.url + "/info", headers=auth, timeout=10).json()
+        assert info["config"]["judge_kwargs"] == {"model": "m", "api_key": "***"}  # the key redacted, not dropped
+        assert info["config"]["headers"] == {"Authorization": "***"} and info["config"]["password"] is None
+        assert info["config"]["judge"] == "openai:http://127.0.0.1:1"
+        with caplog.at_level("ERROR", logger="rewardkit.server"):
+            r = httpx.post(handle.url + "/score", json={"images": [_png(random_images(1)[0])], "prompt": "a"},
+                           headers=auth, timeout=30)
+        assert r.status_code == 500 and "401 from the judge: key *** / *** refused" in r.json()["error"]
+        logged = "\n".join(rec.getMessage() + (rec.exc_text or "") for rec in caplog.records)
+        assert "RuntimeError" in logged  # the traceback is logged ...
+        for s in secrets:  # ... without a secret anywhere
+            assert s not in json.dumps(info) and s not in r.text and s not in logged, s
+    finally:
+        handle.stop()
+
+
+def test_redactor_keys_and_values():
+    from rewardkit._serve_secrets import Redactor
+
+    red = Redactor(["tok-123456"], env={"HF_TOKEN": "hf_abcdefgh", "HOME": "/root", "MY_SECRET_X": "zzzz9999",
+                                        "USE_AUTH_TOKEN": "true"})  # a flag, not a secret: too short to redact
+    red.collect({"judge_kwargs": {"api_key": "sk-1234567"}})
+    got = red({"api_key": "sk-1234567", "API-Key": "x", "access_token": "y", "client_secret": "z", "model": "m",
+               "nested": [{"Authorization": "Bearer q"}], "note": "uses sk-1234567 and hf_abcdefgh, tok-123456",
+               "tokenizer_path": "/models/t", "max_new_tokens": 5, "apiKey": "k", "home": "/root",
+               "flag": "true", "env": "zzzz9999"})
+    assert got == {"api_key": "***", "API-Key": "***", "access_token": "***", "client_secret": "***", "model": "m",
+                   "nested": [{"Authorization": "***"}], "note": "uses *** and ***, ***",
+                   "tokenizer_path": "/models/t", "max_new_tokens": 5, "apiKey": "***", "home": "/root",
+                   "flag": "true", "env": "***"}
+
+
+def test_bearer_token_is_compared_whole(clip):
+    """Catches the mutation that compares the token by prefix (``token.startswith(given)``), which accepts an
+    empty token and any prefix of the real one. Expected answers are written out by hand, not derived from
+    the server's own comparison."""
+    handle = serve_in_thread(clip, ServerConfig(token="s3cret-token"))
+    try:
+        expected = {
+            "Bearer s3cret-token": 200,
+            "bearer s3cret-token": 200,   # the scheme is case-insensitive (RFC 7235)
+            "Bearer   s3cret-token  ": 200,
+            "Bearer s3cret": 401,         # a prefix
+            "Bearer ": 401,               # empty
+            "Bearer": 401,
+            "Bearer s": 401,
+            "Bearer s3cret-token-and-more": 401,
+            "Basic s3cret-token": 401,
+            "s3cret-token": 401,
+        }
+        host, port = handle.url.rsplit("/", 1)[1].split(":")
+
+        def status(auth: str) -> int:  # a raw request: httpx refuses header values with trailing blanks
+            with socket.create_connection((host, int(port)), timeout=5) as s:
+                s.sendall(f"GET /info HTTP/1.1\r\nHost: x\r\nAuthorization: {auth}\r\nConnection: close\r\n\r\n"
+                          .encode())
+                return int(s.recv(64).split(b" ")[1])
+
+        got = {h: status(h) for h in expected}
+        assert got == expected
+    finally:
+        handle.stop()
+
+
+def test_deeply_nested_json_is_a_400(served):
+    """json.loads raises RecursionError on deep nesting: it was answered 500 (a server error) instead of 400."""
+    body = b'{"images": ' + b"[" * 100_000 + b"]" * 100_000 + b', "prompt": "a"}'
+    r = httpx.post(served.url + "/score", content=body, headers={"Content-Type": "application/json"}, timeout=30)
+    assert r.status_code == 400 and "nested too deeply" in r.json()["error"]
+
+
+def test_client_threads_end_with_the_call():
+    """The drip server sends one byte every 0.1 s; the call gives up after 1 s. Before: the pool thread kept
+    reading the drip (about 20 s for this body) after the call had raised; now it stops with the call."""
+    body = json.dumps({"reward": "x", "tasks": ["t2i"], "dimensions": [], "higher_is_better": True,
+                       "score_range": None, "uses_prompt": True, "batch_relative": False, "pad": "x" * 100}).encode()
+    url, close = _drip_server(0.1, body)
+
+    def pool_threads():
+        return [t for t in threading.enumerate() if t.name.startswith("rewardkit-remote") and t.is_alive()]
+
+    try:
+        before = len(pool_threads())
+        with pytest.raises(RemoteRewardError, match="within 1 s"):
+            RemoteReward(url=url, timeout=1.0, max_retries=0)
+        deadline = time.monotonic() + 1.0
+        while len(pool_threads()) > before and time.monotonic() < deadline:  # bounded: 1 s
+            time.sleep(0.05)
+        assert len(pool_threads()) == before, "a pool thread is still reading the dripping server"
+    finally:
+        close()
+
+
+# ---------------------------------------------------------------------------------------------- float tensors
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_float_tensors_are_served_bit_identical(clip, served, dtype):
+    """A float [B, 3, H, W] tensor (what an RL host holds) scores the same served as in-process, bit for bit.
+    Before: the client rounded it to uint8 first, which changes the scores (checked below, so the equality is
+    not vacuous)."""
+    remote = RemoteReward(url=served.url)
+    assert remote.supports_tensor_input
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(4, 3, 40, 56, generator=g).to(dtype)
+    prompts = ["a cat", "a dog on a mat", "two birds", "a red car"]
+    local, got = clip(x, prompts), remote(x, prompts)
+    assert got.valid.all() and torch.equal(got.scores, local.scores)
+    rounded = clip([(im.float() * 255).round().to(torch.uint8).permute(1, 2, 0).numpy() for im in x], prompts)
+    assert not torch.equal(rounded.scores, local.scores)  # the uint8 detour is visible at this precision
+    pair_local = clip.compare(x[:2], x[2:], prompts[:2])
+    pair_remote = remote.compare(x[:2], x[2:], prompts[:2])
+    assert torch.equal(pair_local.prob_a, pair_remote.prob_a)
+    # out-of-range floats are refused per sample on the client, before anything is sent, as in-process
+    bad = x.clone()
+    bad[1] = 2.0
+    out = remote(bad, prompts, on_error="nan")
+    assert out.valid.tolist() == [True, False, True, True] and "[0, 1]" in out.errors[1]

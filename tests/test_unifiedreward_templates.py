@@ -29,6 +29,23 @@ class Scripted(JudgeBackend):
         raise NotImplementedError
 
 
+def jpeg95(im):
+    """UnifiedReward's vLLM client (vllm_qwen/vllm_request.py:53-58): convert("RGB"), JPEG quality 95; decoded."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    im.convert("RGB").save(buf, format="JPEG", quality=95)
+    return Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
+
+
+def same_pixels(a, b):
+    import numpy as np
+
+    return a.size == b.size and np.array_equal(np.asarray(a.convert("RGB")), np.asarray(b.convert("RGB")))
+
+
 def content(conv):
     """(images, text) of a one-turn conversation, checking its shape: images first, then one text."""
     assert len(conv) == 1 and conv[0]["role"] == "user"
@@ -200,11 +217,15 @@ def test_edit_template_conversations_and_arithmetic():
     # two conversations per sample: [source, edited] + instruction-following prompt, then [edited] + quality
     t = load_template("unifiedreward", "edit")
     ims, text = content(judge.seen[0])
-    assert ims == [src, e1] and text == t.render("instruction_following", prompt="add a hat")
+    # sent as UnifiedReward-Edit's client sends them: JPEG quality 95 (not the lossless pixels)
+    assert [same_pixels(a, b) for a, b in zip(ims, [jpeg95(src), jpeg95(e1)])] == [True, True] and len(ims) == 2
+    assert not same_pixels(ims[1], e1)
+    assert text == t.render("instruction_following", prompt="add a hat")
     assert text.endswith("\n\nEditing instruction:add a hat\n") and '{\n\n"reasoning" : "...",' in text
-    ims, text = content(judge.seen[1])
-    assert ims == [e1] and text == t.render("quality") and text.endswith("output score = [naturalness, artifacts]\n")
-    assert [content(c)[0][-1] for c in judge.seen[2:]] == [e2, e2, e3, e3]
+    ims2, text = content(judge.seen[1])
+    assert len(ims2) == 1 and ims2[0] is ims[1]  # the edited image encoded once, sent in both conversations
+    assert text == t.render("quality") and text.endswith("output score = [naturalness, artifacts]\n")
+    assert [same_pixels(content(c)[0][-1], jpeg95(e)) for c, e in zip(judge.seen[2:], [e2, e2, e3, e3])] == [True] * 4
     with pytest.raises(RewardInputError, match="sources"):
         r([e1], "add a hat")
     with pytest.raises(RewardInputError):
@@ -229,7 +250,8 @@ def test_template_2_0_pointwise_and_pairwise():
     assert float(out.dimensions["style"][0]) == pytest.approx(2.8025) and math.isnan(out.dimensions["style"][1])
     assert "no 'Coherence Score'" in out.errors[1]
     t = load_template("unifiedreward", "2.0")
-    assert content(judge.seen[0]) == ([ims[0]], t.render("pointwise", prompt="a cat"))
+    sent, text = content(judge.seen[0])
+    assert text == t.render("pointwise", prompt="a cat") and len(sent) == 1 and same_pixels(sent[0], jpeg95(ims[0]))
     assert content(judge.seen[0])[1].endswith("Style Score (1-5): Z\n\nYour task is provided as follows:\nText Caption: [a cat]")
     # pairwise, both orders: image 1's mean relative score per order, P(a) = (v_ab + 1 - v_ba) / 2
     swapped = PAIR_OK.replace("0.435699999332428", "0.6").replace("0.564300000667572", "0.4")
@@ -238,8 +260,10 @@ def test_template_2_0_pointwise_and_pairwise():
     v_ab = (0.435699999332428 + 0.4180000126361847 + 0.40790000557899475) / 3
     v_ba = (0.6 + 0.4180000126361847 + 0.40790000557899475) / 3
     assert float(cmp.prob_a[0]) == pytest.approx(0.5 * (v_ab + 1 - v_ba)) and r.compare_is_symmetric
-    assert content(judge.seen[0]) == ([ims[0], ims[1]], t.render("pairwise", prompt="a cat"))
-    assert content(judge.seen[1])[0] == [ims[1], ims[0]]
+    sent, text = content(judge.seen[0])
+    assert text == t.render("pairwise", prompt="a cat")
+    assert [same_pixels(a, jpeg95(b)) for a, b in zip(sent, ims)] == [True, True]
+    assert content(judge.seen[1])[0] == sent[::-1]
     judge.answers = [PAIR_OK, PAIR_OK.replace("0.435699999332428", "0.9")]
     bad = r.compare(ims[:1], ims[1:], "a cat", on_error="nan")
     assert not bad.valid[0] and "swapped order" in bad.errors[0] and "do not sum to 1" in bad.errors[0]
@@ -326,3 +350,53 @@ def test_bench_runs_the_edit_template(tmp_path):
     r = res.benchmarks["genaibench/edit"]
     assert r.counts["n_invalid_samples"] == 0 and r.counts["n_scored_now"] > 0, r.counts
     assert 0.0 <= r.metrics[r.primary].value <= 1.0
+
+
+class _Recording(Scripted):
+    def generate(self, conversations, **kw):
+        self.kw = kw
+        return super().generate(conversations, **kw)
+
+
+@pytest.mark.parametrize("template, tokens, jpeg", [("t2i", 512, False), ("think", 512, False),
+                                                     ("2.0", 4096, True), ("edit", 4096, True)])
+def test_decoding_follows_each_templates_scripts(template, tokens, jpeg):
+    """t2i / think: transformers generate(max_new_tokens=512) on the images as opened; 2.0 / edit: UnifiedReward's
+    vLLM client, JPEG quality 95 and "max_tokens": 4096 (vllm_qwen/vllm_request.py:53-58, 111-116)."""
+    from rewardkit.rewards.unifiedreward import UnifiedReward
+
+    ims = random_images(2, sizes=[(48, 40), (40, 48)], seed=14)
+    judge = _Recording(["x"] * 4)
+    r = UnifiedReward(judge=judge, template=template)
+    if template == "edit":
+        out = r(ims[:1], "add a hat", sources=[ims[1:]], on_error="nan")
+        sent = content(judge.seen[0])[0]
+        want = [ims[1], ims[0]]
+    elif template == "think":
+        out = r.compare(ims[:1], ims[1:], "a cat", on_error="nan")
+        sent, want = content(judge.seen[0])[0], ims
+    else:
+        out = r(ims[:1], "a cat", on_error="nan")
+        sent, want = content(judge.seen[0])[0], ims[:1]
+    assert judge.kw["max_new_tokens"] == tokens and judge.kw["temperature"] == 0.0
+    assert [same_pixels(a, jpeg95(b) if jpeg else b) for a, b in zip(sent, want)] == [True] * len(want)
+    assert out.info["max_new_tokens"] == tokens and out.info["images"] == ("jpeg95" if jpeg else "none")
+
+
+def test_decoding_overrides():
+    from rewardkit.rewards.unifiedreward import UnifiedReward, jpeg_roundtrip
+
+    ims = random_images(1, size=40, seed=15)
+    judge = _Recording(["x"] * 4)
+    UnifiedReward(judge=judge, template="edit", reencode="none", max_new_tokens=512)(
+        ims, "add a hat", sources=[ims], on_error="nan")
+    assert judge.kw["max_new_tokens"] == 512 and same_pixels(content(judge.seen[0])[0][1], ims[0])  # as decoded
+    judge.seen = []
+    UnifiedReward(judge=judge, reencode="jpeg50")(ims, "a cat", on_error="nan")
+    assert same_pixels(content(judge.seen[0])[0][0], jpeg_roundtrip(ims[0], 50))
+    assert not same_pixels(jpeg_roundtrip(ims[0], 50), jpeg95(ims[0]))
+    for bad in ("png", "jpeg0", "jpeg101", "JPEG95"):
+        with pytest.raises(ValueError, match="reencode must be"):
+            UnifiedReward(judge=Scripted(), reencode=bad)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        UnifiedReward(judge=Scripted(), max_new_tokens=0)

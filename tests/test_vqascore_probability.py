@@ -186,9 +186,10 @@ def test_vllm_raw_probs_are_the_engine_logprobs(vjudge):
     vjudge.llm.table = {"a": -0.01, "Yes": -12.0, "No": -13.0}  # far below the top token: still exact
     torch.testing.assert_close(vjudge.raw_choice_probs([conv([], "q")], ["Yes"]),
                                torch.tensor([[math.exp(-12.0)]]))
-    vjudge.llm.table = {"a": -0.1, "Yes": -1.0}  # "No" not reported
+    vjudge.llm.table, vjudge.llm.omit = {"a": -0.1, "Yes": -1.0}, {"No"}  # "No" not reported
     p = vjudge.raw_choice_probs([conv([], "q")], ["Yes", "No"], reasons=reasons)
     assert torch.isnan(p).all() and "no log-probability" in reasons[0]
+    vjudge.llm.omit = set()
     vjudge.llm.table = {"a": -0.1, "Yes": float("nan"), "No": -1.0}
     p = vjudge.raw_choice_probs([conv([], "q")], ["Yes", "No"], reasons=reasons)
     assert torch.isnan(p).all() and "unusable" in reasons[0]

@@ -367,7 +367,8 @@ def test_imagereward_conversion_parity(tmp_path):
     tok.add_special_tokens({"bos_token": "[DEC]"})
     tok.add_special_tokens({"additional_special_tokens": ["[ENC]"]})
     assert len(tok) == sd["blip.text_encoder.embeddings.word_embeddings.weight"].shape[0]
-    prompts = ["a cat on a mat", "two birds on a branch " * 8, "a red car", "a dog", "good image", "a green bowl"]
+    # "" : ImageReward scores an empty prompt ([CLS] [SEP] + padding), and so does rewardkit
+    prompts = ["a cat on a mat", "two birds on a branch " * 8, "a red car", "a dog", "", "a green bowl"]
     ims = random_images(len(SIZES), sizes=SIZES, seed=8)
     enc = tok(prompts, padding="max_length", truncation=True, max_length=35, return_tensors="pt")
     assert enc["input_ids"].shape == (6, 35) and (enc["input_ids"][:, 0] == tok.cls_token_id).all()

@@ -560,8 +560,9 @@ def evaluate(
     mode, mode_reason = _resolve_mode(reward, mode)  # re-checked on the first loaded comparison
     cfg = config_dict(reward)
     cls = f"{type(reward).__module__}:{type(reward).__qualname__}"
-    fp = reward_fingerprint(reward_name, cls, cfg)
     root = default_cache_dir() if cache_dir == "default" else cache_dir
+    # the content of the weights / files the config names, the judge and the templates are part of the key
+    fp = reward_fingerprint(reward_name, cls, cfg, reward=reward, memo_dir=root)
     bs = batch_size or reward.default_batch_size or 32
     reward_info = {"name": reward_name, "class": cls, "config": cfg, "higher_is_better": reward.higher_is_better,
                    "tasks": sorted(reward.tasks), "mode": mode, "mode_reason": mode_reason, "fingerprint": fp,

@@ -58,18 +58,17 @@ def check_model(model: str | None) -> None:
             raise UsageError(f"--model {model}: is a file; give the checkpoint directory (the folder holding "
                              "config.json and *.safetensors) or a hub id like org/name")
         return
-    if looks_like_path(model):
+    first = Path(model).parts[0] if Path(model).parts else ""
+    if looks_like_path(model) or (len(Path(model).parts) > 1 and Path(first).is_dir()):
+        # `models/X` where `models/` is a local folder: a missing checkpoint folder, not a hub id
         raise UsageError(f"--model {model}: no such directory (relative paths resolve from {Path.cwd()}); "
                          "give an existing checkpoint directory or a hub id like org/name")
 
 
 def offline_hint(model: str | None) -> str:
-    where = f"{model!r}" if model else "the reward's default hub model"
-    state = "HF_HUB_OFFLINE=1 is set, so nothing is downloaded" if os.environ.get("HF_HUB_OFFLINE") in (
-        "1", "true", "True", "yes") else "the Hub could not be reached (set HF_HUB_OFFLINE=1 to never try)"
-    dl = f"hf download {model} --local-dir DIR" if model else "hf download ORG/NAME --local-dir DIR"
-    return (f"could not load {where} from the Hugging Face Hub: {state}. Download it on a connected machine "
-            f"({dl}), copy DIR here and pass --model DIR")
+    from ..models.zoo import hub_unavailable_message
+
+    return hub_unavailable_message(model)
 
 
 def load_reward_cli(name: str, config: Path | None, kwargs: dict[str, Any]):
@@ -80,8 +79,12 @@ def load_reward_cli(name: str, config: Path | None, kwargs: dict[str, Any]):
     check_model(kwargs.get("model"))
     print(f"loading reward {name!r}" + (f" from {kwargs['model']}" if kwargs.get("model") else "") + " ...",
           file=sys.stderr, flush=True)
+    from ..models.zoo import HubModelUnavailableError
+
     try:
         return load_reward(name, str(config) if config else None, **kwargs)
+    except HubModelUnavailableError as exc:
+        raise UsageError(str(exc)) from exc
     except OSError as exc:
         model = kwargs.get("model")
         if model is not None and Path(model).expanduser().exists():

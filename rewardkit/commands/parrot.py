@@ -61,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
         print(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False), end="")
         return 0
     main = int(os.environ.get("RANK", "0")) == 0
+    if args.no_progress:
+        _no_progress_bars()
     pipe = Pipeline(cfg, progress=not args.no_progress and main)
     from ..config import save_config
 
@@ -102,6 +104,19 @@ def run(args: argparse.Namespace) -> int:
         _print(summary)
         print(f"load it with: rewardkit.load_reward('rational', model={summary['model']!r})")
     return 0
+
+
+def _no_progress_bars() -> None:
+    """``--no-progress`` silences every bar, not only the pipeline's: the Hub's and transformers' (weights
+    loading), datasets' (Arrow cache writes, maps) and, through ``Pipeline.progress``, the Trainer's."""
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"  # read when datasets is imported
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].disable_progress_bars()
+    if "transformers" in sys.modules:
+        sys.modules["transformers"].utils.logging.disable_progress_bar()
+    if "huggingface_hub" in sys.modules:
+        sys.modules["huggingface_hub"].utils.disable_progress_bars()
 
 
 def _counts(recs, key) -> dict[str, int]:

@@ -6,7 +6,8 @@ reasoning reward (`rational` by default).
     rewardkit refine --generator mypkg.gen:generate --prompts prompts.txt --critic-model ./student -o gcr/
 
 Writes `<out>/before/NNNNN.png`, `<out>/after/NNNNN.png` and `<out>/records.jsonl` (prompt, status,
-scores before / after, refined prompts, errors). `--gen KEY=VALUE` passes pipeline options
+scores before / after, refined prompts, errors). Exits 3 when some or all images could not be critiqued
+(status `critique_failed`; the records say why), 0 when every one was. `--gen KEY=VALUE` passes pipeline options
 (num_inference_steps=28 guidance_scale=4.5 ...).
 """
 
@@ -98,4 +99,7 @@ def run(args: argparse.Namespace) -> int:
     for r in res.records:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     print(json.dumps({"prompts": len(prompts), "status": counts, "output": str(out)}))
-    return 0
+    from . import invalid_summary
+
+    # an image the critic could not critique was not judged: exit 3 when any (or every) one failed
+    return invalid_summary(counts.get("critique_failed", 0), len(res.records), "images")

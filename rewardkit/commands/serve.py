@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -19,7 +18,9 @@ def add_parser(sub) -> None:
                     "  rewardkit serve --reward pickscore --devices cuda:0,cuda:1 --max-batch 64\n\n"
                     "Clients: rewardkit.client.RemoteReward(url='http://127.0.0.1:8000') is a Reward like any\n"
                     "other. Authentication: set REWARDKIT_SERVE_TOKEN (or --token-file) on the server and\n"
-                    "the client.",
+                    "the client. Another --host than this machine needs a token, or an explicit --no-auth.\n"
+                    "Every resource a client can claim is bounded (connections, read times, requests in\n"
+                    "flight, body bytes, decoded pixels): see docs/serve.md, 'Exposing the server'.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--reward", "-r", required=True, help="registry name (see `rewardkit ls`)")
     p.add_argument("--model", "-m", help="hub id or local checkpoint directory for model-backed rewards")
@@ -31,51 +32,108 @@ def add_parser(sub) -> None:
                    help="comma-separated devices, one model replica each (e.g. cuda:0,cuda:1); default: the "
                         "reward's own default")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    p.add_argument("--port", type=int, default=8000,
+                   help="port (default 8000; 0 picks a free one, printed once the server listens)")
     p.add_argument("--token-file", type=Path,
                    help="file holding the bearer token clients must send (default: $REWARDKIT_SERVE_TOKEN)")
+    p.add_argument("--no-auth", action="store_true",
+                   help="serve without a token even on another --host than 127.0.0.1 (behind your own auth)")
     p.add_argument("--max-batch", type=int, default=32, help="most images per model call (default 32)")
     p.add_argument("--max-wait-ms", type=float, default=5.0,
                    help="how long a non-full batch waits for more requests (default 5)")
     p.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body in MB (default 64)")
     p.add_argument("--max-images", type=int, default=256, help="most images per request (default 256)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per request, end to end (default 120)")
+    g = p.add_argument_group("bounds per client (docs/serve.md, 'Exposing the server')")
+    g.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds to send a request's headers, then 408 and close (default 10)")
+    g.add_argument("--body-timeout", type=float, default=60.0,
+                   help="seconds to send a request's body once its headers are in (default 60)")
+    g.add_argument("--keep-alive", type=float, default=5.0, help="idle keep-alive seconds (default 5)")
+    g.add_argument("--max-connections", type=int, default=512,
+                   help="open connections; more get 503 (default 512; lowered to fit the fd limit)")
+    g.add_argument("--max-in-flight", type=int, default=64,
+                   help="/score and /compare requests being read, queued or scored; more get 503 (default 64)")
+    g.add_argument("--max-request-mpixels", type=float, default=64.0,
+                   help="decoded pixels per request, in Mi (2**20) pixels, from the image headers (default 64)")
+    g.add_argument("--max-batch-mpixels", type=float, default=64.0,
+                   help="decoded pixels per model call, in Mi pixels (default 64)")
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    from ..server import LOOPBACK_HOSTS, token_from_env
+
+    from . import UsageError
+
+    if args.token_file is not None:
+        if args.no_auth:
+            raise UsageError("--no-auth and --token-file contradict each other")
+        try:
+            token = args.token_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise UsageError(f"cannot read --token-file: {exc}") from None
+        if not token:
+            raise UsageError(f"--token-file {args.token_file} is empty: an empty token would turn authentication "
+                             "off (pass --no-auth for that)")
+        return token
+    if args.no_auth:
+        return None
+    try:
+        token = token_from_env()
+    except ValueError as exc:
+        raise UsageError(f"{exc} (or pass --no-auth)") from None
+    if token is None and args.host not in LOOPBACK_HOSTS:
+        raise UsageError(f"--host {args.host} exposes the reward to other machines: set REWARDKIT_SERVE_TOKEN or "
+                         "--token-file, or pass --no-auth if something in front of it authenticates clients")
+    return token
 
 
 def run(args: argparse.Namespace) -> int:
     from .._imports import require
     from ..config import parse_overrides
-    from ..server import LOOPBACK_HOSTS, ServerConfig, create_app, load_replicas
+    from ..server import LOOPBACK_HOSTS, ServerConfig, bind_socket, create_app, load_replicas, run_server
 
     from . import UsageError
 
-    if not 0 <= args.port <= 65535:  # before any model loads
+    # everything that can be refused is refused before any model loads (it takes minutes on a cold cache)
+    if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in 0..65535, got {args.port}")
-    uvicorn = require("uvicorn", "serve")
-    token = None
-    if args.token_file is not None:
-        token = args.token_file.read_text(encoding="utf-8").strip()
-        if not token:
-            raise SystemExit(f"rewardkit serve: {args.token_file} is empty")
-    else:
-        token = os.environ.get("REWARDKIT_SERVE_TOKEN") or None
-    if args.host not in LOOPBACK_HOSTS:
-        print(f"rewardkit serve: WARNING: binding {args.host} exposes the reward to other machines"
-              + ("" if token else " WITHOUT authentication (set REWARDKIT_SERVE_TOKEN or --token-file)"),
-              file=sys.stderr)
-    cfg = ServerConfig(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
-                       max_body_bytes=int(args.max_body_mb * 1024 * 1024), max_images=args.max_images,
-                       timeout=args.timeout, token=token)
+    require("uvicorn", "serve")
+    token = _token(args)
+    mi = 1024 * 1024
+    try:
+        cfg = ServerConfig(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
+                           max_body_bytes=int(args.max_body_mb * mi), max_images=args.max_images,
+                           timeout=args.timeout, token=token, header_timeout=args.header_timeout,
+                           body_timeout=args.body_timeout, keep_alive=args.keep_alive,
+                           max_connections=args.max_connections, max_in_flight=args.max_in_flight,
+                           max_request_pixels=int(args.max_request_mpixels * mi),
+                           max_batch_pixels=int(args.max_batch_mpixels * mi))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     overrides = parse_overrides(args.overrides)
     for key in ("model", "dtype"):
         if getattr(args, key) is not None:
             overrides[key] = getattr(args, key)
     devices = [d.strip() for d in args.devices.split(",") if d.strip()] if args.devices else []
-    print(f"rewardkit serve: loading {args.reward} ({len(devices) or 1} replica(s))", file=sys.stderr)
-    rewards = load_replicas(args.reward, str(args.config) if args.config else None, overrides, devices)
-    app = create_app(rewards, cfg)
-    print(f"rewardkit serve: {args.reward} on http://{args.host}:{args.port} "
-          f"(max batch {cfg.max_batch}, max wait {cfg.max_wait_ms:g} ms, auth {'on' if token else 'off'})",
-          file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    try:
+        sock = bind_socket(args.host, args.port)
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc} "
+                         "(is another server using the port? --port 0 picks a free one)") from None
+    try:
+        if args.host not in LOOPBACK_HOSTS:
+            print(f"rewardkit serve: WARNING: binding {args.host} exposes the reward to other machines"
+                  + ("" if token else " WITHOUT authentication (--no-auth)"), file=sys.stderr)
+        print(f"rewardkit serve: loading {args.reward} ({len(devices) or 1} replica(s))", file=sys.stderr)
+        rewards = load_replicas(args.reward, str(args.config) if args.config else None, overrides, devices)
+        app = create_app(rewards, cfg)
+        port = sock.getsockname()[1]
+        shown = f"[{args.host}]" if ":" in args.host else args.host
+        print(f"rewardkit serve: {args.reward} on http://{shown}:{port} "
+              f"(max batch {cfg.max_batch}, max wait {cfg.max_wait_ms:g} ms, auth {'on' if token else 'off'})",
+              file=sys.stderr, flush=True)
+        run_server(app, sock, cfg)
+    finally:
+        sock.close()
     return 0

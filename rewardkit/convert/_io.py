@@ -81,9 +81,24 @@ def _pickle_globals(stream: Any) -> list[tuple[str, str] | None]:
     return found
 
 
+_ZIP_MAGIC = b"PK\x03\x04"
+#: the legacy (non-zip) torch format: magic number, protocol version, sys info, the data, the storage keys
+_LEGACY_PICKLES = ("magic number", "protocol version", "sys info", "data", "storage keys")
+
+
 def scan_pickle(path: Path) -> None:
     """Refuse a ``.pt`` / ``.pth`` whose pickle(s) name anything beyond :data:`ALLOWED_GLOBALS` (checked from
-    the opcodes before torch's weights-only unpickler runs; both must accept the file)."""
+    the opcodes before torch's weights-only unpickler runs; both must accept the file).
+
+    The scan reads exactly the bytes ``torch.load`` will unpickle, and fails closed on anything it cannot parse:
+
+    - the format is decided as torch decides it (``torch.serialization._is_zipfile``: the first four bytes are a
+      zip local-file header), never by Python's ``zipfile.is_zipfile``, which also accepts a zip *appended* to
+      a legacy pickle (a polyglot that would be scanned as its benign zip while torch unpickles the front);
+    - a zip: every ``.pkl`` member, duplicates by name included (two members of one name are refused: which
+      one a reader picks is not defined);
+    - legacy: the five pickles torch reads in sequence, each of which must parse to its ``STOP``; one that does
+      not parse refuses the file (before, the scan stopped silently there)."""
     import io
     import zipfile
 
@@ -95,23 +110,44 @@ def scan_pickle(path: Path) -> None:
                 "may only hold tensors, storages and ordered dicts. rewardkit never unpickles anything else "
                 "(convert a weights-only checkpoint, e.g. HPS_v2.1_compressed.pt, not HPS_v2.pt).")
 
-    if zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as zf:
-            pkls = [n for n in zf.namelist() if n.endswith(".pkl")]
-            if not pkls:
-                raise UnsafeCheckpointError(f"{path}: a zip file without a pickle: not a torch checkpoint")
-            for n in pkls:
-                check(_pickle_globals(io.BytesIO(zf.read(n))), n)
+    with open(path, "rb") as f:
+        is_zip = f.read(len(_ZIP_MAGIC)) == _ZIP_MAGIC
+    if is_zip:
+        try:
+            with zipfile.ZipFile(path) as zf:
+                infos = zf.infolist()
+                names = [i.filename for i in infos]
+                dup = sorted({n for n in names if names.count(n) > 1})
+                if dup:
+                    raise UnsafeCheckpointError(f"{path}: zip members listed twice ({', '.join(dup[:3])}): refused")
+                pkls = [i for i in infos if i.filename.endswith(".pkl")]
+                if not pkls:
+                    raise UnsafeCheckpointError(f"{path}: a zip file without a pickle: not a torch checkpoint")
+                for info in pkls:
+                    data = zf.read(info)
+                    check(_whole_pickle(io.BytesIO(data), f"{path}: {info.filename}", len(data)), info.filename)
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError) as exc:
+            raise UnsafeCheckpointError(f"{path}: starts like a zip (torch checkpoint) but is not a readable "
+                                        f"zip file ({exc}): refused") from None
         return
-    with open(path, "rb") as f:  # legacy format: magic, protocol, sys info, data, storage keys (5 pickles)
-        for i in range(5):
-            try:
-                names = _pickle_globals(f)
-            except Exception as exc:  # the end of a plain pickle file, or raw storage bytes after the pickles
-                if i == 0:
-                    raise UnsafeCheckpointError(f"{path}: not a readable pickle ({exc})") from None
-                break
-            check(names, f"pickle {i}")
+    with open(path, "rb") as f:
+        for what in _LEGACY_PICKLES:
+            check(_whole_pickle(f, f"{path}: legacy pickle {what!r}"), f"pickle {what!r}")
+
+
+def _whole_pickle(stream: Any, where: str, size: int | None = None) -> list[tuple[str, str] | None]:
+    """The globals of the pickle at the stream's position, which must parse up to its ``STOP`` (and, with
+    ``size``, end exactly there: bytes after it are bytes no scan has read); :class:`UnsafeCheckpointError`
+    otherwise (a missing pickle, at the end of the file, does not parse either)."""
+    try:
+        names = _pickle_globals(stream)
+    except Exception as exc:  # noqa: BLE001 - truncated, an unknown opcode, ...: fail closed
+        raise UnsafeCheckpointError(f"{where}: does not parse as a pickle ({type(exc).__name__}: {exc}); "
+                                    "refused (only what the scan could read is let through)") from None
+    end = stream.tell()
+    if size is not None and end != size:
+        raise UnsafeCheckpointError(f"{where}: {size - end} bytes after the pickle's STOP; refused")
+    return names
 
 
 def _check_plain(obj: Any, where: str = "checkpoint") -> None:
@@ -143,9 +179,17 @@ def read_checkpoint(path: str | Path) -> Any:
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     if path.suffix == ".safetensors":
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        return load_file(str(path))
+        try:
+            return load_file(str(path))
+        except SafetensorError as exc:  # e.g. a pickle renamed .safetensors: refused, never unpickled
+            with open(path, "rb") as f:
+                head = f.read(4)
+            what = " (it looks like a pickle / torch checkpoint renamed .safetensors: rewardkit never unpickles " \
+                   "a file by another name)" if head[:1] == b"\x80" or head == _ZIP_MAGIC else ""
+            raise UnsafeCheckpointError(f"{path}: not a readable safetensors file ({exc}){what}") from None
     with open(path, "rb") as f:
         head = f.read(4)
     if path.suffix not in _PICKLE_SUFFIXES and head[:2] != b"PK":

@@ -7,6 +7,13 @@ with embeddings resized to the tokenizer's length (151658). Current transformers
 ``^visual`` -> ``model.visual``, ``^model.`` (not already nested) -> ``model.language_model.``. The config and
 the processor come from the base model (``--base``, default ``Qwen/Qwen2-VL-7B-Instruct``); the vocabulary
 is pinned to the tokenizer's length after adding ``<|Reward|>``.
+
+Rotary positions: HPSv3's forward (``hpsv3/model/qwen2vl_trainer.py`` of the ``hpsv3==1.0.0`` wheel, lines
+148-190) builds ``inputs_embeds`` itself and calls the language model with ``input_ids=None,
+position_ids=None`` and no ``image_grid_thw``, so under its pinned transformers 4.45.2 every token gets the
+plain 1-D position ``arange(T)`` on all three rope sections (``modeling_qwen2_vl.py:1204-1205``), not Qwen2-VL's
+3-D multimodal positions. The converted directory records ``"positions": "sequential"`` (in
+``preference_config.json`` and ``rewardkit.json``).
 """
 
 from __future__ import annotations
@@ -20,8 +27,8 @@ from .._imports import require
 from ._io import check_dst, read_checkpoint, resolve_source, state_dict_from, write_converted
 from .hpsv2 import check_against_class
 
-__all__ = ["convert_hpsv3", "remap_legacy_qwen2_vl", "hpsv3_template", "REWARD_TOKEN", "PIXELS", "INSTRUCTION",
-           "SUFFIX", "DEFAULT_BASE"]
+__all__ = ["convert_hpsv3", "remap_legacy_qwen2_vl", "hpsv3_template", "official_positions", "REWARD_TOKEN",
+           "PIXELS", "INSTRUCTION", "SUFFIX", "DEFAULT_BASE"]
 
 DEFAULT_BASE = "Qwen/Qwen2-VL-7B-Instruct"
 REWARD_TOKEN = "<|Reward|>"
@@ -75,6 +82,17 @@ def hpsv3_template() -> dict[str, Any]:
     text = INSTRUCTION.replace("{text_prompt}", "{prompt}") + SUFFIX
     return {"version": "hpsv3-1.0", "system": None, "t2i": text, "edit": text, "multi_ref": text,
             "reward_token": REWARD_TOKEN, "reward_token_in_text": True}
+
+
+def official_positions(model_type: str | None) -> str:
+    """The rotary positions the official HPSv3 / EditReward forward gives a backbone of ``model_type``.
+
+    Qwen2-VL (HPSv3) and Qwen2.5-VL (EditReward, MiMo-VL): ``"sequential"``, the language model is called
+    with ``inputs_embeds`` and ``position_ids=None`` (HPSv3 ``qwen2vl_trainer.py:179-190``, EditReward
+    ``model/qwen2_5_vl_trainer.py:257-268``). Qwen3-VL (EditReward's ``qwen3_vl_trainer.py:171-180``) passes
+    ``input_ids`` and ``image_grid_thw`` to the model, which then computes its own 3-D positions: ``"mrope"``.
+    """
+    return "mrope" if model_type == "qwen3_vl" else "sequential"
 
 
 def remap_legacy_qwen2_vl(sd: dict[str, Any], head_prefix: str = "rm_head.", *,
@@ -168,6 +186,7 @@ def convert_qwen_reward(src: str | Path, dst: str | Path, *, reward: str, base: 
         "head": {"type": "ranknet", "hidden": hw, "in_features": hidden},
         "reward_token": REWARD_TOKEN, "reward_token_id": rid, "template": templates[first], "weights": "full",
         "base_model": base, "backbone_class": _CLASSES[config.model_type], "model_type": config.model_type,
+        "positions": official_positions(config.model_type),
     }
 
     def write(tmp: Path) -> dict[str, Any]:
@@ -184,7 +203,7 @@ def convert_qwen_reward(src: str | Path, dst: str | Path, *, reward: str, base: 
         tok.save_pretrained(tmp / "processor")
         ip.save_pretrained(tmp / "processor")
         (tmp / CONFIG_NAME).write_text(json.dumps(pref_cfg, indent=2), encoding="utf-8")
-        return {"pixels": pixels, "reward_token": REWARD_TOKEN, "heads": extra}
+        return {"pixels": pixels, "reward_token": REWARD_TOKEN, "heads": extra, "positions": pref_cfg["positions"]}
 
     return write_converted(dst, reward, write, source=src, overwrite=overwrite, base=base, **manifest)
 

@@ -157,7 +157,16 @@ class LazyReward:
                 fields = {f.name for f in dataclasses.fields(cfg_cls)} if dataclasses.is_dataclass(cfg_cls) else set()
                 if self._device is not None and "device" in fields and "device" not in kwargs:
                     kwargs["device"] = str(self._device)   # load straight onto this rank's device
-                r = cls(None, **kwargs)
+                try:
+                    r = cls(None, **kwargs)
+                except OSError as exc:  # a hub id that cannot be fetched: the same message as load_reward
+                    from ..models.zoo import hub_unavailable
+                    from ..registry import _model_of
+
+                    err = hub_unavailable(exc, _model_of(cls, None, kwargs))
+                    if err is None:
+                        raise
+                    raise err from exc
                 if self._device is not None:
                     r.to(self._device)
                 self._reward = r

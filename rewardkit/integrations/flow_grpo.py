@@ -16,19 +16,102 @@ so weights tuned for flow_grpo keep their meaning.
 Every value of the first dict is a float32 numpy array of B per-sample scores (the host turns each into a
 tensor and concatenates them per key), so call-level information (the NaN policy's valid fraction, the
 reasons of invalid samples) goes into the second, ``reward_metadata`` dict.
+
+Scales: a reward built here by a name flow_grpo knows gets flow_grpo's scale and convention by default
+(:data:`FLOW_GRPO_CONVENTIONS`; e.g. PickScore divided by 26, CLIPScore as ViT-L/14 ``logits / 100``), so
+``{"pickscore": 1.0, "clipscore": 1.0}`` weighs the two as flow_grpo does. ``conventions="rewardkit"`` keeps
+rewardkit's own defaults; explicit ``reward_kwargs`` always win; a ``Reward`` instance is used as configured.
+The host passes ``config.reward_fn``, an ``ml_collections.ConfigDict``: any object with ``.items()`` works.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from ._common import LazyReward, _check_policy, apply_nan_policy, refuse_batch_relative
 
-__all__ = ["flow_grpo_scorer", "flow_grpo_factory", "multi_score"]
+__all__ = ["flow_grpo_scorer", "flow_grpo_factory", "multi_score", "FLOW_GRPO_CONVENTIONS", "Convention",
+           "CONVENTIONS"]
 
 _HOST = "flow_grpo"
+CONVENTIONS = ("flow_grpo", "rewardkit")
+
+
+@dataclass(frozen=True)
+class Convention:
+    """How flow_grpo scores one of its reward names, as rewardkit options plus a factor on the score.
+
+    ``kwargs`` are defaults for the reward's constructor (the caller's ``reward_kwargs`` override them);
+    ``factor`` multiplies every valid score (a ``fill_value`` is already on the host's scale and is not
+    multiplied); ``source`` names flow_grpo's code (NVlabs/DiffusionNFT @ 24af5554, ``flow_grpo/``)."""
+
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    factor: float = 1.0
+    source: str = ""
+
+
+#: flow_grpo's scale per reward name (the table in docs/integrations.md; tests/test_integrations_flow_grpo.py
+#: checks each against a transcription of flow_grpo's code). Names flow_grpo has and rewardkit has not
+#: (``geneval``, ``jpeg_compressibility``, ``deqa``, ``qwenvl``) are refused with that reason.
+FLOW_GRPO_CONVENTIONS: dict[str, Convention] = {
+    # logit_scale.exp() * cos(text, image) / 26 (pickscore_scorer.py:46-50)
+    "pickscore": Convention({"scale": 1.0 / 26.0}, 1.0, "pickscore_scorer.py:46-50"),
+    # CLIP ViT-L/14 logits_per_image / 100 (clip_scorer.py:37, :56): logit_scale.exp() * cos / 100
+    "clipscore": Convention({"model": "openai/clip-vit-large-patch14", "convention": "logits100"}, 1.0,
+                            "clip_scorer.py:37,56"),
+    # HPSv2.1 normalised image . text features, i.e. the cosine (hpsv2_scorer.py:128-130): rewardkit's default
+    "hpsv2": Convention({"scale": 1.0}, 1.0, "hpsv2_scorer.py:128-130"),
+    # ImageReward's inference_rank: (mlp - mean) / std (imagereward_scorer.py:25): rewardkit's default
+    "imagereward": Convention({"normalize": True}, 1.0, "imagereward_scorer.py:25"),
+    # LAION aesthetic MLP on the normalised CLIP-L/14 image embedding, 1-10 (aesthetic_scorer.py:47-50)
+    "aesthetic": Convention({}, 1.0, "aesthetic_scorer.py:47-50"),
+    # 1 - min(d, |t|) / |t| on case-folded, space-free text (ocr.py:44-58): same scale; see the docs for the
+    # two rule differences (flow_grpo: the first "..." span, and 1.0 whenever the target is contained)
+    "ocr": Convention({"whitespace": "remove", "case_sensitive": False, "normalize_by": "target"}, 1.0,
+                      "ocr.py:27,44-58"),
+    # "Final Score: x" / 5 (rewards.py:250): rewardkit's score is x in [1, 5]
+    "unifiedreward": Convention({"template": "t2i"}, 0.2, "rewards.py:250"),
+}
+
+_NOT_IN_REWARDKIT = {
+    "geneval": "flow_grpo's GenEval (object detection + rules) has no rewardkit counterpart",
+    "jpeg_compressibility": "flow_grpo's -JPEG-size/500 has no rewardkit counterpart",
+    "jpeg_incompressibility": "flow_grpo's JPEG size has no rewardkit counterpart",
+    "deqa": "flow_grpo's DeQA server has no rewardkit counterpart",
+    "qwenvl": "flow_grpo's QwenVL scorer has no rewardkit counterpart",
+}
+
+
+def _items(score_dict: Any) -> list[tuple[str, Any]]:
+    """``(name, weight)`` pairs of a mapping or anything else with ``.items()`` (flow_grpo and DiffusionNFT pass
+    ``config.reward_fn``, an ``ml_collections.ConfigDict``, which is not a ``collections.abc.Mapping``)."""
+    items = getattr(score_dict, "items", None)
+    if not callable(items) or isinstance(score_dict, (str, bytes)):
+        raise TypeError(f"score_dict must be a {{name: weight}} mapping (a dict or an ml_collections ConfigDict), "
+                        f"got {type(score_dict).__name__}")
+    pairs = list(items())
+    if not pairs:
+        raise ValueError("score_dict must be a non-empty {name: weight} mapping")
+    return pairs
+
+
+def _named(name: str, kwargs: Mapping[str, Any] | None, conventions: str) -> tuple[dict[str, Any], float]:
+    """Constructor options and score factor for a reward built by name under ``conventions``."""
+    if conventions not in CONVENTIONS:
+        raise ValueError(f"conventions must be one of {CONVENTIONS}, got {conventions!r}")
+    if name in _NOT_IN_REWARDKIT:
+        raise ValueError(f"{name!r}: {_NOT_IN_REWARDKIT[name]}; keep flow_grpo's own multi_score for it, or pass "
+                         f"rewards={{{name!r}: <a rewardkit Reward>}}")
+    from ..registry import resolve_name
+
+    conv = FLOW_GRPO_CONVENTIONS.get(resolve_name(name)) if conventions == "flow_grpo" else None
+    if conv is None:
+        return dict(kwargs or {}), 1.0
+    return {**conv.kwargs, **dict(kwargs or {})}, conv.factor
 
 
 def _metadata(metadata: Any, n: int) -> list | None:
@@ -54,8 +137,9 @@ class _Scorer:
     """``fn(images, prompts, metadata) -> (scores, info)`` for one reward (see :func:`flow_grpo_scorer`)."""
 
     def __init__(self, handle: LazyReward, nan_policy: str, fill_value: float | None, batch_size: int | None,
-                 allow_batch_relative: bool):
+                 allow_batch_relative: bool, factor: float = 1.0):
         self.handle = handle
+        self.factor = float(factor)
         self.nan_policy = nan_policy
         self.fill_value = fill_value
         self.batch_size = batch_size
@@ -71,6 +155,8 @@ class _Scorer:
         out = reward(images, list(prompts) if prompts is not None else None,
                      sources=_sources(ref_images) if reward.accepts_sources else None,
                      metadata=_metadata(metadata, 0), batch_size=self.batch_size, on_error="nan")
+        if self.factor != 1.0:   # flow_grpo's scale (before the NaN policy: a fill_value is on the host's scale)
+            out = dataclasses.replace(out, scores=out.scores.double() * self.factor)
         values, report = apply_nan_policy(out, host=_HOST, name=self.handle.name, nan_policy=self.nan_policy,
                                           fill_value=self.fill_value)
         return np.asarray(values, dtype=np.float32), report
@@ -81,24 +167,33 @@ class _Scorer:
 
 def flow_grpo_scorer(reward: Any, device: Any = None, *, nan_policy: str = "raise", fill_value: float | None = None,
                      batch_size: int | None = None, allow_batch_relative: bool = False,
+                     conventions: str = "flow_grpo",
                      **reward_kwargs: Any) -> Callable[..., tuple[np.ndarray, dict[str, Any]]]:
     """One rewardkit reward as a flow_grpo scorer: ``fn(images, prompts, metadata) -> (scores, info)``.
 
     Args:
-        reward: a :class:`~rewardkit.Reward` instance or a registry name (built with ``reward_kwargs`` on
-            the first call, once, behind a lock).
+        reward: a :class:`~rewardkit.Reward` instance (used as configured) or a registry name (built with
+            ``reward_kwargs`` on the first call, once, behind a lock).
         device: int (CUDA ordinal), string or ``torch.device`` (flow_grpo passes ``accelerator.device``).
         nan_policy: ``"raise"`` (default): :class:`~rewardkit.integrations.NonFiniteRewardError` listing the
             invalid samples and reasons; ``"fill"``: ``fill_value`` for them, and ``info["valid_fraction"]``.
         batch_size: the reward's chunk size (default: the reward's own).
         allow_batch_relative: accept a batch-normalised composite (only correct when one call holds the
             whole normalisation batch on one process; see docs/integrations.md).
+        conventions: ``"flow_grpo"`` (default): a name flow_grpo knows is built at flow_grpo's scale
+            (:data:`FLOW_GRPO_CONVENTIONS`; ``reward_kwargs`` override it); ``"rewardkit"``: rewardkit's defaults.
 
     Returns:
         a callable returning ``(float32 numpy [B], {"valid_fraction", "n_invalid", "invalid"})``.
     """
     fill = _check_policy(nan_policy, fill_value, mask_ok=False, host=_HOST)
-    return _Scorer(LazyReward(reward, device, reward_kwargs), nan_policy, fill, batch_size, allow_batch_relative)
+    factor = 1.0
+    if isinstance(reward, str):
+        reward_kwargs, factor = _named(reward, reward_kwargs, conventions)
+    elif conventions not in CONVENTIONS:
+        raise ValueError(f"conventions must be one of {CONVENTIONS}, got {conventions!r}")
+    return _Scorer(LazyReward(reward, device, reward_kwargs), nan_policy, fill, batch_size, allow_batch_relative,
+                   factor)
 
 
 def flow_grpo_factory(reward: Any, **kwargs: Any) -> Callable[[Any], Callable]:
@@ -113,10 +208,11 @@ def flow_grpo_factory(reward: Any, **kwargs: Any) -> Callable[[Any], Callable]:
     return factory
 
 
-def multi_score(device: Any, score_dict: Mapping[str, float], *, rewards: Mapping[str, Any] | None = None,
+def multi_score(device: Any, score_dict: Any, *, rewards: Mapping[str, Any] | None = None,
                 reward_kwargs: Mapping[str, Mapping[str, Any]] | None = None, nan_policy: str = "raise",
                 fill_value: float | None = None, batch_size: int | None = None,
-                allow_batch_relative: bool = False) -> Callable[..., tuple[dict[str, np.ndarray], dict[str, Any]]]:
+                allow_batch_relative: bool = False,
+                conventions: str = "flow_grpo") -> Callable[..., tuple[dict[str, np.ndarray], dict[str, Any]]]:
     """A drop-in for flow_grpo's ``multi_score(device, score_dict)`` built from rewardkit rewards.
 
     ``fn(images, prompts, metadata, ref_images=None, only_strict=True)`` returns
@@ -126,35 +222,50 @@ def multi_score(device: Any, score_dict: Mapping[str, float], *, rewards: Mappin
 
     Args:
         device: as flow_grpo passes it (``accelerator.device``), or an int ordinal.
-        score_dict: ``{name: weight}``; a name is a registry name unless ``rewards`` maps it to an instance.
-        rewards: optional ``{name: Reward instance}``.
-        reward_kwargs: optional ``{name: {option: value}}`` for rewards built by name.
+        score_dict: ``{name: weight}``: a dict, or anything with ``.items()`` such as the
+            ``ml_collections.ConfigDict`` flow_grpo's scripts pass (``config.reward_fn``); a name is a registry
+            name unless ``rewards`` maps it to an instance.
+        rewards: optional ``{name: Reward instance}`` (used as configured: no convention is applied).
+        reward_kwargs: optional ``{name: {option: value}}`` for rewards built by name (override the convention).
         nan_policy, fill_value: as in :func:`flow_grpo_scorer`; ``"fill"`` fills each reward's invalid
             samples before the sum, and ``info[name]["valid_fraction"]`` reports them.
+        conventions: ``"flow_grpo"`` (default): each name flow_grpo knows is scored on flow_grpo's scale
+            (:data:`FLOW_GRPO_CONVENTIONS`), so flow_grpo's weights keep their meaning; ``"rewardkit"``:
+            rewardkit's own defaults (e.g. PickScore ~20, CLIPScore 2.5 * max(cos, 0)).
 
     Example::
 
         from rewardkit.integrations.flow_grpo import multi_score
-        reward_fn = multi_score(accelerator.device, {"pickscore": 1.0, "clipscore": 0.5})
+        reward_fn = multi_score(accelerator.device, config.reward_fn)   # e.g. {"pickscore": 1.0, "clipscore": 0.5}
     """
     fill = _check_policy(nan_policy, fill_value, mask_ok=False, host=_HOST)
-    if not isinstance(score_dict, Mapping) or not score_dict:
-        raise ValueError("score_dict must be a non-empty {name: weight} mapping")
-    if "avg" in score_dict:
+    if conventions not in CONVENTIONS:
+        raise ValueError(f"conventions must be one of {CONVENTIONS}, got {conventions!r}")
+    pairs = _items(score_dict)
+    names = [str(name) for name, _ in pairs]
+    if "avg" in names:
         raise ValueError("'avg' is the name of the weighted sum in flow_grpo's output; rename that reward")
     rewards = dict(rewards or {})
     reward_kwargs = dict(reward_kwargs or {})
-    unknown = (set(rewards) | set(reward_kwargs)) - set(score_dict)
+    unknown = (set(rewards) | set(reward_kwargs)) - set(names)
     if unknown:
         raise ValueError(f"rewards / reward_kwargs name {sorted(unknown)}, which score_dict does not weight")
     weights: dict[str, float] = {}
-    for name, w in score_dict.items():
+    for name, w in zip(names, (w for _, w in pairs)):
+        if isinstance(w, bool) or not isinstance(w, (int, float, np.integer, np.floating)):
+            raise ValueError(f"weight of {name!r} must be a number, got {w!r}")
         w = float(w)
         if not np.isfinite(w):
             raise ValueError(f"weight of {name!r} must be finite, got {w}")
         weights[name] = w
-    scorers = {name: _Scorer(LazyReward(rewards.get(name, name), device, reward_kwargs.get(name)), nan_policy,
-                             fill, batch_size, allow_batch_relative) for name in weights}
+    scorers = {}
+    for name in weights:
+        if name in rewards:
+            kwargs, factor = reward_kwargs.get(name), 1.0
+        else:
+            kwargs, factor = _named(name, reward_kwargs.get(name), conventions)
+        scorers[name] = _Scorer(LazyReward(rewards.get(name, name), device, kwargs), nan_policy, fill, batch_size,
+                                allow_batch_relative, factor)
 
     def _fn(images, prompts, metadata, ref_images=None, only_strict=True):
         details: dict[str, np.ndarray] = {}

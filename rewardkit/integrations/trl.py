@@ -19,11 +19,12 @@ policy's completion (a caption, an answer) by default (``text="completion"``).
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any, Callable, Sequence
 
 from ._common import LazyReward, _check_policy, apply_nan_policy, refuse_batch_relative
 
-__all__ = ["trl_reward_func", "TRLRewardFunction", "AsyncTRLRewardFunction", "message_text"]
+__all__ = ["trl_reward_func", "TRLRewardFunction", "AsyncTRLRewardFunction", "message_text", "EMPTY_COMPLETION"]
 
 _HOST = "TRL"
 
@@ -52,27 +53,64 @@ def message_text(x: Any, role: str | None = None) -> str:
     raise TypeError(f"expected a string or a list of messages, got {type(x).__name__}")
 
 
-class TRLRewardFunction:
-    """A synchronous TRL reward function (see :func:`trl_reward_func`)."""
+EMPTY_COMPLETION = ("nan", "fill", "reward")
 
-    def __init__(self, handle: LazyReward, *, text: str | Callable, image_column: str, image_index: int,
-                 metadata_columns: Sequence[str], nan_policy: str, fill_value: float | None,
-                 batch_size: int | None, allow_batch_relative: bool, name: str):
+
+def _with_empty_as_invalid(out: Any, keep: list[int], n: int) -> Any:
+    """``out`` (the scored samples ``keep``) spread over ``n`` samples; the others NaN + "completion is empty"."""
+    import torch
+
+    from ..reward import RewardOutput
+
+    scores = torch.full((n,), float("nan"))
+    valid = torch.zeros(n, dtype=torch.bool)
+    errors: list[str | None] = ["completion is empty"] * n
+    if out is not None:
+        idx = torch.tensor(keep, dtype=torch.long)
+        scores[idx] = out.scores.detach().float().cpu()
+        valid[idx] = out.valid.cpu()
+        for j, i in enumerate(keep):
+            errors[i] = out.errors[j]
+    return RewardOutput(scores=scores, valid=valid, errors=errors)
+
+
+class TRLRewardFunction:
+    """A synchronous TRL reward function; ``TRLRewardFunction(reward, ...)`` is :func:`trl_reward_func` with
+    ``is_async=False`` (the arguments are documented there)."""
+
+    def __init__(self, reward: Any, device: Any = None, *, text: str | Callable = "completion",
+                 image_column: str = "auto", image_index: int = 0, metadata_columns: Sequence[str] = (),
+                 nan_policy: str = "raise", fill_value: float | None = None, batch_size: int | None = None,
+                 allow_batch_relative: bool = False, name: str | None = None, empty_completion: str = "nan",
+                 empty_value: float | None = None, **reward_kwargs: Any):
         if not (callable(text) or text in ("completion", "prompt")):
             raise ValueError("text must be 'completion', 'prompt' or a callable(prompt, completion) -> str, "
                              f"got {text!r}")
         if image_column not in ("auto", "image", "images"):
             raise ValueError(f"image_column must be 'auto', 'image' or 'images', got {image_column!r}")
+        if empty_completion not in EMPTY_COMPLETION:
+            raise ValueError(f"empty_completion must be one of {EMPTY_COMPLETION}, got {empty_completion!r}")
+        if empty_completion == "fill":
+            if isinstance(empty_value, bool) or not isinstance(empty_value, (int, float)) \
+                    or not math.isfinite(float(empty_value)):
+                raise ValueError("empty_completion='fill' needs a finite empty_value (e.g. the reward's lowest "
+                                 f"score), got {empty_value!r}")
+            empty_value = float(empty_value)
+        elif empty_value is not None:
+            raise ValueError("empty_value is only used with empty_completion='fill'")
+        handle = reward if isinstance(reward, LazyReward) else LazyReward(reward, device, reward_kwargs)
         self.handle = handle
         self.text = text
         self.image_column = image_column
         self.image_index = int(image_index)
         self.metadata_columns = tuple(metadata_columns)
         self.nan_policy = nan_policy
-        self.fill_value = fill_value
+        self.fill_value = _check_policy(nan_policy, fill_value, mask_ok=True, host=_HOST)
         self.batch_size = batch_size
         self.allow_batch_relative = allow_batch_relative
-        self.__name__ = name
+        self.empty_completion = empty_completion
+        self.empty_value = empty_value
+        self.__name__ = name or handle.name.replace("-", "_")
 
     def _images(self, kwargs: dict[str, Any], n: int) -> list[Any]:
         col = self.image_column
@@ -113,13 +151,32 @@ class TRLRewardFunction:
             if missing:
                 raise ValueError(f"metadata columns {missing} are not in the batch TRL passed")
             metadata = [{c: kwargs[c][i] for c in self.metadata_columns} for i in range(n)]
-        out = reward(self._images(kwargs, n), self._texts(prompts, completions), metadata=metadata,
-                     batch_size=self.batch_size, on_error="nan")
-        values, report = apply_nan_policy(out, host=_HOST, name=self.handle.name, nan_policy=self.nan_policy,
-                                          fill_value=self.fill_value)
+        images, texts = self._images(kwargs, n), self._texts(prompts, completions)
+        # An empty text is a policy that wrote nothing. "fill": a valid, bad sample that gets empty_value; "nan":
+        # NaN + "completion is empty" (whatever the reward would say of an empty text: several published rewards
+        # score one, which a policy could exploit), then the NaN policy; "reward": the reward's own rule.
+        keep = list(range(n))
+        if self.empty_completion != "reward":
+            keep = [i for i, t in enumerate(texts) if not (isinstance(t, str) and not t.strip())]
+        values: list[float | None] = [self.empty_value] * n
+        report = {"valid_fraction": 1.0}
+        if keep or self.empty_completion == "nan":
+            pick = (lambda xs: [xs[i] for i in keep]) if len(keep) < n else (lambda xs: xs)
+            if keep:
+                out = reward(pick(images), pick(texts), metadata=pick(metadata) if metadata is not None else None,
+                             batch_size=self.batch_size, on_error="nan")
+            if self.empty_completion == "nan" and len(keep) < n:
+                out = _with_empty_as_invalid(out if keep else None, keep, n)
+                keep = list(range(n))
+            sub, report = apply_nan_policy(out, host=_HOST, name=self.handle.name, nan_policy=self.nan_policy,
+                                           fill_value=self.fill_value)
+            for i, v in zip(keep, sub):
+                values[i] = v
         log_metric = kwargs.get("log_metric")
         if callable(log_metric):
             log_metric(f"rewardkit/{self.__name__}/valid_fraction", report["valid_fraction"])
+            if self.empty_completion == "fill":
+                log_metric(f"rewardkit/{self.__name__}/empty_fraction", (n - len(keep)) / n if n else 0.0)
         return values
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
@@ -138,6 +195,7 @@ def trl_reward_func(reward: Any, device: Any = None, *, text: str | Callable = "
                     image_column: str = "auto", image_index: int = 0, metadata_columns: Sequence[str] = (),
                     nan_policy: str = "raise", fill_value: float | None = None, batch_size: int | None = None,
                     name: str | None = None, is_async: bool = False, allow_batch_relative: bool = False,
+                    empty_completion: str = "nan", empty_value: float | None = None,
                     **reward_kwargs: Any) -> TRLRewardFunction:
     """A rewardkit reward as a TRL ``GRPOTrainer`` reward function.
 
@@ -154,8 +212,17 @@ def trl_reward_func(reward: Any, device: Any = None, *, text: str | Callable = "
         nan_policy: ``"raise"`` (default), ``"fill"`` (``fill_value``) or ``"mask"`` (``None``: TRL skips the
             sample in its NaN-aware reward sum; a completion that no reward function scores gets a warning
             from TRL). The valid fraction is logged as ``rewardkit/<name>/valid_fraction``.
+        empty_completion: what an empty (or whitespace-only) text gets. ``"nan"`` (default): NaN + "completion
+            is empty" without calling the reward, then ``nan_policy`` (so by default an empty caption stops
+            training with the reason). ``"fill"``: ``empty_value`` (required, finite), without calling the
+            reward, counted as a valid sample; the fraction is logged as ``rewardkit/<name>/empty_fraction``.
+            ``"reward"``: the reward's own rule (PickScore, CLIPScore, HPS score an empty prompt as their
+            packages do; judge rewards give NaN). Captioning wants ``"fill"`` with the reward's lowest score:
+            writing nothing is a bad caption the policy must learn to avoid, not a sample to skip.
         name: ``__name__`` for TRL's logs (default: the reward's registry name).
         is_async: return a coroutine function (TRL runs async rewards concurrently).
+
+    The classes :class:`TRLRewardFunction` / :class:`AsyncTRLRewardFunction` take the same arguments.
 
     Example::
 
@@ -164,9 +231,8 @@ def trl_reward_func(reward: Any, device: Any = None, *, text: str | Callable = "
         trainer = GRPOTrainer(model=..., reward_funcs=[trl_reward_func("clipscore")], args=GRPOConfig(...),
                               train_dataset=dataset)          # dataset columns: prompt (messages), image
     """
-    fill = _check_policy(nan_policy, fill_value, mask_ok=True, host=_HOST)
-    handle = LazyReward(reward, device, reward_kwargs)
     cls = AsyncTRLRewardFunction if is_async else TRLRewardFunction
-    return cls(handle, text=text, image_column=image_column, image_index=image_index,
-               metadata_columns=metadata_columns, nan_policy=nan_policy, fill_value=fill, batch_size=batch_size,
-               allow_batch_relative=allow_batch_relative, name=name or handle.name.replace("-", "_"))
+    return cls(reward, device, text=text, image_column=image_column, image_index=image_index,
+               metadata_columns=metadata_columns, nan_policy=nan_policy, fill_value=fill_value,
+               batch_size=batch_size, allow_batch_relative=allow_batch_relative, name=name,
+               empty_completion=empty_completion, empty_value=empty_value, **reward_kwargs)

@@ -36,11 +36,16 @@ class _Slot:
 
 class VerlComputeScore:
     """``compute_score(data_source=None, solution_image=None, ground_truth=None, extra_info=None, **kwargs)``
-    -> ``{"score": float, "valid": 1.0 | 0.0}`` (see :func:`verl_compute_score`)."""
+    -> ``{"score": float, "valid": 1.0 | 0.0}``; ``VerlComputeScore(reward, ...)`` is :func:`verl_compute_score`
+    (the arguments are documented there)."""
 
-    def __init__(self, handle: LazyReward, *, prompt_key: str, source_key: str | None, nan_policy: str,
-                 fill_value: float | None, micro_batch: int, max_wait_s: float, batch_size: int | None,
-                 allow_batch_relative: bool):
+    def __init__(self, reward: Any, device: Any = None, *, prompt_key: str = "auto", source_key: str | None = None,
+                 nan_policy: str = "raise", fill_value: float | None = None, micro_batch: int = 0,
+                 max_wait_s: float = 0.02, batch_size: int | None = None, allow_batch_relative: bool = False,
+                 **reward_kwargs: Any):
+        fill_value = _check_policy(nan_policy, fill_value, mask_ok=False, host=_HOST)
+        handle = reward if isinstance(reward, LazyReward) else LazyReward(reward, device, reward_kwargs)
+        micro_batch, max_wait_s = int(micro_batch), float(max_wait_s)
         if micro_batch < 0:
             raise ValueError(f"micro_batch must be >= 0, got {micro_batch}")
         if not (0 <= max_wait_s <= 10):
@@ -191,8 +196,6 @@ def verl_compute_score(reward: Any, device: Any = None, *, prompt_key: str = "au
         from rewardkit.integrations.verl import verl_compute_score
         compute_score = verl_compute_score("pickscore", device="cuda", micro_batch=32)
     """
-    fill = _check_policy(nan_policy, fill_value, mask_ok=False, host=_HOST)
-    return VerlComputeScore(LazyReward(reward, device, reward_kwargs), prompt_key=prompt_key, source_key=source_key,
-                            nan_policy=nan_policy, fill_value=fill, micro_batch=int(micro_batch),
-                            max_wait_s=float(max_wait_s), batch_size=batch_size,
-                            allow_batch_relative=allow_batch_relative)
+    return VerlComputeScore(reward, device, prompt_key=prompt_key, source_key=source_key, nan_policy=nan_policy,
+                            fill_value=fill_value, micro_batch=micro_batch, max_wait_s=max_wait_s,
+                            batch_size=batch_size, allow_batch_relative=allow_batch_relative, **reward_kwargs)

@@ -16,12 +16,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .base import ChoiceError, Conversation, JudgeBackend, Message
+from .base import MAX_TEMPERATURE, ChoiceError, Conversation, JudgeBackend, Message, check_temperature
 from .policy import JUDGE_ERROR_POLICIES, JudgeError
 from .templates import Template, load_template
 
 __all__ = ["JudgeBackend", "Conversation", "Message", "ChoiceError", "JudgeError", "JUDGE_ERROR_POLICIES", "load_judge",
-           "resolve_judge", "judge_spec", "Template", "load_template", "BACKENDS"]
+           "resolve_judge", "judge_spec", "Template", "load_template", "BACKENDS", "check_temperature",
+           "MAX_TEMPERATURE"]
 
 #: spec prefix -> "module:Class" (relative to this package)
 BACKENDS = {

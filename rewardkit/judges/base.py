@@ -15,17 +15,49 @@ reuse; vLLM: prefix caching; OpenAI-compatible servers: their own prefix cache).
 from __future__ import annotations
 
 import abc
+import math
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
 Message = dict[str, Any]
 Conversation = list[Message]
 
-__all__ = ["Message", "Conversation", "JudgeBackend", "ChoiceError"]
+__all__ = ["Message", "Conversation", "JudgeBackend", "ChoiceError", "MAX_TEMPERATURE", "check_temperature",
+           "check_choices", "continues_final_message", "DECIMAL"]
+
+#: The one number rule of every judge answer parser: a plain non-negative decimal in ASCII digits ("4", "3.5").
+#: Python's ``\d`` would also read "４" (fullwidth), "٣" (Arabic-Indic) or "४" (Devanagari) as digits, and
+#: ``float()`` would turn them into a score; no sign, no exponent, no "nan" / "inf". Use it inside a regex.
+DECIMAL = r"[0-9]+(?:\.[0-9]+)?"
+
+#: The highest sampling temperature: vLLM refuses more (``SamplingParams._verify_args``: "temperature must be
+#: in [0, 2]"), so every backend and every judge reward accepts the same range.
+MAX_TEMPERATURE = 2.0
+
+
+def check_temperature(temperature: Any, what: str = "temperature") -> float:
+    """The one temperature rule for every judge backend and judge reward: a finite number in [0, 2]."""
+    ok = isinstance(temperature, (int, float)) and not isinstance(temperature, bool)
+    if not ok or not math.isfinite(temperature) or not 0.0 <= temperature <= MAX_TEMPERATURE:
+        raise ValueError(f"{what} must be a number in [0, {MAX_TEMPERATURE:g}] (the range vLLM accepts), "
+                         f"got {temperature!r}")
+    return float(temperature)
 
 
 class ChoiceError(ValueError):
     """A label passed to ``choice_probs`` is not a single token for the backend's tokenizer."""
+
+
+def check_choices(choices: Sequence[str]) -> None:
+    """The same rule on every backend: choices are distinct, non-empty strings (:class:`ChoiceError`)."""
+    if not choices or any(not isinstance(c, str) or not c for c in choices) or len(set(choices)) != len(choices):
+        raise ChoiceError(f"choices must be distinct non-empty strings, got {list(choices)}")
+
+
+def continues_final_message(conv: Conversation) -> bool:
+    """A conversation ending in an assistant message is continued (its text is the start of the answer), on
+    every backend: ``continue_final_message=True`` instead of a new generation prompt."""
+    return bool(conv) and conv[-1].get("role") == "assistant"
 
 
 class JudgeBackend(abc.ABC):

@@ -55,7 +55,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
-from .base import ChoiceError, Conversation, JudgeBackend
+from .base import ChoiceError, Conversation, JudgeBackend, check_choices, check_temperature, continues_final_message
 from .policy import JudgeError
 
 __all__ = ["OpenAIJudge", "JudgeServerError", "to_openai_messages", "read_choice_logprobs", "read_raw_logprobs"]
@@ -140,6 +140,28 @@ def _deadline_transport(httpx: Any, limits: Any) -> Any:
     return transport
 
 
+def implausible_logprobs(alts: Sequence[tuple[str, float]], keys: Sequence[str]) -> str | None:
+    """Why a response's top alternatives ``[(token, log-prob), ...]`` cannot be one next-token distribution, or
+    None. The one rule of both readers (:func:`read_choice_logprobs`, :func:`read_raw_logprobs`): a NaN or
+    positive log-probability; a choice's token (``keys``) listed twice with different values (distinct tokens
+    may share a text, e.g. byte pieces shown as U+FFFD: harmless unless it is a choice's); probabilities of the
+    distinct (token, value) entries summing above 1 (e.g. Yes and No at -0.05 each: 1.9)."""
+    seen: dict[str, float] = {}
+    entries: set[tuple[str, float]] = set()
+    for tok, v in alts:
+        if not (v <= _MAX_LOGPROB):  # NaN-safe: NaN and positive values are off-scale
+            return f"off-scale log-probability {v!r} for {tok!r}"
+        v = min(v, 0.0)
+        if tok in keys and tok in seen and seen[tok] != v:
+            return f"token {tok!r} listed twice with different log-probabilities"
+        seen.setdefault(tok, v)
+        entries.add((tok, v))
+    total = math.fsum(math.exp(v) for _, v in entries)
+    if total > 1.0 + 1e-2:  # (a tolerance for servers that round log-probabilities)
+        return f"the listed log-probabilities sum to probability {total:.4f} > 1: not full-vocabulary values"
+    return None
+
+
 def read_choice_logprobs(data: Any, choices: Sequence[str], *,
                          token_ids: Sequence[int] | None = None) -> list[float] | None:
     """The log-probabilities of ``choices`` in one chat-completion response with ``top_logprobs``.
@@ -148,7 +170,8 @@ def read_choice_logprobs(data: Any, choices: Sequence[str], *,
     vLLM server asked with ``logprob_token_ids`` and ``return_tokens_as_token_ids``) by ``"token_id:<id>"``,
     and every choice must then be present. Returns one value per choice (``-inf`` for a choice absent from
     the top alternatives), or None when the response has no usable probability for the choices (none listed,
-    all ``-inf``, a listed choice's log-prob NaN / +inf / above 0, or an exact id missing). Raises
+    all ``-inf``, an exact id missing, or alternatives that are no distribution: :func:`implausible_logprobs`,
+    the rule the raw reader applies too). Raises
     :class:`JudgeServerError` when the response has no log-probs at all or they are malformed (not a list of
     ``{"token": str, "logprob": number}``).
     """
@@ -170,22 +193,25 @@ def read_choice_logprobs(data: Any, choices: Sequence[str], *,
         top = []
     if not isinstance(top, list):
         raise bad("top_logprobs is not a list")
-    table: dict[str, float] = {}
+    alts: list[tuple[str, float]] = []
     for alt in top:
         if not isinstance(alt, dict) or not isinstance(alt.get("token"), str):
             raise bad("an alternative without a string token")
         v = alt.get("logprob")
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise bad(f"logprob {v!r} is not a number")
-        table.setdefault(alt["token"], float(v))  # exact text: never merge " Yes" into "Yes"
-    if token_ids is not None:
-        row = [table.get(f"token_id:{t}") for t in token_ids]
-        if any(x is None for x in row):
-            return None  # the server gave no value for a choice it was asked about: no guess
-    else:
-        row = [table.get(c) for c in choices]
+        alts.append((alt["token"], float(v)))
+    keys = [f"token_id:{t}" for t in token_ids] if token_ids is not None else list(choices)
+    if implausible_logprobs(alts, keys) is not None:
+        return None  # not a next-token distribution (off-scale, a choice listed twice, sum above 1): no guess
+    table: dict[str, float] = {}
+    for tok, v in alts:
+        table.setdefault(tok, v)  # exact text: never merge " Yes" into "Yes"
+    row = [table.get(k) for k in keys]
+    if token_ids is not None and any(x is None for x in row):
+        return None  # the server gave no value for a choice it was asked about: no guess
     present = [x for x in row if x is not None]
-    if not present or any(math.isnan(x) or x > _MAX_LOGPROB for x in present):
+    if not present:
         return None
     if all(x == -math.inf for x in present):
         return None
@@ -221,27 +247,20 @@ def read_raw_logprobs(data: Any, choices: Sequence[str], *,
         keys = [f"token_id:{t}" for t in token_ids]
     else:
         keys = list(choices)
-    table: dict[str, float] = {}
-    entries: set[tuple[str, float]] = set()  # distinct (token, value): what the over-unity check sums
+    alts: list[tuple[str, float]] = []
     for alt in top:
         if not isinstance(alt, dict) or not isinstance(alt.get("token"), str):
             return None, "unreadable logprobs (an alternative without a string token)"
         v = alt.get("logprob")
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             return None, f"unreadable logprobs (logprob {v!r} of {alt['token']!r} is not a number)"
-        v = float(v)
-        if not (v <= _MAX_LOGPROB):  # NaN-safe: NaN and positive values are off-scale
-            return None, f"off-scale log-probability {v!r} for {alt['token']!r}"
-        v = min(v, 0.0)
-        tok = alt["token"]
-        # Distinct tokens may share a text (byte pieces shown as U+FFFD): harmless unless the text is a choice's
-        if tok in table and table[tok] != v and tok in keys:
-            return None, f"token {tok!r} listed twice with different log-probabilities"
-        table.setdefault(tok, v)
-        entries.add((tok, v))
-    total = math.fsum(math.exp(v) for _, v in entries)
-    if total > 1.0 + 1e-2:  # (a tolerance for servers that round log-probabilities)
-        return None, f"the listed log-probabilities sum to probability {total:.4f} > 1: not full-vocabulary values"
+        alts.append((alt["token"], float(v)))
+    reason = implausible_logprobs(alts, keys)
+    if reason is not None:
+        return None, reason
+    table: dict[str, float] = {}
+    for tok, v in alts:
+        table.setdefault(tok, min(v, 0.0))
     row, missing = [], []
     for c, k in zip(choices, keys):
         if k not in table:
@@ -354,11 +373,12 @@ class OpenAIJudge(JudgeBackend):
         """True for a vLLM server (``server="vllm"``, or ``"auto"`` and ``GET /version`` answers a version)."""
         if self._server == "auto":
             kind = "openai"
-            try:
-                resp = self._client.get(self.base_url.rsplit("/v1", 1)[0] + "/version")
-                if resp.status_code == 200 and isinstance(resp.json(), dict) and "version" in resp.json():
+            try:  # bounded like every request: the deadline (timeout) and max_response_bytes
+                status, _, raw = self._send(self.base_url.rsplit("/v1", 1)[0] + "/version", None, method="GET")
+                data = json.loads(raw) if status == 200 else None
+                if isinstance(data, dict) and "version" in data:
                     kind = "vllm"
-            except (self._httpx.HTTPError, ValueError):
+            except (self._httpx.HTTPError, _TooLarge, ValueError, RecursionError):
                 pass
             self._server = kind
         return self._server == "vllm"
@@ -368,8 +388,21 @@ class OpenAIJudge(JudgeBackend):
         (``vllm serve``: the checkpoint's generation_config)."""
         body = {"temperature": temperature, "top_p": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
         if self.is_vllm:
-            body.update(top_k=-1, min_p=0.0, repetition_penalty=1.0)
+            body.update(top_k=-1, min_p=0.0, repetition_penalty=1.0, skip_special_tokens=True)
         return body
+
+    def _template_fields(self, conv: Conversation) -> dict[str, Any]:
+        """A conversation ending in an assistant message is continued, as the local backends do: vLLM's
+        ``continue_final_message=True`` (with ``add_generation_prompt=False``, which vLLM requires with it).
+        A server without that field would start a new assistant turn instead: refused."""
+        if not continues_final_message(conv):
+            return {}
+        if not self.is_vllm and "continue_final_message" not in self.extra_body:
+            raise ValueError("this conversation ends in an assistant message, to be continued; only a vLLM server "
+                             "(continue_final_message) does that over the OpenAI API. Use server='vllm', or pass "
+                             "extra_body={'continue_final_message': True, 'add_generation_prompt': False} for a "
+                             "server that supports it")
+        return {"continue_final_message": True, "add_generation_prompt": False}
 
     def close(self) -> None:
         self._client.close()
@@ -378,13 +411,14 @@ class OpenAIJudge(JudgeBackend):
         raise TypeError("OpenAIJudge holds an HTTP client and cannot be pickled; pass the spec string instead")
 
     # ------------------------------------------------------------------ HTTP
-    def _send(self, url: str, body: dict[str, Any]) -> tuple[int, Any, bytes]:
-        """One POST bounded by ``timeout`` in all and by ``max_response_bytes``: (status, headers, body)."""
+    def _send(self, url: str, body: dict[str, Any] | None, *, method: str = "POST") -> tuple[int, Any, bytes]:
+        """One request (a POST of ``body``, or a GET) bounded by ``timeout`` in all and by ``max_response_bytes``:
+        (status, headers, body)."""
         httpx = self._httpx
         deadline = time.monotonic() + self.timeout
         _local.deadline = deadline
         try:
-            with self._client.stream("POST", url, json=body) as resp:
+            with self._client.stream(method, url, **({} if body is None else {"json": body})) as resp:
                 size = resp.headers.get("content-length", "")
                 if size.strip().isdigit() and int(size) > self.max_response_bytes:
                     raise _TooLarge(f"Content-Length {int(size)}")
@@ -489,18 +523,20 @@ class OpenAIJudge(JudgeBackend):
         that fails after its retries gives ``[]`` and its error message instead of raising."""
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
+        check_temperature(temperature)
         cache: dict[int, str] = {}
-        msgs = [to_openai_messages(c, cache) for c in conversations]
+        msgs = [(to_openai_messages(c, cache), self._template_fields(c)) for c in conversations]
 
         greedy = temperature < _GREEDY_EPS
         sampling = self._sampling_fields(0.0 if greedy else temperature)
         want = 1 if greedy else n  # vLLM refuses n > 1 at temperature 0; greedy gives one answer anyway
 
-        def one(m):
+        def one(item):
+            m, template = item
             texts: list[str] = []
             for _ in range(want):  # servers that ignore n return fewer choices: ask again for the rest
                 body = {"model": self.model, "messages": m, "n": want - len(texts), **sampling,
-                        "max_tokens": max_new_tokens, **self.extra_body}
+                        "max_tokens": max_new_tokens, **template, **self.extra_body}
                 if stop:
                     body["stop"] = list(stop)
                 if seed is not None and not greedy:
@@ -525,16 +561,16 @@ class OpenAIJudge(JudgeBackend):
         """One ``max_tokens=1`` request per conversation asking for the choices' log-probabilities (on a vLLM
         server the exact log-prob of each choice id, keyed by id in the answer); ``read(data, choices,
         token_ids=...)`` turns each response into a row. Returns the rows (None where a request failed)."""
-        if not choices or len(set(choices)) != len(choices):
-            raise ChoiceError(f"choices must be distinct and non-empty, got {list(choices)}")
+        check_choices(choices)
         ids = self._check_single_tokens(tuple(choices))
         exact_ids = ids is not None and self.is_vllm
         sampling = self._sampling_fields(0.0)
         cache: dict[int, str] = {}
-        msgs = [to_openai_messages(c, cache) for c in conversations]
+        msgs = [(to_openai_messages(c, cache), self._template_fields(c)) for c in conversations]
 
-        def one(m):
-            body = {"model": self.model, "messages": m, "max_tokens": 1, **sampling,
+        def one(item):
+            m, template = item
+            body = {"model": self.model, "messages": m, "max_tokens": 1, **sampling, **template,
                     "logprobs": True, "top_logprobs": self.top_logprobs, **self.extra_body}
             if exact_ids:
                 body.update(top_logprobs=len(ids), logprob_token_ids=list(ids), return_tokens_as_token_ids=True)

@@ -1,7 +1,8 @@
 """What a judge-backed reward does when its judge fails, and what counts as a usable answer.
 
 One option, ``on_judge_error``, with one meaning for every judge-backed reward (``evr``, ``faithfulness``,
-``constraints``, ``detectors``, ``composite`` and any later one):
+``constraints``, ``detectors``, ``vqascore``, ``unifiedreward``, ``rational``, ``composite`` and any later one:
+the fault-matrix test finds them by this option in their configuration):
 
 - ``"auto"`` (default): follow the ``on_error`` of the call. ``reward(..., on_error="nan")`` never raises for a
   judge failure: the samples whose judge call failed (after the backend's bounded retries) are NaN with the

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
-from .base import ChoiceError, Conversation, JudgeBackend
+from .base import ChoiceError, Conversation, JudgeBackend, check_choices, check_temperature, continues_final_message
 
 __all__ = ["TransformersJudge"]
 
@@ -176,8 +176,7 @@ class TransformersJudge(JudgeBackend):
                  seed: int | None = None) -> list[list[str]]:
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        check_temperature(temperature)
         if not conversations:
             return []
         import torch
@@ -240,8 +239,7 @@ class TransformersJudge(JudgeBackend):
 
     def choice_token_ids(self, choices: Sequence[str]) -> list[int]:
         """Token id of each choice; :class:`ChoiceError` when one is not exactly one token."""
-        if not choices:
-            raise ChoiceError("choices is empty")
+        check_choices(choices)
         out = []
         for c in choices:
             ids = self.tokenizer.encode(c, add_special_tokens=False)
@@ -255,7 +253,7 @@ class TransformersJudge(JudgeBackend):
 
     # ------------------------------------------------------------------ preparation
     def _render(self, conv: Conversation) -> str:
-        cont = bool(conv) and conv[-1].get("role") == "assistant"
+        cont = continues_final_message(conv)
         return self.processor.apply_chat_template(list(conv), tokenize=False, add_generation_prompt=not cont,
                                                   continue_final_message=cont)
 

@@ -10,10 +10,10 @@ maps to the same multimodal id and the prefix cache
 (``enable_prefix_caching=True``, forced on here) reuses the KV blocks of the shared image + instruction
 prefix across the K samples and the verification questions.
 
-``choice_probs`` requests one token with ``logprob_token_ids`` set to the choice tokens (vLLM >= 0.30, the
-``vllm`` extra's floor): the engine returns the exact log-probability of every choice, whatever its rank
-(raw full-vocabulary log-softmax, vLLM's default ``logprobs_mode``), and rewardkit renormalises over the
-choices. A row where the engine returns no log-probability for a choice is NaN, never a guess.
+``choice_probs`` requests one token with ``logprob_token_ids`` set to the choice tokens (in vLLM since
+0.30; the ``vllm`` extra pins 0.33.x): the engine returns the exact log-probability of every choice,
+whatever its rank (raw full-vocabulary log-softmax, vLLM's default ``logprobs_mode``), and rewardkit
+renormalises over the choices. A row where the engine returns no log-probability for a choice is NaN, never a guess.
 ``raw_choice_probs`` returns the same values un-renormalised (``exp`` of each choice's full-vocabulary
 log-probability); it refuses an engine built with a ``logprobs_mode`` other than ``raw_logprobs``.
 
@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Sequence
 
-from .base import ChoiceError, Conversation, JudgeBackend
+from .base import ChoiceError, Conversation, JudgeBackend, check_choices, check_temperature, continues_final_message
 
 __all__ = ["VLLMJudge", "normalize_dtype_name", "GREEDY_EPS"]
 
@@ -50,12 +50,6 @@ def normalize_dtype_name(dtype: Any) -> str:
     return _DTYPE_NAMES[key]
 
 
-def check_choices(choices: Sequence[str]) -> None:
-    """The same rule on every backend: choices are distinct, non-empty strings."""
-    if not choices or any(not isinstance(c, str) or not c for c in choices) or len(set(choices)) != len(choices):
-        raise ChoiceError(f"choices must be distinct non-empty strings, got {list(choices)}")
-
-
 def _digest(text: str, image_keys: list[str]) -> int:
     h = hashlib.blake2b(digest_size=8)
     h.update(text.encode())
@@ -69,7 +63,8 @@ class VLLMJudge(JudgeBackend):
     Args:
         model: checkpoint path or hub id, or a ready ``vllm.LLM``.
         logprobs: the engine's ``max_logprobs`` (at least the number of choices given to ``choice_probs``).
-        max_images: images per prompt the engine accepts (``limit_mm_per_prompt``).
+        max_images: images per prompt the engine accepts (``limit_mm_per_prompt={"image": max_images,
+            "video": 0}``).
         processor: the processor whose chat template renders prompts; default: loaded from ``model`` (for a
             ready engine: the engine's tokenizer's template).
         **engine_kwargs: passed to ``vllm.LLM`` (``gpu_memory_utilization``, ``max_model_len``, ``dtype``
@@ -89,7 +84,8 @@ class VLLMJudge(JudgeBackend):
             engine_kwargs["dtype"] = normalize_dtype_name(engine_kwargs["dtype"])
         if isinstance(model, str):
             self.model_id = model
-            kw = {"trust_remote_code": False, "limit_mm_per_prompt": {"image": max_images},
+            # no videos: rewardkit never sends one, and the engine then reserves nothing for them
+            kw = {"trust_remote_code": False, "limit_mm_per_prompt": {"image": max_images, "video": 0},
                   "max_logprobs": max(20, logprobs), **engine_kwargs}
             kw["enable_prefix_caching"] = True
             self.llm = vllm.LLM(model=model, **kw)
@@ -115,7 +111,7 @@ class VLLMJudge(JudgeBackend):
 
         out = []
         for conv in conversations:
-            cont = bool(conv) and conv[-1].get("role") == "assistant"
+            cont = continues_final_message(conv)
             text = self.processor.apply_chat_template(list(conv), tokenize=False, add_generation_prompt=not cont,
                                                       continue_final_message=cont)
             ims = [_to_pil(im) for im in conversation_images(conv)]
@@ -131,7 +127,7 @@ class VLLMJudge(JudgeBackend):
     def _sampling(self, **kw: Any):
         """``SamplingParams`` with every field that changes sampling set explicitly (neutral values)."""
         base = dict(top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
-                    frequency_penalty=0.0)
+                    frequency_penalty=0.0, skip_special_tokens=True)
         return self._vllm.SamplingParams(**{**base, **kw})
 
     def _generate(self, prompts: list[dict[str, Any]], params: Any):
@@ -144,6 +140,7 @@ class VLLMJudge(JudgeBackend):
                  seed: int | None = None) -> list[list[str]]:
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
+        check_temperature(temperature)
         if not conversations:
             return []
         greedy = temperature < GREEDY_EPS
@@ -177,7 +174,7 @@ class VLLMJudge(JudgeBackend):
         if not conversations:
             return ids, []
         prompts = [p for p, _ in self._prompts(conversations)]
-        # exact label log-probs: logprobs must equal len(logprob_token_ids) when both are set (vLLM 0.32)
+        # exact label log-probs: logprobs must equal len(logprob_token_ids) when both are set (vLLM 0.33)
         params = self._sampling(n=1, temperature=0.0, max_tokens=1, logprobs=len(ids), logprob_token_ids=list(ids))
         outs = self._generate(prompts, params)
         rows = []

@@ -7,6 +7,14 @@ token's final hidden state, computed in fp32. The head is ``linear`` (default), 
 language-model output layer is never computed: the backbone's inner model (``vlm.model``) gives the hidden
 states.
 
+Rotary positions (``positions``, saved in the config): ``"mrope"`` (default) lets the backbone compute its own
+3-D multimodal positions (image tokens indexed by time / row / column), as in Qwen-VL pre-training;
+``"sequential"`` gives every token, image tokens included, the plain 1-D index of its place among the sample's
+non-padding tokens, the same on all three rope sections. That is what HPSv3 and EditReward (Qwen2-/2.5-VL)
+were trained with: their forward builds ``inputs_embeds`` itself and calls the language model with
+``position_ids=None`` and no ``image_grid_thw``. A config without the key means ``"mrope"`` (what every
+rewardkit model saved before the option existed used).
+
 Input template (versioned, saved with the model): one user turn holding the source image(s) first (edits),
 then the candidate image, then the prompt text; then the assistant prefix and the reward token.
 
@@ -45,6 +53,7 @@ __all__ = [
     "PreferenceModel", "PreferenceTemplate", "InputEncoder", "LinearHead", "MLPHead", "UncertaintyHead", "RankNetHead",
     "build_head",
     "calibration_stats", "apply_calibration", "REWARD_TOKEN", "FORMAT", "FORMAT_VERSION", "LM_LORA_TARGET",
+    "POSITIONS", "sequential_position_ids",
 ]
 
 REWARD_TOKEN = "<|reward|>"
@@ -53,6 +62,8 @@ FORMAT_VERSION = 1
 CONFIG_NAME = "preference_config.json"
 HEAD_NAME = "head.safetensors"
 CALIBRATION_NAME = "calibration.json"
+#: rotary-position schemes of the backbone (see the module docstring)
+POSITIONS = ("mrope", "sequential")
 
 # LoRA targets: language-model projections only. A bare name list would also hit Qwen2.5-VL's vision MLP
 # (it reuses gate/up/down_proj), so names are always turned into a regex scoped to the language model.
@@ -260,6 +271,22 @@ def init_reward_row(vlm: nn.Module, tid: int) -> None:
     w[tid] = w[:tid].float().mean(0).to(w.dtype)
 
 
+def sequential_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """``[3, B, T]`` 1-D rotary positions: each token's index among its sample's non-padding tokens, the same
+    on the three (temporal, height, width) sections; padding gets 1. Left and right padding give every sample
+    the positions it has alone (``0 .. n-1``), which is what HPSv3's right-padded batches get from
+    transformers 4.45's ``arange`` and EditReward's from 4.57's ``get_rope_index`` without image grids."""
+    mask = attention_mask.long()
+    pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    return pos.unsqueeze(0).expand(3, -1, -1)
+
+
+def check_positions(positions: str) -> str:
+    if positions not in POSITIONS:
+        raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
+    return positions
+
+
 def _inner_model(vlm: nn.Module) -> nn.Module:
     """The module that returns hidden states (``vlm.model``), through a peft wrapper if there is one."""
     base = vlm.get_base_model() if hasattr(vlm, "get_base_model") else vlm
@@ -461,8 +488,10 @@ class PreferenceModel(nn.Module):
 
     def __init__(self, vlm: nn.Module, processor: Any, *, head: str = "linear", head_hidden: int = 1024,
                  template: PreferenceTemplate | None = None, base_model: str = "", reward_token_id: int | None = None,
-                 head_module: nn.Module | None = None) -> None:
+                 head_module: nn.Module | None = None, positions: str = "mrope") -> None:
         super().__init__()
+        #: rotary positions: "mrope" (the backbone's own 3-D positions) or "sequential" (HPSv3 / EditReward)
+        self.positions = check_positions(positions)
         self.vlm = vlm
         self.processor = processor
         self.template = template or PreferenceTemplate()
@@ -485,12 +514,14 @@ class PreferenceModel(nn.Module):
     @classmethod
     def from_backbone(cls, backbone: str, *, head: str = "linear", head_hidden: int = 1024, dtype: Any = None,
                       trust_remote_code: bool = False, template: PreferenceTemplate | None = None,
-                      min_pixels: int | None = None, max_pixels: int | None = None) -> "PreferenceModel":
+                      min_pixels: int | None = None, max_pixels: int | None = None,
+                      positions: str = "mrope") -> "PreferenceModel":
         """A new (untrained head) model on ``backbone``: a hub id, a local directory, or ``tiny:qwen2_5_vl`` /
         ``tiny:qwen3_vl`` (random tiny models for tests)."""
         vlm, proc = _load_backbone(backbone, dtype=dtype, trust_remote_code=trust_remote_code)
         set_pixel_budget(proc, min_pixels, max_pixels)
-        return cls(vlm, proc, head=head, head_hidden=head_hidden, template=template, base_model=backbone)
+        return cls(vlm, proc, head=head, head_hidden=head_hidden, template=template, base_model=backbone,
+                   positions=positions)
 
     @property
     def weights_kind(self) -> str:
@@ -532,6 +563,9 @@ class PreferenceModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 **inputs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Rewards ``[B]`` (fp32) and, for the uncertainty head, log-sigma ``[B]`` (else None)."""
+        if self.positions == "sequential" and inputs.get("position_ids") is None:
+            mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+            inputs["position_ids"] = sequential_position_ids(mask)
         out = _inner_model(self.vlm)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **inputs)
         h = out.last_hidden_state  # [B, T, H]
         is_rt = input_ids == self.reward_token_id  # [B, T]
@@ -615,6 +649,7 @@ class PreferenceModel(nn.Module):
             "head": {"type": self.head_type, "hidden": self.head_hidden, "in_features": self.hidden_size},
             "reward_token": self.template.reward_token, "reward_token_id": self.reward_token_id,
             "template": dataclasses.asdict(self.template), "weights": self.weights_kind,
+            "positions": self.positions,
             "base_model": self.base_model, "backbone_class": type(_base(self.vlm)).__name__,
             "model_type": getattr(self.vlm.config, "model_type", None),
         }
@@ -648,10 +683,12 @@ class PreferenceModel(nn.Module):
     @classmethod
     def from_pretrained(cls, path_or_id: str | Path, *, device: Any = None, dtype: Any = None,
                         trust_remote_code: bool = False, revision: str | None = None,
-                        base_model: str | None = None, merge_lora: bool = True) -> "PreferenceModel":
+                        base_model: str | None = None, merge_lora: bool = True,
+                        positions: str | None = None) -> "PreferenceModel":
         """Load a saved model directory or hub repository (``revision`` for the hub).
 
-        ``base_model`` overrides where a LoRA model's base weights come from (e.g. a local copy).
+        ``base_model`` overrides where a LoRA model's base weights come from (e.g. a local copy). ``positions``
+        overrides the saved rotary-position scheme (None: as saved; a config without the key: ``"mrope"``).
         """
         from .vlm import require_safetensors, resolve_device
 
@@ -663,6 +700,7 @@ class PreferenceModel(nn.Module):
         if cfg.get("format") != FORMAT or int(cfg.get("format_version", 0)) > FORMAT_VERSION:
             raise ValueError(f"{path_or_id}: unsupported format {cfg.get('format')!r} v{cfg.get('format_version')}")
         template = PreferenceTemplate.from_dict(cfg["template"])
+        positions = check_positions(positions if positions is not None else cfg.get("positions", "mrope"))
         rid = int(cfg["reward_token_id"])
         # safetensors only: check the head and the adapter before loading anything heavy
         head_file = require_safetensors(root, HEAD_NAME, "reward head")
@@ -690,7 +728,7 @@ class PreferenceModel(nn.Module):
         state = require("safetensors.torch", "hf").load_file(str(head_file))
         head.load_state_dict(state)
         model = cls(vlm, proc, head=hc["type"], head_hidden=int(hc.get("hidden", 1024)), template=template,
-                    base_model=cfg.get("base_model", ""), reward_token_id=rid, head_module=head)
+                    base_model=cfg.get("base_model", ""), reward_token_id=rid, head_module=head, positions=positions)
         cal = root / CALIBRATION_NAME
         if cal.is_file():
             model.calibration = json.loads(cal.read_text(encoding="utf-8"))

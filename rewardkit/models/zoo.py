@@ -9,6 +9,8 @@ call: ``hpsv2_pixels``, ``openai_clip_pixels``) and a torch one on float ``[B, 3
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -17,7 +19,53 @@ from torch import nn
 
 __all__ = ["RatingMLP", "hpsv2_transform", "hpsv2_pixels", "hpsv2_pixel_values", "hpsv2_resize_shape",
            "openai_clip_pixels", "openai_clip_pixel_values", "openai_clip_resize_shape", "CLIP_MEAN", "CLIP_STD",
-           "to_unit_tensor"]
+           "to_unit_tensor", "HubModelUnavailableError", "hub_unavailable", "hub_unavailable_message",
+           "looks_like_hub_id"]
+
+# ---------------------------------------------------------------------------------------------- hub access
+#: text of the errors transformers / huggingface_hub raise when a hub model cannot be fetched
+_HUB_SIGNS = ("offline", "Offline", "connect", "resolve", "LocalEntryNotFound", "cannot find the requested files",
+              "Max retries", "hub", "huggingface.co")
+
+
+class HubModelUnavailableError(OSError):
+    """A model named by hub id could not be loaded (offline, unreachable, not in the cache). The message names
+    the id, how to pass a local copy (``model=DIR`` / ``--model DIR``) and ``HF_HUB_OFFLINE``. An ``OSError``,
+    as the error it replaces."""
+
+
+def hub_unavailable_message(model: str | None) -> str:
+    where = f"{model!r}" if model else "the reward's default hub model"
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    state = ("HF_HUB_OFFLINE=1 is set, so nothing is downloaded" if offline
+             else "the Hub could not be reached (set HF_HUB_OFFLINE=1 to never try)")
+    dl = f"hf download {model} --local-dir DIR" if model else "hf download ORG/NAME --local-dir DIR"
+    local = ""
+    if model and not Path(model).is_absolute() and "/" in model:
+        local = f" (and there is no folder {model!r} under {Path.cwd()})"
+    return (f"could not load {where} from the Hugging Face Hub{local}: {state}. Download it on a connected machine "
+            f"({dl}), copy DIR here and pass it: model=DIR in Python, --model DIR on the command line")
+
+
+def looks_like_hub_id(model: Any) -> bool:
+    """``org/name`` (letters, digits, ``-``, ``_``, ``.``): what the Hub accepts as a repository id; a backend
+    spec (``vllm:...``), ``tiny:...`` or an absolute / home path is not one."""
+    import re
+
+    return isinstance(model, str) and re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", model) is not None
+
+
+def hub_unavailable(exc: BaseException, model: str | None) -> HubModelUnavailableError | None:
+    """``exc`` (raised while loading ``model``) as a :class:`HubModelUnavailableError` when it is a failure to
+    reach the Hub for a model that is not a local directory; None otherwise (re-raise ``exc`` as it is)."""
+    if isinstance(exc, HubModelUnavailableError):
+        return exc
+    if not isinstance(exc, OSError) or not looks_like_hub_id(model) or Path(str(model)).expanduser().exists():
+        return None
+    text = f"{type(exc).__name__}: {exc}"
+    if not any(s in text for s in _HUB_SIGNS):
+        return None
+    return HubModelUnavailableError(hub_unavailable_message(model) + f"\n  ({text.splitlines()[0][:300]})")
 
 #: OpenAI CLIP normalisation (HPSv2, ImageReward and the aesthetic predictor all use it).
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)

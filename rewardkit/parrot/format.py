@@ -34,6 +34,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from ..judges.base import DECIMAL
+
 __all__ = ["DIMENSIONS", "TITLES", "ParseError", "Critique", "PairRationale", "parse_score", "parse_pointwise",
            "parse_pairwise", "parse_prediction", "strip_verdict", "is_verdict", "mean_score", "to_unit", "needs_refinement", "SCORE_MIN",
            "SCORE_MAX"]
@@ -59,7 +61,8 @@ class ParseError(ValueError):
         self.dimension = dimension
 
 
-_NUM = r"(?:\d+(?:\.\d+)?|\.\d+)"
+# ASCII digits only (rewardkit.judges.base.DECIMAL, the rule every judge parser shares): "３" is not a 3
+_NUM = rf"(?:{DECIMAL}|\.[0-9]+)"
 _VALUE_RE = re.compile(rf"^\**\s*(?P<v>{_NUM}|N\s*/\s*A|NA|n\s*/\s*a)\s*\**\s*(?:/\s*4(?:\.0+)?)?\s*\**\s*\.?\s*$",
                        re.IGNORECASE)
 _TRAIL = ("summary", "refined request", "preferred")

@@ -31,6 +31,9 @@ class CLIPReward(Reward):
     extras = ("hf",)
     thread_safe = True  # stateless forward passes; the backbone serialises its tokenizer
     differentiable = True  # score_tensor: gradients to pixels through the torch pre-processing
+    #: text-image similarity (hpsv2, pickscore, clipscore; aesthetic ignores the prompt): an empty prompt is the
+    #: text tower's unconditional input, scored as open_clip / transformers / the hpsv2 package score it
+    scores_empty_prompt = True
     #: True for rewards with their own published pre-processing (HPSv2's pad, OpenAI CLIP's transform for the
     #: aesthetic predictor) instead of the Hugging Face processor's: calls keep that exact recipe on PIL (no
     #: tensor fast path), and score_tensor runs its torch port (rewardkit.models.zoo).

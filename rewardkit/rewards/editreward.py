@@ -7,6 +7,10 @@ Two forward passes per sample, as upstream: head 0 on the *instruction following
 pooling of the two heads); both mus are dimensions, and ``log_sigma`` is the mean of the two log-sigmas.
 Unbounded (the prompts mention a 1-4 scale; the heads are not clipped).
 
+Rotary positions are EditReward's: on Qwen2-/2.5-VL backbones plain 1-D positions for every token (its forward
+calls the language model with ``position_ids=None`` and no image grid); on Qwen3-VL the model's own 3-D ones.
+``positions=`` overrides it; a directory converted before the option existed gets the official positions.
+
     rewardkit convert editreward model.safetensors editreward/ [--base Qwen/Qwen2.5-VL-7B-Instruct]
     load_reward("editreward", model="editreward/", dtype="bfloat16")(edited, instruction, sources=[[src], ...])
 """
@@ -28,6 +32,8 @@ class EditRewardConfig(RewardConfig):
     dtype: str = "float32"
     batch_size: int = 4
     trust_remote_code: bool = False
+    # rotary positions: "" = as converted (official), or "sequential" / "mrope"
+    positions: str = ""
 
 
 class EditReward(Reward):
@@ -63,7 +69,12 @@ class EditReward(Reward):
         q = man["heads"]["quality"]
         head = RankNetHead(self.following.hidden_size, hidden=self.following.head_hidden).float()
         head.load_state_dict(load_file(str(Path(cfg.model) / q["file"])), strict=True)
+        from .hpsv3 import resolve_positions
+
+        positions = resolve_positions(cfg.positions, man, getattr(self.following.vlm.config, "model_type", None))
+        self.following.positions = positions
         self.quality = PreferenceModel(self.following.vlm, self.following.processor, head="ranknet",
+                                       positions=positions,
                                        head_hidden=self.following.head_hidden,
                                        template=PreferenceTemplate.from_dict(q["template"]),
                                        base_model=self.following.base_model,
@@ -89,7 +100,8 @@ class EditReward(Reward):
         return RewardOutput(scores=(mu_f + mu_q) / 2,
                             dimensions={"instruction_following": mu_f, "visual_quality": mu_q,
                                         "log_sigma": (ls_f + ls_q) / 2},
-                            info={"model": self.config.model, "reward": "editreward"})
+                            info={"model": self.config.model, "reward": "editreward",
+                                  "positions": self.following.positions})
 
     @classmethod
     def tiny(cls, workdir: str) -> "EditReward":

@@ -32,6 +32,7 @@ from typing import Any, ClassVar, Sequence
 
 import torch
 
+from ..judges.base import check_temperature
 from ..judges.policy import (JUDGE_FAILURE_PREFIX, JudgePolicyMixin, call_rows, check_policy, describe_failure,
                              is_judge_failure, judge_policy, usable_rows)
 from ..reward import PairwiseOutput, Reward, RewardBatch, RewardConfig, RewardOutput
@@ -260,8 +261,9 @@ class EVR(JudgePolicyMixin, Reward):
         for key, allowed in choices.items():
             if getattr(cfg, key) not in allowed:
                 raise ValueError(f"EVR {key} must be one of {allowed}, got {getattr(cfg, key)!r}")
-        if cfg.k < 1 or cfg.max_retries < 0 or cfg.eps < 0 or cfg.temperature < 0 or cfg.max_new_tokens < 1:
-            raise ValueError("EVR needs k >= 1, max_retries >= 0, eps >= 0, temperature >= 0, max_new_tokens >= 1")
+        if cfg.k < 1 or cfg.max_retries < 0 or cfg.eps < 0 or cfg.max_new_tokens < 1:
+            raise ValueError("EVR needs k >= 1, max_retries >= 0, eps >= 0, max_new_tokens >= 1")
+        check_temperature(cfg.temperature, "EVR temperature")
         if cfg.use_dimensions:
             unknown = [d for d in cfg.dimensions if _SHORT.get(d.lower(), d) not in DIMENSIONS]
             if unknown or not cfg.dimensions:

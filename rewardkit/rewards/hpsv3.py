@@ -7,6 +7,11 @@ second output) is reported as a dimension: the model's own uncertainty. Input: H
 prompt, the reward token inside the user text, images resized to exactly 256*28*28 pixels (qwen-vl
 ``smart_resize``, bicubic). ``compare()`` is ``sigmoid(mu_a - mu_b)``.
 
+Rotary positions are HPSv3's: plain 1-D positions for every token, image tokens included (its forward calls
+the language model with ``position_ids=None`` and no image grid), not Qwen2-VL's 3-D ones. ``positions=``
+overrides it (``"mrope"``: the 3-D positions earlier rewardkit versions used); a directory converted before
+the option existed has no ``positions`` key and gets the official ``"sequential"``.
+
 Convert the official weights once (safetensors or the .pth; key names of transformers 4.45 -> current)::
 
     rewardkit convert hpsv3 HPSv3.safetensors hpsv3/ [--base Qwen/Qwen2-VL-7B-Instruct]
@@ -28,6 +33,18 @@ from .preference import PreferenceReward, PreferenceRewardConfig
 class HPSv3Config(PreferenceRewardConfig):
     model: str = ""          # directory written by `rewardkit convert hpsv3`
     batch_size: int = 8
+    # rotary positions: "" = as converted (official: "sequential"), or "sequential" / "mrope"
+    positions: str = ""
+
+
+def resolve_positions(override: str, manifest: dict, model_type: str | None) -> str:
+    """The rotary positions for a converted HPSv3 / EditReward directory: ``override`` when set, else the
+    manifest's ``positions``, else (a directory converted before the key existed) the official positions for
+    the backbone's ``model_type``."""
+    from ..convert.hpsv3 import official_positions
+    from ..models.preference import check_positions
+
+    return check_positions(override or manifest.get("positions") or official_positions(model_type))
 
 
 class HPSv3(PreferenceReward):
@@ -38,6 +55,7 @@ class HPSv3(PreferenceReward):
     dimensions = ("sigma", "log_sigma")
     Config = HPSv3Config
     differentiable = True  # the Qwen-VL tensor path (tests/test_zoo_gradients.py)
+    scores_empty_prompt = True  # as the official package: an empty prompt is a legitimate (unconditional) input
 
     def __init__(self, config=None, /, **overrides):
         from ..config import build_config
@@ -51,11 +69,14 @@ class HPSv3(PreferenceReward):
         if self.model.head_type != "ranknet":
             raise ValueError(f"{cfg.model}: expected HPSv3's ranknet head, found {self.model.head_type!r}")
         self.dimensions = tuple(d for d in self.dimensions if d != "log_sigma") + ("sigma", "log_sigma")
+        self.model.positions = resolve_positions(cfg.positions, self.manifest,
+                                                 getattr(self.model.vlm.config, "model_type", None))
 
     def _score(self, batch: RewardBatch) -> RewardOutput:
         out = super()._score(batch)
         out.dimensions["sigma"] = torch.exp(out.dimensions["log_sigma"])
         out.info["reward"] = "hpsv3"
+        out.info["positions"] = self.model.positions
         return out
 
     @classmethod

@@ -47,6 +47,7 @@ class ImageReward(Reward):
     dimensions = ("raw",)
     thread_safe = False  # one tokenizer; the base class serialises calls
     differentiable = True  # score_tensor: the torch port of the OpenAI CLIP transform
+    scores_empty_prompt = True  # as the official package: an empty prompt is a legitimate (unconditional) input
     Config = ImageRewardConfig
 
     def __init__(self, config=None, /, **overrides):

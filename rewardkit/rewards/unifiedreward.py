@@ -22,6 +22,12 @@ Templates (``template=``, files under ``rewardkit/templates/unifiedreward/``, ea
 ``compare`` asks both orders by default: ``P(a) = (v(a, b) + 1 - v(b, a)) / 2`` (cancels position bias). The
 whole answer is the sample's rationale.
 
+Decoding as each template's source scripts: greedy; ``t2i`` and ``think`` (transformers ``generate`` scripts)
+send the images as decoded and allow 512 new tokens; ``2.0`` and ``edit`` (UnifiedReward's vLLM client,
+``vllm_qwen/vllm_request.py``) send every image re-encoded as JPEG at quality 95 and allow 4096 new tokens.
+``reencode=`` (``"auto"``: the template's; ``"none"``; ``"jpeg<quality>"``) and ``max_new_tokens=`` (None: the
+template's) override them.
+
 Parsing is strict: an answer without a well-formed verdict / score, with contradictory or repeated ones, or with a
 value outside its scale gives NaN and the reason (the answer text stays in ``rationales``), never a default score.
 
@@ -40,18 +46,19 @@ from typing import Any, ClassVar, Sequence
 
 import torch
 
+from ..judges.base import DECIMAL
 from ..judges.policy import (JUDGE_FAILURE_PREFIX, JudgeError, JudgePolicyMixin, call_on_error, call_rows,
                              check_policy, describe_failure, is_judge_failure, join_reasons, judge_policy)
 from ..reward import PairwiseOutput, Reward, RewardBatch, RewardConfig, RewardOutput
 
-__all__ = ["UnifiedReward", "parse_final_score", "parse_pair_verdict", "parse_axis_scores", "parse_pair_axis_scores",
+__all__ = ["UnifiedReward", "jpeg_roundtrip", "parse_final_score", "parse_pair_verdict", "parse_axis_scores", "parse_pair_axis_scores",
            "parse_think_verdict", "parse_edit_scores"]
 
 _MARKER = re.compile(r"Final Score\s*:", re.IGNORECASE)
 # after the marker: optional bold, a plain decimal number, optional "/5" or "/ 5", optional bold, optional
 # full stop, then the end of the line. Nothing else ("4 out of 5", "3-4", "five", "1e1" are refused).
 # ASCII digits only: Python's \d would also take "４" (fullwidth) or "٣" (Arabic-Indic) as a score.
-_VALUE = re.compile(r"[ \t]*(?:\*\*)?[ \t]*([0-9]+(?:\.[0-9]+)?)[ \t]*(?:/[ \t]*([0-9]+))?[ \t]*(?:\*\*)?[ \t]*\.?[ \t]*(?:\r?\n|$)")
+_VALUE = re.compile(rf"[ \t]*(?:\*\*)?[ \t]*({DECIMAL})[ \t]*(?:/[ \t]*([0-9]+))?[ \t]*(?:\*\*)?[ \t]*\.?[ \t]*(?:\r?\n|$)")
 _VERDICTS = (("Image 1 is better", 1.0), ("Image 2 is better", 0.0), ("Both images are equally good", 0.5))
 
 
@@ -97,7 +104,7 @@ def parse_pair_verdict(text: Any) -> tuple[float | None, str | None]:
     return found.pop(), None
 
 
-_NUM = r"([0-9]+(?:\.[0-9]+)?)"  # a plain non-negative ASCII decimal: no sign, no exponent, no "nan"
+_NUM = rf"({DECIMAL})"  # a plain non-negative ASCII decimal: no sign, no exponent, no "nan"
 _AXES = ("Alignment", "Coherence", "Style")
 
 
@@ -241,6 +248,28 @@ POINTWISE_FORMATS = ("final_score", "acs", "edit_json")
 PAIRWISE_FORMATS = ("verdict", "pair_scores", "think_verdict")
 
 
+def jpeg_roundtrip(image: Any, quality: int) -> Any:
+    """``image`` as UnifiedReward's vLLM client sends it: ``convert("RGB")``, saved as JPEG at ``quality``
+    (``vllm_qwen/vllm_request.py``, ``_encode_image``), decoded again (RGB PIL image)."""
+    from io import BytesIO
+
+    from PIL import Image
+
+    buf = BytesIO()
+    image.convert("RGB").save(buf, format="JPEG", quality=int(quality))
+    with Image.open(BytesIO(buf.getvalue())) as out:
+        return out.convert("RGB")
+
+
+def _jpeg_quality(spec: str) -> int | None:
+    if spec == "none":
+        return None
+    m = re.fullmatch(r"jpeg([0-9]{1,3})", spec)
+    if m is None or not 1 <= int(m.group(1)) <= 100:
+        raise ValueError(f"reencode must be 'auto', 'none' or 'jpeg<quality 1-100>' (e.g. 'jpeg95'), got {spec!r}")
+    return int(m.group(1))
+
+
 @dataclass
 class UnifiedRewardConfig(RewardConfig):
     #: judge spec for :func:`rewardkit.judges.load_judge`; or pass a backend object as ``judge=``
@@ -252,7 +281,11 @@ class UnifiedRewardConfig(RewardConfig):
     dtype: str | None = None
     #: template under rewardkit/templates/unifiedreward/ (or a YAML path): pointwise, pairwise, score range
     template: str = "t2i"
-    max_new_tokens: int = 512  # UnifiedReward's inference scripts
+    #: None: the template's (UnifiedReward's scripts: 512 for t2i / think, 4096 for 2.0 / edit)
+    max_new_tokens: int | None = None
+    #: the images as sent: "auto" (the template's: "jpeg95" for 2.0 / edit, as their vLLM client; "none" for
+    #: t2i / think), "none" (as decoded) or "jpeg<quality>" (JPEG round trip at that quality, 1-100)
+    reencode: str = "auto"
     #: compare(): ask both orders and average (True) or only (a, b)
     both_orders: bool = True
     #: what a failing judge call gives (rewardkit.judges.policy): "auto" (follow the call's on_error), "nan", "raise"
@@ -278,10 +311,15 @@ class UnifiedReward(JudgePolicyMixin, Reward):
             overrides["judge"] = judge
         super().__init__(config, **overrides)
         cfg = self.config
-        if cfg.batch_size < 1 or cfg.max_new_tokens < 1:
-            raise ValueError("batch_size and max_new_tokens must be >= 1")
         check_policy(cfg.on_judge_error, self.name)
         t = self.template = load_template("unifiedreward", cfg.template)
+        self.max_new_tokens = int(cfg.max_new_tokens if cfg.max_new_tokens is not None
+                                  else t.get("max_new_tokens", 512))
+        if cfg.batch_size < 1 or self.max_new_tokens < 1:
+            raise ValueError("batch_size and max_new_tokens must be >= 1")
+        self.reencode = str(t.get("reencode", "none") if cfg.reencode == "auto" else cfg.reencode)
+        self.jpeg_quality = _jpeg_quality(self.reencode)
+        self._sent: dict[int, tuple[Any, Any]] = {}
         self.score_range = (float(t["score_min"]), float(t["score_max"]))
         lo, hi = self.score_range
         if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
@@ -316,21 +354,31 @@ class UnifiedReward(JudgePolicyMixin, Reward):
         isolate = judge_policy(self.config.on_judge_error) == "nan"
         try:
             outs, failed = call_rows(self.judge, "generate", convs, isolate=isolate, n=1, temperature=0.0,
-                                     max_new_tokens=self.config.max_new_tokens)
+                                     max_new_tokens=self.max_new_tokens)
         except Exception as exc:  # noqa: BLE001 - re-raised unless the judge policy says NaN
             if not (isolate and is_judge_failure(exc)):
                 raise
             return [""] * len(convs), [describe_failure(exc)] * len(convs)
+        finally:
+            self._sent.clear()  # re-encoded images live for one batch of conversations
         if len(outs) != len(convs):
             raise JudgeError(f"the judge returned {len(outs)} answers for {len(convs)} conversations")
         return ([o[0] if o else "" for o in outs],
                 [None if e is None else f"{JUDGE_FAILURE_PREFIX}: {e}" for e in failed])
 
-    @staticmethod
-    def _turn(images: list, text: str) -> list[dict[str, Any]]:
-        """One user turn, images first (as UnifiedReward's scripts send them)."""
-        return [{"role": "user", "content": [*({"type": "image", "image": im} for im in images),
+    def _turn(self, images: list, text: str) -> list[dict[str, Any]]:
+        """One user turn, images first (as UnifiedReward's scripts send them), re-encoded as the template's
+        scripts do (the same object for an image that appears in several conversations of a batch)."""
+        return [{"role": "user", "content": [*({"type": "image", "image": self._as_sent(im)} for im in images),
                                              {"type": "text", "text": text}]}]
+
+    def _as_sent(self, im: Any) -> Any:
+        if self.jpeg_quality is None:
+            return im
+        hit = self._sent.get(id(im))
+        if hit is None or hit[0] is not im:  # (the entry holds ``im``, so its id cannot be reused meanwhile)
+            hit = self._sent[id(im)] = (im, jpeg_roundtrip(im, self.jpeg_quality))
+        return hit[1]
 
     def _score(self, batch: RewardBatch) -> RewardOutput:
         if self.pointwise_format is None:
@@ -360,7 +408,11 @@ class UnifiedReward(JudgePolicyMixin, Reward):
             errors.append(why)
         return RewardOutput(scores=torch.tensor(scores), valid=torch.tensor([e is None for e in errors]),
                             errors=errors, rationales=texts, dimensions=dims,
-                            info={"template": self.template.id, "judge": self.judge.describe()})
+                            info=self._info())
+
+    def _info(self) -> dict[str, Any]:
+        return {"template": self.template.id, "judge": self.judge.describe(), "images": self.reencode,
+                "max_new_tokens": self.max_new_tokens}
 
     def _score_edit(self, batch: RewardBatch) -> RewardOutput:
         """Two prompts per sample (instruction following on [source, edited], quality on [edited]), one
@@ -394,8 +446,7 @@ class UnifiedReward(JudgePolicyMixin, Reward):
             errors.append(why or None)
             rats.append(f"{sc_text}\n---\n{pq_text}")
         return RewardOutput(scores=torch.tensor(scores), valid=torch.tensor([e is None for e in errors]),
-                            errors=errors, rationales=rats, dimensions=dims,
-                            info={"template": self.template.id, "judge": self.judge.describe()})
+                            errors=errors, rationales=rats, dimensions=dims, info=self._info())
 
     def _verdict(self, text: str) -> tuple[float | None, str | None]:
         """P(image 1 better) from one pairwise answer, per the template's format."""
@@ -471,7 +522,7 @@ class UnifiedReward(JudgePolicyMixin, Reward):
                             prob[i] = v
         valid = torch.isfinite(prob)
         return PairwiseOutput(prob_a=prob, valid=valid, errors=errors, rationales=rationales,
-                              info={"template": self.template.id, "judge": self.judge.describe(),
+                              info={**self._info(),
                                     "compare": "pairwise, both orders" if orders == 2 else "pairwise"})
 
     @classmethod

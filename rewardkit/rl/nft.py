@@ -15,7 +15,7 @@ import torch
 __all__ = ["group_advantages", "optimality_probability", "zero_std_group_ratio", "nft_loss",
            "soft_update_", "ema_update_", "ADV_MODES"]
 
-ADV_MODES = ("all", "positive_only", "negative_only")
+ADV_MODES = ("all", "positive_only", "negative_only", "one_only", "binary")
 
 
 def group_advantages(rewards: torch.Tensor, groups: torch.Tensor, *, global_std: bool = True,
@@ -53,8 +53,10 @@ def optimality_probability(adv: torch.Tensor, clip_max: float = 5.0, mode: str =
     """``r = clamp(clip(A, -c, c) / c / 2 + 1/2, 0, 1)`` in [0, 1]: DiffusionNFT's optimality probability
     (``r = 1/2 + 1/2 clip((R - E[R|c]) / Z_c, -1, 1)`` with ``Z_c = c * std``). NaN stays NaN.
 
-    ``mode``: ``all`` (default), ``positive_only`` (A < 0 -> 0, i.e. r >= 1/2) or ``negative_only``
-    (A > 0 -> 0, r <= 1/2).
+    ``mode`` (the official ``train.adv_mode``, scripts/train_nft_sd3.py:915-925 of NVlabs/DiffusionNFT):
+    ``all`` (default), ``positive_only`` (A < 0 -> 0, i.e. r >= 1/2), ``negative_only`` (A > 0 -> 0,
+    r <= 1/2), ``one_only`` (A -> 1 where A > 0, else 0: r = 1/2 + 1/(2c) or 1/2) or ``binary``
+    (A -> sign(A): r = 1/2 - 1/(2c), 1/2 or 1/2 + 1/(2c)). The clip to [-c, c] comes first, as there.
     """
     if not clip_max > 0:
         raise ValueError(f"clip_max must be > 0, got {clip_max}")
@@ -65,6 +67,10 @@ def optimality_probability(adv: torch.Tensor, clip_max: float = 5.0, mode: str =
         a = a.clamp(min=0)
     elif mode == "negative_only":
         a = a.clamp(max=0)
+    elif mode == "one_only":
+        a = torch.where(a > 0, torch.ones_like(a), torch.where(torch.isnan(a), a, torch.zeros_like(a)))
+    elif mode == "binary":
+        a = torch.where(torch.isnan(a), a, torch.sign(a))   # torch.sign(NaN) is 0: keep an unscored sample NaN
     return (a / clip_max / 2 + 0.5).clamp(0, 1)
 
 

@@ -10,6 +10,9 @@ updated in float32 whatever the model's dtype.
 - :func:`dpm2`: deterministic second-order multistep DPM-Solver++ in data prediction (DiffusionNFT's
   training rollouts); the first and the last steps are first order (DDIM), which at ``sigma' = 0`` returns
   the data prediction itself.
+- :func:`ddim`: DiffusionNFT's ``ddim`` solver (``ddim_step`` / ``ddim_update`` of its
+  ``flow_grpo/diffusers_patch/solver.py``): ``eta = 0`` (``"ddim"``, the official ``deterministic=True``) is
+  exactly an Euler step for a flow-matching model; ``eta > 0`` (``"ddim_sde"``) adds DDIM's noise.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Callable, Sequence
 
 import torch
 
-__all__ = ["euler_ode", "flow_sde", "dpm2", "sample", "SOLVERS"]
+__all__ = ["euler_ode", "flow_sde", "dpm2", "ddim", "sample", "SOLVERS"]
 
 VelocityFn = Callable[[torch.Tensor, float, int], torch.Tensor]
 
@@ -104,14 +107,49 @@ def dpm2(velocity: VelocityFn, x: torch.Tensor, sigmas) -> torch.Tensor:
     return x
 
 
-SOLVERS = {"euler": euler_ode, "flow_sde": flow_sde, "dpm2": dpm2}
+def _randn(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    if generator is None or generator.device == x.device:
+        return torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device)
+    return torch.randn(x.shape, generator=generator, dtype=x.dtype).to(x.device)
+
+
+def ddim(velocity: VelocityFn, x: torch.Tensor, sigmas, eta: float = 0.0,
+         generator: torch.Generator | None = None) -> torch.Tensor:
+    """DDIM for flow matching (``x = (1 - sigma) x0 + sigma eps``). Per step ``s -> t`` (``s = sigma``,
+    ``t = sigma'``): ``x0 = x - s v``, ``eps_hat = (x - (1 - s) x0) / s``, ``std = eta t``,
+    ``rho = std sqrt(1 - t^2 (1 - s)^2 / (s^2 (1 - t)^2))``,
+    ``x' = (1 - t) x0 + sqrt(t^2 - rho^2) eps_hat + rho z``. With ``eta = 0`` this is ``x + (t - s) v``
+    (Euler); at ``t = 0`` it returns ``x0``."""
+    s_ = _sig(sigmas)
+    if eta < 0:
+        raise ValueError(f"eta must be >= 0, got {eta}")
+    x = x.float()
+    for i in range(len(s_) - 1):
+        s, t = s_[i], s_[i + 1]
+        x0 = x - s * velocity(x, s, i).float()
+        std = eta * t
+        rho = std * math.sqrt(1.0 - t ** 2 * (1 - s) ** 2 / (s ** 2 * (1 - t) ** 2)) if std > 0 else 0.0
+        if rho > t:
+            raise ValueError(f"ddim: eta = {eta} makes the noise (rho = {rho:.4g}) exceed sigma' = {t:.4g} at step {i}")
+        eps_hat = (x - (1 - s) * x0) / s
+        x_next = (1 - t) * x0 + math.sqrt(t ** 2 - rho ** 2) * eps_hat
+        if rho > 0:
+            x_next = x_next + rho * _randn(x, generator)
+        x = x_next
+    return x
+
+
+SOLVERS = {"euler": euler_ode, "flow_sde": flow_sde, "dpm2": dpm2, "ddim": ddim, "ddim_sde": ddim}
 
 
 def sample(solver: str, velocity: VelocityFn, x: torch.Tensor, sigmas, *, eta: float = 0.7,
            generator: torch.Generator | None = None) -> torch.Tensor:
-    """Dispatch by name: ``"dpm2"`` | ``"euler"`` | ``"flow_sde"`` (the only one that uses ``eta`` / ``generator``)."""
+    """Dispatch by name: ``"dpm2"`` | ``"euler"`` | ``"ddim"`` (deterministic) | ``"flow_sde"`` | ``"ddim_sde"``
+    (the two stochastic ones use ``eta`` / ``generator``)."""
     if solver == "flow_sde":
         return flow_sde(velocity, x, sigmas, eta=eta, generator=generator)
+    if solver == "ddim_sde":
+        return ddim(velocity, x, sigmas, eta=eta, generator=generator)
     if solver not in SOLVERS:
         raise ValueError(f"solver must be one of {sorted(SOLVERS)}, got {solver!r}")
     return SOLVERS[solver](velocity, x, sigmas)

@@ -104,8 +104,10 @@ class PreferenceTrainer:
         self.model_raw = model
 
         d = cfg.data
+        # with the preflight, bad labels are row errors like the others (listed together; skip_bad_rows drops them)
         train, base = load_pairs(d.train, split=d.train_split, layout=d.layout, max_samples=d.max_train_samples,
-                                 synthetic_size=d.synthetic_size, seed=cfg.seed, revision=d.revision)
+                                 synthetic_size=d.synthetic_size, seed=cfg.seed, revision=d.revision,
+                                 check_labels=not d.preflight)
         eval_ds, eval_base = None, base
         if d.eval:
             eval_ds, eval_base = load_pairs(d.eval, split=d.eval_split, layout=d.layout,

@@ -1,0 +1,171 @@
+"""The reward server's wire format: request fields -> images, prompts, sources, metadata (see
+:mod:`rewardkit.server`), and the pixel count of each image read from its header, before anything is decoded.
+
+``IMG`` is one of
+
+- a base64 string of an encoded file (PNG, JPEG, WebP, ...), decoded by :mod:`rewardkit.media`;
+- ``{"data": base64, "shape": [H, W] | [H, W, C], "dtype": "uint8"}``: raw pixels, C in 1, 3, 4;
+- ``{"data": base64, "shape": [3, H, W], "dtype": "float32" | "float16" | "bfloat16"}``: a float image in
+  [0, 1], channels first, little-endian, exactly the tensor an RL host holds (scored by the reward's tensor
+  path, bit for bit as in-process).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import math
+import warnings
+from typing import Any
+
+import numpy as np
+
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+_ITEMSIZE = {"uint8": 1, "float32": 4, "float16": 2, "bfloat16": 2}
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _b64(data: Any, where: str) -> bytes:
+    if not isinstance(data, str):
+        raise HTTPError(400, f"{where}: 'data' must be a base64 string")
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise HTTPError(400, f"{where}: 'data' is not valid base64") from None
+
+
+def decode_image(obj: Any, where: str) -> Any:
+    """One wire image -> what :mod:`rewardkit.media` accepts (bytes or an ``[H, W, C]`` uint8 array), or a
+    float ``[3, H, W]`` torch tensor for the float form.
+
+    Raises :class:`HTTPError` (400) for a malformed entry; pixel-level problems (corrupt files, bombs) are
+    left to the reward call, which reports them per sample.
+    """
+    from . import media
+
+    if isinstance(obj, str):
+        try:
+            return base64.b64decode(obj, validate=True)
+        except (binascii.Error, ValueError):
+            raise HTTPError(400, f"{where}: not valid base64") from None
+    if not isinstance(obj, dict):
+        raise HTTPError(400, f"{where}: an image is a base64 string or {{'data', 'shape', 'dtype'}}, "
+                             f"got {type(obj).__name__}")
+    unknown = set(obj) - {"data", "shape", "dtype"}
+    if unknown:
+        raise HTTPError(400, f"{where}: unknown keys {sorted(unknown)} (expected data, shape, dtype)")
+    dtype = obj.get("dtype", "uint8")
+    if dtype not in _ITEMSIZE:
+        raise HTTPError(400, f"{where}: dtype must be one of {sorted(_ITEMSIZE)}, got {dtype!r}")
+    shape = obj.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0
+                                              for s in shape):
+        raise HTTPError(400, f"{where}: shape must be a list of positive ints, got {shape!r}")
+    if dtype == "uint8":
+        if len(shape) not in (2, 3) or (len(shape) == 3 and shape[2] not in (1, 3, 4)):
+            raise HTTPError(400, f"{where}: shape must be [H, W] or [H, W, C] with C in 1, 3, 4; got {shape!r}")
+        h, w = shape[0], shape[1]
+    else:
+        if len(shape) != 3 or shape[0] != 3:
+            raise HTTPError(400, f"{where}: a {dtype} image has shape [3, H, W]; got {shape!r}")
+        h, w = shape[1], shape[2]
+    if h * w > media.get_max_pixels():
+        raise HTTPError(413, f"{where}: {w}x{h} pixels is over the limit of {media.get_max_pixels():,}")
+    raw = _b64(obj.get("data"), where)
+    expected = math.prod(shape) * _ITEMSIZE[dtype]
+    if len(raw) != expected:
+        raise HTTPError(400, f"{where}: {len(raw)} bytes do not match shape {shape} and dtype {dtype} "
+                             f"({expected} bytes)")
+    if dtype == "uint8":
+        return np.frombuffer(raw, dtype=np.uint8).reshape(shape)
+    import torch
+
+    if dtype == "bfloat16":  # numpy has no bfloat16: carry the 16-bit patterns, reinterpret in torch
+        t = torch.from_numpy(np.frombuffer(raw, dtype="<i2").astype(np.int16)).view(torch.bfloat16)
+    else:  # little-endian on the wire; astype copies into native order (writable, owned)
+        le = "<f4" if dtype == "float32" else "<f2"
+        t = torch.from_numpy(np.frombuffer(raw, dtype=le).astype(np.dtype(le).newbyteorder("=")))
+    return t.reshape(shape)
+
+
+def pixel_count(img: Any) -> int:
+    """Pixels ``img`` (a decoded wire image) will occupy once decoded, read from its header or shape. An
+    encoded file that PIL cannot open, or one over :mod:`rewardkit.media`'s per-image limit, counts 0: the
+    reward refuses it per sample before decoding it."""
+    from . import media
+
+    if isinstance(img, (bytes, bytearray)):
+        from PIL import Image
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                with Image.open(io.BytesIO(img)) as im:  # reads the header only
+                    w, h = im.size
+        except Exception:  # noqa: BLE001 - corrupt or refused: reported per sample by the reward
+            return 0
+        return 0 if w * h > media.get_max_pixels() else w * h
+    if isinstance(img, np.ndarray):
+        return int(img.shape[0] * img.shape[1])
+    shape = getattr(img, "shape", None)
+    if shape is not None and len(shape) == 3:  # float [3, H, W]
+        return int(shape[1] * shape[2])
+    return 0
+
+
+def is_float_image(img: Any) -> bool:
+    return not isinstance(img, (bytes, bytearray, np.ndarray))
+
+
+def image_list(body: dict, key: str, limit: int, required: bool = True) -> list[Any]:
+    value = body.get(key)
+    if not isinstance(value, list) or (required and not value):
+        raise HTTPError(400, f"'{key}' must be a non-empty list of images")
+    if len(value) > limit:
+        raise HTTPError(413, f"'{key}' has {len(value)} images; this server takes at most {limit} per request")
+    return [decode_image(x, f"{key}[{i}]") for i, x in enumerate(value)]
+
+
+def prompts(body: dict, n: int, uses_prompt: bool) -> list[Any]:
+    prompt = body.get("prompt")
+    if prompt is None and not uses_prompt:
+        return [None] * n
+    if isinstance(prompt, str):
+        return [prompt] * n
+    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+        if len(prompt) != n:
+            raise HTTPError(400, f"got {n} images but {len(prompt)} prompts (send one string to broadcast)")
+        return list(prompt)
+    raise HTTPError(400, "'prompt' must be a string or a list of strings")
+
+
+def sources(body: dict, n: int, limit: int) -> list[list[Any]] | None:
+    value = body.get("sources")
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != n:
+        raise HTTPError(400, f"'sources' must be a list with one list of images per sample ({n})")
+    out = []
+    for i, entry in enumerate(value):
+        if not isinstance(entry, list):
+            raise HTTPError(400, f"sources[{i}] must be a list of images")
+        if len(entry) > limit:
+            raise HTTPError(413, f"sources[{i}] has {len(entry)} images; at most {limit}")
+        out.append([decode_image(x, f"sources[{i}][{j}]") for j, x in enumerate(entry)])
+    return out
+
+
+def metadata(body: dict, n: int) -> list[dict] | None:
+    value = body.get("metadata")
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != n or not all(m is None or isinstance(m, dict) for m in value):
+        raise HTTPError(400, f"'metadata' must be a list of {n} objects (or null entries)")
+    return [m or {} for m in value]
