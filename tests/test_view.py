@@ -173,7 +173,7 @@ def test_compare_output_is_a_pairs_section(tmp_path):
 def test_rl_run_series_and_grids(tmp_path):
     run = tmp_path / "run"
     (run / "eval").mkdir(parents=True)
-    recs = [{"epoch": 0, "eval/reward/pickscore/mean": 0.2},
+    recs = [{"epoch": 0, "global_step": 0, "eval/reward/pickscore/mean": 0.2, "time/sample_s": 0.5},
             {"epoch": 1, "reward/pickscore/mean": 0.3, "policy_loss": 1.5, "kl_div": float("nan")},
             {"epoch": 2, "reward/pickscore/mean": 0.5, "policy_loss": 1.2, "eval/reward/pickscore/mean": 0.4},
             {"final": True, "eval/reward/pickscore/mean": 0.45}]
@@ -187,6 +187,8 @@ def test_rl_run_series_and_grids(tmp_path):
     assert sec["series"]["reward/pickscore/mean"] == [[1.0, 0.3], [2.0, 0.5]]
     assert sec["series"]["eval/reward/pickscore/mean"] == [[0.0, 0.2], [2.0, 0.4]]
     assert "kl_div" not in sec["series"]  # NaN: not a point
+    assert sec["groups"]["time per epoch (s)"] == ["time/sample_s"]
+    assert not any("global_step" in ks for ks in sec["groups"].values())  # a counter, not a curve
     assert sec["groups"]["reward (train mean; evaluation of the EMA weights dashed)"] == [
         "reward/pickscore/mean", "eval/reward/pickscore/mean"]
     assert sec["final"]["eval/reward/pickscore/mean"] == 0.45 and sec["n_epochs"] == 3 and sec["curves"] is None

@@ -65,7 +65,8 @@ def rl_section(run: Path, store: ImageStore, label: str) -> dict[str, Any]:
     final = [r for r in recs if "final" in r]
     series = _series([r for r in recs if "final" not in r])
     reward = "reward (train mean; evaluation of the EMA weights dashed)"
-    groups: dict[str, list[str]] = {reward: [], "loss": [], "KL / deviation": [], "other": []}
+    groups: dict[str, list[str]] = {reward: [], "loss": [], "KL / deviation": [], "time per epoch (s)": [],
+                                    "other": []}
     for k in sorted(series, key=lambda k: (k.startswith("eval/"), k)):
         if (k.startswith("reward/") or k.startswith("eval/reward/")) and k.endswith("/mean"):
             groups[reward].append(k)
@@ -73,6 +74,10 @@ def rl_section(run: Path, store: ImageStore, label: str) -> dict[str, Any]:
             groups["loss"].append(k)
         elif k in ("kl_div", "old_kl_div", "old_deviate"):
             groups["KL / deviation"].append(k)
+        elif k.startswith("time/"):
+            groups["time per epoch (s)"].append(k)
+        elif k in ("global_step", "world_size"):
+            continue  # counters, not curves
         elif not k.startswith(("reward/", "eval/", "r/hist")):
             groups["other"].append(k)
     grids = [{"epoch": e, "name": p.relative_to(run).as_posix(), "img": store.add_path(p, size=GRID_SIZE)}

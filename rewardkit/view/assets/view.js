@@ -76,7 +76,7 @@
     if (!im) return el("span", {cls: "rk-missing", text: "no image"});
     if (!im.src) return el("span", {cls: "rk-missing", text: "missing image " + (im.name || "") + " (" + im.missing + ")"});
     var b = el("button", {type: "button", cls: "rk-thumb", "aria-label": "Enlarge " + alt},
-      el("img", {src: im.src, alt: alt, loading: "lazy"}));
+      el("img", {src: im.src, alt: alt}));
     b.addEventListener("click", function () { openZoom(key, caption, b); });
     return b;
   }
@@ -553,7 +553,8 @@
     host.appendChild(charts);
     if (sec.final) {
       host.appendChild(simpleTable("Final record of metrics.jsonl", ["key", "value"], Object.keys(sec.final).map(function (k) {
-        var v = sec.final[k]; return [k, typeof v === "number" ? fmt(v) : JSON.stringify(v)]; })));
+        var v = sec.final[k];
+        return [k, typeof v === "number" ? (Number.isInteger(v) ? String(v) : fmt(v)) : JSON.stringify(v)]; })));
     }
     if (sec.curves) {
       host.appendChild(el("h3", {text: "curves.png (written by the trainer)"}));
