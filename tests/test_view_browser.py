@@ -213,7 +213,13 @@ def test_edit_rows_show_source_and_result_side_by_side(browser, tmp_path):
                         "score": s, "valid": True, "error": None,
                         "sources": [str(tmp_path / "edit_source_blue_ball.png")]}
                        for c, s in (("red", 1.25), ("green", -0.5))])
-    o = Opened(browser, build_report([edit], tmp_path / "r.html"), tmp_path / "screenshots")
+    html = build_report([edit], tmp_path / "r.html")
+    # mailed: the page alone, somewhere else, the images and the JSONL gone
+    (tmp_path / "mailbox").mkdir()
+    mailed = shutil.copy(html, tmp_path / "mailbox" / "report.html")
+    for p in [edit, *tmp_path.glob("*.png")]:
+        p.unlink()
+    o = Opened(browser, Path(mailed), tmp_path / "screenshots")
     t = _first_table("scores")
     figs = o.page.eval_on_selector_all(f"{t} tbody tr", "rows => rows.map(r => Array.from("
                                        "r.querySelectorAll('figure figcaption')).map(f => f.innerText))")
