@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from test_view import EXAMPLES, XSS, payload_of, score_rows, write_jsonl
+from test_view import EXAMPLES, XSS, score_rows, write_jsonl
 
 from rewardkit.view import build_report
 
@@ -164,7 +164,8 @@ def test_score_report_shows_the_file_sorts_filters_and_escapes(browser, tmp_path
     assert "The apple is red." in o.column(t, "reason / rationale / judge answers")[0]
     assert o.images_loaded(f"{t} img") == [256, 256, 256]
     # nothing ran from the prompts or the judge answer: no dialog, no global, no injected element
-    assert o.page.evaluate("() => [window.__xss, document.querySelectorAll('img[src=x], main script').length]") == [None, 0]
+    injected = "() => [window.__xss, document.querySelectorAll('img[src=x], main script').length]"
+    assert o.page.evaluate(injected) == [None, 0]
     o.shot("scores")
     # sort by score: descending first (invalid last), then ascending
     o.page.click(f"{t} thead button[data-col=score]")
@@ -312,7 +313,8 @@ def _rl_run(root: Path) -> Path:
 
 def test_rl_run_curves_and_grids(browser, tmp_path):
     o = Opened(browser, build_report([_rl_run(tmp_path)], tmp_path / "r.html"), tmp_path / "screenshots")
-    charts = o.page.eval_on_selector_all("figure.rk-chart", "fs => fs.map(f => f.querySelector('figcaption').innerText)")
+    charts = o.page.eval_on_selector_all("figure.rk-chart",
+                                         "fs => fs.map(f => f.querySelector('figcaption').innerText)")
     assert charts[:3] == ["reward (train mean; evaluation of the EMA weights dashed)", "loss", "KL / deviation"]
     assert o.page.get_attribute("path[data-key='eval/reward/pickscore/mean']", "stroke-dasharray") == "6 4"
     assert o.page.get_attribute("path[data-key='eval/reward/pickscore/mean']", "stroke") == \
@@ -332,7 +334,8 @@ def test_ten_thousand_rows_interactive_quickly(browser, tmp_path):
     rng = random.Random(0)
     shutil.copy(EXAMPLES / "t2i_red_apple.png", tmp_path / "a.png")
     rows = [{"image": str(tmp_path / "a.png"), "prompt": f"prompt {i} " + "word " * 8, "score": rng.gauss(0, 1),
-             "valid": i % 17 != 0, "error": None if i % 17 else "no answer", "dimensions": {"a": rng.random(), "b": rng.random()},
+             "valid": i % 17 != 0, "error": None if i % 17 else "no answer",
+             "dimensions": {"a": rng.random(), "b": rng.random()},
              "rationale": "because " * 10} for i in range(10_000)]
     html = build_report([write_jsonl(tmp_path / "big.jsonl", rows)], tmp_path / "big.html")
     o = Opened(browser, html, tmp_path / "screenshots")

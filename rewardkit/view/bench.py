@@ -77,7 +77,8 @@ def bench_section(paths: list[Path], store: ImageStore) -> dict[str, Any]:
                     q = {k: v for k, v in p.items() if k not in ("image_a", "image_b", "sources")}
                     for side in ("a", "b"):
                         uri = p.get(f"image_{side}")
-                        q[f"img_{side}"] = None if uri is None else store.add_data_uri(uri, f"{bname} {j + 1} {side.upper()}")
+                        q[f"img_{side}"] = (None if uri is None else
+                                            store.add_data_uri(uri, f"{bname} {j + 1} {side.upper()}"))
                     q["src"] = [store.add_data_uri(u, f"source {k + 1}") for k, u in enumerate(p.get("sources") or [])
                                 if u]
                     pairs.append(q)
