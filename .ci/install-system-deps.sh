@@ -5,7 +5,7 @@ set -euo pipefail
 
 PKGS=()
 command -v tesseract >/dev/null 2>&1 || PKGS+=(tesseract-ocr tesseract-ocr-eng)
-[ -x /usr/bin/chromium ] || PKGS+=(chromium)
+command -v chromium >/dev/null 2>&1 || PKGS+=(chromium)
 if [ "${#PKGS[@]}" -gt 0 ]; then
     SUDO=""
     if [ "$(id -u)" -ne 0 ]; then
@@ -23,4 +23,4 @@ if [ "${#PKGS[@]}" -gt 0 ]; then
     $SUDO apt-get install -y -qq --no-install-recommends "${PKGS[@]}" >/dev/null
 fi
 command -v tesseract >/dev/null 2>&1 || { echo "install-system-deps: tesseract still missing after install" >&2; exit 1; }
-[ -x /usr/bin/chromium ] || { echo "install-system-deps: chromium still missing after install" >&2; exit 1; }
+command -v chromium >/dev/null 2>&1 || { echo "install-system-deps: chromium still missing after install" >&2; exit 1; }
