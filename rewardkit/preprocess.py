@@ -32,8 +32,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .reward import Reward, RewardOutput
+if TYPE_CHECKING:  # pragma: no cover  (annotations only: at run time this module never imports rewardkit.reward)
+    from ._reward_outputs import RewardOutput
+    from .reward import Reward
 
 __all__ = [
     "CLIPPreprocess", "QwenPreprocess", "clip_params", "qwen_params", "clip_pixel_values", "qwen_pixel_values",
@@ -350,7 +351,8 @@ def tensor_call(reward: "Reward", images: torch.Tensor, prompt: Any, *, metadata
     ``reward._score`` as ``RewardBatch(images=<tensor chunk>)``; nothing is converted to PIL or copied to the
     host. Same errors, chunking, locking and output as the processor path."""
     from .errors import RewardInputError
-    from .reward import RewardBatch, RewardOutput
+    from ._reward_inputs import RewardBatch
+    from ._reward_outputs import RewardOutput
 
     images = _computable(images.detach())  # __call__ never builds a graph (gradients: score_tensor)
     n = int(images.shape[0])
@@ -389,7 +391,8 @@ def tensor_call(reward: "Reward", images: torch.Tensor, prompt: Any, *, metadata
 def score_tensor(reward: "Reward", images: torch.Tensor, prompt: Any, *, batch_size: int | None = None) -> torch.Tensor:
     """Scores ``[B]`` (fp32, on ``images.device``) with autograd to ``images``; see ``Reward.score_tensor``."""
     from .errors import RewardInputError
-    from .reward import RewardBatch, RewardOutput
+    from ._reward_inputs import RewardBatch
+    from ._reward_outputs import RewardOutput
 
     if not reward.differentiable:
         raise TypeError(f"reward {reward.name!r} is not differentiable (reward.differentiable is False); "

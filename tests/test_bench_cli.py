@@ -240,12 +240,25 @@ def test_mixed_shard_sets_and_duplicate_ids_are_refused(data_root, tmp_path, mon
     err = capsys.readouterr().err
     assert "mixed shard sets" in err and "test-00000-of-00001.parquet" in err and "test-00001-of-00002.parquet" in err
     # a complete set whose shards repeat rows (ids) of each other
+    good_copy = tmp_path / "good.parquet"
+    shutil.copy(good, good_copy)
     good.unlink()
     assert _bench(root, tmp_path, monkeypatch=monkeypatch) == 2
     err = capsys.readouterr().err
-    assert "appear more than once" in err and "test-00000-of-00002.parquet" in err and "test-00001-of-00002.parquet" in err
-    # an incomplete set
+    assert "appear in more than one file" in err and "test-00000-of-00002.parquet" in err and "test-00001-of-00002.parquet" in err
+    # ids repeated within one file are the dataset's layout, not a stale copy: accepted
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     (t2i / "test-00001-of-00002.parquet").unlink()
+    table = pq.read_table(t2i / "test-00000-of-00002.parquet")
+    pq.write_table(pa.concat_tables([table, table]), t2i / "test-00000-of-00001.parquet")
+    (t2i / "test-00000-of-00002.parquet").unlink()
+    assert _bench(root, tmp_path, monkeypatch=monkeypatch) == 0
+    capsys.readouterr()
+    # an incomplete set
+    shutil.copy(good_copy, t2i / "test-00000-of-00002.parquet")
+    (t2i / "test-00000-of-00001.parquet").unlink()
     assert _bench(root, tmp_path, monkeypatch=monkeypatch) == 2
     assert "incomplete shard set" in capsys.readouterr().err
 

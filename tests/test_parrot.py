@@ -374,6 +374,51 @@ def test_strip_verdict_removes_every_verdict_keeps_evidence_and_scores(verdict):
     assert strip_verdict(sa) == sa  # idempotent: stripped text still parses (without a Preferred line)
 
 
+#: phrasings a blacklist of verdict words misses: a candidate with nothing else, idioms, Unicode look-alikes and
+#: invisible characters (an LLM teacher reads "Image \u0412", "Ｂ" or "bet\u200bter" as the verdict they spell)
+VERDICTS_HARD = ["Overall, Image {L}.", "Image {L} overall.", "It is {L}.", "The label is {L}.", "Image {L}!",
+                 "Image {L} it is.", "Go {L}.", "\u2192 {L}", "{L} \u2713", "The nod goes to Image {L}.",
+                 "Image {L} comes out on top.", "Image {L} is the clear standout.", "I'd lean towards {L}.",
+                 "{L} \u226b {O}.", "Image {L} is the more faithful and higher-quality result overall.",
+                 "Image {L} is bet\u200bter.", "Image {L} is pre\u00adferable.",
+                 "Image {L} is \U0001d41b\U0001d41e\U0001d42d\U0001d42d\U0001d41e\U0001d42b."]
+LOOKALIKE = {"A": ("\u0410", "\uff21", "\U0001d400"), "B": ("\u0412", "\uff22", "\U0001d401")}
+
+
+@pytest.mark.parametrize("verdict", VERDICTS_HARD)
+def test_strip_verdict_hard_phrasings_and_unicode(verdict):
+    from rewardkit.parrot.format import strip_verdict
+
+    sa, sb = strip_verdict(_rationale("A", verdict)), strip_verdict(_rationale("B", verdict))
+    assert sa == sb and strip_verdict(sa) == sa
+    assert "The spokes of Image B merge into the frame; Image A has clean spokes." in sa
+
+
+@pytest.mark.parametrize("i", range(3))
+def test_strip_verdict_lookalike_letters(i):
+    """Cyrillic / fullwidth / mathematical A and B in a verdict: the verdict goes (whichever letter it names)."""
+    from rewardkit.parrot.format import is_verdict, strip_verdict
+
+    for lab in "AB":
+        v = f"Image {LOOKALIKE[lab][i]} is better."
+        assert is_verdict(v)
+        s = strip_verdict(_rationale(lab, v))
+        assert "better" not in s and LOOKALIKE[lab][i] not in s
+
+
+def test_strip_verdict_parses_the_rationale_as_stage_1_did():
+    """Cleaning (NFKC, no zero-width characters) applies to the texts, never before the parse: a rationale that
+    stage 1 accepted, with a zero-width space that hid a second header, still strips (it raised ParseError,
+    which would stop the whole filter stage)."""
+    from rewardkit.parrot.format import parse_pairwise, strip_verdict
+
+    hidden = "bicycle is blue.\nText\u200b Faithfulness: noted"  # a header only once the zero-width space goes
+    r = _rationale("B", "Image B is better.").replace("bicycle is blue.", hidden)
+    assert parse_pairwise(r).preferred == "B"
+    s = strip_verdict(r)
+    assert "\u200b" not in s and "better" not in s and strip_verdict(s) == s
+
+
 def test_strip_verdict_drops_text_outside_the_sections():
     from rewardkit.parrot.format import strip_verdict
 

@@ -121,6 +121,7 @@ def test_plan_is_rank_independent_and_groups_are_complete(trainer):
     assert trainer._plan(6)[0] != chosen or trainer._plan(6)[1] != batches
 
 
+@pytest.mark.slow
 def test_two_epoch_run_changes_lora_and_writes_outputs(tmp_path, tiny_dirs):
     from rewardkit.rl.trainer import NFTTrainer
 
@@ -375,7 +376,10 @@ def test_rewards_is_a_set_replaced_by_each_layer_and_edited_by_dotted_overrides(
                  "reward_kwargs.clipscore.options.model=x"]) == 0
     out = yaml.safe_load(capsys.readouterr().out)
     assert out["rewards"] == {"pickscore": 1.0, "hpsv2": 1.0, "clipscore": 3}
-    assert out["reward_kwargs"] == {"clipscore": {"options": {"model": "x"}}}
+    # reward_kwargs merge key by key: the preset's flow_grpo scales stay, the dotted option is added beside them
+    assert out["reward_kwargs"]["clipscore"]["options"] == {"model": "x"}
+    assert out["reward_kwargs"]["clipscore"]["convention"] == "logits100"
+    assert out["reward_kwargs"]["pickscore"] == {"scale": pytest.approx(1 / 26)}
 
 
 def test_prompt_rows_other_fields_reach_the_rewards_as_each_samples_metadata(tmp_path, tiny_dirs, monkeypatch):

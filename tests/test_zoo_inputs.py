@@ -143,6 +143,20 @@ def test_documented_upstream_differences_on_transparent_and_palette_images():
     assert 0.01 < d.mean() < 0.05 and d.max() > 0.1                 # docs: mean 0.022, max 0.19
 
 
+@pytest.mark.parametrize("kind", ["RGBA", "LA", "P+transparency", "P"])
+def test_transformers_clip_processor_composites_on_white_as_rewardkit(kind):
+    """docs/zoo.md: PickScore / CLIPScore's official pre-processing is transformers' CLIPImageProcessor, whose
+    ``convert_to_rgb`` (transformers/image_transforms.py) composites alpha on white: the same image as
+    rewardkit's ``media.to_pil`` (so no difference to document for them)."""
+    from transformers.image_transforms import convert_to_rgb
+
+    from rewardkit import media
+
+    im, want = _transparent_cases()[kind]
+    _assert_same_image(Image.fromarray(convert_to_rgb(im, return_numpy=True)), want)
+    _assert_same_image(media.to_pil(im), want)
+
+
 # --------------------------------------------------------------------------------------------- empty prompts
 def _clip_reference(model_dir, pixels, prompt):
     """transformers' CLIPModel straight from the directory: (cosine, logit_scale) for ``pixels`` and one prompt."""

@@ -73,6 +73,10 @@ def run(args: argparse.Namespace) -> int:
         print(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False), end="")
         return 0
     cfg.validate()
+    from .._imports import require
+
+    for module in ("diffusers", "peft"):  # the rl extra, before the reward (a model load) is built
+        require(module, "rl", "rewardkit rl nft")
     from ..rl.trainer import train_nft
 
     summary = train_nft(cfg)

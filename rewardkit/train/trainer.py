@@ -12,6 +12,11 @@ and resuming gives bitwise the same final weights on CPU (tested).
 Outputs in ``output_dir``: ``metrics.jsonl`` (one JSON object per logged step and eval), ``checkpoints/``,
 ``model/`` (the final :class:`PreferenceModel`, loadable with ``load_reward("preference", model=...)``),
 ``config.yaml`` (the resolved training config).
+
+Size (over the ~600 lines the project aims for, on purpose): this is the method's one readable trainer file, as
+TRL keeps one per method. Its configuration (:mod:`.preference_config`), checkpoint files (:mod:`.checkpoint`),
+data (:mod:`.data`) and losses (:mod:`.losses`) already live beside it; what remains (set-up, the loop,
+evaluation, save / resume, the command's glue) shares the trainer's state and reads top to bottom.
 """
 
 from __future__ import annotations
