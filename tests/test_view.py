@@ -7,6 +7,7 @@ import base64
 import hashlib
 import io
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -134,7 +135,8 @@ def test_two_rewards_joined_ranked_and_disagreements_flagged(tmp_path):
     rows = score_rows(tmp_path)
     rows[1].update(score=0.1, valid=True, error=None)
     a = write_jsonl(tmp_path / "clip.jsonl", rows)
-    other = [dict(r) for r in reversed(rows)]  # another order: joined on image path + prompt
+    other = [dict(r) for r in reversed(rows)]  # another order: joined on image file + prompt
+    other[0]["image"] = os.path.relpath(other[0]["image"])  # the same file, named from another directory
     for r, s in zip(other, (0.3, 0.2, 0.1)):
         r["score"] = s
     b = write_jsonl(tmp_path / "pick.jsonl", other)

@@ -1,5 +1,5 @@
 """Several rewards on the same images: one row per image (joined on ``id`` where every file has one, else on
-the image path and prompt), each reward's score and rank, and how far the ranks disagree.
+the image file, wherever each score file names it from, and the prompt), each reward's score and rank, and how far the ranks disagree.
 
 Ranks are 1 = highest score, ties share their average rank, computed over the rows every reward scored
 validly. ``gap`` is the largest rank difference between two rewards divided by ``n - 1`` (0: same place,
@@ -50,7 +50,9 @@ def spearman(x: list[float], y: list[float]) -> float | None:
 def _key(row: dict[str, Any], by_id: bool) -> Any:
     if by_id:
         return ("id", row["id"])
-    return ("path", os.path.normpath(row["path"]) if row.get("path") else row.get("img"), row["prompt"])
+    if row.get("img") is not None:  # the image store's key: one per resolved file (or content), across files
+        return ("img", row["img"], row["prompt"])
+    return ("path", os.path.normpath(row["path"]) if row.get("path") else None, row["prompt"])
 
 
 def rewards_section(sections: list[dict[str, Any]]) -> dict[str, Any] | None:
