@@ -69,6 +69,9 @@ API_PAGES = {
                             ["rewardkit.integrations.flow_grpo", "rewardkit.integrations.trl",
                              "rewardkit.integrations.verl", "rewardkit.integrations.ddpo"]),
     "api/serve.md": ("Serving", "The HTTP reward server and its client.", ["rewardkit.server", "rewardkit.client"]),
+    "api/view.md": ("Reports", "`rewardkit view`: one static HTML page of score outputs, bench records and rl runs.",
+                    ["rewardkit.view", "rewardkit.view.images", "rewardkit.view.scores", "rewardkit.view.multi",
+                     "rewardkit.view.bench", "rewardkit.view.rl"]),
     "api/testing.md": ("Testing kit", "Tiny, randomly initialised real models for offline tests.",
                        ["rewardkit.testing", "rewardkit.conformance"]),
 }

@@ -3,6 +3,8 @@ which metric each bar shows, draws each metric's chance level, and keeps 0 % apa
 
 from __future__ import annotations
 
+import json
+
 import math
 import shutil
 
@@ -275,6 +277,11 @@ def test_typos_and_bad_numbers_exit_2_with_the_valid_names(data_root, tmp_path, 
     assert _bench(data_root, tmp_path, "--by", "model_a", monkeypatch=monkeypatch) == 0  # the right name works
     assert _bench(data_root, tmp_path, "--bootstrap", "-5", monkeypatch=monkeypatch) == 2
     assert "--bootstrap must be >= 0" in capsys.readouterr().err
+    assert _bench(data_root, tmp_path, "--wrong-examples", "-1", monkeypatch=monkeypatch) == 2
+    assert "--wrong-examples must be >= 0" in capsys.readouterr().err
+    assert _bench(data_root, tmp_path, "--wrong-examples", "2", monkeypatch=monkeypatch) == 0  # reaches the record
+    (rec,) = [json.loads(p.read_text()) for p in (tmp_path / "out").glob("*.json")]
+    assert len(rec["benchmarks"]["mmrb2/t2i"]["wrong_pairs"]["pairs"]) == 2
 
 
 def test_evaluate_refuses_negative_bootstrap_and_unknown_keys(data_root):

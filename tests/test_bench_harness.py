@@ -573,6 +573,45 @@ def test_failed_judge_calls_are_reported_but_never_cached(tmp_path, data_root):
     assert third.n_scored == 0  # real answers are cached
 
 
+def test_record_keeps_the_most_confident_wrong_pairs_with_thumbnails(data_root, tmp_path):
+    import base64
+    import io
+    import json
+
+    from PIL import Image
+
+    from rewardkit.view.images import thumbnail_data_uri
+
+    res = _run(MeanPixel(), "genaibench/t2i,mmrb2/t2i", data_root, per_sample=True, wrong_examples=3)
+    for name in ("genaibench/t2i", "mmrb2/t2i"):
+        b = res[name]
+        m = b.metrics["accuracy_without_ties"] if "accuracy_without_ties" in b.metrics else None
+        # independently of the harness's rule: human preference, scores disagree with it (a tie is wrong)
+        wrong = [s for s in b.samples if s["label"] != 0 and s["score_a"] is not None
+                 and (s["score_a"] > s["score_b"]) - (s["score_a"] < s["score_b"]) != s["label"]]
+        assert b.wrong_pairs["n_wrong"] == len(wrong) > 0
+        if m is not None:
+            assert len(wrong) == m.n - round(m.value * m.n)
+        margins = [abs(s["score_a"] - s["score_b"]) for s in wrong]
+        shown = b.wrong_pairs["pairs"]
+        assert len(shown) == 3
+        assert [abs(p["margin"]) for p in shown] == pytest.approx(sorted(margins, reverse=True)[:3])
+        rows, _ = load_comparisons(get_spec(name), data_root / SYNTHETIC_LAYOUT[name])
+        by_id = {c.item_id: c for c in rows}
+        for p in shown:
+            c = by_id[p["id"]]
+            assert p["prompt"] == c.prompt and p["label"] == c.label
+            assert p["image_a"] == thumbnail_data_uri(c.image_a, 192)
+            im = Image.open(io.BytesIO(base64.b64decode(p["image_b"].split(",", 1)[1])))
+            assert max(im.size) <= 192
+    saved = json.loads(res.save(tmp_path / "r.json").read_text())
+    assert len(saved["benchmarks"]["mmrb2/t2i"]["wrong_pairs"]["pairs"]) == 3
+    off = _run(MeanPixel(), "mmrb2/t2i", data_root, wrong_examples=0).to_dict()
+    assert "wrong_pairs" not in off["benchmarks"]["mmrb2/t2i"]  # 0: the record is as before
+    with pytest.raises(ValueError, match="wrong_examples"):
+        _run(MeanPixel(), "mmrb2/t2i", data_root, wrong_examples=-1)
+
+
 def test_cache_is_keyed_by_the_weights_content_judge_and_template(tmp_path, data_root, monkeypatch):
     """Bug: the score cache was keyed by the configuration only, so weights replaced at the same path gave the
     old scores back. The key now holds the content of every local file / directory the configuration names

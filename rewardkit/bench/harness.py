@@ -166,6 +166,7 @@ def evaluate(
     by: Sequence[str] = (),
     revision: str | None = None,
     progress: bool = True,
+    wrong_examples: int = 8,
     reward_kwargs: Mapping[str, Any] | None = None,
 ) -> BenchResult:
     """Measure ``reward``'s agreement with human preferences on ``benchmarks``.
@@ -193,6 +194,9 @@ def evaluate(
         by: extra per-category breakdowns by a column (e.g. ``model_a``) besides the spec's categories.
         revision: hub dataset revision (commit / tag) to pin.
         progress: progress bars with ETA on stderr.
+        wrong_examples: keep this many of the pairs the reward got wrong (the most confident mistakes, largest
+            ``|margin|`` first) in the record's ``wrong_pairs``, with 192-pixel thumbnails of both images and
+            the sources, for ``rewardkit view`` (0: none).
     """
     t_start = time.perf_counter()
     if isinstance(reward, str):
@@ -209,6 +213,8 @@ def evaluate(
         raise ValueError("no benchmarks given")
     if limit is not None and limit < 1:
         raise ValueError("limit must be >= 1")
+    if not isinstance(wrong_examples, int) or wrong_examples < 0:
+        raise ValueError(f"wrong_examples must be an int >= 0, got {wrong_examples!r}")
     if not isinstance(n_boot, int) or n_boot < 0:
         raise ValueError(f"n_boot must be an int >= 0 (0: no confidence intervals), got {n_boot!r}")
     check_data_dir_keys(data_dir, specs)
@@ -268,7 +274,7 @@ def evaluate(
                     reward_info.update(mode=mode, mode_reason=mode_reason)
                 results[spec.name] = _evaluate_one(
                     spec, reward, scorer, rows=rows, info=info, mode=mode, n_boot=n_boot, seed=seed,
-                    per_sample=per_sample, use_sources=use_sources, by=by)
+                    per_sample=per_sample, use_sources=use_sources, by=by, wrong_examples=wrong_examples)
                 results[spec.name].timing.update({"load_s": load_s, "load_wait_s": wait_s})
                 del rows
             cache_path = str(cache.path) if cache.path else None
@@ -308,7 +314,7 @@ def _timed_load(spec: BenchmarkSpec, data_dir: Path | None, revision: str | None
 
 def _evaluate_one(spec: BenchmarkSpec, reward: Reward, scorer: _Scorer, *, rows: list[Comparison],
                   info: dict[str, Any], mode: str, n_boot: int, seed: int, per_sample: bool, use_sources: bool,
-                  by: Sequence[str]) -> BenchmarkResult:
+                  by: Sequence[str], wrong_examples: int = 0) -> BenchmarkResult:
     res = BenchmarkResult(name=spec.name, spec=spec.identity())
     res.data = info
     model_before = scorer.model_seconds
@@ -360,7 +366,42 @@ def _evaluate_one(spec: BenchmarkSpec, reward: Reward, scorer: _Scorer, *, rows:
     res.timing = {"reward_s": scorer.model_seconds - model_before, "metrics_s": t_metrics}
     if per_sample:
         res.samples = [_sample_record(c, pred, i) for i, c in enumerate(rows)]
+    if wrong_examples:
+        res.wrong_pairs = wrong_pairs(rows, pred, wrong_examples)
     return res
+
+
+def wrong_indices(rows: Sequence[Comparison], margin: np.ndarray) -> list[int]:
+    """Rows the reward got wrong under ``accuracy_without_ties``' rule: a human preference (label != 0), a
+    finite margin, and ``sign(margin) != label`` (a model tie is wrong); most confident mistakes first
+    (largest ``|margin|``, then row order)."""
+    idx = [i for i, c in enumerate(rows)
+           if c.label != 0 and math.isfinite(float(margin[i])) and np.sign(margin[i]) != c.label]
+    return sorted(idx, key=lambda i: (-abs(float(margin[i])), i))
+
+
+def wrong_pairs(rows: Sequence[Comparison], pred: Predictions, keep: int, thumb: int = 192) -> dict[str, Any]:
+    """``{"n_wrong", "rule", "pairs"}``: how many pairs the reward got wrong and the first ``keep`` of
+    :func:`wrong_indices` with their prompt, label, margin, scores, verdicts and thumbnails (data URIs) of
+    image A, image B and the sources (an unreadable image is None)."""
+    from ..view.images import thumbnail_data_uri
+
+    def thumb_of(data: bytes) -> str | None:
+        try:
+            return thumbnail_data_uri(data, thumb)
+        except Exception:  # noqa: BLE001  an undecodable image is shown as missing, the record still saves
+            return None
+
+    idx = wrong_indices(rows, pred.margin)
+    pairs = []
+    for i in idx[:keep]:
+        c = rows[i]
+        rec = _sample_record(c, pred, i)
+        rec.update(prompt=c.prompt, image_a=thumb_of(c.image_a), image_b=thumb_of(c.image_b),
+                   sources=[thumb_of(s) for s in c.sources])
+        pairs.append(rec)
+    return {"n_wrong": len(idx), "rule": "label != 0, finite margin, sign(margin) != label; largest |margin| first",
+            "pairs": pairs}
 
 
 def items_keys(rows: Sequence[Comparison], reward: Reward, use_sources: bool) -> list[str]:

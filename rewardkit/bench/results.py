@@ -40,6 +40,7 @@ class BenchmarkResult:
     subsets: dict[str, dict[str, M.MetricValue]] = field(default_factory=dict)
     timing: dict[str, float] = field(default_factory=dict)
     samples: list[dict[str, Any]] | None = None
+    wrong_pairs: dict[str, Any] | None = None
 
     @property
     def value(self) -> float | None:
@@ -60,6 +61,8 @@ class BenchmarkResult:
         }
         if self.samples is not None:
             d["samples"] = self.samples
+        if self.wrong_pairs is not None:
+            d["wrong_pairs"] = self.wrong_pairs
         return d
 
 
