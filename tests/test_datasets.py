@@ -208,3 +208,50 @@ def test_a_different_reward_config_refuses_the_folder(reward, tmp_path, tiny_cli
         score_dataset(reward, tmp_path / "data", tmp_path / "out", id_column="uid", progress=False)
     again = score_dataset(reward, tmp_path / "data", tmp_path / "out", progress=False)
     assert (again.shards_skipped, again.rows) == (1, 0)
+
+
+def _cli(*argv: str) -> int:
+    from rewardkit.cli import main
+
+    return main(list(argv))
+
+
+def test_cli_dataset_form_writes_scores_and_resumes(tiny_clip_dir, tmp_path, capsys):
+    write_parquet_set(tmp_path / "data", shards=2, rows=3, corrupt=(0, 2))
+    args = ["score", "-r", "pickscore", "-m", str(tiny_clip_dir), "--dataset", str(tmp_path / "data" / "*.parquet"),
+            "--output", str(tmp_path / "out"), "--id-column", "uid", "--no-progress"]
+    assert _cli(*args) == 3  # one corrupt row: finished, some rows invalid
+    assert "scored 6 row(s) in 2 shard(s) (1 invalid" in capsys.readouterr().err
+    assert _cli(*args) == 0
+    assert "scored 0 row(s) in 0 shard(s) (0 invalid); 2 shard(s) already done" in capsys.readouterr().err
+    assert _cli(*args[:-1], "--set", "scale=2.0", "--no-progress") == 2
+    assert "different reward (config scale" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", ["not_a_tar", "missing_column", "schema_mismatch", "truncated_tar"])
+def test_bad_datasets_stop_with_exit_2_naming_shard_and_column(tiny_clip_dir, tmp_path, capsys, case):
+    if case == "not_a_tar":
+        wds_set(tmp_path / "d", shards=1)
+        (tmp_path / "d" / "shard-001.tar").write_bytes(b"this is not a tar archive" * 40)
+        data, expect = str(tmp_path / "d" / "*.tar"), ["shard-001.tar", "not a readable tar"]
+    elif case == "truncated_tar":
+        wds_set(tmp_path / "d", shards=1, rows=3)
+        raw = (tmp_path / "d" / "shard-000.tar").read_bytes()
+        (tmp_path / "d" / "shard-000.tar").write_bytes(raw[:1500])
+        data, expect = str(tmp_path / "d"), ["shard-000.tar", "truncated"]
+    elif case == "missing_column":
+        write_parquet_set(tmp_path / "d", shards=1)
+        data, expect = str(tmp_path / "d"), ["part-0.parquet", "no column 'picture'", "uid, image, prompt"]
+    else:
+        write_parquet_set(tmp_path / "d", shards=1)
+        pq.write_table(pa.table({"uid": ["x"], "image": ["a.png"], "prompt": ["p"]}), tmp_path / "d" / "part-9.parquet")
+        data, expect = str(tmp_path / "d"), ["part-9.parquet", "column 'image' is string", "schema mismatch"]
+    extra = ["--image-column", "picture"] if case == "missing_column" else []
+    rc = _cli("score", "-r", "pickscore", "-m", str(tiny_clip_dir), "--dataset", data, "--output",
+              str(tmp_path / "out"), "--no-progress", *extra)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    for e in expect:
+        assert e in err, err
+    if case != "truncated_tar":  # checked before any shard is scored
+        assert not list((tmp_path / "out").glob("*.parquet"))

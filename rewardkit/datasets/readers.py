@@ -48,6 +48,9 @@ def resolve(ds: Dataset, cols: Columns, needs_prompt: bool) -> Columns:
     different type than in the first shard, stops the run naming the shard and the column.
     """
     if ds.format == "webdataset":
+        for s in ds.shards:  # one header read each: a file that is not a tar stops the run before any scoring
+            if not tarfile.is_tarfile(s.path):
+                raise UsageError(f"{s.path}: not a readable tar shard (no tar header)")
         return Columns(image=cols.image, prompt=cols.prompt or ("txt" if needs_prompt else None),
                        sources=list(cols.sources), id=cols.id)
     schemas = _schemas(ds)
