@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "serve": "rewardkit.commands.serve",
     "parrot": "rewardkit.commands.parrot",
     "refine": "rewardkit.commands.refine",
+    "filter": "rewardkit.commands.filter",
 }
 
 
