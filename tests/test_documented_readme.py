@@ -216,9 +216,9 @@ def test_extras_table_matches_pyproject():
         have = {name.match(req).group(0).lower() for req in extras[extra]}
         want = {p.strip().lower() for p in pulls.split("(")[0].split(",") if p.strip()}
         assert want <= have, (extra, want - have)
-    # `all` is every extra but vllm (and dev)
+    # `all` is every extra but vllm and ray (and dev)
     inner = re.match(r"rewardkit-vision\[(.*)\]", extras["all"][0]).group(1).split(",")
-    assert len(extras["all"]) == 1 and set(inner) == set(extras) - {"all", "vllm", "dev"}
+    assert len(extras["all"]) == 1 and set(inner) == set(extras) - {"all", "vllm", "ray", "dev"}
 
 
 def test_layout_paths_exist():
