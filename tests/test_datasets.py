@@ -255,3 +255,23 @@ def test_bad_datasets_stop_with_exit_2_naming_shard_and_column(tiny_clip_dir, tm
         assert e in err, err
     if case != "truncated_tar":  # checked before any shard is scored
         assert not list((tmp_path / "out").glob("*.parquet"))
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_torchrun_deals_shards_over_ranks_and_writes_the_one_process_bytes(tiny_clip_dir, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    write_parquet_set(tmp_path / "data", shards=3, rows=4, corrupt=(2, 2))
+    common = ["score", "-r", "pickscore", "-m", str(tiny_clip_dir), "--device", "cpu", "--dataset",
+              str(tmp_path / "data"), "--batch-size", "3", "--no-progress"]
+    assert _cli(*common, "--output", str(tmp_path / "one")) == 3
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "-m", "rewardkit.cli", *common, "--output", str(tmp_path / "two")],
+                          env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert "scored 12 row(s) in 3 shard(s) (1 invalid" in proc.stderr, proc.stderr[-3000:]
+    for name in ("part-0.parquet", "part-1.parquet", "part-2.parquet", "_rewardkit_scores.json"):
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes(), name
