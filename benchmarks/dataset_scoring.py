@@ -99,9 +99,8 @@ def main() -> None:
         for n in args.mem_rows:
             size = make_set(tmp / f"mem{n}", n)
             m = local_child(model, tmp / f"mem{n}", tmp / f"o-mem{n}")
-            print(f"memory, {n} rows ({size / 1e6:.0f} MB of PNG): peak RSS {m['peak_mb']:.0f} MB, "
-                  f"{m['peak_mb'] - m['rss_before_mb']:.0f} MB above the loaded model; "
-                  f"{m['rows'] / m['seconds']:.1f} rows/s")
+            print(f"memory, {n} rows ({size / 1e6:.0f} MB of PNG): peak RSS {m['peak_mb']:.0f} MB (after loading "
+                  f"the model: {m['rss_before_mb']:.0f} MB); {m['rows'] / m['seconds']:.1f} rows/s")
 
 
 if __name__ == "__main__":

@@ -102,3 +102,41 @@ def test_reward_scorer_in_a_users_ray_data_pipeline(cluster, reward, tiny_clip_d
     np.testing.assert_array_equal(got["valid"], want.valid.numpy())
     np.testing.assert_allclose(got["score"], want.scores.double().numpy(), rtol=1e-6)
     assert "image" in got["error"][4].lower() and got["error"][0] == ""
+
+
+def test_ray_engine_resumes_after_sigint_with_the_local_bytes(reward, tiny_clip_dir, tmp_path):
+    """SIGINT to a `--engine ray` run once its first shard is written; the rerun redoes only the rest."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from rewardkit.datasets import score_dataset
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for s in range(6):
+        pq.write_table(pa.table({"image": [png_bytes(7000 + 50 * s + i) for i in range(40)],
+                                 "prompt": [f"p{i}" for i in range(40)]}), data / f"part-{s}.parquet")
+    score_dataset(reward, data, tmp_path / "local", batch_size=8, progress=False)
+    cmd = [sys.executable, "-m", "rewardkit.cli", "score", "-r", "pickscore", "-m", str(tiny_clip_dir), "--dataset",
+           str(data), "--output", str(tmp_path / "ray"), "--batch-size", "8", "--engine", "ray", "--no-progress"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", RAY_num_cpus="2")
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and not (tmp_path / "ray" / "part-0.parquet").exists():
+        time.sleep(0.05)
+    assert (tmp_path / "ray" / "part-0.parquet").exists(), proc.communicate(timeout=60)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    done = sorted(p.name for p in (tmp_path / "ray").glob("*.parquet"))
+    assert proc.returncode == 130, err[-2000:]
+    assert 1 <= len(done) < 6, done  # interrupted mid-run: some shards finished, not all
+    finished = {n: (tmp_path / "ray" / n).stat().st_mtime_ns for n in done}
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"{len(done)} shard(s) already done" in again.stderr
+    assert {n: (tmp_path / "ray" / n).stat().st_mtime_ns for n in done} == finished  # never rescored
+    assert not list((tmp_path / "ray").glob("*.tmp"))
+    _same_folders(tmp_path / "local", tmp_path / "ray")
