@@ -166,6 +166,33 @@ class ShardWriter:
             self._writer.close()
 
 
+class AtomicParquet:
+    """A Parquet file written batch by batch to ``<final>.tmp`` and renamed to ``final`` by :meth:`commit`."""
+
+    def __init__(self, final: Path, schema: Any):
+        import pyarrow.parquet as pq
+
+        self.final, self.schema = Path(final), schema
+        self.final.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = self.final.with_name(self.final.name + ".tmp")
+        self._writer = pq.ParquetWriter(str(self.tmp), schema)
+        self.rows = 0
+
+    def write(self, cols: dict[str, list]) -> None:
+        import pyarrow as pa
+
+        table = pa.Table.from_pydict(cols, schema=self.schema)
+        self._writer.write_table(table)
+        self.rows += table.num_rows
+
+    def commit(self) -> None:
+        self._writer.close()
+        os.replace(self.tmp, self.final)
+
+    def abort(self) -> None:
+        self._writer.close()
+
+
 def read_scores(out_dir: Path, columns: list[str] | None = None) -> Any:
     """All score files of a folder (in shard order of the manifest) as one ``pyarrow.Table``."""
     import pyarrow as pa

@@ -165,6 +165,35 @@ def iter_batches(ds: Dataset, shard: Shard, cols: Columns, batch_size: int) -> I
         row += n
 
 
+def shard_base(ds: Dataset, shard: Shard) -> str:
+    """The folder relative image paths of a shard resolve against."""
+    return os.path.dirname(os.path.abspath(shard.path)) if ds.format != "hf" else os.path.abspath(shard.path)
+
+
+def iter_columns(ds: Dataset, shard: Shard, columns: Sequence[str], batch_size: int
+                 ) -> Iterator[tuple[dict[str, list], list[str | None]]]:
+    """Raw values of ``columns`` a batch at a time, with each row's error (a WebDataset member missing)."""
+    columns = list(dict.fromkeys(columns))
+    if ds.format != "webdataset":
+        for t in _table_batches(ds, shard, columns, batch_size):
+            yield {c: list(t[c]) for c in columns}, [None] * t["__n__"]
+        return
+    vals: dict[str, list] = {c: [] for c in columns}
+    errs: list[str | None] = []
+    for key, sample, _ in iter_wds_samples(shard.path):
+        err = None
+        for c in columns:
+            v, e = (key, None) if c == "__key__" else wds_value(sample, c)
+            vals[c].append(v)
+            err = err or (f"{c}: {e}" if e else None)
+        errs.append(err)
+        if len(errs) == batch_size:
+            yield vals, errs
+            vals, errs = {c: [] for c in columns}, []
+    if errs:
+        yield vals, errs
+
+
 def _table_batches(ds: Dataset, shard: Shard, columns: list[str], batch_size: int) -> Iterator[dict[str, Any]]:
     if ds.format == "parquet":
         import pyarrow.parquet as pq

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["RewardSpec", "RewardScorer", "score_dataset_ray"]
+__all__ = ["RewardSpec", "RewardScorer", "score_dataset_ray", "run_on_ray"]
 
 
 @dataclasses.dataclass
@@ -202,7 +202,7 @@ def score_dataset_ray(reward: Any, dataset: Any, output: str | Path, *, address:
     from ..datasets.readers import Columns, id_type
     from ..datasets.scoring import ScoreSummary, manifest_extra, plan
 
-    ray = require("ray", "ray", "scoring on a Ray cluster")
+    require("ray", "ray", "scoring on a Ray cluster")
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     spec = _as_spec(reward)
@@ -218,25 +218,16 @@ def score_dataset_ray(reward: Any, dataset: Any, output: str | Path, *, address:
     summary = ScoreSummary(output=str(out_dir), shards_skipped=len(ds.shards) - len(todo))
     if not todo:
         return summary
-    if not ray.is_initialized():
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
-    if num_gpus is None:
-        num_gpus = 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
-    ctx = ray.data.DataContext.get_current()
-    ctx.execution_options.preserve_order = True  # scores come back in shard / row order
-    ctx.enable_progress_bars = progress
-    pipe = ray.data.from_items([{"index": i} for i in todo], override_num_blocks=len(todo))
-    pipe = pipe.flat_map(_chunks(ds, cols, batch_size))
-    pipe = pipe.map(_ChunkScorer, fn_constructor_kwargs={"spec": spec, "on_error": on_error,
-                                                         "batch_size": batch_size},
-                    compute=ray.data.ActorPoolStrategy(size=concurrency), num_gpus=num_gpus)
+    pipe = run_on_ray(todo, _chunks(ds, cols, batch_size), _ChunkScorer,
+                      {"spec": spec, "on_error": on_error, "batch_size": batch_size}, address=address,
+                      concurrency=concurrency, num_gpus=num_gpus, progress=progress)
     dims = list(described.dimensions)
     idt = id_type(ds, cols)
     t0 = time.perf_counter()
     queue = [ds.shards[i] for i in todo]
     writer = None
     try:
-        for res in pipe.iter_rows():
+        for res in pipe:
             res = {"shard": str(res["shard"]), "start": int(res["start"]), "result": res["result"]}
             while writer is None or writer.shard_name != res["shard"]:
                 if writer is not None:  # the previous shard is complete (rows come in order)
@@ -259,6 +250,32 @@ def score_dataset_ray(reward: Any, dataset: Any, output: str | Path, *, address:
     finally:
         summary.seconds = time.perf_counter() - t0
     return summary
+
+
+def run_on_ray(shard_indices: Sequence[int], read: Any, actor_cls: type, ctor_kwargs: dict[str, Any], *,
+               address: str | None = None, concurrency: int = 1, num_gpus: float | None = None,
+               progress: bool = False):
+    """The Ray Data pipeline behind ``--engine ray``: ``from_items(shards) -> flat_map(read) -> map(actor_cls)``,
+    order preserved; yields the actors' result rows on the driver. ``read(item)`` turns ``{"index": i}`` into
+    that shard's batch rows; ``actor_cls(**ctor_kwargs)`` is built once per actor (``concurrency`` actors,
+    ``num_gpus`` each: default 1 when the cluster has GPUs)."""
+    from .._imports import require
+
+    ray = require("ray", "ray", "running on a Ray cluster")
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    if num_gpus is None:
+        num_gpus = 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
+    ctx = ray.data.DataContext.get_current()
+    ctx.execution_options.preserve_order = True  # results come back in shard / row order
+    ctx.enable_progress_bars = progress
+    pipe = ray.data.from_items([{"index": i} for i in shard_indices], override_num_blocks=max(len(shard_indices), 1))
+    pipe = pipe.flat_map(read)
+    pipe = pipe.map(actor_cls, fn_constructor_kwargs=ctor_kwargs, compute=ray.data.ActorPoolStrategy(size=concurrency),
+                    num_gpus=num_gpus)
+    yield from pipe.iter_rows()
 
 
 def _commit(writer: Any, summary: Any) -> None:
