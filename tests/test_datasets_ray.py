@@ -140,3 +140,17 @@ def test_ray_engine_resumes_after_sigint_with_the_local_bytes(reward, tiny_clip_
     assert {n: (tmp_path / "ray" / n).stat().st_mtime_ns for n in done} == finished  # never rescored
     assert not list((tmp_path / "ray").glob("*.tmp"))
     _same_folders(tmp_path / "local", tmp_path / "ray")
+
+
+def test_parrot_stage1_on_ray_writes_the_local_bytes(cluster, tmp_path):
+    pytest.importorskip("datasets")
+    from test_dataset_parrot import _cfg, write_pairs
+
+    from rewardkit.datasets.parrot import rationalize_dataset
+
+    write_pairs(tmp_path / "pairs", shards=3, rows=4)
+    cfg = _cfg(tmp_path)
+    local = rationalize_dataset(cfg, tmp_path / "pairs", tmp_path / "local")
+    remote = rationalize_dataset(cfg, tmp_path / "pairs", tmp_path / "ray", engine="ray", concurrency=2)
+    assert (local.rows, remote.rows, remote.shards_scored) == (12, 12, 3)
+    _same_folders(tmp_path / "local", tmp_path / "ray")
