@@ -71,7 +71,7 @@ API_PAGES = {
     "api/datasets.md": ("Datasets", "Scoring and filtering Parquet, WebDataset and Hugging Face datasets; Ray.",
                         ["rewardkit.datasets.scoring", "rewardkit.datasets.filtering", "rewardkit.datasets.sources",
                          "rewardkit.datasets.readers", "rewardkit.datasets.output", "rewardkit.datasets.expr",
-                         "rewardkit.integrations.ray"]),
+                         "rewardkit.datasets.parrot", "rewardkit.integrations.ray"]),
     "api/serve.md": ("Serving", "The HTTP reward server and its client.", ["rewardkit.server", "rewardkit.client"]),
     "api/testing.md": ("Testing kit", "Tiny, randomly initialised real models for offline tests.",
                        ["rewardkit.testing", "rewardkit.conformance"]),
