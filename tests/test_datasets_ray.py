@@ -154,3 +154,52 @@ def test_parrot_stage1_on_ray_writes_the_local_bytes(cluster, tmp_path):
     remote = rationalize_dataset(cfg, tmp_path / "pairs", tmp_path / "ray", engine="ray", concurrency=2)
     assert (local.rows, remote.rows, remote.shards_scored) == (12, 12, 3)
     _same_folders(tmp_path / "local", tmp_path / "ray")
+
+
+def test_a_worker_killed_mid_run_loses_no_row_and_scores_none_twice(cluster, reward, tiny_clip_dir, tmp_path):
+    """The actor process dies (os._exit) in the middle of shard 1; Ray restarts it and retries its task. Every
+    batch of every shard reaches the driver exactly once, with the scores of an uninterrupted local run."""
+    import sys
+
+    import ray.cloudpickle
+
+    from rewardkit.datasets import score_dataset
+    from rewardkit.datasets.readers import Columns
+    from rewardkit.datasets.scoring import plan
+    from rewardkit.integrations.ray import RewardSpec, _chunks, run_on_ray
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the dying actor below, for the workers
+    data = tmp_path / "data"
+    data.mkdir()
+    for s in range(3):
+        pq.write_table(pa.table({"image": [png_bytes(9000 + 40 * s + i) for i in range(24)],
+                                 "prompt": [f"p{i}" for i in range(24)]}), data / f"part-{s}.parquet")
+    score_dataset(reward, data, tmp_path / "local", batch_size=8, progress=False)
+    ds, cols, _ = plan(data, {}, Columns())
+    marker = tmp_path / "died"
+    spec = RewardSpec("pickscore", None, {"model": str(tiny_clip_dir)})
+    seen = []
+    for res in run_on_ray([0, 1, 2], _chunks(ds, cols, 8), _DiesOnce,
+                          {"marker": str(marker), "spec": spec, "on_error": "nan", "batch_size": 8}):
+        ids, recs = res["result"].value
+        seen.append((str(res["shard"]), int(res["start"]), [r["score"] for r in recs]))
+    assert marker.exists()  # the worker did die
+    assert [(s, st) for s, st, _ in seen] == [(f"part-{s}", st) for s in range(3) for st in (0, 8, 16)]
+    for s in range(3):
+        want = pq.read_table(tmp_path / "local" / f"part-{s}.parquet").column("score").to_pylist()
+        assert [x for sh, _, sc in seen if sh == f"part-{s}" for x in sc] == want
+
+
+class _DiesOnce:
+    def __init__(self, marker, **kw):
+        from rewardkit.integrations.ray import _ChunkScorer
+
+        self.inner, self.marker = _ChunkScorer(**kw), marker
+
+    def __call__(self, row):
+        import os
+
+        if str(row["shard"]) == "part-1" and int(row["start"]) == 8 and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os._exit(1)
+        return self.inner(row)
