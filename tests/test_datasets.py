@@ -275,3 +275,18 @@ def test_torchrun_deals_shards_over_ranks_and_writes_the_one_process_bytes(tiny_
     assert "scored 12 row(s) in 3 shard(s) (1 invalid" in proc.stderr, proc.stderr[-3000:]
     for name in ("part-0.parquet", "part-1.parquet", "part-2.parquet", "_rewardkit_scores.json"):
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes(), name
+
+
+def test_source_columns_give_each_row_its_source_images(tmp_path):
+    """One source column of single images plus one of image lists: each row's sources, in column order."""
+    from rewardkit.datasets import open_dataset
+    from rewardkit.datasets.readers import Columns, iter_batches, resolve
+
+    a, b, c = png_bytes(1), png_bytes(2), png_bytes(3)
+    pq.write_table(pa.table({"image": [a, b], "prompt": ["x", "y"], "src": [b, None],
+                             "refs": [[c, a], [c]]}), tmp_path / "e.parquet")
+    ds = open_dataset(tmp_path / "e.parquet")
+    cols = resolve(ds, Columns(sources=["src", "refs"]), needs_prompt=True)
+    (batch,) = list(iter_batches(ds, ds.shards[0], cols, 8))
+    assert batch["sources"][0] == [b, c, a]
+    assert batch["error"] == [None, "source column 'src': no image (the cell is null)"]

@@ -18,10 +18,12 @@ def add_column_args(p, *, sources: bool = True) -> None:
     g.add_argument("--format", dest="data_format", choices=("parquet", "webdataset", "hf"),
                    help="the dataset's format (default: from the files)")
     g.add_argument("--split", help="split of a Hugging Face DatasetDict / hub dataset")
-    g.add_argument("--image-column", help="column (WebDataset: extension) holding the image: bytes, a path relative "
-                                          "to the shard, or an HF Image {bytes, path} (default image / first image extension)")
-    g.add_argument("--prompt-column", help="column holding the prompt (default prompt, caption or text; WebDataset txt; "
-                                           "json.<field> reads a field of a .json member)")
+    g.add_argument("--image-column",
+                   help="column (WebDataset: extension) holding the image: bytes, a path relative to the shard, or "
+                        "an HF Image {bytes, path} (default image / the first image extension)")
+    g.add_argument("--prompt-column",
+                   help="column holding the prompt (default prompt, caption or text; WebDataset txt; json.<field> "
+                        "reads a field of a .json member)")
     if sources:
         g.add_argument("--source-column", "--source-columns", dest="source_columns", nargs="+", default=[],
                        metavar="COLUMN", help="column(s) holding source / reference images (editing rewards)")

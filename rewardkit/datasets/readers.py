@@ -95,7 +95,8 @@ def id_type(ds: Dataset, cols: Columns) -> Any:
     import pyarrow as pa
 
     if cols.id and ds.format != "webdataset":
-        return _schemas(ds)[0][1].field(cols.id).type if ds.format == "parquet" else ds.hf.data.schema.field(cols.id).type
+        schema = _schemas(ds)[0][1] if ds.format == "parquet" else ds.hf.data.schema
+        return schema.field(cols.id).type
     return pa.string()
 
 
@@ -151,9 +152,7 @@ def iter_batches(ds: Dataset, shard: Shard, cols: Columns, batch_size: int) -> I
             for i in range(n):
                 row_src = []
                 for c in cols.sources:
-                    vals = table[c][i] if isinstance(table[c][i], list) and table[c][i] and not isinstance(
-                        table[c][i][0], (int, float)) else [table[c][i]]
-                    for v in vals:
+                    for v in _images_in_cell(table[c][i]):
                         img, err = resolve_image(v, base)
                         if err and errors[i] is None:
                             errors[i] = f"source column {c!r}: {err}"
@@ -192,6 +191,14 @@ def iter_columns(ds: Dataset, shard: Shard, columns: Sequence[str], batch_size: 
             vals, errs = {c: [] for c in columns}, []
     if errs:
         yield vals, errs
+
+
+def _images_in_cell(v: Any) -> list[Any]:
+    """A source cell as a list of images: a list of bytes / paths / structs is several images; anything else
+    (one image, or a nested list of pixel values) is one."""
+    if isinstance(v, list) and v and isinstance(v[0], (bytes, str, dict)):
+        return v
+    return [v]
 
 
 def _table_batches(ds: Dataset, shard: Shard, columns: list[str], batch_size: int) -> Iterator[dict[str, Any]]:

@@ -74,7 +74,8 @@ def _as_spec(reward: Any) -> RewardSpec:
         return RewardSpec(reward)
     if isinstance(reward, dict):
         return RewardSpec(**reward)
-    raise TypeError(f"reward must be a registry name, a RewardSpec or a dict of its fields, got {type(reward).__name__}")
+    raise TypeError("reward must be a registry name, a RewardSpec or a dict of its fields, "
+                    f"got {type(reward).__name__}")
 
 
 class RewardScorer:
