@@ -290,3 +290,18 @@ def test_source_columns_give_each_row_its_source_images(tmp_path):
     (batch,) = list(iter_batches(ds, ds.shards[0], cols, 8))
     assert batch["sources"][0] == [b, c, a]
     assert batch["error"] == [None, "source column 'src': no image (the cell is null)"]
+
+
+def test_hf_prefix_loads_with_load_dataset(reward, tmp_path):
+    """``hf:PATH`` goes through ``datasets.load_dataset`` (the hub-id code path), here on a local folder."""
+    pytest.importorskip("datasets")
+    from rewardkit.datasets import open_dataset, score_dataset
+
+    rows = write_parquet_set(tmp_path / "data", shards=1, rows=4)
+    ds = open_dataset(f"hf:{tmp_path / 'data'}", split="train")
+    assert ds.format == "hf" and len(ds.hf) == 4 and ds.split == "train"
+    score_dataset(reward, ds, tmp_path / "out", id_column="uid", progress=False)
+    df, man = read_dir(tmp_path / "out")
+    assert df["id"].tolist() == [r["uid"] for r in rows] and man["format"] == "hf"
+    np.testing.assert_allclose(df["score"], direct(reward, [r["image"] for r in rows], [r["prompt"] for r in rows]),
+                               rtol=1e-5, atol=1e-5)

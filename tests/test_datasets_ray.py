@@ -181,7 +181,7 @@ def test_a_worker_killed_mid_run_loses_no_row_and_scores_none_twice(cluster, rew
     seen = []
     for res in run_on_ray([0, 1, 2], _chunks(ds, cols, 8), _DiesOnce,
                           {"marker": str(marker), "spec": spec, "on_error": "nan", "batch_size": 8}):
-        ids, recs = res["result"].value
+        ids, recs, _ = res["result"].value
         seen.append((str(res["shard"]), int(res["start"]), [r["score"] for r in recs]))
     assert marker.exists()  # the worker did die
     assert [(s, st) for s, st, _ in seen] == [(f"part-{s}", st) for s in range(3) for st in (0, 8, 16)]

@@ -172,9 +172,9 @@ def _open_hf(where: str, split: str | None, num_shards: int | None, items: list[
     from .._imports import require
 
     datasets = require("datasets", "data", "reading Hugging Face datasets")
-    if Path(where).exists():
+    if _is_hf_folder(Path(where)):
         ds = datasets.load_from_disk(where)
-    else:  # a hub id: the network path (HF_HUB_OFFLINE=1 makes it read only the local cache)
+    else:  # a hub id (HF_HUB_OFFLINE=1: only the local cache) or, with hf:, any folder load_dataset reads
         ds = datasets.load_dataset(where, split=split)
     if isinstance(ds, datasets.DatasetDict):
         names = list(ds)

@@ -168,7 +168,8 @@ class _ChunkScorer:
         batch = row["batch"].value
         where = lambda i: f"{row['path']} row {row['start'] + i} (id {batch['id'][i]!r})"  # noqa: E731
         recs = score_batch(self.reward, batch, self.on_error, self.batch_size, where=where)
-        return {"shard": row["shard"], "start": row["start"], "result": _Box((batch["id"], recs))}
+        dims = list(getattr(self.reward, "dimensions", ()) or ())  # the instance's, as the local engine uses
+        return {"shard": row["shard"], "start": row["start"], "result": _Box((batch["id"], recs, dims))}
 
 
 def _chunks(ds: Any, cols: Any, batch_size: int):
@@ -234,11 +235,12 @@ def score_dataset_ray(reward: Any, dataset: Any, output: str | Path, *, address:
                 if writer is not None:  # the previous shard is complete (rows come in order)
                     _commit(writer, summary)
                 shard = queue.pop(0)
+                dims = list(res["result"].value[2])
                 writer = ShardWriter(out_dir, shard.name, str(shard), desc, idt, dims)
             if res["start"] != writer.rows:
                 raise RuntimeError(f"shard {res['shard']}: batch at row {res['start']} arrived after "
                                    f"{writer.rows} rows (out of order)")
-            ids, recs = res["result"].value
+            ids, recs, _ = res["result"].value
             writer.write(list(ids), list(recs))
         if writer is not None:
             _commit(writer, summary)
