@@ -82,3 +82,15 @@ def test_unreadable_pairs_are_skipped_with_their_reason(tmp_path):
     assert "image" in got[1]["reason"], got[1]
     assert got[2]["status"] == "skipped" and "bad preference label 'maybe'" in got[2]["reason"]
     assert got[0]["status"] == "ok" and got[0]["id"] == "part-0:0"
+
+
+def test_cli_parrot_rationalize_dataset(tmp_path, capsys):
+    from rewardkit.cli import main
+
+    write_pairs(tmp_path / "pairs", shards=2, rows=3)
+    args = ["parrot", "rationalize", "teacher.judge=scripted", "--output-dir", str(tmp_path / "work"), "--dataset",
+            str(tmp_path / "pairs"), "--output", str(tmp_path / "out"), "--id-column", "pair_id"]
+    assert main(args) == 0
+    assert "rationalized 6 pair(s) in 2 shard(s)" in capsys.readouterr().err
+    assert pq.read_table(tmp_path / "out" / "part-1.parquet").column("id").to_pylist() == ["p3", "p4", "p5"]
+    assert main(args) == 0 and "2 shard(s) already done" in capsys.readouterr().err

@@ -97,3 +97,33 @@ def _report(summary, args: argparse.Namespace) -> int:
     if summary.rows == 0 and summary.shards_skipped:
         return EXIT_OK
     return invalid_summary(summary.invalid, summary.rows, "rows")
+
+
+def add_pair_args(sp) -> None:
+    """``rewardkit parrot rationalize --dataset ...``: stage 1 over a sharded dataset of pairs."""
+    g = sp.add_argument_group("a sharded dataset of pairs (Parquet, WebDataset, Hugging Face; docs/datasets.md)")
+    g.add_argument("--dataset", nargs="+", metavar="PATH", help="pairs to rationalize shard by shard (instead of "
+                                                               "data.train); records go to --output")
+    g.add_argument("--output", type=Path, help="folder for one Parquet file of rationale records per shard")
+    for slot, default in (("image-a", "image_a"), ("image-b", "image_b"), ("prompt", "prompt"), ("label", "label")):
+        g.add_argument(f"--{slot}-column", default=default, help=f"column of the pair's {slot} (default {default})")
+    g.add_argument("--source-column", help="column of the source image (editing pairs)")
+    g.add_argument("--id-column", help="column holding a pair id (default SHARD:ROW; WebDataset: the key)")
+    g.add_argument("--engine", choices=("local", "ray"), default="local", help="ray: one teacher per actor")
+    g.add_argument("--ray-address", help="Ray cluster to join (auto, ray://HOST:PORT; default: a local one)")
+    g.add_argument("--concurrency", type=int, default=1, help="--engine ray: teacher actors (default 1)")
+    g.add_argument("--num-gpus", type=float, default=None, help="--engine ray: GPUs per actor")
+
+
+def run_parrot_dataset(args: argparse.Namespace, cfg) -> int:
+    if args.output is None:
+        raise UsageError("--dataset needs --output DIR (one Parquet file of rationale records per shard)")
+    from ..datasets.parrot import PairColumns, rationalize_dataset
+
+    cols = PairColumns(image_a=args.image_a_column, image_b=args.image_b_column, prompt=args.prompt_column,
+                       label=args.label_column, source=args.source_column, id=args.id_column)
+    s = rationalize_dataset(cfg, args.dataset, args.output, columns=cols, engine=args.engine,
+                            address=args.ray_address, concurrency=args.concurrency, num_gpus=args.num_gpus)
+    print(f"rationalized {s.rows} pair(s) in {s.shards_scored} shard(s) ({s.invalid} not ok); "
+          f"{s.shards_skipped} shard(s) already done; records in {s.output}", file=sys.stderr)
+    return EXIT_OK
