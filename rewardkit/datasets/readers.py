@@ -211,16 +211,12 @@ def _table_batches(ds: Dataset, shard: Shard, columns: list[str], batch_size: in
             d["__n__"] = rb.num_rows
             yield d
         return
-    import datasets
-
     part = ds.hf.select(range(shard.start, shard.stop)).select_columns(columns)
-    for c in columns:  # read Image features undecoded: {bytes, path}, decoded by rewardkit.media per chunk
-        feat = part.features[c]
-        if isinstance(feat, datasets.Image) and feat.decode:
-            part = part.cast_column(c, datasets.Image(decode=False))
-    for b in part.with_format(None).iter(batch_size=batch_size):
-        b = dict(b)
-        b["__n__"] = len(b[columns[0]])
+    # Arrow batches of the memory-mapped table: an Image feature arrives as its stored {bytes, path} struct,
+    # decoded later by rewardkit.media a chunk at a time
+    for tbl in part.with_format("arrow").iter(batch_size=batch_size):
+        b: dict[str, Any] = {c: tbl.column(c).to_pylist() for c in columns}
+        b["__n__"] = tbl.num_rows
         yield b
 
 
