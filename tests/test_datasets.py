@@ -305,3 +305,22 @@ def test_hf_prefix_loads_with_load_dataset(reward, tmp_path):
     assert df["id"].tolist() == [r["uid"] for r in rows] and man["format"] == "hf"
     np.testing.assert_allclose(df["score"], direct(reward, [r["image"] for r in rows], [r["prompt"] for r in rows]),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_score_files_hold_few_row_groups_and_on_error_raise_names_the_row(reward, tmp_path, tiny_clip_dir, capsys):
+    from rewardkit.datasets import score_dataset
+    from rewardkit.datasets import output
+
+    write_parquet_set(tmp_path / "data", shards=1, rows=9, corrupt=(0, 2))
+    old, output.ROW_GROUP = output.ROW_GROUP, 4
+    try:
+        score_dataset(reward, tmp_path / "data", tmp_path / "out", batch_size=2, progress=False)
+    finally:
+        output.ROW_GROUP = old
+    meta = pq.ParquetFile(tmp_path / "out" / "part-0.parquet").metadata
+    assert meta.num_rows == 9 and meta.num_row_groups == 3  # 4 + 4 + 1 rows, not one group per batch of 2
+    rc = _cli("score", "-r", "pickscore", "-m", str(tiny_clip_dir), "--dataset", str(tmp_path / "data"),
+              "--output", str(tmp_path / "o2"), "--on-error", "raise", "--id-column", "uid", "--no-progress")
+    err = capsys.readouterr().err
+    assert rc == 2 and "part-0.parquet row 2 (id 2)" in err, err
+    assert not (tmp_path / "o2" / "part-0.parquet").exists()

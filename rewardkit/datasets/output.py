@@ -25,6 +25,7 @@ from ..commands import UsageError
 MANIFEST = "_rewardkit_scores.json"
 META_KEY = b"rewardkit"
 _DEVICE_KEYS = ("device",)  # where a reward runs does not change what it computes
+ROW_GROUP = 16384  # rows per row group of a score file (one per batch would make millions of tiny groups)
 
 
 def dim_column(name: str) -> str:
@@ -117,6 +118,8 @@ class ShardWriter:
         self._fields = fields
         self._meta = {META_KEY: json.dumps({**desc, "input_shard": shard_path}).encode()}
         self._writer = None
+        self._pending: list[Any] = []  # score rows are small: buffer them into row groups of ROW_GROUP rows
+        self._pending_rows = 0
         self.rows = 0
         self.invalid = 0
 
@@ -151,13 +154,24 @@ class ShardWriter:
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise UsageError(f"shard {self.shard_name}: an id cannot be stored as {self.schema.field('id').type} "
                              f"({exc})") from None
-        self._writer.write_table(table)
+        self._pending.append(table)
+        self._pending_rows += n
+        if self._pending_rows >= ROW_GROUP:
+            self._flush()
         self.rows += n
         self.invalid += sum(not r["valid"] for r in records)
+
+    def _flush(self) -> None:
+        import pyarrow as pa
+
+        if self._pending:
+            self._writer.write_table(pa.concat_tables(self._pending), row_group_size=ROW_GROUP)
+            self._pending, self._pending_rows = [], 0
 
     def commit(self) -> None:
         if self._writer is None:
             self._open(False)
+        self._flush()
         self._writer.close()
         os.replace(self.tmp, self.final)
 
