@@ -57,8 +57,14 @@ def run_dataset(args: argparse.Namespace, kwargs: dict) -> int:
                   source_columns=args.source_columns, id_column=args.id_column, format=args.data_format,
                   split=args.split, num_shards=args.num_shards, batch_size=args.batch_size,
                   on_error=args.on_error, overwrite=args.overwrite, progress=not args.no_progress)
+    if args.ray_address and args.engine != "ray":
+        raise UsageError("--ray-address needs --engine ray")
     if args.engine == "ray":
+        from ..distributed import launched_world_size
         from ..integrations.ray import RewardSpec, score_dataset_ray
+
+        if launched_world_size() > 1:
+            raise UsageError("--engine ray runs from one driver process; do not launch it with torchrun")
 
         spec = RewardSpec(args.reward, None if args.config is None else str(args.config), kwargs)
         summary = score_dataset_ray(spec, args.dataset, args.output, address=args.ray_address,
