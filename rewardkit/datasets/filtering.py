@@ -62,6 +62,9 @@ def _load_scores(scores: Any, ds: Dataset) -> tuple[dict[str, Any], list[str], d
             raise UsageError(f"{folder}: scores of shards {man.get('shards')[:3]}... do not match the dataset's "
                              f"{[s.name for s in ds.shards][:3]}... (score this dataset into its own folder)")
         pre = f"{name}." if name else ""
+        if "row" in cols and len(cols["row"]) != table.num_rows:
+            raise UsageError(f"{folder}: {table.num_rows} score rows but {len(cols['row'])} in the first scores "
+                             "folder (scored on different data?)")
         for c in table.column_names:
             if c in ("shard", "row", "error", "rationale"):
                 continue
