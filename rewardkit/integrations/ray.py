@@ -207,6 +207,10 @@ def score_dataset_ray(reward: Any, dataset: Any, output: str | Path, *, address:
     require("ray", "ray", "scoring on a Ray cluster")
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    if on_error not in ("nan", "raise"):
+        raise ValueError(f"on_error must be 'nan' or 'raise', got {on_error!r}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     spec = _as_spec(reward)
     described = spec.describe()
     from ..datasets.output import reward_description
