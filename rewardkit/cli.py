@@ -33,6 +33,7 @@ COMMANDS: dict[str, str] = {
     "parrot": "rewardkit.commands.parrot",
     "refine": "rewardkit.commands.refine",
     "view": "rewardkit.commands.view",
+    "filter": "rewardkit.commands.filter",
 }
 
 

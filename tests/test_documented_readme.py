@@ -248,7 +248,7 @@ def test_extras_table_matches_pyproject():
     # `all` is every extra but the ones the README's `all` row names (`all` itself, vllm, docs, ...) and dev
     left_out = set(re.findall(r"`(\w+)`", next(r for r in table if r.startswith("| `all`"))))
     inner = re.match(r"rewardkit-vision\[(.*)\]", extras["all"][0]).group(1).split(",")
-    assert {"vllm", "docs"} <= left_out
+    assert {"vllm", "docs", "ray"} <= left_out
     assert len(extras["all"]) == 1 and set(inner) == set(extras) - left_out - {"dev"}
 
 

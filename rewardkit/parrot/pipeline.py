@@ -220,7 +220,10 @@ def _now() -> float:
 class Pipeline:
     """Stages 1-3 over one dataset with one teacher. ``teacher`` may be passed ready (tests, notebooks)."""
 
-    def __init__(self, cfg: ParrotConfig, *, teacher: Any = None, progress: bool = True) -> None:
+    def __init__(self, cfg: ParrotConfig, *, teacher: Any = None, progress: bool = True,
+                 load_data: bool = True) -> None:
+        """``load_data=False``: no dataset of its own; rows come from the caller through
+        :meth:`rationale_records` (the dataset path, :mod:`rewardkit.datasets.parrot`)."""
         from ..judges import check_temperature, load_template
         from ..train.data import load_pairs
 
@@ -230,7 +233,8 @@ class Pipeline:
         self.out.mkdir(parents=True, exist_ok=True)
         d = cfg.data
         self.ds, self.base_dir = load_pairs(d.train, split=d.split, layout=d.layout, max_samples=d.max_samples,
-                                            synthetic_size=d.synthetic_size, seed=cfg.seed, revision=d.revision)
+                                            synthetic_size=d.synthetic_size, seed=cfg.seed,
+                                            revision=d.revision) if load_data else (None, None)
         self.template = load_template("parrot", cfg.template)
         self._teacher = teacher
         self.progress = progress
@@ -332,6 +336,14 @@ class Pipeline:
         return n
 
     def _rationalize_chunk(self, rows: list[dict[str, Any]]) -> int:
+        recs = self.rationale_records(rows)
+        self.rationales.append(recs)
+        return len(recs)
+
+    def rationale_records(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Stage-1 records of ``rows`` (each ``{row, prompt, label: A|B|tie, image_a, image_b, sources}``, as
+        :meth:`_row` builds them), in order, without storing them: the entry point for callers that bring
+        their own rows (sharded Parquet sets, Ray actors)."""
         from .prompts import rationalize_conv
 
         prov = self._prov("rationalize")
@@ -362,8 +374,7 @@ class Pipeline:
                 rec.update(status="unparseable", reason=str(exc), dimension=exc.dimension)
                 continue
             rec.update(status="ok", rationale=ans.strip(), rationale_preferred=p.preferred)
-        self.rationales.append(recs)
-        return len(recs)
+        return recs  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ stage 2
     def filter(self, rows: Iterable[int] | None = None) -> int:
