@@ -4,5 +4,5 @@
 # lint-imports (e.g. --verbose).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. scripts/_env.sh all,dev
+. scripts/_env.sh all,dev,ray
 exec lint-imports --no-cache "$@"
