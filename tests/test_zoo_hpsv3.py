@@ -62,6 +62,14 @@ def test_hpsv3_prompt_and_pixels(hpsv3_dirs):
 
     assert "**Visual Quality:**  \n" in INSTRUCTION and INSTRUCTION.endswith("Textual prompt - {text_prompt}\n\n\n")
     assert SUFFIX == "\nPlease provide the overall ratings of this image: <|Reward|>\n\nEND\n"
+    # the whole instruction, byte for byte, as the official package has it: sha256 of the string literals
+    # ``INSTRUCTION`` (lines 11-32) and ``prompt_with_special_token`` (lines 38-42) of the hpsv3==1.0.0 wheel's
+    # hpsv3/dataset/data_collator_qwen.py (file sha256 sPk26J-N9lLG... in the wheel's RECORD), read with ast
+    import hashlib
+
+    assert (len(INSTRUCTION), hashlib.sha256(INSTRUCTION.encode()).hexdigest()) == (
+        2523, "0393599dad45a971903d1d62a3acf9bad3ccccdafa7f40f680523419e1f68b7a")
+    assert hashlib.sha256(SUFFIX.encode()).hexdigest() == "2471faca094ae5bd6fe17b71dce20c3d7583625545e235889f7e74e7eeb69d0a"
     _, _, out = hpsv3_dirs
     reward = HPSv3(model=str(out), device="cpu")
     text = reward.model.input_encoder().render("a red car", 0)
