@@ -280,6 +280,15 @@ def test_editreward_conversion_parity(tmp_path):
     from rewardkit.rewards.editreward import EditReward
 
     assert INSTRUCTION_EDIT_FOLLOWING.count("  \n") == 11 and "score from 1 to 4" in INSTRUCTION_EDIT_QUALITY
+    # byte for byte as upstream (the reference below shares these constants): sha256 of the string literals
+    # INSTRUCTION_EDIT_FOLLOWING (lines 1-28) and INSTRUCTION_EDIT_QUALITY (lines 30-57) of
+    # TIGER-AI-Lab/EditReward@edb027e EditReward/dataset/prompts.py, read with ast
+    import hashlib
+
+    assert [(len(t), hashlib.sha256(t.encode()).hexdigest()) for t in (INSTRUCTION_EDIT_FOLLOWING,
+                                                                       INSTRUCTION_EDIT_QUALITY)] == [
+        (1820, "da5bfc26898cc8e0e534a29675ad78c3462d331b7feaebf13bae5aa50195864f"),
+        (1724, "89bbc5c2ac1bbea9c45a0fde298e9a97d1c079170a30780392c577fc1cd8d286")]
     ckpt, base = write_tiny_editreward(tmp_path / "src", seed=2)
     _unit_scale(ckpt, seed=2)
     out = convert("editreward", ckpt, tmp_path / "out", base=str(base), pixels=PIXELS)
