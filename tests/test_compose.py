@@ -19,13 +19,21 @@ from rewardkit.reward import Reward, RewardBatch, RewardConfig, RewardOutput
 NAN = float("nan")
 
 
-def zr(x, mask=None):
-    """The composite default: the RL convention (x - mean) / (std + 1e-4)."""
-    return zscore(x, mask, mode="rl")
+def zr(x):
+    """The composite default, written here in numpy (the expected side never calls compose.functions, which the
+    composite itself uses): the RL convention (x - mean) / (population std + 1e-4)."""
+    x = np.asarray(x, dtype=np.float64)
+    return torch.from_numpy((x - x.mean()) / (x.std() + 1e-4)).float()
 
 
-def gzr(x, keys, mask=None):
-    return group_zscore(x, keys, mask, mode="rl")
+def gzr(x, keys):
+    """:func:`zr` within each group of equal keys (a group of one gets 0)."""
+    x = np.asarray(x, dtype=np.float64)
+    out = np.zeros_like(x)
+    for k in set(keys):
+        idx = [i for i, kk in enumerate(keys) if kk == k]
+        out[idx] = (x[idx] - x[idx].mean()) / (x[idx].std() + 1e-4)
+    return torch.from_numpy(out).float()
 
 
 def close(a, b, tol=1e-5):

@@ -38,11 +38,16 @@ def tjudge(tiny_qwen2_5_vl_dir):
 
 
 def plain_p_yes(judge, c, label="Yes"):
-    """softmax(last-position logits of one plain forward, over the whole vocabulary)[label], in float64."""
-    from rewardkit.judges.transformers_backend import conversation_images
+    """softmax(last-position logits of one plain forward, over the whole vocabulary)[label], in float64.
 
-    ims = conversation_images(c)
-    inputs = judge.processor(text=[judge._render(c)], images=ims or None, return_tensors="pt")
+    Nothing of the judge's own input path: the text is the processor's chat template with the generation prompt
+    (as linzhiqiu/t2v_metrics @6ecb74f renders the question, ``t2v_metrics/models/vqascore_models/qwen2vl_model.py``
+    lines 198-199: ``apply_chat_template(messages, tokenize=False, add_generation_prompt=True)``), the images are
+    read from the conversation here, and the forward is the transformers model's plain ``__call__`` on the
+    processor's tensors."""
+    ims = [item["image"] for msg in c for item in msg["content"] if item.get("type") == "image"]
+    text = judge.processor.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
+    inputs = judge.processor(text=[text], images=ims or None, return_tensors="pt")
     with torch.no_grad():
         logits = judge.model(**inputs).logits[0, -1].double()
     tid = judge.tokenizer.encode(label, add_special_tokens=False)

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from rewardkit.testing import random_images
+from upstream_preprocess import hpsv2_eval_pixels, openai_clip_eval_pixels
 
 SIZES = [(32, 32), (48, 20), (20, 50), (33, 17), (64, 64), (31, 45)]
 
@@ -84,20 +85,9 @@ class OpenCLIPRef(nn.Module):
         return x[torch.arange(x.shape[0]), pos] @ self.text_projection
 
 
-def _hpsv2_reference_pixels(img, size=224):
-    """HPSv2's eval transform, step by step: ToTensor, ResizeMaxSize (tensor, bicubic antialias), pad, normalise."""
-    x = torch.from_numpy(np.asarray(img.convert("RGB")).copy()).permute(2, 0, 1).float() / 255
-    h, w = x.shape[1:]
-    s = size / max(h, w)
-    if s != 1.0:
-        nh, nw = round(h * s), round(w * s)
-        x = torch.nn.functional.interpolate(x[None], (nh, nw), mode="bicubic", antialias=True)[0]
-    canvas = torch.zeros(3, size, size)
-    top, left = (size - x.shape[1]) // 2, (size - x.shape[2]) // 2
-    canvas[:, top:top + x.shape[1], left:left + x.shape[2]] = x
-    mean = torch.tensor([0.48145466, 0.4578275, 0.40821073]).view(3, 1, 1)
-    std = torch.tensor([0.26862954, 0.26130258, 0.27577711]).view(3, 1, 1)
-    return (canvas - mean) / std
+# HPSv2's eval transform (ToTensor, ResizeMaxSize: tensor bicubic antialias, centred zero pad, normalise),
+# transcribed from hpsv2/src/open_clip/transform.py lines 37-49 and 141-156 in tests/upstream_preprocess.py
+_hpsv2_reference_pixels = hpsv2_eval_pixels
 
 
 @pytest.fixture(scope="module")
@@ -206,17 +196,9 @@ def test_aesthetic_conversion_parity(tmp_path, tiny_clip_dir):
         assert json.loads((out / "rewardkit.json").read_text())["variant"] == ("relu" if act else "linear")
 
 
-def _openai_clip_reference(img, size):
-    from PIL import Image
-
-    w, h = img.size
-    nw, nh = (size, int(size * h / w)) if w <= h else (int(size * w / h), size)
-    im = img.resize((nw, nh), Image.BICUBIC) if (nw, nh) != (w, h) else img
-    left, top = int(round((nw - size) / 2.0)), int(round((nh - size) / 2.0))
-    arr = np.asarray(im, dtype=np.float32)[top:top + size, left:left + size] / 255.0
-    mean = np.array([0.48145466, 0.4578275, 0.40821073], dtype=np.float32)
-    std = np.array([0.26862954, 0.26130258, 0.27577711], dtype=np.float32)
-    return torch.from_numpy(((arr - mean) / std).transpose(2, 0, 1).copy())
+# OpenAI CLIP's _transform (PIL bicubic short side, int() long side, round() centre crop, ToTensor, normalise),
+# transcribed from openai/CLIP clip/clip.py lines 79-86 in tests/upstream_preprocess.py
+_openai_clip_reference = openai_clip_eval_pixels
 
 
 def test_openai_clip_preprocessing_matches_recipe():

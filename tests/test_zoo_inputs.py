@@ -176,10 +176,11 @@ def test_clip_family_scores_an_empty_prompt_as_upstream(zoo, name):
     """The text tower's unconditional input ([start, end] tokens), as open_clip / transformers / hpsv2 score it."""
     reward = zoo(name)
     ims = random_images(2, sizes=[(40, 40), (64, 36)], seed=11)
-    if name == "hpsv2":
-        from rewardkit.models.zoo import hpsv2_pixels
+    if name == "hpsv2":  # the upstream transform (transform.py ResizeMaxSize), not rewardkit's hpsv2_pixels
+        from upstream_preprocess import hpsv2_eval_pixels
 
-        pixels = hpsv2_pixels(ims, int(reward.backbone.model.config.vision_config.image_size))
+        size = int(reward.backbone.model.config.vision_config.image_size)
+        pixels = torch.stack([hpsv2_eval_pixels(im, size) for im in ims])
     else:
         import transformers
 
