@@ -134,6 +134,20 @@ for m in "${MODELS[@]}"; do
       --tokenizer "$WORK/hpsv2/tokenizer" --heads 2,2 >/dev/null
     compare hpsv2 "$WORK/hpsv2/converted"
     ;;
+  imagereward)
+    # image-reward 1.5 pins timm==0.6.13 and fairscale==0.4.13 (BLIP's ViT imports them) and imports OpenAI's
+    # `clip` without declaring it; diffusers / datasets / accelerate are not on the scoring path. BLIP's med.py
+    # imports helpers transformers 5 removed, so the 4.x line the package was written for (4.45.2) is used.
+    make_env imagereward "image-reward==1.5 timm==0.6.13 fairscale==0.4.13 openai-clip==1.0.1 torchvision==0.28.0 --no-deps ;; transformers==4.45.2 ftfy regex tqdm huggingface_hub"
+    step "imagereward: tiny checkpoint and official scores"
+    mkdir -p "$WORK/imagereward"
+    "${RK[@]}" "$ROOT/scripts/parity/official_imagereward.py" tokenizer "$WORK/imagereward"
+    "$ENV/bin/python" "$ROOT/scripts/parity/official_imagereward.py" official "$WORK/inputs" "$WORK/imagereward"
+    step "imagereward: rewardkit convert"
+    "${RK[@]}" -m rewardkit.cli convert imagereward "$WORK/imagereward/ImageReward.pt" "$WORK/imagereward/converted" \
+      --tokenizer "$WORK/imagereward/bert-base-uncased" --med-config "$WORK/imagereward/med_config.json" >/dev/null
+    compare imagereward "$WORK/imagereward/converted"
+    ;;
   *)
     echo "unknown model $m (hpsv2 imagereward aesthetic hpsv3 vqascore)" >&2; exit 2 ;;
   esac
