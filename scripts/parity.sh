@@ -120,6 +120,12 @@ unavailable() {  # unavailable NAME WHY
   printf '!!!!!! %s: NOT RUN: %s\n' "$1" "$2" >&2
 }
 
+# image-reward 1.5 pins timm==0.6.13 and fairscale==0.4.13 (BLIP's ViT imports them) and imports OpenAI's `clip`
+# without declaring it; diffusers / datasets / accelerate serve only its ReFL training script (not imported, see
+# official_imagereward.py). BLIP's med.py imports helpers transformers 5 removed: the 4.x line it was written
+# for (4.45.2) is used.
+IMAGEREWARD_PINS="image-reward==1.5 timm==0.6.13 fairscale==0.4.13 openai-clip==1.0.1 torchvision==0.28.0 --no-deps ;; transformers==4.45.2 ftfy regex tqdm huggingface_hub"
+
 for m in "${MODELS[@]}"; do
   case "$m" in
   hpsv2)
@@ -135,10 +141,7 @@ for m in "${MODELS[@]}"; do
     compare hpsv2 "$WORK/hpsv2/converted"
     ;;
   imagereward)
-    # image-reward 1.5 pins timm==0.6.13 and fairscale==0.4.13 (BLIP's ViT imports them) and imports OpenAI's
-    # `clip` without declaring it; diffusers / datasets / accelerate are not on the scoring path. BLIP's med.py
-    # imports helpers transformers 5 removed, so the 4.x line the package was written for (4.45.2) is used.
-    make_env imagereward "image-reward==1.5 timm==0.6.13 fairscale==0.4.13 openai-clip==1.0.1 torchvision==0.28.0 --no-deps ;; transformers==4.45.2 ftfy regex tqdm huggingface_hub"
+    make_env imagereward "$IMAGEREWARD_PINS"
     step "imagereward: tiny checkpoint and official scores"
     mkdir -p "$WORK/imagereward"
     "${RK[@]}" "$ROOT/scripts/parity/official_imagereward.py" tokenizer "$WORK/imagereward"
@@ -147,6 +150,17 @@ for m in "${MODELS[@]}"; do
     "${RK[@]}" -m rewardkit.cli convert imagereward "$WORK/imagereward/ImageReward.pt" "$WORK/imagereward/converted" \
       --tokenizer "$WORK/imagereward/bert-base-uncased" --med-config "$WORK/imagereward/med_config.json" >/dev/null
     compare imagereward "$WORK/imagereward/converted"
+    ;;
+  aesthetic)
+    # no PyPI package of its own: image-reward packages it (ImageReward.models.AestheticScore, OpenAI clip)
+    make_env imagereward "$IMAGEREWARD_PINS"
+    step "aesthetic: tiny checkpoints and official scores"
+    "$ENV/bin/python" "$ROOT/scripts/parity/official_aesthetic.py" official "$WORK/inputs" "$WORK/aesthetic"
+    step "aesthetic: rewardkit convert"
+    "${RK[@]}" "$ROOT/scripts/parity/official_aesthetic.py" hfclip "$WORK/aesthetic"
+    "${RK[@]}" -m rewardkit.cli convert aesthetic "$WORK/aesthetic/aesthetic.pth" "$WORK/aesthetic/converted" \
+      --clip "$WORK/aesthetic/hf-clip" >/dev/null
+    compare aesthetic "$WORK/aesthetic/converted"
     ;;
   *)
     echo "unknown model $m (hpsv2 imagereward aesthetic hpsv3 vqascore)" >&2; exit 2 ;;

@@ -56,7 +56,8 @@ def run(name: str, inputs: str, official_json: str, model_dir: str, summary: str
         kwargs["model"] = model_dir
     reward = load_reward(name, **kwargs)
     pairs = [(im, j) for im in images for j in range(len(prompts))]
-    out = reward([im["path"] for im, _ in pairs], [prompts[j] for _, j in pairs], on_error="nan")
+    texts = [prompts[j] for _, j in pairs] if reward.uses_prompt else None
+    out = reward([im["path"] for im, _ in pairs], texts, on_error="nan")
     ours = {key(im, j): (float(s) if bool(v) else (e or "invalid"))
             for (im, j), s, v, e in zip(pairs, out.scores.tolist(), out.valid.tolist(), out.errors)}
 
