@@ -162,6 +162,18 @@ for m in "${MODELS[@]}"; do
       --clip "$WORK/aesthetic/hf-clip" >/dev/null
     compare aesthetic "$WORK/aesthetic/converted"
     ;;
+  hpsv3)
+    # hpsv3 1.0.0 pins transformers==4.45.2 (kept: its checkpoint names and Qwen2-VL code are that version's) and
+    # lists deepspeed, diffusers, opencv, qwen-vl-utils for training / generation: installed without them, plus
+    # what `hpsv3.inference` imports (its trainer module: peft, trl, datasets, pandas, matplotlib, tensorboard).
+    make_env hpsv3 "hpsv3==1.0.0 torchvision==0.28.0 --no-deps ;; transformers==4.45.2 trl<0.12 peft<0.14 accelerate<1.1 datasets<3.1 pandas matplotlib tensorboard omegaconf pyyaml fire requests safetensors"
+    step "hpsv3: tiny checkpoint and official scores"
+    "$ENV/bin/python" "$ROOT/scripts/parity/official_hpsv3.py" "$WORK/inputs" "$WORK/hpsv3"
+    step "hpsv3: rewardkit convert"
+    "${RK[@]}" -m rewardkit.cli convert hpsv3 "$WORK/hpsv3/HPSv3.safetensors" "$WORK/hpsv3/converted" \
+      --base "$WORK/hpsv3/base" >/dev/null
+    compare hpsv3 "$WORK/hpsv3/converted"
+    ;;
   *)
     echo "unknown model $m (hpsv2 imagereward aesthetic hpsv3 vqascore)" >&2; exit 2 ;;
   esac

@@ -7,7 +7,8 @@ L2-normalised, then the same activation-free ``MLP(768)``), run here in the imag
 ``python official_aesthetic.py official INPUTS OUT`` (image-reward environment):
 
 1. builds a small ``clip.model.CLIP`` (OpenAI's class; 224 px, patch 14, projection 768 as ViT-L/14, so the
-   ``MLP(768)`` fits) and saves its state dict, which ``clip.load(path, jit=False)`` accepts for a file path;
+   ``MLP(768)`` fits) and saves it as the published files are, a TorchScript archive, which
+   ``clip.load(path, jit=False)`` accepts for a file path (rebuilding ``CLIP`` from its state dict);
 2. builds ``AestheticScore`` with ``clip.load`` pointed at that file (the class hard-codes the "ViT-L/14" download),
    perturbs and saves its ``MLP`` as ``OUT/aesthetic.pth`` (a flat ``layers.*`` state dict, as the published file);
 3. scores every image with ``AestheticScore.score(None, path)`` (the prompt is unused);
@@ -49,7 +50,7 @@ def official(inputs: str, out_dir: str) -> None:
     sys.modules["ImageReward"] = pkg
     import clip
     from clip.simple_tokenizer import SimpleTokenizer
-    from ImageReward.models import AestheticScore as AS
+    AS = importlib.import_module("ImageReward.models.AestheticScore")  # the module (the package exports the class)
 
     torch.manual_seed(0)
     model = clip.model.CLIP(**CLIP)
@@ -59,7 +60,12 @@ def official(inputs: str, out_dir: str) -> None:
             if name != "logit_scale":
                 p.add_(0.05 * torch.randn(p.shape, generator=gen))
     clip_path = out / "openai-clip-tiny.pt"
-    torch.save(model.state_dict(), clip_path)
+    torch.save(model.state_dict(), out / "openai-clip-tiny-state.pt")
+    # the published ViT-L-14.pt is a TorchScript archive, which clip.load reads with torch.jit.load (its
+    # state-dict fallback re-reads an already consumed file handle and fails on current torch): traced likewise
+    model.eval()
+    example = (torch.zeros(1, 3, 224, 224), torch.zeros(1, 77, dtype=torch.long))
+    torch.jit.save(torch.jit.trace(model, example, check_trace=False), str(clip_path))
 
     real_load = clip.load
     AS.clip.load = lambda name, **kw: real_load(str(clip_path), **kw)  # instead of downloading "ViT-L/14"
@@ -102,7 +108,7 @@ def hfclip(out_dir: str) -> None:
     from rewardkit.convert.openclip import clip_config_from_openclip, openclip_to_hf
 
     out = Path(out_dir)
-    sd = torch.load(out / "openai-clip-tiny.pt", weights_only=True)
+    sd = torch.load(out / "openai-clip-tiny-state.pt", weights_only=True)
     tok = transformers.CLIPTokenizer(vocab_file=str(out / "tokenizer" / "vocab.json"),
                                      merges_file=str(out / "tokenizer" / "merges.txt"))
     cfg = clip_config_from_openclip(sd, vision_heads=CLIP["vision_width"] // 64,
