@@ -174,6 +174,15 @@ for m in "${MODELS[@]}"; do
       --base "$WORK/hpsv3/base" >/dev/null
     compare hpsv3 "$WORK/hpsv3/converted"
     ;;
+  vqascore)
+    # t2v-metrics 3.0 (PyPI) pins torch 2.5.1, transformers 4.49.0, numpy 1.26.4, apex, deepspeed, xformers,
+    # bitsandbytes and a video stack for its 20 scorers; only its Qwen-VL scorer's imports are installed (its
+    # transformers and numpy pins kept; decord is imported at module level for video).
+    make_env vqascore "t2v-metrics==3.0 decord==0.6.0 torchvision==0.28.0 --no-deps ;; transformers==4.49.0 numpy==1.26.4 accelerate qwen-vl-utils"
+    step "vqascore: tiny judge and official scores (t2v-metrics 3.0)"
+    "$ENV/bin/python" "$ROOT/scripts/parity/official_vqascore.py" "$WORK/inputs" "$WORK/vqascore"
+    compare vqascore "$WORK/vqascore/judge" "judge=transformers:{dir}" template=t2v_metrics-3.0 dtype=float32
+    ;;
   *)
     echo "unknown model $m (hpsv2 imagereward aesthetic hpsv3 vqascore)" >&2; exit 2 ;;
   esac
