@@ -18,7 +18,7 @@
 #                    each is keyed on its pins, so a rerun with the same pins installs nothing
 #   PARITY_KEEP=DIR  keep the work files (inputs, tiny checkpoints, official scores) in DIR
 #   RK_PYTHON        the interpreter with rewardkit's dependencies (default: the .venv of scripts/_env.sh);
-#                    rewardkit itself is imported from this checkout (PYTHONPATH)
+#                    rewardkit itself is imported from this checkout (PYTHONPATH), or from REWARDKIT_SRC
 #   REWARDKIT_TORCH  torch for the official environments (default torch==2.13.0, a local CPU wheel on our machines)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,7 +42,8 @@ if [ -z "${RK_PYTHON:-}" ]; then
   . "$ROOT/scripts/_env.sh" hf
   RK_PYTHON="$(command -v python)"
 fi
-RK=(env PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$RK_PYTHON")
+RK_SRC="${REWARDKIT_SRC:-$ROOT}"
+RK=(env PYTHONPATH="$RK_SRC${PYTHONPATH:+:$PYTHONPATH}" "$RK_PYTHON")
 
 if [ -n "${PARITY_KEEP:-}" ]; then
   WORK="$PARITY_KEEP"; mkdir -p "$WORK"
@@ -166,7 +167,7 @@ for m in "${MODELS[@]}"; do
     # hpsv3 1.0.0 pins transformers==4.45.2 (kept: its checkpoint names and Qwen2-VL code are that version's) and
     # lists deepspeed, diffusers, opencv, qwen-vl-utils for training / generation: installed without them, plus
     # what `hpsv3.inference` imports (its trainer module: peft, trl, datasets, pandas, matplotlib, tensorboard).
-    make_env hpsv3 "hpsv3==1.0.0 torchvision==0.28.0 --no-deps ;; transformers==4.45.2 trl<0.12 peft<0.14 accelerate<1.1 datasets<3.1 pandas matplotlib tensorboard omegaconf pyyaml fire requests safetensors"
+    make_env hpsv3 "hpsv3==1.0.0 torchvision==0.28.0 --no-deps ;; transformers==4.45.2 trl<0.12 peft<0.14 accelerate<1.1 datasets<3.1 pandas matplotlib tensorboard omegaconf pyyaml fire requests safetensors rich"
     step "hpsv3: tiny checkpoint and official scores"
     "$ENV/bin/python" "$ROOT/scripts/parity/official_hpsv3.py" "$WORK/inputs" "$WORK/hpsv3"
     step "hpsv3: rewardkit convert"

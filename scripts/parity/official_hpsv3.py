@@ -27,6 +27,20 @@ from common import key, read_inputs, write_scores  # noqa: E402
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
             "<|video_pad|>"]
+#: Qwen2's pre-tokenizer (tokenizer.json of the Qwen2 / Qwen2-VL checkpoints): transformers 5 rebuilds
+#: Qwen2Tokenizer with this split whatever the file says, so the tiny tokenizer must use it for both sides to agree
+QWEN_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
+              r"\s+(?!\S)|\s+")
+
+
+def QWEN_PRE_TOKENIZER(pre_tokenizers):
+    from tokenizers import Regex
+
+    return pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
+
+
 #: Qwen/Qwen2-VL-7B-Instruct's chat template (chat_template.json), with its default system prompt
 CHAT_TEMPLATE = (
     "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}{% for message in messages %}"
@@ -43,21 +57,22 @@ CHAT_TEMPLATE = (
 
 def write_base(base: Path) -> None:
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import (PreTrainedTokenizerFast, Qwen2VLConfig, Qwen2VLForConditionalGeneration,
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import (Qwen2TokenizerFast, Qwen2VLConfig, Qwen2VLForConditionalGeneration,
                               Qwen2VLImageProcessor, Qwen2VLProcessor)
 
     from hpsv3.dataset.data_collator_qwen import INSTRUCTION
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = QWEN_PRE_TOKENIZER(pre_tokenizers)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=SPECIALS, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([INSTRUCTION, "system user assistant You are a helpful assistant.",
                              "Please provide the overall ratings of this image"] * 20, trainer=trainer)
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+    hf = Qwen2TokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", unk_token=None,
                                  additional_special_tokens=SPECIALS[1:], model_max_length=32768)
     hf.chat_template = CHAT_TEMPLATE
     ip = Qwen2VLImageProcessor(patch_size=14, merge_size=2, temporal_patch_size=2, min_pixels=3136,

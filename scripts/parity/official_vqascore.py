@@ -24,17 +24,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import key, read_inputs, write_scores  # noqa: E402
-from official_hpsv3 import CHAT_TEMPLATE, SPECIALS  # noqa: E402
+from official_hpsv3 import CHAT_TEMPLATE, QWEN_PRE_TOKENIZER, SPECIALS  # noqa: E402
 
 
 def write_judge(d: Path) -> None:
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import (PreTrainedTokenizerFast, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration,
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import (Qwen2TokenizerFast, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration,
                               Qwen2_5_VLProcessor, Qwen2VLImageProcessor)
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = QWEN_PRE_TOKENIZER(pre_tokenizers)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(vocab_size=500, special_tokens=SPECIALS, show_progress=False,
@@ -42,7 +43,7 @@ def write_judge(d: Path) -> None:
     tok.train_from_iterator(['Does this image show "a cat on a mat"? Please answer Yes or No.',
                              "system user assistant You are a helpful assistant. a photo of a red car"] * 30,
                             trainer=trainer)
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+    hf = Qwen2TokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", unk_token=None,
                                  additional_special_tokens=SPECIALS[1:], model_max_length=32768)
     hf.add_tokens(["Yes", "No"])  # single-token answers, as in Qwen's vocabulary
     hf.chat_template = CHAT_TEMPLATE
