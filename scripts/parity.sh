@@ -6,7 +6,7 @@
 # exit 1 when an RGB input differs by more than the tolerance.
 #
 #   bash scripts/parity.sh                 # every model
-#   bash scripts/parity.sh hpsv2 aesthetic # some of them (hpsv2 imagereward aesthetic hpsv3 vqascore)
+#   bash scripts/parity.sh hpsv2 aesthetic # some of them (hpsv2 imagereward aesthetic hpsv3 vqascore editreward)
 #
 # Tolerance: |official - rewardkit| <= 1e-5 * max(1, |official|) on RGB inputs (a relative 1e-5 on the
 # score's own scale; the scores here are O(1)). Non-RGB inputs (gray, palette, RGBA) are compared only where
@@ -27,7 +27,7 @@ T0=$SECONDS
 step() { printf '[parity %4ds] %s\n' "$((SECONDS - T0))" "$*" >&2; }
 
 MODELS=("$@")
-if [ ${#MODELS[@]} -eq 0 ]; then MODELS=(hpsv2 imagereward aesthetic hpsv3 vqascore); fi
+if [ ${#MODELS[@]} -eq 0 ]; then MODELS=(hpsv2 imagereward aesthetic hpsv3 vqascore editreward); fi
 VENVS="${PARITY_VENVS:-$ROOT/.venv-parity}"
 case "$VENVS" in /*) ;; *) VENVS="$ROOT/$VENVS" ;; esac
 PY="${PYTHON:-python3}"
@@ -128,6 +128,7 @@ unavailable() {  # unavailable NAME WHY
 IMAGEREWARD_PINS="image-reward==1.5 timm==0.6.13 fairscale==0.4.13 openai-clip==1.0.1 torchvision==0.28.0 --no-deps ;; transformers==4.45.2 ftfy regex tqdm huggingface_hub"
 
 for m in "${MODELS[@]}"; do
+  rm -rf "${WORK:?}/$m"  # a kept work folder (PARITY_KEEP) from an earlier run
   case "$m" in
   hpsv2)
     # hpsv2 1.2.0 pins pytest==7.2.0, protobuf<4, webdataset, pyarrow... for training and benchmarking:
@@ -184,8 +185,14 @@ for m in "${MODELS[@]}"; do
     "$ENV/bin/python" "$ROOT/scripts/parity/official_vqascore.py" "$WORK/inputs" "$WORK/vqascore"
     compare vqascore "$WORK/vqascore/judge" "judge=transformers:{dir}" template=t2v_metrics-3.0 dtype=float32
     ;;
+  editreward)
+    # TIGER-AI-Lab/EditReward has no PyPI release (a GitHub repository only): nothing to install here. Its
+    # official forward is transcribed, with file and line, in tests/test_zoo_hpsv3.py.
+    printf 'editreward\t-\t-\t-\t-\tnot on PyPI: no official package to run (reference transcribed in tests/test_zoo_hpsv3.py)\n' >> "$SUMMARY"
+    printf '!!!!!! editreward: not on PyPI, no official package to compare against (see tests/test_zoo_hpsv3.py)\n' >&2
+    ;;
   *)
-    echo "unknown model $m (hpsv2 imagereward aesthetic hpsv3 vqascore)" >&2; exit 2 ;;
+    echo "unknown model $m (hpsv2 imagereward aesthetic hpsv3 vqascore editreward)" >&2; exit 2 ;;
   esac
 done
 

@@ -12,7 +12,7 @@
    resizes the embeddings, builds the ranknet ``rm_head``), perturbs every weight (seeded) and saves the state
    dict as ``OUT/HPSv3.safetensors`` (the published file is the full-model state dict, transformers-4.45 names);
 4. scores with ``HPSv3RewardInferencer(config_path, checkpoint_path, device='cpu').reward(image_paths, prompts)``
-   and takes ``[:, 0]`` (mu) as the README does, one batch per prompt (its images, right-padded).
+   and takes ``[:, 0]`` (mu) as the README does, in batches of 4 (image, prompt) pairs (right-padded).
 """
 
 from __future__ import annotations
@@ -128,19 +128,22 @@ def main(inputs: str, out_dir: str) -> None:
     inferencer = HPSv3RewardInferencer(config_path=str(config_path), checkpoint_path=str(ckpt), device="cpu")
     images, prompts = read_inputs(inputs)
     scores: dict = {}
+    pairs = [(im, j) for im in images for j in range(len(prompts))]
     with torch.no_grad():
-        for j, prompt in enumerate(prompts):
+        # batches of 4 pairs with different prompts (right padding, as the inferencer pads); not larger: Qwen2-VL's
+        # sdpa vision attention in transformers 4.45 builds one mask over every image's patches of the batch
+        for b in range(0, len(pairs), 4):
+            chunk = pairs[b:b + 4]
             try:
-                mu = inferencer.reward([im["path"] for im in images], [prompt] * len(images))[:, 0].float().tolist()
-            except Exception as exc:  # noqa: BLE001 - the batch crashed: score one by one to find which
+                mu = inferencer.reward([im["path"] for im, _ in chunk], [prompts[j] for _, j in chunk])[:, 0].tolist()
+            except Exception:  # noqa: BLE001 - the batch crashed: score one by one to find which
                 mu = []
-                for im in images:
+                for im, j in chunk:
                     try:
-                        mu.append(float(inferencer.reward([im["path"]], [prompt])[0, 0]))
-                    except Exception as exc1:  # noqa: BLE001
+                        mu.append(float(inferencer.reward([im["path"]], [prompts[j]])[0, 0]))
+                    except Exception as exc1:  # noqa: BLE001 - recorded: the official path crashed on it
                         mu.append(f"{type(exc1).__name__}: {exc1}"[:300])
-                _ = exc
-            for im, s in zip(images, mu):
+            for (im, j), s in zip(chunk, mu):
                 scores[key(im, j)] = s
     from importlib.metadata import version
 
