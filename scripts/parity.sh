@@ -8,8 +8,8 @@
 #   bash scripts/parity.sh                 # every model
 #   bash scripts/parity.sh hpsv2 aesthetic # some of them (hpsv2 imagereward aesthetic hpsv3 vqascore editreward)
 #
-# Tolerance: |official - rewardkit| <= 1e-5 * max(1, |official|) on RGB inputs (a relative 1e-5 on the
-# score's own scale; the scores here are O(1)). Non-RGB inputs (gray, palette, RGBA) are compared only where
+# Tolerance: |official - rewardkit| <= 1e-5 * max(scale, |official|) on RGB inputs, scale = the model's largest
+# |official score| (a relative 1e-5 on the score's own scale: a tiny random VQAScore judge gives P(Yes) ~ 0.003). Non-RGB inputs (gray, palette, RGBA) are compared only where
 # the official call does not crash; a difference there is reported (documented in docs/zoo.md), not failed.
 # Rank agreement: over each prompt's images, the fraction of image pairs both sides order the same way.
 #

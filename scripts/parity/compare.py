@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import key, read_inputs  # noqa: E402
 
-#: |official - rewardkit| <= RTOL * max(1, |official|) on RGB inputs
+#: |official - rewardkit| <= RTOL * max(scale, |official|) on RGB inputs, scale = the model's largest |official score|
 RTOL = 1e-5
 #: rewardkit's deliberate refusals (NaN + this reason) where the official code returns a number: reported
 DOCUMENTED_REFUSALS = {"prompt is empty"}
@@ -61,6 +61,10 @@ def run(name: str, inputs: str, official_json: str, model_dir: str, summary: str
     ours = {key(im, j): (float(s) if bool(v) else (e or "invalid"))
             for (im, j), s, v, e in zip(pairs, out.scores.tolist(), out.valid.tolist(), out.errors)}
 
+    # the model's score scale: the largest official |score| on RGB inputs (tiny random models give small scores, e.g.
+    # P(Yes) ~ 1 / vocabulary, so a fixed absolute bound would be loose)
+    scale = max((abs(v) for im, j in pairs if im["rgb"]
+                 for v in [_num(official["scores"].get(key(im, j)))] if v is not None), default=1.0)
     rgb_diff, non_rgb_diff, bad = 0.0, 0.0, []
     notes: dict[str, float | str] = {}  # what is reported, not failed
     per_prompt: dict[int, list] = {}
@@ -83,11 +87,11 @@ def run(name: str, inputs: str, official_json: str, model_dir: str, summary: str
         if im["rgb"]:
             rgb_diff = max(rgb_diff, d)
             per_prompt.setdefault(j, []).append((a, b))
-            if d > RTOL * max(1.0, abs(a)):
+            if d > RTOL * max(scale, abs(a)):
                 bad.append(f"{im['file']} prompt {j} {prompts[j][:30]!r}: official {a:.8g} rewardkit {b:.8g}")
         else:
             non_rgb_diff = max(non_rgb_diff, d)
-            if d > RTOL * max(1.0, abs(a)):
+            if d > RTOL * max(scale, abs(a)):
                 label = f"{im['mode']} input differs"
                 notes[label] = max(float(notes.get(label, 0.0)), d)
     agree = total = 0
@@ -100,7 +104,8 @@ def run(name: str, inputs: str, official_json: str, model_dir: str, summary: str
     version = official.get("version", "?")
     status = "FAIL" if bad else "PASS"
     n_rgb = sum(len(r) for r in per_prompt.values())
-    print(f"{name:12s} {official.get('package', '?')} {version}: max|diff| {rgb_diff:.3g} on {n_rgb} RGB pairs, "
+    print(f"{name:12s} {official.get('package', '?')} {version}: max|diff| {rgb_diff:.3g} "
+          f"({rgb_diff / scale:.2g} of the score scale {scale:.3g}) on {n_rgb} RGB pairs, "
           f"rank agreement {rank:.4f}; non-RGB max|diff| {non_rgb_diff:.3g}; crashes official "
           f"{crashes['official']} / rewardkit {crashes['rewardkit']}  {status}")
     for n in notes_txt:
@@ -110,7 +115,8 @@ def run(name: str, inputs: str, official_json: str, model_dir: str, summary: str
     if len(bad) > 8:
         print(f"    ... {len(bad) - 8} more")
     with open(summary, "a") as fh:
-        fh.write("\t".join([name, f"{official.get('package', '?')} {version}", f"{rgb_diff:.2g}", f"{rank:.4f}",
+        fh.write("\t".join([name, f"{official.get('package', '?')} {version}",
+                            f"{rgb_diff:.2g} ({rgb_diff / scale:.1g} rel.)", f"{rank:.4f}",
                             "; ".join(k.split(" (")[0] if not isinstance(v, float) else f"{k} ({v:.2g})"
                                       for k, v in sorted(notes.items())) or "-", status]) + "\n")
     return 1 if bad else 0
@@ -120,7 +126,7 @@ def print_summary(summary: str, seconds: str) -> int:
     rows = [line.rstrip("\n").split("\t") for line in open(summary) if line.strip()]
     head = ["model", "official version", "max |diff| (RGB)", "rank agreement", "non-RGB / notes", "result"]
     widths = [max(len(head[i]), *(len(r[i]) for r in rows)) if rows else len(head[i]) for i in range(5)]
-    print(f"\nparity with the official packages (tolerance {RTOL:g} x max(1, |score|), {seconds} s)")
+    print(f"\nparity with the official packages (tolerance {RTOL:g} x the model's score scale, {seconds} s)")
     print("  ".join(h.ljust(w) for h, w in zip(head, widths)) + "  " + head[5])
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[5])
