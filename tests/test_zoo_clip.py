@@ -481,3 +481,62 @@ def test_tiny_bert_tokenizer_vocabulary_is_written_out(tmp_path):
     assert [v[c] for c in chars] == list(range(5, 5 + len(chars)))
     assert [v["##" + c] for c in chars] == list(range(5 + len(chars), 5 + 2 * len(chars)))
     assert a.tokenize("Zebra-42") == ["z", "##e", "##b", "##r", "##a", "-", "4", "##2"]
+
+
+def _official_openclip_clean(text):
+    """Transcribed from hpsv2 1.2.0 ``hpsv2/src/open_clip/tokenizer.py`` lines 60-69 (``basic_clean``,
+    ``whitespace_clean``), applied at line 141 as ``whitespace_clean(basic_clean(text)).lower()`` (the same
+    functions as mlfoundations/open_clip ``src/open_clip/tokenizer.py`` and openai/CLIP ``clip/simple_tokenizer.py``).
+    The lower-casing is left out: the transformers CLIP tokenizer lower-cases too."""
+    import html
+    import re
+
+    import ftfy
+
+    text = ftfy.fix_text(text)
+    text = html.unescape(html.unescape(text))
+    text = text.strip()
+    text = re.sub(r"\s+", " ", text)
+    return text.strip()
+
+
+CLEANING_CASES = [  # (prompt, the cleaned text, worked out by hand)
+    ("fish &amp;amp; chips", "fish & chips"),                       # unescaped twice
+    ("rock &amp; roll &lt;neon&gt;", "rock & roll <neon>"),
+    ("\u201ca dog\u201d in a \u2018hat\u2019", "\"a dog\" in a 'hat'"),  # ftfy straightens curly quotes
+    ("cafÃ© au lait", "caf\u00e9 au lait"),                          # ftfy repairs mojibake
+    ("  two \t spaces\nand a newline  ", "two spaces and a newline"),
+    ("caf\u00e9 \u4e00\u53ea\u732b", "caf\u00e9 \u4e00\u53ea\u732b"),  # left alone
+]
+
+
+@pytest.mark.parametrize("prompt,cleaned", CLEANING_CASES)
+def test_openclip_clean_matches_the_official_cleaning(prompt, cleaned):
+    from rewardkit.models.clip import openclip_clean
+
+    assert _official_openclip_clean(prompt) == cleaned
+    assert openclip_clean(prompt) == cleaned
+
+
+def test_hpsv2_cleans_prompts_as_its_official_tokenizer(hps):
+    """HPSv2 scores a prompt as the official tokenizer sees it: the reference embeds the officially cleaned text
+    (which differs in token ids from the raw one for every case below, checked), the reward gets the raw prompt."""
+    from transformers import AutoTokenizer
+
+    from rewardkit.rewards.hpsv2 import HPSv2
+
+    src, out, tok_dir = hps
+    sd = torch.load(src, weights_only=True)["state_dict"]
+    ref = OpenCLIPRef(sd, heads=2).eval()
+    tok = AutoTokenizer.from_pretrained(str(tok_dir))
+    raw = [p for p, _ in CLEANING_CASES[:5]]
+    cleaned = [_official_openclip_clean(p) for p in raw]
+    for r, c in zip(raw, cleaned):
+        assert tok(r)["input_ids"] != tok(c)["input_ids"], r
+    ims = random_images(len(raw), sizes=SIZES[: len(raw)], seed=4)
+    with torch.no_grad():
+        img = nn.functional.normalize(ref.encode_image(torch.stack([_hpsv2_reference_pixels(i, 32) for i in ims])), dim=-1)
+        ids = tok(cleaned, padding=True, return_tensors="pt")["input_ids"]
+        txt = nn.functional.normalize(ref.encode_text(ids, tok.eos_token_id), dim=-1)
+    got = HPSv2(model=str(out), device="cpu")(ims, raw)
+    torch.testing.assert_close(got.scores, (img * txt).sum(-1), atol=1e-5, rtol=1e-4)
