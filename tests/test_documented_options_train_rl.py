@@ -624,6 +624,7 @@ def _rl_cfg(out, dirs, **over):
     return build_config(NFTConfig, _merge(base, over))
 
 
+@pytest.mark.slow
 def test_rl_resume_auto_continues_and_never_starts_over(tmp_path, rl_tiny_dirs):
     """docs/rl.md: running the same command again resumes from checkpoints/latest (metrics before it kept);
     `resume=never` starts over; `resume=<dir>` names a checkpoint, which must exist."""

@@ -85,6 +85,7 @@ def test_flow_grpo_scorer_channels_last_and_requires_grad(pick):
     np.testing.assert_array_equal(flow_grpo_scorer(pick)(g, PROMPTS, None)[0], direct)
 
 
+@pytest.mark.slow
 def test_adapters_import_light():
     """Building every adapter by name imports no model library (loading waits for the first call)."""
     import subprocess

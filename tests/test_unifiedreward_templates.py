@@ -303,6 +303,7 @@ def test_template_options_are_checked(tmp_path):
     assert UnifiedReward(judge=Scripted()).tasks == frozenset({"t2i"})  # the default template is unchanged
 
 
+@pytest.mark.slow
 def test_edit_template_conformance_on_a_tiny_judge(tmp_path):
     """The edit instance passes every conformance check on a tiny random Qwen2.5-VL judge (its answers do
     not parse: every sample is NaN + reason, never a default score)."""
