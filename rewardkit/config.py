@@ -9,7 +9,9 @@
 - Layers (defaults, preset, YAML, ``key=value``, keyword arguments) merge key by key, except a mapping field
   declared with ``field(metadata={"merge": False})`` (a mapping that names a set, such as a trainer's
   ``rewards: {name: weight}``): a later layer that gives it as a mapping replaces it whole, while a dotted
-  override (``rewards.clip=0.5``) still sets one entry of it.
+  override (``rewards.clip=0.5``) still sets one entry of it. A mapping field declared
+  ``field(metadata={"keys_of": "rewards"})`` (per-entry options, such as ``reward_kwargs``) merges key by key but
+  drops the entries of earlier layers for names that such a replacing ``rewards`` no longer holds.
 """
 
 from __future__ import annotations
@@ -170,6 +172,7 @@ def _merge(base: dict[str, Any], upd: Mapping[str, Any], cls: type | None = None
     read as its config: a field declared ``metadata={"merge": False}`` is replaced by a whole mapping and
     edited by a :class:`Patch` (dotted overrides; applied over the field's default when ``base`` lacks it)."""
     out = dict(base)
+    _drop_stale_keyed(out, upd, cls)
     for k, v in upd.items():
         f, sub = _field_info(cls, k)
         whole = f is not None and f.metadata.get("merge", True) is False
@@ -185,6 +188,19 @@ def _merge(base: dict[str, Any], upd: Mapping[str, Any], cls: type | None = None
         else:
             out[k] = _plain(v)
     return out
+
+
+def _drop_stale_keyed(out: dict[str, Any], upd: Mapping[str, Any], cls: type | None) -> None:
+    """A field declared ``metadata={"keys_of": "other"}`` (per-entry options of the set ``other``, such as a
+    trainer's ``reward_kwargs`` of its ``rewards``) loses the entries of earlier layers that the set ``upd``
+    replaces whole no longer names (a preset's PickScore options must not outlive ``rewards={clip: 1}``)."""
+    if cls is None or not dataclasses.is_dataclass(cls):
+        return
+    for f in dataclasses.fields(cls):
+        owner = f.metadata.get("keys_of")
+        new = upd.get(owner) if owner is not None else None
+        if isinstance(new, Mapping) and not isinstance(new, Patch) and isinstance(out.get(f.name), Mapping):
+            out[f.name] = {k: v for k, v in out[f.name].items() if k in new}
 
 
 def _unknown_keys(cls: type, data: Mapping[str, Any], prefix: str = "") -> list[str]:

@@ -375,7 +375,35 @@ def test_rewards_is_a_set_replaced_by_each_layer_and_edited_by_dotted_overrides(
                  "reward_kwargs.clipscore.options.model=x"]) == 0
     out = yaml.safe_load(capsys.readouterr().out)
     assert out["rewards"] == {"pickscore": 1.0, "hpsv2": 1.0, "clipscore": 3}
-    assert out["reward_kwargs"] == {"clipscore": {"options": {"model": "x"}}}
+    assert out["reward_kwargs"] == {"pickscore": {"scale": 1 / 26},  # the preset's (flow_grpo scales) merged
+                                    "clipscore": {"model": "openai/clip-vit-large-patch14", "convention": "logits100",
+                                                  "options": {"model": "x"}}}
+
+
+def test_replacing_rewards_drops_the_earlier_layers_options_of_rewards_no_longer_named(capsys):
+    """`--preset pickscore rewards={clipscore: 1}`: the preset's PickScore options (scale 1/26) went with the set
+    they belonged to; they used to stay (reward_kwargs merges, and no override can remove an entry), so the
+    trainer refused to start ("reward_kwargs for rewards not in `rewards`: ['pickscore']")."""
+    import yaml
+
+    from rewardkit.cli import main
+    from rewardkit.config import build_config, parse_overrides
+    from rewardkit.rl.config import preset
+
+    assert main(["rl", "nft", "--preset", "pickscore", "--print-config", "rewards={clipscore: 1}"]) == 0
+    out = yaml.safe_load(capsys.readouterr().out)
+    assert (out["rewards"], out["reward_kwargs"]) == ({"clipscore": 1}, {})
+    # kept: options of a reward still in the set, and options the replacing layer (or a later one) gives
+    cfg = build_config(NFTConfig, preset("multi_reward"), {"rewards": {"pickscore": 1.0, "remote": 1.0},
+                                                           "reward_kwargs": {"remote": {"url": "u"}}})
+    assert cfg.reward_kwargs == {"pickscore": {"scale": 1 / 26}, "remote": {"url": "u"}}
+    # a dotted edit of the set keeps every option; a later layer's option for an unnamed reward stays (an error
+    # at start, naming it, as before)
+    dotted = build_config(NFTConfig, preset("multi_reward"), parse_overrides(["rewards.remote=1"], patches=True))
+    assert set(dotted.reward_kwargs) == {"pickscore", "clipscore"}
+    late = build_config(NFTConfig, build_config(NFTConfig, preset("pickscore"), {"rewards": {"clipscore": 1}}),
+                        {"reward_kwargs": {"hpsv2": {"model": "x"}}})
+    assert late.reward_kwargs == {"hpsv2": {"model": "x"}}
 
 
 def test_prompt_rows_other_fields_reach_the_rewards_as_each_samples_metadata(tmp_path, tiny_dirs, monkeypatch):

@@ -94,8 +94,9 @@ class NFTConfig:
     # rewards: registry name -> weight; the training reward is the weighted SUM (flow_grpo's "avg"). A set: a
     # later layer's mapping replaces it whole (rewards.NAME=W edits one entry); see rewardkit.config
     rewards: dict[str, float] = field(default_factory=lambda: {"pickscore": 1.0}, metadata={"merge": False})
-    # per-reward constructor options, e.g. {"clipscore": {"model": "path/to/clip"}}
-    reward_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # per-reward constructor options, e.g. {"clipscore": {"model": "path/to/clip"}}; merges key by key, but a
+    # layer that replaces `rewards` drops the earlier layers' options of rewards no longer in the set
+    reward_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={"keys_of": "rewards"})
     reward_workers: int = 4               # threads scoring finished batches while the next batch samples
     invalid_rewards: str = "drop"         # drop (left out of statistics and loss; counted and warned) | raise
     prompts: str = "builtin:geneval_tiny"  # a .txt file (one prompt a line), a .jsonl with "prompt", or builtin:...
