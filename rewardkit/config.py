@@ -77,6 +77,9 @@ def _check_expansion(text: str, limit: int) -> None:
             if ev.anchor is not None:
                 sizes[ev.anchor] = 1
         elif isinstance(ev, yaml.AliasEvent):
+            if ev.anchor in anchors:  # the alias of a node still open: the node contains itself
+                raise YAMLConfigError(f"the YAML document has a recursive alias (*{ev.anchor} inside &{ev.anchor}): "
+                                      "refused (a config is a tree)")
             n = sizes.get(ev.anchor, 1)
         else:
             continue
@@ -91,7 +94,7 @@ def safe_load_yaml(text: str, *, source: Any = None, max_nodes: int | None = Non
     with YAML 1.2 booleans (``true`` / ``false`` only; ``no`` / ``off`` / ``yes`` / ``on`` are strings).
 
     Bounded: a document that expands to more than ``max_nodes`` (default :data:`MAX_YAML_NODES`) nodes through
-    its aliases is refused before it is constructed. Every refusal (malformed YAML, a tag the safe loader does
+    its aliases, or holds a recursive alias (a node that contains itself), is refused before it is constructed. Every refusal (malformed YAML, a tag the safe loader does
     not construct, an alias bomb) is a :class:`YAMLConfigError` naming ``source`` when given."""
     where = f"{source}: " if source is not None else ""
     try:
@@ -101,6 +104,9 @@ def safe_load_yaml(text: str, *, source: Any = None, max_nodes: int | None = Non
         raise YAMLConfigError(f"{where}{exc}") from None
     except yaml.YAMLError as exc:
         raise YAMLConfigError(f"{where}not a valid (safe) YAML document: {exc}") from None
+    except RecursionError:  # nesting deeper than the pure-Python loader's recursion (libyaml refuses it itself)
+        raise YAMLConfigError(f"{where}the YAML document nests too deeply (exceeded maximum nesting depth): "
+                              "refused") from None
 
 T = TypeVar("T")
 
