@@ -166,6 +166,8 @@ class NFTConfig:
                              f"; the number of evaluation prompts is eval_num_prompts={self.eval_prompts}")
         if isinstance(self.report_to, str):  # report_to=wandb, report_to=tensorboard,wandb
             self.report_to = [x.strip() for x in self.report_to.split(",") if x.strip()]
+        if not isinstance(self.report_to, (list, tuple)):  # report_to: null (say none)
+            raise ValueError(f"report_to: a list of tensorboard, wandb, or [none]; got {self.report_to!r}")
         bad = [r for r in self.report_to if r not in ("tensorboard", "wandb", "none")]
         if bad or ("none" in self.report_to and len(self.report_to) > 1):
             raise ValueError(f"report_to: a list of tensorboard, wandb, or [none]; got {self.report_to!r}")
