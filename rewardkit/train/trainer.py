@@ -112,7 +112,7 @@ class PreferenceTrainer:
         if d.eval:
             eval_ds, eval_base = load_pairs(d.eval, split=d.eval_split, layout=d.layout,
                                             max_samples=d.max_eval_samples, synthetic_size=d.synthetic_size,
-                                            seed=cfg.seed, revision=d.revision)
+                                            seed=cfg.seed, revision=d.revision, check_labels=not d.preflight)
         # Preflight (headers only, in parallel): every bad row is reported with its index and file before step 1;
         # with data.skip_bad_rows they are dropped instead (count logged, list in bad_rows.jsonl).
         self.n_bad_rows = 0
