@@ -273,6 +273,24 @@ def test_config_validation_and_presets():
         with pytest.raises(ValueError, match=what):
             build_config(NFTConfig, {"train": train}).validate()
     build_config(NFTConfig, {"train": {"max_grad_norm": float("inf")}}).validate()   # inf: no clipping
+    # the NFT step's settings fail at start: a typo'd adv_mode / beta <= 0 / adv_clip_max 0 used to fail after
+    # the first epoch's sampling (adv_clip_max 0: NaN r, then ZeroDivisionError in the step log), a typo'd
+    # decay_type after its training
+    for train, what in [({"adv_mode": "postive_only"}, "train.adv_mode"), ({"decay_type": "linear"}, "decay_type"),
+                        ({"decay_type": 3}, "decay_type"), ({"beta": 0.0}, "train.beta"),
+                        ({"adv_clip_max": 0.0}, "adv_clip_max"), ({"adv_clip_max": float("nan")}, "adv_clip_max"),
+                        ({"kl_coef": -1e-4}, "kl_coef"), ({"ema_decay": 1.5}, "ema_decay"),
+                        ({"timestep_fraction": 0.0}, "timestep_fraction")]:
+        with pytest.raises(ValueError, match=what):
+            build_config(NFTConfig, {"train": train}).validate()
+    for ok in ({"adv_mode": "one_only"}, {"kl_coef": 0.0}):
+        build_config(NFTConfig, {"train": ok}).validate()
+    # the official decay_type numbers: the str field read `train.decay_type=2` as "2", which the schedule refused
+    # after the first epoch; they are the names now
+    for num, name in ((0, "copy"), ("1", "linear_to_0_5"), (2, "delayed_linear_to_0_999")):
+        cfg = build_config(NFTConfig, {"train": {"decay_type": num}})
+        cfg.validate()
+        assert cfg.train.decay_type == name
     for w in (float("inf"), float("nan"), True):
         with pytest.raises(ValueError, match="finite number"):
             build_config(NFTConfig, {"rewards": {"pickscore": w}}).validate()

@@ -155,6 +155,28 @@ class NFTConfig:
                 and 0 <= t.adam_beta1 < 1 and 0 <= t.adam_beta2 < 1):
             raise ValueError("train.weight_decay must be finite >= 0, adam_eps finite > 0, adam_beta1 / adam_beta2 "
                              f"in [0, 1); got {t.weight_decay!r}, {t.adam_eps!r}, {t.adam_beta1!r}, {t.adam_beta2!r}")
+        # the NFT step's own settings: checked here, not after the first epoch's sampling (adv_mode, beta,
+        # adv_clip_max) or training (decay_type), as the functions using them would
+        from .nft import ADV_MODES
+        from .schedule import DECAY_TYPES
+
+        if t.adv_mode not in ADV_MODES:
+            raise ValueError(f"train.adv_mode must be one of {', '.join(ADV_MODES)}, got {t.adv_mode!r}")
+        if isinstance(t.decay_type, (int, str)) and not isinstance(t.decay_type, bool) \
+                and str(t.decay_type).strip() in ("0", "1", "2"):  # the official numbers (the str field reads "2")
+            t.decay_type = DECAY_TYPES[int(str(t.decay_type).strip())]
+        if t.decay_type not in DECAY_TYPES:
+            raise ValueError(f"train.decay_type must be one of {', '.join(DECAY_TYPES)} (or 0 / 1 / 2), got "
+                             f"{t.decay_type!r}")
+        for key, v, lo in (("beta", t.beta, 0.0), ("adv_clip_max", t.adv_clip_max, 0.0)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo < v < math.inf:
+                raise ValueError(f"train.{key} must be a finite number > 0, got {v!r}")
+        if isinstance(t.kl_coef, bool) or not isinstance(t.kl_coef, (int, float)) or not 0 <= t.kl_coef < math.inf:
+            raise ValueError(f"train.kl_coef must be a finite number >= 0, got {t.kl_coef!r}")
+        if not (isinstance(t.ema_decay, (int, float)) and 0 <= t.ema_decay <= 1):
+            raise ValueError(f"train.ema_decay must be in [0, 1], got {t.ema_decay!r}")
+        if not (isinstance(t.timestep_fraction, (int, float)) and 0 < t.timestep_fraction <= 1):
+            raise ValueError(f"train.timestep_fraction must be in (0, 1], got {t.timestep_fraction!r}")
         if min(s.batch_size, s.num_groups, s.group_size, t.batch_size, t.steps_per_epoch, s.num_steps) < 1:
             raise ValueError("batch sizes, num_groups, group_size, steps and steps_per_epoch must be >= 1")
         if s.group_size < 2:
