@@ -424,9 +424,10 @@ def test_replacing_rewards_drops_the_earlier_layers_options_of_rewards_no_longer
     assert late.reward_kwargs == {"hpsv2": {"model": "x"}}
 
 
-def test_prompt_rows_other_fields_reach_the_rewards_as_each_samples_metadata(tmp_path, tiny_dirs, monkeypatch):
-    """A .jsonl prompt row's other fields are its samples' metadata (flow_grpo's convention): a GenEval-style
-    reward that needs them gets the right row for every member of every group (it used to get {})."""
+def test_prompt_rows_reach_the_rewards_as_each_samples_metadata(tmp_path, tiny_dirs, monkeypatch):
+    """A .jsonl prompt row is its samples' metadata (flow_grpo's convention, the prompt included): a GenEval-style
+    reward that needs it gets the right row for every member of every group (it used to get {}, then the row
+    without its prompt, which a GenEval server reading metadata["prompt"] lacks)."""
     from rewardkit import registry
     from rewardkit.reward import Reward, RewardOutput
     from rewardkit.rl.prompts import load_prompt_set
@@ -436,8 +437,10 @@ def test_prompt_rows_other_fields_reach_the_rewards_as_each_samples_metadata(tmp
             for i, n in enumerate(["a cat", "two dogs", "a car", "a cup"])]
     path = tmp_path / "train_metadata.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    assert load_prompt_set(str(path)) == ([r["prompt"] for r in rows], [{k: v for k, v in r.items() if k != "prompt"}
-                                                                         for r in rows])
+    # the whole row, prompt included: flow_grpo's GenevalPromptDataset (scripts/train_sd3.py:61-70 of
+    # yifan123/flow_grpo; DiffusionNFT's train_nft_sd3.py:100-109) passes json.loads(line) as the metadata, and its
+    # GenEval scorer sends the server the metadata alone (`del prompts`, flow_grpo/rewards.py:176-177)
+    assert load_prompt_set(str(path)) == ([r["prompt"] for r in rows], rows)
 
     class NeedsMeta(Reward):
         name = "needs-meta"
@@ -458,7 +461,7 @@ def test_prompt_rows_other_fields_reach_the_rewards_as_each_samples_metadata(tmp
     cfg.reward_kwargs = {}
     tr = NFTTrainer(cfg)
     buf = tr._sample_epoch(0, None)
-    by_prompt = {r["prompt"]: {k: v for k, v in r.items() if k != "prompt"} for r in rows}
+    by_prompt = {r["prompt"]: r for r in rows}
     assert len(reward.seen) == 16 and all(meta == by_prompt[p] for p, meta in reward.seen)
     totals = torch.cat([r["total"] for r in buf["rewards"]])
     assert totals.tolist() == [float(rows[int(p)]["count"]) for p in buf["prompt"]]
