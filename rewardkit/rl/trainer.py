@@ -288,7 +288,7 @@ class NFTTrainer:
                 x0 = self._rollout(c_orig, c_opt, noise, gen)
                 images = self.policy.decode(x0).cpu()
                 texts = [self.prompts[p] for p, _ in batch]
-                metas = [self.metadata[p] for p, _ in batch]  # the prompt row's other fields, per sample
+                metas = [self.metadata[p] for p, _ in batch]  # the prompt row (prompt included), per sample
                 futures.append(pool.submit(self.scorer, images, texts, metas))  # scored while the next batch samples
                 x0s.append(x0)
                 conds.append(c_orig)
