@@ -535,6 +535,25 @@ def test_logged_loss_terms_are_the_official_quantities_under_the_official_names(
     assert got["policy_loss_plain_mse"] != pytest.approx(got["unweighted_policy_loss"], rel=0.1)  # the old meaning
 
 
+def test_resume_drops_a_half_written_log_record(tmp_path):
+    """Bug: a kill while metrics.jsonl / steps.jsonl took a record left half a line, on which every resume then
+    failed (json.loads in the truncation on resume). Half a record is dropped like a record after the checkpoint."""
+    from types import SimpleNamespace
+
+    from rewardkit.rl.trainer import NFTTrainer
+
+    (tmp_path / "metrics.jsonl").write_text('{"epoch": 0, "eval/reward/total/mean": 0.5}\n'
+                                            '{"epoch": 1, "reward/total/mean": 1.0}\n{"epoch": 2, "rew')
+    (tmp_path / "steps.jsonl").write_text('{"step": 1, "total_loss": null}\n{"step": 2, "total_loss": 0.25}\n{"st')
+    tr = SimpleNamespace(out=tmp_path, dist=SimpleNamespace(main=True), epoch=1, global_step=1)
+    NFTTrainer._truncate_metrics(tr)
+    assert [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [
+        {"epoch": 0, "eval/reward/total/mean": 0.5}, {"epoch": 1, "reward/total/mean": 1.0}]
+    assert [json.loads(x) for x in (tmp_path / "steps.jsonl").read_text().splitlines()] == [
+        {"step": 1, "total_loss": None}]
+    assert NFTTrainer._last_epoch_record(tr) == {"epoch": 1, "reward/total/mean": 1.0}
+
+
 @pytest.mark.slow
 def test_kill_mid_epoch_and_resume_is_bitwise_identical(tmp_path, tiny_dirs):
     """Two optimizer steps per epoch, a checkpoint after every step (save_every_steps=1), SIGKILL after step 3

@@ -525,14 +525,12 @@ class NFTTrainer:
         for name, key, last in (("metrics.jsonl", "epoch", self.epoch), ("steps.jsonl", "step", self.global_step)):
             path = self.out / name
             if path.is_file():
-                recs = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
-                keep = [ln for ln in recs if json.loads(ln).get(key, 0) <= last and "final" not in json.loads(ln)]
+                keep = [json.dumps(r) for r in _records(path) if r.get(key, 0) <= last and "final" not in r]
                 _write_text_atomic(path, "".join(ln + "\n" for ln in keep))
 
     def _last_epoch_record(self) -> dict[str, Any]:
         path = self.out / "metrics.jsonl"
-        recs = [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()] \
-            if path.is_file() else []
+        recs = _records(path) if path.is_file() else []
         recs = [r for r in recs if "final" not in r and "reward/total/mean" in r]
         return recs[-1] if recs else {}
 
@@ -612,6 +610,20 @@ class NFTTrainer:
     def close(self) -> None:
         if self.dist.owns_group and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    """The JSON-object lines of a log file; a line that does not parse (half a record: the killed run died while
+    writing it) is dropped, not a reason for every resume to fail."""
+    out = []
+    for ln in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            rec = json.loads(ln) if ln.strip() else None
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
 
 
 def train_nft(cfg: NFTConfig | dict | str | None = None, **overrides: Any) -> dict[str, Any]:
