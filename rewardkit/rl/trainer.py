@@ -518,6 +518,7 @@ class NFTTrainer:
     def _truncate_metrics(self) -> None:
         """On resume: drop the records the killed run wrote after its checkpoint (epochs after ``self.epoch``,
         steps after ``self.global_step``) and the old final summary."""
+        from ..train.checkpoint import _log_records as _records
         from ..train.trainer import _write_text_atomic
 
         if not self.dist.main:
@@ -529,6 +530,8 @@ class NFTTrainer:
                 _write_text_atomic(path, "".join(ln + "\n" for ln in keep))
 
     def _last_epoch_record(self) -> dict[str, Any]:
+        from ..train.checkpoint import _log_records as _records
+
         path = self.out / "metrics.jsonl"
         recs = _records(path) if path.is_file() else []
         recs = [r for r in recs if "final" not in r and "reward/total/mean" in r]
@@ -610,20 +613,6 @@ class NFTTrainer:
     def close(self) -> None:
         if self.dist.owns_group and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
-
-
-def _records(path: Path) -> list[dict[str, Any]]:
-    """The JSON-object lines of a log file; a line that does not parse (half a record: the killed run died while
-    writing it) is dropped, not a reason for every resume to fail."""
-    out = []
-    for ln in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            rec = json.loads(ln) if ln.strip() else None
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
 
 
 def train_nft(cfg: NFTConfig | dict | str | None = None, **overrides: Any) -> dict[str, Any]:

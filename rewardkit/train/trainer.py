@@ -308,8 +308,9 @@ class PreferenceTrainer:
         path = self.out / "metrics.jsonl"
         if not self.acc.is_main_process or not path.is_file():
             return
-        keep = [ln for ln in path.read_text(encoding="utf-8").splitlines()
-                if ln.strip() and json.loads(ln).get("step", 0) <= step]
+        from .checkpoint import _log_records  # (half a record, a kill mid-write, is dropped: it failed every resume)
+
+        keep = [json.dumps(r) for r in _log_records(path) if r.get("step", 0) <= step]
         _write_text_atomic(path, "".join(ln + "\n" for ln in keep))
 
     # ------------------------------------------------------------------ loss
