@@ -148,6 +148,18 @@ def test_yaml_recursive_alias_is_a_config_error_not_an_internal_error(tmp_path, 
     assert safe_load_yaml("a: &a {x: 1}\nb: {<<: *a, y: [*a]}\n") == {"a": {"x": 1}, "b": {"x": 1, "y": [{"x": 1}]}}
 
 
+def test_yaml_long_string_aliased_many_times_is_an_alias_bomb():
+    """Bug: scalars counted one node whatever their length, so a 100 KB string aliased 2,000 times (a 100 KB
+    file, 2,001 nodes) passed and expanded to 200 MB wherever the config was walked or dumped. A scalar counts
+    one node per 64 characters now."""
+    from rewardkit.config import YAMLConfigError, safe_load_yaml
+
+    doc = 'a: &a "' + "x" * 100_000 + '"\nb: [' + ", ".join(["*a"] * 2_000) + "]\n"
+    with pytest.raises(YAMLConfigError, match="alias"):
+        safe_load_yaml(doc)
+    assert len(safe_load_yaml('a: &a "' + "x" * 1_000 + '"\nb: [*a, *a]\n')["b"][1]) == 1_000  # ordinary use
+
+
 def test_yaml_tag_in_a_bench_spec_or_template_exits_2(tmp_path, capsys):
     """Bug: a YAML tag (``!!python/...``) in a benchmark spec or a judge template was a yaml error, not a
     ConfigError: exit 1 ("internal error ... please report it"). Now a ConfigError (exit 2) naming the file."""
