@@ -128,6 +128,28 @@ def test_pkl_member_in_another_case_is_scanned(tmp_path, capsys):
     assert "pwned" not in capsys.readouterr().out
 
 
+def test_tar_whose_header_parses_as_five_pickles_is_refused_by_the_scan(tmp_path):
+    """Bug: a tar named ``N.N.N.N.N.`` (five tiny pickles: NONE, STOP) passed the legacy scan, while torch.load
+    tries the legacy .tar layout first and would unpickle the tar's ``pickle`` member, which no scan read (only
+    torch's weights-only refusal of .tar files stopped it). Refused by the scan itself now."""
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in (("N.N.N.N.N.", b""), ("pickle", pickle.dumps(_Evil(), protocol=2)), ("storages", b""),
+                           ("tensors", b"")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    bad = tmp_path / "model.bin"
+    bad.write_bytes(buf.getvalue())
+    with pytest.raises(UnsafeCheckpointError, match="tar archive"):
+        scan_pickle(bad)
+    ok = tmp_path / "ok.pt"                               # an ordinary legacy file is no tar
+    ok.write_bytes(_legacy({"w": torch.ones(1)}))
+    scan_pickle(ok)
+
+
 def test_pickle_renamed_safetensors_exits_2(tmp_path, capsys):
     """Bug: a pickle renamed ``.safetensors`` reached safetensors' own error: exit 1, "please report it"."""
     from rewardkit.cli import main

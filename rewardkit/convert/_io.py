@@ -101,7 +101,9 @@ def scan_pickle(path: Path) -> None:
     - a zip: every ``.pkl`` member, in any case (torch's reader finds ``data.pkl`` ignoring case); two members
       whose names differ only in case, or are equal, are refused (which one a reader picks is not defined);
     - legacy: the five pickles torch reads in sequence, each of which must parse to its ``STOP``; one that does
-      not parse refuses the file (before, the scan stopped silently there)."""
+      not parse refuses the file (before, the scan stopped silently there); a file that is a tar archive (torch's
+      legacy ``.tar`` layout, which ``torch.load`` tries first and whose member pickles the scan never reads) is
+      refused."""
     import io
     import zipfile
 
@@ -136,6 +138,11 @@ def scan_pickle(path: Path) -> None:
             raise UnsafeCheckpointError(f"{path}: starts like a zip (torch checkpoint) but is not a readable "
                                         f"zip file ({exc}): refused") from None
         return
+    import tarfile
+
+    if tarfile.is_tarfile(path):  # torch tries the legacy .tar layout first: it would unpickle the tar's members
+        raise UnsafeCheckpointError(f"{path}: a tar archive (torch's legacy .tar checkpoint layout, whose member "
+                                    "pickles are not the bytes scanned here): refused; re-save it with torch.save")
     with open(path, "rb") as f:
         for what in _LEGACY_PICKLES:
             check(_whole_pickle(f, f"{path}: legacy pickle {what!r}"), f"pickle {what!r}")
