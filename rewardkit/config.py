@@ -97,8 +97,10 @@ def safe_load_yaml(text: str, *, source: Any = None, max_nodes: int | None = Non
     with YAML 1.2 booleans (``true`` / ``false`` only; ``no`` / ``off`` / ``yes`` / ``on`` are strings).
 
     Bounded: a document that expands to more than ``max_nodes`` (default :data:`MAX_YAML_NODES`) nodes through
-    its aliases (a scalar counted as one node per 64 characters), or holds a recursive alias (a node that contains itself), is refused before it is constructed. Every refusal (malformed YAML, a tag the safe loader does
-    not construct, an alias bomb) is a :class:`YAMLConfigError` naming ``source`` when given."""
+    its aliases (a scalar counted as one node per 64 characters), or that holds a recursive alias (a node that
+    contains itself), is refused before it is constructed. Every refusal (malformed YAML, a tag the safe loader
+    does not construct, an alias bomb, nesting too deep) is a :class:`YAMLConfigError` naming ``source`` when
+    given."""
     where = f"{source}: " if source is not None else ""
     try:
         _check_expansion(text, MAX_YAML_NODES if max_nodes is None else max_nodes)

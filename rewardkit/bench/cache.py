@@ -189,7 +189,8 @@ def content_identity(config: Any, memo_dir: str | Path | None = None) -> dict[st
     """``{path: digest}`` for every string in ``config`` (nested) that names an existing local file or directory:
     a file's bytes (:func:`file_digest`); a directory's files (relative names and digests; hidden entries
     skipped; symlinked subfolders followed); for a hub id (``org/name``) cached locally, the commit of its cached
-    snapshot. Other strings are left to the configuration itself; a reward's own answer memo (``applicability_cache``) is not content."""
+    snapshot. Other strings are left to the configuration itself; a reward's own answer memo
+    (``applicability_cache``) is not content."""
     found: dict[str, str] = {}
     memo = _load_memo(memo_dir)
     before = dict(memo)
