@@ -2,7 +2,8 @@
 (``sample.eval_solver`` / ``sample.eval_num_steps``), the same noise per prompt every time (and whatever the
 number of processes), per-reward means and a PNG grid of the first ``eval_grid`` images.
 
-Called before the first epoch (the baseline: the base model, since the LoRA starts at zero), every
+Called before the first epoch (the baseline: the starting model; the base model unless ``model.init_lora`` /
+``model.transformer`` give another), every
 ``eval_every`` epochs and after the last one.
 """
 

@@ -563,7 +563,7 @@ class NFTTrainer:
                    disable=not (cfg.progress and self.dist.main))
         last: dict[str, Any] = {}
         try:
-            if cfg.eval_every and ckpt is None:  # the baseline: the base model (the LoRA starts at zero)
+            if cfg.eval_every and ckpt is None:  # the baseline: the starting model
                 base = {"epoch": 0, "global_step": 0, **self.evaluate()}
                 self._log(base)
             while self.epoch < cfg.num_epochs:
