@@ -9,7 +9,9 @@
 - Layers (defaults, preset, YAML, ``key=value``, keyword arguments) merge key by key, except a mapping field
   declared with ``field(metadata={"merge": False})`` (a mapping that names a set, such as a trainer's
   ``rewards: {name: weight}``): a later layer that gives it as a mapping replaces it whole, while a dotted
-  override (``rewards.clip=0.5``) still sets one entry of it.
+  override (``rewards.clip=0.5``) still sets one entry of it. A mapping field declared
+  ``field(metadata={"keys_of": "rewards"})`` (per-entry options, such as ``reward_kwargs``) merges key by key but
+  drops the entries of earlier layers for names that such a replacing ``rewards`` no longer holds.
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ _BOOL_WORDS = {"true": True, "yes": True, "on": True, "y": True, "false": False,
 #: the most nodes a YAML document may expand to, aliases counted at their full size (a "billion laughs"
 #: document of 10^8 references is a few hundred bytes; every config, spec and template rewardkit reads is tiny)
 MAX_YAML_NODES = 1_000_000
+#: a scalar counts as one node per this many characters (so the bound is one on the expanded size too: a 100 KB
+#: string aliased 2,000 times is 200 MB of text from a 100 KB file)
+_SCALAR_CHARS_PER_NODE = 64
 
 
 class YAMLConfigError(ConfigError, yaml.YAMLError):
@@ -71,10 +76,13 @@ def _check_expansion(text: str, limit: int) -> None:
             if anchor is not None:
                 sizes[anchor] = n
         elif isinstance(ev, yaml.ScalarEvent):
-            n = 1
+            n = 1 + len(ev.value) // _SCALAR_CHARS_PER_NODE  # a long string aliased many times is a bomb too
             if ev.anchor is not None:
-                sizes[ev.anchor] = 1
+                sizes[ev.anchor] = n
         elif isinstance(ev, yaml.AliasEvent):
+            if ev.anchor in anchors:  # the alias of a node still open: the node contains itself
+                raise YAMLConfigError(f"the YAML document has a recursive alias (*{ev.anchor} inside &{ev.anchor}): "
+                                      "refused (a config is a tree)")
             n = sizes.get(ev.anchor, 1)
         else:
             continue
@@ -89,8 +97,10 @@ def safe_load_yaml(text: str, *, source: Any = None, max_nodes: int | None = Non
     with YAML 1.2 booleans (``true`` / ``false`` only; ``no`` / ``off`` / ``yes`` / ``on`` are strings).
 
     Bounded: a document that expands to more than ``max_nodes`` (default :data:`MAX_YAML_NODES`) nodes through
-    its aliases is refused before it is constructed. Every refusal (malformed YAML, a tag the safe loader does
-    not construct, an alias bomb) is a :class:`YAMLConfigError` naming ``source`` when given."""
+    its aliases (a scalar counted as one node per 64 characters), or that holds a recursive alias (a node that
+    contains itself), is refused before it is constructed. Every refusal (malformed YAML, a tag the safe loader
+    does not construct, an alias bomb, nesting too deep) is a :class:`YAMLConfigError` naming ``source`` when
+    given."""
     where = f"{source}: " if source is not None else ""
     try:
         _check_expansion(text, MAX_YAML_NODES if max_nodes is None else max_nodes)
@@ -99,6 +109,9 @@ def safe_load_yaml(text: str, *, source: Any = None, max_nodes: int | None = Non
         raise YAMLConfigError(f"{where}{exc}") from None
     except yaml.YAMLError as exc:
         raise YAMLConfigError(f"{where}not a valid (safe) YAML document: {exc}") from None
+    except RecursionError:  # nesting deeper than the pure-Python loader's recursion (libyaml refuses it itself)
+        raise YAMLConfigError(f"{where}the YAML document nests too deeply (exceeded maximum nesting depth): "
+                              "refused") from None
 
 T = TypeVar("T")
 
@@ -170,6 +183,7 @@ def _merge(base: dict[str, Any], upd: Mapping[str, Any], cls: type | None = None
     read as its config: a field declared ``metadata={"merge": False}`` is replaced by a whole mapping and
     edited by a :class:`Patch` (dotted overrides; applied over the field's default when ``base`` lacks it)."""
     out = dict(base)
+    _drop_stale_keyed(out, upd, cls)
     for k, v in upd.items():
         f, sub = _field_info(cls, k)
         whole = f is not None and f.metadata.get("merge", True) is False
@@ -185,6 +199,19 @@ def _merge(base: dict[str, Any], upd: Mapping[str, Any], cls: type | None = None
         else:
             out[k] = _plain(v)
     return out
+
+
+def _drop_stale_keyed(out: dict[str, Any], upd: Mapping[str, Any], cls: type | None) -> None:
+    """A field declared ``metadata={"keys_of": "other"}`` (per-entry options of the set ``other``, such as a
+    trainer's ``reward_kwargs`` of its ``rewards``) loses the entries of earlier layers that the set ``upd``
+    replaces whole no longer names (a preset's PickScore options must not outlive ``rewards={clip: 1}``)."""
+    if cls is None or not dataclasses.is_dataclass(cls):
+        return
+    for f in dataclasses.fields(cls):
+        owner = f.metadata.get("keys_of")
+        new = upd.get(owner) if owner is not None else None
+        if isinstance(new, Mapping) and not isinstance(new, Patch) and isinstance(out.get(f.name), Mapping):
+            out[f.name] = {k: v for k, v in out[f.name].items() if k in new}
 
 
 def _unknown_keys(cls: type, data: Mapping[str, Any], prefix: str = "") -> list[str]:

@@ -23,7 +23,8 @@ Documented conversions (all lossless for RGB 8-bit input):
   byte-identical after normalisation.
 
 Refused, with a clear reason: corrupt, truncated or zero-byte files (truncated ones even when another library
-has set PIL's global ``ImageFile.LOAD_TRUNCATED_IMAGES``: rewardkit decodes strictly, in its own threads only); bytes that are not an image; images
+has set PIL's global ``ImageFile.LOAD_TRUNCATED_IMAGES``, once or on every call from another thread: rewardkit
+  decodes strictly, in its own threads only); bytes that are not an image; images
 with a zero-size side; images over the pixel limit (a decompression-bomb guard, checked from the header
 before decoding; set with :func:`set_max_pixels` or ``REWARDKIT_MAX_PIXELS``; PIL's own
 ``Image.MAX_IMAGE_PIXELS`` guard also applies to encoded files); images whose aspect ratio (long side /
@@ -42,6 +43,7 @@ from __future__ import annotations
 import io
 import os
 import threading
+import types
 import warnings
 from pathlib import Path
 from typing import Any
@@ -374,8 +376,40 @@ class _TruncatedFlag:
     def __repr__(self) -> str:
         return repr(bool(self))
 
+    def __eq__(self, other: Any) -> bool:
+        return bool(self) == other
+
+    def __hash__(self) -> int:
+        return hash(bool(self))
+
 
 _flag_lock = threading.Lock()
+
+
+class _ImageFileModule(types.ModuleType):
+    """The class given to ``PIL.ImageFile`` (a plain module otherwise): every later assignment of
+    ``LOAD_TRUNCATED_IMAGES`` (a host library that sets it in its loader, on every call, from any thread) stores
+    a :class:`_TruncatedFlag`, so the value is never a plain True while rewardkit decodes in another thread."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "LOAD_TRUNCATED_IMAGES" and not isinstance(value, _TruncatedFlag):
+            value = _TruncatedFlag(value)
+        super().__setattr__(name, value)
+
+
+def _guard_truncated_flag() -> None:
+    """Install :class:`_ImageFileModule` on ``PIL.ImageFile`` once (idempotent, thread-safe); where that module
+    is not a plain module, wrap the current value only (a later plain assignment is then read as set)."""
+    from PIL import ImageFile
+
+    if isinstance(ImageFile, _ImageFileModule) and isinstance(ImageFile.LOAD_TRUNCATED_IMAGES, _TruncatedFlag):
+        return
+    with _flag_lock:
+        if type(ImageFile) is types.ModuleType:
+            ImageFile.__class__ = _ImageFileModule
+        flag = ImageFile.LOAD_TRUNCATED_IMAGES
+        if not isinstance(flag, _TruncatedFlag):
+            ImageFile.LOAD_TRUNCATED_IMAGES = _TruncatedFlag(flag)  # type: ignore[assignment]
 
 
 class _strict_decoding:
@@ -383,13 +417,7 @@ class _strict_decoding:
     ``PIL.ImageFile.LOAD_TRUNCATED_IMAGES`` to (re-entrant, thread-safe)."""
 
     def __enter__(self) -> None:
-        from PIL import ImageFile
-
-        if ImageFile.LOAD_TRUNCATED_IMAGES and not isinstance(ImageFile.LOAD_TRUNCATED_IMAGES, _TruncatedFlag):
-            with _flag_lock:
-                flag = ImageFile.LOAD_TRUNCATED_IMAGES
-                if not isinstance(flag, _TruncatedFlag):
-                    ImageFile.LOAD_TRUNCATED_IMAGES = _TruncatedFlag(flag)  # type: ignore[assignment]
+        _guard_truncated_flag()
         self._prev = getattr(_TruncatedFlag._local, "strict", False)
         _TruncatedFlag._local.strict = True
 

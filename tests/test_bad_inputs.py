@@ -380,6 +380,39 @@ def test_truncated_images_refused_even_when_pil_is_told_to_accept_them(fmt):
         ImageFile.LOAD_TRUNCATED_IMAGES = old
 
 
+def test_truncated_images_refused_while_another_thread_keeps_setting_pil_flag():
+    """Bug: a host loader that assigns ``ImageFile.LOAD_TRUNCATED_IMAGES = True`` on every call (from its own
+    thread) replaced rewardkit's per-thread flag between its check and its decode: about two thirds of the
+    truncated PNGs / JPEGs decoded here were accepted. Every later assignment is now stored per-thread aware."""
+    import threading
+
+    from PIL import ImageFile
+
+    data = [_truncated("png"), _truncated("jpeg")]
+    old = ImageFile.LOAD_TRUNCATED_IMAGES
+    stop = threading.Event()
+    host_ok = []
+
+    def host_loader():
+        while not stop.is_set():
+            ImageFile.LOAD_TRUNCATED_IMAGES = True
+            Image.open(io.BytesIO(data[1])).load()  # the host's own lenient decode still works
+            host_ok.append(True)
+            ImageFile.LOAD_TRUNCATED_IMAGES = False
+
+    t = threading.Thread(target=host_loader)
+    t.start()
+    try:
+        outs = [MeanPixel()(data, "p", on_error="nan") for _ in range(60)]
+    finally:
+        stop.set()
+        t.join(10)
+        ImageFile.LOAD_TRUNCATED_IMAGES = old
+    accepted = sum(int(o.valid.sum()) for o in outs)
+    assert accepted == 0 and host_ok, (accepted, len(host_ok))
+    assert all("truncated" in e for o in outs for e in o.errors)
+
+
 @pytest.mark.parametrize("dtype", [">u2", ">f4", ">f8", ">i4"])
 def test_big_endian_arrays_read_like_native_ones(dtype):
     """Bug: a big-endian uint16 array (FITS, network data) was refused as 'integer values outside [0, 255]'."""

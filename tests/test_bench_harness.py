@@ -612,6 +612,28 @@ def test_record_keeps_the_most_confident_wrong_pairs_with_thumbnails(data_root, 
         _run(MeanPixel(), "mmrb2/t2i", data_root, wrong_examples=-1)
 
 
+def test_content_identity_follows_symlinked_subfolders(tmp_path):
+    """Bug: a model folder assembled from links (``text_encoder -> /elsewhere/te``) was hashed without the linked
+    folder's files (``Path.rglob`` does not descend into symlinked folders): replacing the weights there kept
+    the cache key, so the old scores came back. A link cycle is walked once."""
+    import os
+
+    from rewardkit.bench.cache import content_identity
+
+    te = tmp_path / "te"
+    te.mkdir()
+    (te / "model.safetensors").write_bytes(b"A" * 10)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    os.symlink(te, model / "text_encoder")
+    os.symlink(model, te / "loop")                       # a cycle back to the top
+    before = content_identity({"model": str(model)})
+    (te / "model.safetensors").write_bytes(b"B" * 10)    # same size, same path, other weights
+    after = content_identity({"model": str(model)})
+    assert list(before) == list(after) == [str(model.resolve())] and before != after
+
+
 def test_cache_is_keyed_by_the_weights_content_judge_and_template(tmp_path, data_root, monkeypatch):
     """Bug: the score cache was keyed by the configuration only, so weights replaced at the same path gave the
     old scores back. The key now holds the content of every local file / directory the configuration names

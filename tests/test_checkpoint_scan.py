@@ -93,6 +93,63 @@ def test_zip_members_are_all_scanned_and_duplicates_refused(tmp_path):
         scan_pickle(fake)
 
 
+def test_zip_appended_to_a_zip_of_the_same_layout_is_refused(tmp_path):
+    """Bug: Python's zipfile reads the last end record's directory shifted by the bytes in front of it (its
+    "concat"); torch's reader takes the recorded offsets as they are. ``evil_zip + benign_zip`` (same member
+    sizes) was scanned as the benign zip while ``torch.load`` read the first one."""
+    evil, benign = _zip(OrderedDict(w=torch.ones(4))), _zip(OrderedDict(w=torch.zeros(4)))
+    assert len(evil) == len(benign)
+    poly = tmp_path / "poly.pt"
+    poly.write_bytes(evil + benign)
+    with zipfile.ZipFile(poly) as zf:                      # what the scan reads: the benign (second) archive
+        assert min(i.header_offset for i in zf.infolist()) == len(evil)
+    assert torch.equal(torch.load(poly, weights_only=True)["w"], torch.ones(4))  # what torch reads: the first
+    with pytest.raises(UnsafeCheckpointError, match="bytes before the archive"):
+        scan_pickle(poly)
+    tail = tmp_path / "tail.pt"                            # a zip with bytes after it: both read the zip
+    tail.write_bytes(benign + _legacy({"w": torch.ones(1)}))
+    scan_pickle(tail)
+
+
+def test_pkl_member_in_another_case_is_scanned(tmp_path, capsys):
+    """Bug: torch's reader finds ``archive/data.pkl`` ignoring case, so an unscanned ``archive/data.PKL`` next to
+    the real one was what ``torch.load`` unpickled (with the upper-case member after the real one)."""
+    ok = tmp_path / "ok.pt"
+    ok.write_bytes(_zip(OrderedDict(w=torch.ones(2))))
+    for name in ("archive/data.PKL", "archive/extra.Pkl"):
+        bad = tmp_path / f"{name.rsplit('/', 1)[1]}.pt"
+        with zipfile.ZipFile(ok) as src, zipfile.ZipFile(bad, "w") as dst:
+            for info in src.infolist():
+                dst.writestr(info, src.read(info))
+            dst.writestr(name, pickle.dumps(_Evil(), protocol=2))
+        match = "listed twice" if name.endswith("data.PKL") else "print"
+        with pytest.raises(UnsafeCheckpointError, match=match):
+            scan_pickle(bad)
+    assert "pwned" not in capsys.readouterr().out
+
+
+def test_tar_whose_header_parses_as_five_pickles_is_refused_by_the_scan(tmp_path):
+    """Bug: a tar named ``N.N.N.N.N.`` (five tiny pickles: NONE, STOP) passed the legacy scan, while torch.load
+    tries the legacy .tar layout first and would unpickle the tar's ``pickle`` member, which no scan read (only
+    torch's weights-only refusal of .tar files stopped it). Refused by the scan itself now."""
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in (("N.N.N.N.N.", b""), ("pickle", pickle.dumps(_Evil(), protocol=2)), ("storages", b""),
+                           ("tensors", b"")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    bad = tmp_path / "model.bin"
+    bad.write_bytes(buf.getvalue())
+    with pytest.raises(UnsafeCheckpointError, match="tar archive"):
+        scan_pickle(bad)
+    ok = tmp_path / "ok.pt"                               # an ordinary legacy file is no tar
+    ok.write_bytes(_legacy({"w": torch.ones(1)}))
+    scan_pickle(ok)
+
+
 def test_pickle_renamed_safetensors_exits_2(tmp_path, capsys):
     """Bug: a pickle renamed ``.safetensors`` reached safetensors' own error: exit 1, "please report it"."""
     from rewardkit.cli import main

@@ -127,6 +127,39 @@ def test_yaml_alias_bomb_is_refused_before_construction(tmp_path):
         safe_load_yaml(_bomb(levels=2), max_nodes=1236)
 
 
+def test_yaml_recursive_alias_is_a_config_error_not_an_internal_error(tmp_path, capsys):
+    """Bug: a recursive alias (``a: &a {x: *a}``, a node that contains itself) loaded as a cyclic dict; the
+    config builder walking it hit RecursionError: exit 1, "internal error ... please report it". Refused from
+    the parser's events (exit 2). Deep nesting is libyaml's own refusal, a YAMLConfigError too."""
+    from rewardkit.cli import main
+    from rewardkit.config import YAMLConfigError, safe_load_yaml
+
+    for text in ("reward_kwargs: &a {x: *a}\n", "train: &t [1, *t]\n", "a: &a\n  b: {c: [*a]}\n"):
+        with pytest.raises(YAMLConfigError, match="recursive alias"):
+            safe_load_yaml(text)
+    rec = tmp_path / "rec.yaml"
+    rec.write_text("reward_kwargs: &a {x: *a}\n")
+    assert main(["rl", "nft", "--config", str(rec), "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert "recursive alias" in err and "please report" not in err
+    with pytest.raises(YAMLConfigError, match="nesting depth"):
+        safe_load_yaml("[" * 20000 + "]" * 20000)
+    # an alias of a node closed before it (merge keys included) is still fine
+    assert safe_load_yaml("a: &a {x: 1}\nb: {<<: *a, y: [*a]}\n") == {"a": {"x": 1}, "b": {"x": 1, "y": [{"x": 1}]}}
+
+
+def test_yaml_long_string_aliased_many_times_is_an_alias_bomb():
+    """Bug: scalars counted one node whatever their length, so a 100 KB string aliased 2,000 times (a 100 KB
+    file, 2,001 nodes) passed and expanded to 200 MB wherever the config was walked or dumped. A scalar counts
+    one node per 64 characters now."""
+    from rewardkit.config import YAMLConfigError, safe_load_yaml
+
+    doc = 'a: &a "' + "x" * 100_000 + '"\nb: [' + ", ".join(["*a"] * 2_000) + "]\n"
+    with pytest.raises(YAMLConfigError, match="alias"):
+        safe_load_yaml(doc)
+    assert len(safe_load_yaml('a: &a "' + "x" * 1_000 + '"\nb: [*a, *a]\n')["b"][1]) == 1_000  # ordinary use
+
+
 def test_yaml_tag_in_a_bench_spec_or_template_exits_2(tmp_path, capsys):
     """Bug: a YAML tag (``!!python/...``) in a benchmark spec or a judge template was a yaml error, not a
     ConfigError: exit 1 ("internal error ... please report it"). Now a ConfigError (exit 2) naming the file."""

@@ -961,7 +961,7 @@ def test_rl_side_by_side_table_names_real_options():
     assert not undocumented, sorted(undocumented)
 
 
-def test_rl_report_to_checks_its_libraries_before_any_model(tmp_path, monkeypatch):
+def test_rl_report_to_checks_its_libraries_before_any_model(tmp_path, monkeypatch, capsys):
     """docs/rl.md "Experiment tracking": report_to=wandb without wandb installed fails at start with the pip
     command; report_to accepts a comma-separated word; [none] alone; unknown trackers are refused."""
     import sys
@@ -973,12 +973,20 @@ def test_rl_report_to_checks_its_libraries_before_any_model(tmp_path, monkeypatc
     cfg = build_config(NFTConfig, None, parse_overrides(["report_to=tensorboard,wandb"]))
     cfg.validate()
     assert cfg.report_to == ["tensorboard", "wandb"]
-    for bad in (["mlflow"], ["none", "wandb"]):
+    for bad in (["mlflow"], ["none", "wandb"], None):  # (report_to: null was a TypeError, "internal error")
         with pytest.raises(ValueError, match="report_to"):
             NFTConfig(report_to=bad).validate()
     monkeypatch.setitem(sys.modules, "wandb", None)  # not importable
-    with pytest.raises(ImportError, match="pip install wandb"):
+    from rewardkit.errors import MissingDependencyError
+
+    # a MissingDependencyError (the CLI's exit 2) with wandb's own pip command; it was a plain ImportError, which
+    # the CLI reports as "internal error ... please report it" (exit 1)
+    with pytest.raises(MissingDependencyError, match="pip install wandb\n"):
         check_report_to(["wandb"])
+    from rewardkit.cli import main
+
+    assert main(["rl", "nft", f"output_dir={tmp_path / 'w'}", "report_to=null"]) == 2
+    assert "report_to" in capsys.readouterr().err
     check_report_to(["none"])
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)

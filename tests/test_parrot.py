@@ -102,7 +102,8 @@ class CrashingTeacher(ScriptedTeacher):
 
 
 def _strip(recs):
-    return {k: {kk: vv for kk, vv in v.items() if kk != "time"} for k, v in recs.items()}
+    # (teacher_spec: how the teacher was given, a spec or an object passed ready as the crashing run's)
+    return {k: {kk: vv for kk, vv in v.items() if kk not in ("time", "teacher_spec")} for k, v in recs.items()}
 
 
 @pytest.mark.parametrize("after", [1, 3, 5])
@@ -280,6 +281,54 @@ def test_rerun_with_another_seed_teacher_or_template_is_refused(tmp_path, pairs)
         Pipeline(cfg, progress=False).filter()
     cfg.output_dir = str(tmp_path / "fresh")                       # another folder: a new run
     assert Pipeline(cfg, teacher=OtherTeacher(), progress=False).rationalize() == 5  # the 5 synthetic pairs
+
+
+def test_rerun_of_a_finished_stage_with_another_seed_or_teacher_is_refused(tmp_path, pairs):
+    """Bug: the provenance check ran only with the first new record, so a rerun of a stage with nothing left to
+    write (a finished run: every row done) with another seed or teacher spec silently reused every record, and
+    `sft` trained on another dataset's records. Now each stage checks at its start, without loading a teacher."""
+    from rewardkit.errors import ConfigError
+
+    cfg = cfg_for(tmp_path, pairs)
+    pipe = Pipeline(cfg, progress=False)
+    pipe.rationalize()
+    pipe.filter()
+    done = [r["row"] for r in pipe.rationales.records.values() if r["status"] != "judge_failure"]
+    kept = [r["row"] for r in pipe.filtered.records.values() if r["kept"]]
+    assert Pipeline(cfg, progress=False).rationalize(rows=done) == 0      # the same run: nothing to do
+    cfg.seed = 7
+    with pytest.raises(ConfigError, match="seed: 0 in the file, 7 now"):
+        Pipeline(cfg, progress=False).rationalize(rows=done)
+    with pytest.raises(ConfigError, match="filtered.jsonl holds records of another run"):
+        Pipeline(cfg, progress=False).filter(rows=kept)
+    cfg.seed = 0
+    cfg.teacher.judge = "openai:http://127.0.0.1:9/v1"                   # never contacted: refused before
+    with pytest.raises(ConfigError, match="teacher_spec: 'scripted' in the file"):
+        Pipeline(cfg, progress=False).rationalize(rows=done)
+    cfg.teacher.judge = "scripted"
+    cfg.data.synthetic_size = 5
+    cfg.data.train = "synthetic:brightness"                              # the stage files index another dataset
+    with pytest.raises(ConfigError, match="data: "):
+        Pipeline(cfg, progress=False).check_stage("sft")
+
+
+@pytest.mark.slow
+def test_sft_on_another_datasets_stage_files_is_refused(tmp_path, pairs):
+    """``train_sft`` checks the stage files' dataset before any model loads (it paired another dataset's
+    rationales with this dataset's images by row index). Slow: importing trl."""
+    pytest.importorskip("trl")
+    pytest.importorskip("peft")
+    from rewardkit.errors import ConfigError
+    from rewardkit.parrot.sft import train_sft
+
+    cfg = cfg_for(tmp_path, pairs)
+    pipe = Pipeline(cfg, progress=False)
+    pipe.rationalize()
+    pipe.filter()
+    cfg.data.synthetic_size = 5
+    cfg.data.train = "synthetic:brightness"
+    with pytest.raises(ConfigError, match="data: "):
+        train_sft(Pipeline(cfg, progress=False))
 
 
 def test_parrot_cli_refuses_a_mismatched_rerun_with_exit_2(tmp_path, pairs, capsys):

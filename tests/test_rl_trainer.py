@@ -274,6 +274,24 @@ def test_config_validation_and_presets():
         with pytest.raises(ValueError, match=what):
             build_config(NFTConfig, {"train": train}).validate()
     build_config(NFTConfig, {"train": {"max_grad_norm": float("inf")}}).validate()   # inf: no clipping
+    # the NFT step's settings fail at start: a typo'd adv_mode / beta <= 0 / adv_clip_max 0 used to fail after
+    # the first epoch's sampling (adv_clip_max 0: NaN r, then ZeroDivisionError in the step log), a typo'd
+    # decay_type after its training
+    for train, what in [({"adv_mode": "postive_only"}, "train.adv_mode"), ({"decay_type": "linear"}, "decay_type"),
+                        ({"decay_type": 3}, "decay_type"), ({"beta": 0.0}, "train.beta"),
+                        ({"adv_clip_max": 0.0}, "adv_clip_max"), ({"adv_clip_max": float("nan")}, "adv_clip_max"),
+                        ({"kl_coef": -1e-4}, "kl_coef"), ({"ema_decay": 1.5}, "ema_decay"),
+                        ({"timestep_fraction": 0.0}, "timestep_fraction")]:
+        with pytest.raises(ValueError, match=what):
+            build_config(NFTConfig, {"train": train}).validate()
+    for ok in ({"adv_mode": "one_only"}, {"kl_coef": 0.0}):
+        build_config(NFTConfig, {"train": ok}).validate()
+    # the official decay_type numbers: the str field read `train.decay_type=2` as "2", which the schedule refused
+    # after the first epoch; they are the names now
+    for num, name in ((0, "copy"), ("1", "linear_to_0_5"), (2, "delayed_linear_to_0_999")):
+        cfg = build_config(NFTConfig, {"train": {"decay_type": num}})
+        cfg.validate()
+        assert cfg.train.decay_type == name
     for w in (float("inf"), float("nan"), True):
         with pytest.raises(ValueError, match="finite number"):
             build_config(NFTConfig, {"rewards": {"pickscore": w}}).validate()
@@ -376,15 +394,41 @@ def test_rewards_is_a_set_replaced_by_each_layer_and_edited_by_dotted_overrides(
                  "reward_kwargs.clipscore.options.model=x"]) == 0
     out = yaml.safe_load(capsys.readouterr().out)
     assert out["rewards"] == {"pickscore": 1.0, "hpsv2": 1.0, "clipscore": 3}
-    # reward_kwargs merge key by key: the preset's flow_grpo scales stay, the dotted option is added beside them
-    assert out["reward_kwargs"]["clipscore"]["options"] == {"model": "x"}
-    assert out["reward_kwargs"]["clipscore"]["convention"] == "logits100"
-    assert out["reward_kwargs"]["pickscore"] == {"scale": pytest.approx(1 / 26)}
+    assert out["reward_kwargs"] == {"pickscore": {"scale": 1 / 26},  # the preset's (flow_grpo scales) merged
+                                    "clipscore": {"model": "openai/clip-vit-large-patch14", "convention": "logits100",
+                                                  "options": {"model": "x"}}}
 
 
-def test_prompt_rows_other_fields_reach_the_rewards_as_each_samples_metadata(tmp_path, tiny_dirs, monkeypatch):
-    """A .jsonl prompt row's other fields are its samples' metadata (flow_grpo's convention): a GenEval-style
-    reward that needs them gets the right row for every member of every group (it used to get {})."""
+def test_replacing_rewards_drops_the_earlier_layers_options_of_rewards_no_longer_named(capsys):
+    """`--preset pickscore rewards={clipscore: 1}`: the preset's PickScore options (scale 1/26) went with the set
+    they belonged to; they used to stay (reward_kwargs merges, and no override can remove an entry), so the
+    trainer refused to start ("reward_kwargs for rewards not in `rewards`: ['pickscore']")."""
+    import yaml
+
+    from rewardkit.cli import main
+    from rewardkit.config import build_config, parse_overrides
+    from rewardkit.rl.config import preset
+
+    assert main(["rl", "nft", "--preset", "pickscore", "--print-config", "rewards={clipscore: 1}"]) == 0
+    out = yaml.safe_load(capsys.readouterr().out)
+    assert (out["rewards"], out["reward_kwargs"]) == ({"clipscore": 1}, {})
+    # kept: options of a reward still in the set, and options the replacing layer (or a later one) gives
+    cfg = build_config(NFTConfig, preset("multi_reward"), {"rewards": {"pickscore": 1.0, "remote": 1.0},
+                                                           "reward_kwargs": {"remote": {"url": "u"}}})
+    assert cfg.reward_kwargs == {"pickscore": {"scale": 1 / 26}, "remote": {"url": "u"}}
+    # a dotted edit of the set keeps every option; a later layer's option for an unnamed reward stays (an error
+    # at start, naming it, as before)
+    dotted = build_config(NFTConfig, preset("multi_reward"), parse_overrides(["rewards.remote=1"], patches=True))
+    assert set(dotted.reward_kwargs) == {"pickscore", "clipscore"}
+    late = build_config(NFTConfig, build_config(NFTConfig, preset("pickscore"), {"rewards": {"clipscore": 1}}),
+                        {"reward_kwargs": {"hpsv2": {"model": "x"}}})
+    assert late.reward_kwargs == {"hpsv2": {"model": "x"}}
+
+
+def test_prompt_rows_reach_the_rewards_as_each_samples_metadata(tmp_path, tiny_dirs, monkeypatch):
+    """A .jsonl prompt row is its samples' metadata (flow_grpo's convention, the prompt included): a GenEval-style
+    reward that needs it gets the right row for every member of every group (it used to get {}, then the row
+    without its prompt, which a GenEval server reading metadata["prompt"] lacks)."""
     from rewardkit import registry
     from rewardkit.reward import Reward, RewardOutput
     from rewardkit.rl.prompts import load_prompt_set
@@ -394,8 +438,10 @@ def test_prompt_rows_other_fields_reach_the_rewards_as_each_samples_metadata(tmp
             for i, n in enumerate(["a cat", "two dogs", "a car", "a cup"])]
     path = tmp_path / "train_metadata.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    assert load_prompt_set(str(path)) == ([r["prompt"] for r in rows], [{k: v for k, v in r.items() if k != "prompt"}
-                                                                         for r in rows])
+    # the whole row, prompt included: flow_grpo's GenevalPromptDataset (scripts/train_sd3.py:61-70 of
+    # yifan123/flow_grpo; DiffusionNFT's train_nft_sd3.py:100-109) passes json.loads(line) as the metadata, and its
+    # GenEval scorer sends the server the metadata alone (`del prompts`, flow_grpo/rewards.py:176-177)
+    assert load_prompt_set(str(path)) == ([r["prompt"] for r in rows], rows)
 
     class NeedsMeta(Reward):
         name = "needs-meta"
@@ -416,7 +462,7 @@ def test_prompt_rows_other_fields_reach_the_rewards_as_each_samples_metadata(tmp
     cfg.reward_kwargs = {}
     tr = NFTTrainer(cfg)
     buf = tr._sample_epoch(0, None)
-    by_prompt = {r["prompt"]: {k: v for k, v in r.items() if k != "prompt"} for r in rows}
+    by_prompt = {r["prompt"]: r for r in rows}
     assert len(reward.seen) == 16 and all(meta == by_prompt[p] for p, meta in reward.seen)
     totals = torch.cat([r["total"] for r in buf["rewards"]])
     assert totals.tolist() == [float(rows[int(p)]["count"]) for p in buf["prompt"]]
@@ -488,6 +534,25 @@ def test_logged_loss_terms_are_the_official_quantities_under_the_official_names(
     assert float(loss_terms_ref["policy_loss"]) == pytest.approx(float(loss_terms_ref["total_loss"]), rel=1e-9)
     assert got["policy_loss"] + kl_beta * got["kl_div"] == pytest.approx(float(loss_terms_ref["policy_loss"]), rel=1e-6)
     assert got["policy_loss_plain_mse"] != pytest.approx(got["unweighted_policy_loss"], rel=0.1)  # the old meaning
+
+
+def test_resume_drops_a_half_written_log_record(tmp_path):
+    """Bug: a kill while metrics.jsonl / steps.jsonl took a record left half a line, on which every resume then
+    failed (json.loads in the truncation on resume). Half a record is dropped like a record after the checkpoint."""
+    from types import SimpleNamespace
+
+    from rewardkit.rl.trainer import NFTTrainer
+
+    (tmp_path / "metrics.jsonl").write_text('{"epoch": 0, "eval/reward/total/mean": 0.5}\n'
+                                            '{"epoch": 1, "reward/total/mean": 1.0}\n{"epoch": 2, "rew')
+    (tmp_path / "steps.jsonl").write_text('{"step": 1, "total_loss": null}\n{"step": 2, "total_loss": 0.25}\n{"st')
+    tr = SimpleNamespace(out=tmp_path, dist=SimpleNamespace(main=True), epoch=1, global_step=1)
+    NFTTrainer._truncate_metrics(tr)
+    assert [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [
+        {"epoch": 0, "eval/reward/total/mean": 0.5}, {"epoch": 1, "reward/total/mean": 1.0}]
+    assert [json.loads(x) for x in (tmp_path / "steps.jsonl").read_text().splitlines()] == [
+        {"step": 1, "total_loss": None}]
+    assert NFTTrainer._last_epoch_record(tr) == {"epoch": 1, "reward/total/mean": 1.0}
 
 
 @pytest.mark.slow

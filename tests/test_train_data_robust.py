@@ -157,3 +157,8 @@ def test_skip_bad_rows_drops_a_bad_label_like_any_bad_row(tmp_path):
     assert trainer.n_bad_rows == 2
     listed = [json.loads(x) for x in (tmp_path / "run2" / "bad_rows_train.jsonl").read_text().splitlines()]
     assert [(r["index"], r["column"]) for r in listed] == [(4, "label"), (6, "image_b")]
+    # the evaluation file too (its labels were still checked at load: a ValueError whatever skip_bad_rows said)
+    trainer = PreferenceTrainer(tiny_cfg(tmp_path / "run3", d, f"data.eval={d}", "data.skip_bad_rows=true"))
+    listed = [json.loads(x) for x in (tmp_path / "run3" / "bad_rows_eval.jsonl").read_text().splitlines()]
+    assert [(r["index"], r["column"]) for r in listed] == [(4, "label"), (6, "image_b")]
+    assert len(trainer.eval_ds) == 10

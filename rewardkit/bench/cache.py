@@ -164,11 +164,33 @@ def _hub_snapshot(repo_id: str) -> str | None:
 _MEMO_KEYS = frozenset({"applicability_cache"})
 
 
+def _dir_files(root: Path) -> list[tuple[str, Path]]:
+    """``(relative posix name, path)`` of every file under ``root``, sorted, hidden entries skipped, **symlinked
+    subfolders followed** (a model folder assembled from links to other folders: their weights are content
+    too; ``Path.rglob`` does not descend into them), each real folder once (a link cycle ends there)."""
+    out: list[tuple[str, Path]] = []
+    seen: set[str] = set()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in seen:
+            dirnames[:] = []
+            continue
+        seen.add(real)
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        base = Path(dirpath)
+        for name in filenames:
+            f = base / name
+            if not name.startswith(".") and f.is_file():
+                out.append((f.relative_to(root).as_posix(), f))
+    return sorted(out)
+
+
 def content_identity(config: Any, memo_dir: str | Path | None = None) -> dict[str, str]:
     """``{path: digest}`` for every string in ``config`` (nested) that names an existing local file or directory:
     a file's bytes (:func:`file_digest`); a directory's files (relative names and digests; hidden entries
-    skipped); for a hub id (``org/name``) cached locally, the commit of its cached snapshot. Other strings are
-    left to the configuration itself; a reward's own answer memo (``applicability_cache``) is not content."""
+    skipped; symlinked subfolders followed); for a hub id (``org/name``) cached locally, the commit of its cached
+    snapshot. Other strings are left to the configuration itself; a reward's own answer memo
+    (``applicability_cache``) is not content."""
     found: dict[str, str] = {}
     memo = _load_memo(memo_dir)
     before = dict(memo)
@@ -191,9 +213,8 @@ def content_identity(config: Any, memo_dir: str | Path | None = None) -> dict[st
                         found[str(p.resolve())] = file_digest(p, memo)
                     elif p.is_dir():
                         h = hashlib.blake2b(digest_size=16)
-                        for f in sorted(q for q in p.rglob("*") if q.is_file()
-                                        and not any(part.startswith(".") for part in q.relative_to(p).parts)):
-                            h.update(f"{f.relative_to(p).as_posix()}\x1f{file_digest(f, memo)}\x1e".encode())
+                        for rel, f in _dir_files(p):
+                            h.update(f"{rel}\x1f{file_digest(f, memo)}\x1e".encode())
                         found[str(p.resolve())] = h.hexdigest()
                     elif cand == x and _HUB_ID.fullmatch(x):
                         commit = _hub_snapshot(x)

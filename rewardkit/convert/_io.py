@@ -95,10 +95,15 @@ def scan_pickle(path: Path) -> None:
     - the format is decided as torch decides it (``torch.serialization._is_zipfile``: the first four bytes are a
       zip local-file header), never by Python's ``zipfile.is_zipfile``, which also accepts a zip *appended* to
       a legacy pickle (a polyglot that would be scanned as its benign zip while torch unpickles the front);
-    - a zip: every ``.pkl`` member, duplicates by name included (two members of one name are refused: which
-      one a reader picks is not defined);
+    - a zip with bytes in front of the archive its end record describes (e.g. a second zip appended to the first)
+      is refused: Python's ``zipfile`` shifts every offset by that prefix, torch's reader does not, so each would
+      read another archive;
+    - a zip: every ``.pkl`` member, in any case (torch's reader finds ``data.pkl`` ignoring case); two members
+      whose names differ only in case, or are equal, are refused (which one a reader picks is not defined);
     - legacy: the five pickles torch reads in sequence, each of which must parse to its ``STOP``; one that does
-      not parse refuses the file (before, the scan stopped silently there)."""
+      not parse refuses the file (before, the scan stopped silently there); a file that is a tar archive (torch's
+      legacy ``.tar`` layout, which ``torch.load`` tries first and whose member pickles the scan never reads) is
+      refused."""
     import io
     import zipfile
 
@@ -116,11 +121,14 @@ def scan_pickle(path: Path) -> None:
         try:
             with zipfile.ZipFile(path) as zf:
                 infos = zf.infolist()
-                names = [i.filename for i in infos]
+                _check_zip_offsets(zf, infos, path)
+                # torch's reader (miniz) finds a member by name ignoring case: "data.PKL" is its "data.pkl"
+                names = [i.filename.lower() for i in infos]
                 dup = sorted({n for n in names if names.count(n) > 1})
                 if dup:
-                    raise UnsafeCheckpointError(f"{path}: zip members listed twice ({', '.join(dup[:3])}): refused")
-                pkls = [i for i in infos if i.filename.endswith(".pkl")]
+                    raise UnsafeCheckpointError(f"{path}: zip members listed twice (names compared ignoring case, "
+                                                f"as torch's reader finds them: {', '.join(dup[:3])}): refused")
+                pkls = [i for i in infos if i.filename.lower().endswith(".pkl")]
                 if not pkls:
                     raise UnsafeCheckpointError(f"{path}: a zip file without a pickle: not a torch checkpoint")
                 for info in pkls:
@@ -130,9 +138,38 @@ def scan_pickle(path: Path) -> None:
             raise UnsafeCheckpointError(f"{path}: starts like a zip (torch checkpoint) but is not a readable "
                                         f"zip file ({exc}): refused") from None
         return
+    import tarfile
+
+    if tarfile.is_tarfile(path):  # torch tries the legacy .tar layout first: it would unpickle the tar's members
+        raise UnsafeCheckpointError(f"{path}: a tar archive (torch's legacy .tar checkpoint layout, whose member "
+                                    "pickles are not the bytes scanned here): refused; re-save it with torch.save")
     with open(path, "rb") as f:
         for what in _LEGACY_PICKLES:
             check(_whole_pickle(f, f"{path}: legacy pickle {what!r}"), f"pickle {what!r}")
+
+
+def _check_zip_offsets(zf: Any, infos: list, path: Path) -> None:
+    """Refuse a zip that Python's ``zipfile`` reads at other offsets than torch's reader (miniz) does. Python
+    treats bytes before the central directory's recorded offset as a prefix ("concat") and shifts every offset
+    by it; miniz takes the recorded offsets as they are. A zip appended to another zip of the same layout is
+    then read as the second by this scan and as the first by ``torch.load``. A torch checkpoint has no prefix:
+    its first member's local header is at byte 0 and its central directory where its end record says."""
+    import zipfile
+
+    concat = None
+    try:
+        with open(path, "rb") as fh:
+            endrec = zipfile._EndRecData(fh)  # the end record zipfile itself used (zip64-aware)
+        if endrec:
+            concat = zf.start_dir - endrec[zipfile._ECD_OFFSET]
+    except (AttributeError, IndexError, TypeError):  # another zipfile implementation: the member offsets decide
+        concat = None
+    first = min((i.header_offset for i in infos), default=0)
+    if (concat is not None and concat != 0) or first != 0:
+        raise UnsafeCheckpointError(
+            f"{path}: a zip with {concat if concat else first} bytes before the archive its directory describes "
+            "(another archive in front?): Python's zipfile and torch's reader would read different members; "
+            "refused")
 
 
 def _whole_pickle(stream: Any, where: str, size: int | None = None) -> list[tuple[str, str] | None]:

@@ -237,6 +237,7 @@ class Pipeline:
                                             revision=d.revision) if load_data else (None, None)
         self.template = load_template("parrot", cfg.template)
         self._teacher = teacher
+        self._teacher_spec = cfg.teacher.judge if teacher is None else None  # (a teacher passed ready: its describe())
         self.progress = progress
         self.rationales = JsonlStore(self.out / "rationales.jsonl", lambda r: r["row"])
         self.filtered = JsonlStore(self.out / "filtered.jsonl", lambda r: r["row"])
@@ -264,11 +265,28 @@ class Pipeline:
 
     def _prov(self, stage: str) -> dict[str, Any]:
         prov = {"stage": stage, "teacher": json.dumps(self.teacher.describe(), sort_keys=True),
-                "template": self.template.id, "seed": self.cfg.seed, "data": self.cfg.data.train, "time": _now()}
+                "teacher_spec": self._teacher_spec, "template": self.template.id, "seed": self.cfg.seed,
+                "data": self.cfg.data.train, "time": _now()}
         if stage not in self._provenance_checked:
             self.check_provenance(stage, prov)
             self._provenance_checked.add(stage)
         return prov
+
+    def check_stage(self, stage: str) -> None:
+        """:meth:`check_provenance` at the start of ``stage`` ("rationalize", "filter", "project", or "sft": the
+        dataset of every stage file), also when it has nothing left to write (a rerun of a finished run with
+        another seed or teacher used to reuse every record silently: the check only ran with the first new
+        record). Without loading a teacher: the configured teacher spec stands for it (records name theirs),
+        or the teacher itself when it is already there."""
+        if stage in self._provenance_checked:
+            return
+        prov: dict[str, Any] = {"template": self.template.id, "seed": self.cfg.seed, "data": self.cfg.data.train,
+                                "teacher_spec": self._teacher_spec}
+        if self._teacher is not None:
+            prov["teacher"] = json.dumps(self._teacher.describe(), sort_keys=True)
+        self.check_provenance(stage, prov)
+        if stage != "sft" and "teacher" in prov:
+            self._provenance_checked.add(stage)
 
     def check_provenance(self, stage: str, prov: dict[str, Any] | None = None) -> None:
         """Refuse to resume from records of another run: every record the stage's own file already holds (the
@@ -280,12 +298,13 @@ class Pipeline:
         from ..errors import ConfigError
 
         prov = prov or self._prov_fields()
-        own = {"rationalize": self.rationales, "filter": self.filtered, "project": self.projected}[stage]
+        own = {"rationalize": self.rationales, "filter": self.filtered, "project": self.projected}.get(stage)
         for store in (self.rationales, self.filtered, self.projected):
-            fields = _PROVENANCE if store is own else ("data",)
+            fields = _PROVENANCE + ("teacher_spec",) if store is own else ("data",)
             for rec in store.records.values():
+                # (a field this check does not know, or a record without it, e.g. a teacher passed ready: skipped)
                 diff = [f"{k}: {rec.get(k)!r} in the file, {prov[k]!r} now" for k in fields
-                        if k in rec and rec.get(k) != prov[k]]
+                        if k in prov and rec.get(k) is not None and prov[k] is not None and rec.get(k) != prov[k]]
                 if diff:
                     raise ConfigError(
                         f"{store.path} holds records of another run (row {rec.get('row')!r}: {'; '.join(diff)}). "
@@ -328,6 +347,7 @@ class Pipeline:
     # ------------------------------------------------------------------ stage 1
     def rationalize(self, rows: Iterable[int] | None = None) -> int:
         """Anchored rationales for ``rows`` (default: all); returns how many records were written."""
+        self.check_stage("rationalize")
         todo = [i for i in (range(len(self.ds)) if rows is None else rows) if not self._done(self.rationales, i)]
         n = 0
         for chunk in self._chunks(todo, "rationalize"):
@@ -379,6 +399,7 @@ class Pipeline:
     # ------------------------------------------------------------------ stage 2
     def filter(self, rows: Iterable[int] | None = None) -> int:
         """Consistency check for the rows that have a stage-1 record; returns how many records were written."""
+        self.check_stage("filter")
         cand = range(len(self.ds)) if rows is None else rows
         todo = [i for i in cand if i in self.rationales and not self._done(self.filtered, i)]
         n = 0
@@ -444,6 +465,7 @@ class Pipeline:
     # ------------------------------------------------------------------ stage 3
     def project(self, rows: Iterable[int] | None = None) -> int:
         """Pointwise critiques of both images of every kept pair; returns how many records were written."""
+        self.check_stage("project")
         cand = range(len(self.ds)) if rows is None else rows
         todo = [i for i in cand if (f := self.filtered.get(i)) is not None and f["kept"]
                 and not (self._done(self.projected, (i, "A")) and self._done(self.projected, (i, "B")))]

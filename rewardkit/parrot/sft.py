@@ -202,6 +202,7 @@ def train_sft(pipe: Any) -> dict[str, Any]:
     import torch
 
     cfg = pipe.cfg.sft
+    pipe.check_stage("sft")  # the stage files are of this dataset (their rows index it)
     examples = build_examples(pipe, pairwise=cfg.include_pairwise, pointwise=cfg.include_pointwise)
     if not examples:
         raise ValueError(f"no SFT examples in {pipe.out}: no rationale passed the consistency filter (see "

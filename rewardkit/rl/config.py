@@ -94,8 +94,9 @@ class NFTConfig:
     # rewards: registry name -> weight; the training reward is the weighted SUM (flow_grpo's "avg"). A set: a
     # later layer's mapping replaces it whole (rewards.NAME=W edits one entry); see rewardkit.config
     rewards: dict[str, float] = field(default_factory=lambda: {"pickscore": 1.0}, metadata={"merge": False})
-    # per-reward constructor options, e.g. {"clipscore": {"model": "path/to/clip"}}
-    reward_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # per-reward constructor options, e.g. {"clipscore": {"model": "path/to/clip"}}; merges key by key, but a
+    # layer that replaces `rewards` drops the earlier layers' options of rewards no longer in the set
+    reward_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={"keys_of": "rewards"})
     reward_workers: int = 4               # threads scoring finished batches while the next batch samples
     invalid_rewards: str = "drop"         # drop (left out of statistics and loss; counted and warned) | raise
     prompts: str = "builtin:geneval_tiny"  # a .txt file (one prompt a line), a .jsonl with "prompt", or builtin:...
@@ -154,6 +155,28 @@ class NFTConfig:
                 and 0 <= t.adam_beta1 < 1 and 0 <= t.adam_beta2 < 1):
             raise ValueError("train.weight_decay must be finite >= 0, adam_eps finite > 0, adam_beta1 / adam_beta2 "
                              f"in [0, 1); got {t.weight_decay!r}, {t.adam_eps!r}, {t.adam_beta1!r}, {t.adam_beta2!r}")
+        # the NFT step's own settings: checked here, not after the first epoch's sampling (adv_mode, beta,
+        # adv_clip_max) or training (decay_type), as the functions using them would
+        from .nft import ADV_MODES
+        from .schedule import DECAY_TYPES
+
+        if t.adv_mode not in ADV_MODES:
+            raise ValueError(f"train.adv_mode must be one of {', '.join(ADV_MODES)}, got {t.adv_mode!r}")
+        if isinstance(t.decay_type, (int, str)) and not isinstance(t.decay_type, bool) \
+                and str(t.decay_type).strip() in ("0", "1", "2"):  # the official numbers (the str field reads "2")
+            t.decay_type = DECAY_TYPES[int(str(t.decay_type).strip())]
+        if t.decay_type not in DECAY_TYPES:
+            raise ValueError(f"train.decay_type must be one of {', '.join(DECAY_TYPES)} (or 0 / 1 / 2), got "
+                             f"{t.decay_type!r}")
+        for key, v, lo in (("beta", t.beta, 0.0), ("adv_clip_max", t.adv_clip_max, 0.0)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo < v < math.inf:
+                raise ValueError(f"train.{key} must be a finite number > 0, got {v!r}")
+        if isinstance(t.kl_coef, bool) or not isinstance(t.kl_coef, (int, float)) or not 0 <= t.kl_coef < math.inf:
+            raise ValueError(f"train.kl_coef must be a finite number >= 0, got {t.kl_coef!r}")
+        if not (isinstance(t.ema_decay, (int, float)) and 0 <= t.ema_decay <= 1):
+            raise ValueError(f"train.ema_decay must be in [0, 1], got {t.ema_decay!r}")
+        if not (isinstance(t.timestep_fraction, (int, float)) and 0 < t.timestep_fraction <= 1):
+            raise ValueError(f"train.timestep_fraction must be in (0, 1], got {t.timestep_fraction!r}")
         if min(s.batch_size, s.num_groups, s.group_size, t.batch_size, t.steps_per_epoch, s.num_steps) < 1:
             raise ValueError("batch sizes, num_groups, group_size, steps and steps_per_epoch must be >= 1")
         if s.group_size < 2:
@@ -165,6 +188,8 @@ class NFTConfig:
                              f"; the number of evaluation prompts is eval_num_prompts={self.eval_prompts}")
         if isinstance(self.report_to, str):  # report_to=wandb, report_to=tensorboard,wandb
             self.report_to = [x.strip() for x in self.report_to.split(",") if x.strip()]
+        if not isinstance(self.report_to, (list, tuple)):  # report_to: null (say none)
+            raise ValueError(f"report_to: a list of tensorboard, wandb, or [none]; got {self.report_to!r}")
         bad = [r for r in self.report_to if r not in ("tensorboard", "wandb", "none")]
         if bad or ("none" in self.report_to and len(self.report_to) > 1):
             raise ValueError(f"report_to: a list of tensorboard, wandb, or [none]; got {self.report_to!r}")

@@ -1,8 +1,10 @@
 """Evaluation of the NFT trainer: held-out prompts (``eval_prompts``), the EMA weights, its own sampler
-(``sample.eval_solver`` / ``sample.eval_num_steps``), the same noise per prompt every time (and whatever the
-number of processes), per-reward means and a PNG grid of the first ``eval_grid`` images.
+(``sample.eval_solver`` / ``sample.eval_num_steps``), the same starting noise per prompt every time (and
+whatever the number of processes; an SDE eval solver's step noise follows the batch split), per-reward means
+and a PNG grid of the first ``eval_grid`` images.
 
-Called before the first epoch (the baseline: the base model, since the LoRA starts at zero), every
+Called before the first epoch (the baseline: the starting model; the base model unless ``model.init_lora`` /
+``model.transformer`` give another), every
 ``eval_every`` epochs and after the last one.
 """
 

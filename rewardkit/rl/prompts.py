@@ -1,7 +1,9 @@
 """Prompt sets for the NFT trainer: ``builtin:NAME``, a ``.txt`` file (one prompt a line) or a ``.jsonl`` file
-whose rows are ``{"prompt": ..., <any other fields>}``: every other field of a row is that prompt's metadata,
-handed to the rewards with each of its samples (flow_grpo's ``{split}_metadata.jsonl`` convention, e.g.
-GenEval's ``tag`` / ``include`` / ``exclude``)."""
+whose rows are ``{"prompt": ..., <any other fields>}``: the row (its ``prompt`` included, as flow_grpo's and
+DiffusionNFT's ``GenevalPromptDataset`` pass it, and as rewardkit's flow_grpo drop-in receives it) is that
+prompt's metadata, handed to the rewards with each of its samples (``{split}_metadata.jsonl``, e.g. GenEval's
+``tag`` / ``include`` / ``exclude``; flow_grpo's GenEval scorer sends the server only the metadata, so the
+evaluator reads ``metadata["prompt"]`` there)."""
 
 from __future__ import annotations
 
@@ -28,8 +30,8 @@ BUILTIN_PROMPTS = {
 
 def load_prompt_set(spec: str) -> tuple[list[str], list[dict[str, Any]]]:
     """``(prompts, metadata)`` from ``builtin:NAME``, a ``.txt`` file (one prompt a line; metadata ``{}``) or a
-    ``.jsonl`` file: one object per line with a string ``"prompt"``; its other fields are that prompt's metadata
-    (``{"prompt": "two dogs", "tag": "counting", "include": [...]}`` -> ``{"tag": ..., "include": ...}``)."""
+    ``.jsonl`` file: one object per line with a string ``"prompt"``; the row is that prompt's metadata, its
+    ``prompt`` included as in flow_grpo (``{"prompt": "two dogs", "tag": "counting", "include": [...]}``)."""
     if spec.startswith("builtin:"):
         name = spec.split(":", 1)[1]
         if name not in BUILTIN_PROMPTS:
@@ -51,7 +53,7 @@ def load_prompt_set(spec: str) -> tuple[list[str], list[dict[str, Any]]]:
             if not isinstance(rec, dict) or not isinstance(rec.get("prompt"), str):
                 raise ValueError(f"{path}:{i + 1}: expected an object with a string 'prompt'")
             prompts.append(rec["prompt"])
-            metadata.append({k: v for k, v in rec.items() if k != "prompt"})
+            metadata.append(dict(rec))  # the whole row, as flow_grpo / DiffusionNFT (train_nft_sd3.py:102-109)
     else:
         prompts = [ln.strip() for ln in text.splitlines() if ln.strip()]
         metadata = [{} for _ in prompts]

@@ -90,8 +90,8 @@ class _RewardScorer:
 
     def __call__(self, images: torch.Tensor, prompts: list[str],
                  metadata: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        """images: float32 ``[B, 3, H, W]`` in [0, 1], the prompts and each sample's metadata (its prompt row's
-        other fields) -> ``{"total": [B], "components": {name: [B]},
+        """images: float32 ``[B, 3, H, W]`` in [0, 1], the prompts and each sample's metadata (its prompt
+        row) -> ``{"total": [B], "components": {name: [B]},
         "dimensions": {name.dim: [B]}, "errors": [B reasons or None], "axes": {name: AxisScores}}`` (NaN where a
         reward gave no score). A batch-relative composite's component (and so the total) is NaN here; its
         ``AxisScores`` wait in ``axes`` for :meth:`finalize`."""

@@ -60,7 +60,16 @@ def check_report_to(report_to: list[str]) -> None:
         try:
             import wandb  # noqa: F401
         except ImportError:
-            raise ImportError("report_to: wandb needs the wandb package: pip install wandb (or report_to=none)") from None
+            from ..errors import MissingDependencyError
+
+            # wandb is in no rewardkit extra: the install command is wandb's own (the CLI's exit 2, not an
+            # "internal error, please report it")
+            exc = MissingDependencyError("wandb", "rl", "report_to: wandb")
+            exc.install_command = "pip install wandb"
+            exc.msg = ("'wandb' is not installed (needed for report_to: wandb). Install it with:\n    pip install "
+                       "wandb\n(or report_to=tensorboard / report_to=none)")  # (ImportError's str is its msg)
+            exc.args = (exc.msg,)
+            raise exc from None
 
 
 def _wandb_mode() -> str:

@@ -292,7 +292,7 @@ class NFTTrainer:
                 x0 = self._rollout(c_orig, c_opt, noise, gen)
                 images = self.policy.decode(x0).cpu()
                 texts = [self.prompts[p] for p, _ in batch]
-                metas = [self.metadata[p] for p, _ in batch]  # the prompt row's other fields, per sample
+                metas = [self.metadata[p] for p, _ in batch]  # the prompt row (prompt included), per sample
                 futures.append(pool.submit(self.scorer, images, texts, metas))  # scored while the next batch samples
                 x0s.append(x0)
                 conds.append(c_orig)
@@ -522,6 +522,7 @@ class NFTTrainer:
     def _truncate_metrics(self) -> None:
         """On resume: drop the records the killed run wrote after its checkpoint (epochs after ``self.epoch``,
         steps after ``self.global_step``) and the old final summary."""
+        from ..train.checkpoint import _log_records as _records
         from ..train.trainer import _write_text_atomic
 
         if not self.dist.main:
@@ -529,14 +530,14 @@ class NFTTrainer:
         for name, key, last in (("metrics.jsonl", "epoch", self.epoch), ("steps.jsonl", "step", self.global_step)):
             path = self.out / name
             if path.is_file():
-                recs = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
-                keep = [ln for ln in recs if json.loads(ln).get(key, 0) <= last and "final" not in json.loads(ln)]
+                keep = [json.dumps(r) for r in _records(path) if r.get(key, 0) <= last and "final" not in r]
                 _write_text_atomic(path, "".join(ln + "\n" for ln in keep))
 
     def _last_epoch_record(self) -> dict[str, Any]:
+        from ..train.checkpoint import _log_records as _records
+
         path = self.out / "metrics.jsonl"
-        recs = [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()] \
-            if path.is_file() else []
+        recs = _records(path) if path.is_file() else []
         recs = [r for r in recs if "final" not in r and "reward/total/mean" in r]
         return recs[-1] if recs else {}
 
@@ -566,7 +567,7 @@ class NFTTrainer:
                    disable=not (cfg.progress and self.dist.main))
         last: dict[str, Any] = {}
         try:
-            if cfg.eval_every and ckpt is None:  # the baseline: the base model (the LoRA starts at zero)
+            if cfg.eval_every and ckpt is None:  # the baseline: the starting model
                 base = {"epoch": 0, "global_step": 0, **self.evaluate()}
                 self._log(base)
             while self.epoch < cfg.num_epochs:

@@ -117,7 +117,7 @@ class PreferenceTrainer:
         if d.eval:
             eval_ds, eval_base = load_pairs(d.eval, split=d.eval_split, layout=d.layout,
                                             max_samples=d.max_eval_samples, synthetic_size=d.synthetic_size,
-                                            seed=cfg.seed, revision=d.revision)
+                                            seed=cfg.seed, revision=d.revision, check_labels=not d.preflight)
         # Preflight (headers only, in parallel): every bad row is reported with its index and file before step 1;
         # with data.skip_bad_rows they are dropped instead (count logged, list in bad_rows.jsonl).
         self.n_bad_rows = 0
@@ -313,8 +313,9 @@ class PreferenceTrainer:
         path = self.out / "metrics.jsonl"
         if not self.acc.is_main_process or not path.is_file():
             return
-        keep = [ln for ln in path.read_text(encoding="utf-8").splitlines()
-                if ln.strip() and json.loads(ln).get("step", 0) <= step]
+        from .checkpoint import _log_records  # (half a record, a kill mid-write, is dropped: it failed every resume)
+
+        keep = [json.dumps(r) for r in _log_records(path) if r.get("step", 0) <= step]
         _write_text_atomic(path, "".join(ln + "\n" for ln in keep))
 
     # ------------------------------------------------------------------ loss
