@@ -7,12 +7,14 @@ Why the setup is what it is (measured on the tiny pipeline, seed 3; see docs/rl.
   brightness of all three colours barely depends on the latents (sample std 6e-4; shifting a latent channel by 1
   moves it by < 0.013, both signs the same way), which is why a brightness reward gave no signal. The blue mean is
   the most linear in the latents: a 0.3 shift of latent channel 0 moves it by 7 sample stds, either way.
-- The NFT gradient points the right way: at the start of a run, the cosine between minus the NFT loss gradient
-  (all samples, every rollout timestep) and the gradient of the mean blue of differentiably sampled images is
-  0.90 (with r flipped, -0.90). One micro-batch's gradient (fresh noise, one timestep) has a cosine 0.2-0.77:
-  learning needs many samples and steps, a high learning rate and a LoRA that can shift the output's level
-  (``proj_out`` and ``norm_out.linear``, the AdaLN conditioning that carries the pooled text and the timestep,
-  besides the attention projections). At 32 px and 2 sampling steps (sigmas 1, 0.009) nothing moved (12 epochs).
+- The NFT gradient points the right way (no sign bug): at the start of a run, the cosine between minus the NFT
+  loss gradient (32 samples, every rollout timestep) and the gradient of the mean blue of differentiably sampled
+  images is 0.90 (with r flipped, -0.90), but one micro-batch's gradient (fresh noise, one timestep) only 0.2-0.77,
+  and the timestep 0.009 of a 2-step schedule 0.10. So: 3 sampling steps (sigmas 1, 0.75, 0.009), 16 px, one
+  optimizer step per epoch on the whole epoch's gradient, lr 2e-2, and a LoRA that can shift the output's level
+  and follow the pooled text (``proj_out``, ``norm_out.linear``, the text embedder, besides the attention
+  projections). With 4 optimizer steps per epoch at lr 1e-1 the reward wandered (both signs of the reward first
+  lowered the blue; at 32 px the mean moved by < 1e-3 in 8 epochs).
 """
 
 from __future__ import annotations
@@ -95,14 +97,15 @@ def tiny_sd3(tmp_path_factory):
 
 
 @pytest.fixture
-def test_rewards(monkeypatch):
+def custom_rewards(monkeypatch):
     """The two test rewards by name, through the trainer's own loading path (registry.load_reward)."""
     from rewardkit import registry
 
     ours = {ChannelMean.name: ChannelMean, TargetChannelMean.name: TargetChannelMean}
     resolve, load = registry.resolve_name, registry.load_reward
     monkeypatch.setattr(registry, "resolve_name", lambda n: n if n in ours else resolve(n))
-    monkeypatch.setattr(registry, "load_reward", lambda n, *a, **kw: ours[n](*a, **kw) if n in ours else load(n, *a, **kw))
+    monkeypatch.setattr(registry, "load_reward",
+                        lambda n, *a, **kw: ours[n](*a, **kw) if n in ours else load(n, *a, **kw))
 
 
 def _write_rows(path, rows):
@@ -144,7 +147,7 @@ def _eval_means(recs, key):
 
 
 
-def test_nft_learns_a_colour_reward_and_its_opposite(tmp_path, tiny_sd3, test_rewards):
+def test_nft_learns_a_colour_reward_and_its_opposite(tmp_path, tiny_sd3, custom_rewards):
     """`rewards: {mean blue: 1}` raises the evaluation images' mean blue, `sign: -1` lowers it (same seed: the same
     prompts, rollout noise and evaluation noise; only the reward's sign differs). EMA off, so the evaluation shows
     the trained weights; the baseline (epoch 0) is the base model, on the held-out prompts.
@@ -155,7 +158,7 @@ def test_nft_learns_a_colour_reward_and_its_opposite(tmp_path, tiny_sd3, test_re
     mean blue is about 0.003, so +-0.07 is ~20 image stds); the training rollouts' mean blue moves monotonically,
     0.5034 -> 0.5626 / 0.4441 over the 8 epochs (an epoch mean's std over seeds ~4e-4). With 4 optimizer steps per
     epoch at lr 1e-1 instead, the runs wandered (both signs first lowered the blue): at this size one step on the
-    whole epoch's gradient is what learns."""
+    whole epoch's gradient is what learns. A sign bug fails it: with r replaced by 1 - r, +1 ends at 0.4372."""
     blue = {}
     for sign in (1.0, -1.0):
         recs = _run(tmp_path / f"sign{sign:+}", tiny_sd3, prompts="builtin:geneval_tiny",
@@ -172,7 +175,7 @@ def test_nft_learns_a_colour_reward_and_its_opposite(tmp_path, tiny_sd3, test_re
     assert blue[-1.0][1] < base - 0.02, blue
 
 
-def test_nft_learns_a_reward_that_needs_each_prompt_rows_metadata(tmp_path, tiny_sd3, test_rewards):
+def test_nft_learns_a_reward_that_needs_each_prompt_rows_metadata(tmp_path, tiny_sd3, custom_rewards):
     """Issue 23's "a metadata-needing reward learns": prompt rows `{"prompt": "a ball", "target": "bright"}` and
     `{"prompt": "two dogs on a red box", "target": "dark"}`; the reward is +mean blue for `bright`, -mean blue for
     `dark` (NaN with a reason for a row without a target). After training, the `bright` prompt's evaluation images
@@ -188,7 +191,7 @@ def test_nft_learns_a_reward_that_needs_each_prompt_rows_metadata(tmp_path, tiny
     (seed 3, 8 epochs to save time): bright +0.106, dark +0.103; with 16 epochs (seeds 5, 6) +0.11 / +0.12 (split
     -0.003). The tiny model learns a prompt-dependent shift far more slowly than a global one (0.005 in 16 epochs
     against 0.1 in 8: its two prompts' velocities differ by ~7%), hence the small margins; they are still
-    several times the spread over seeds. 2 x 10 s on an idle core."""
+    several times the spread over seeds (the bright change alone about 2 sigma over seeds). ~10 s here."""
     name = TargetChannelMean.name
     # fail loud: a row without a target is NaN with a reason, not a default
     out = TargetChannelMean()(torch.full((2, 3, 16, 16), 0.5), ["a", "b"], metadata=[{"target": "dark"}, {}])
@@ -209,7 +212,9 @@ def test_nft_learns_a_reward_that_needs_each_prompt_rows_metadata(tmp_path, tiny
     (b0, b1), (d0, d1) = moved[False]["bright"], moved[False]["dark"]
     assert b1 > b0 + 5e-4 and d1 < d0 - 1e-3 and (b1 - b0) - (d1 - d0) > 3e-3, moved
     # the control moves both prompts the same way: no split
-    assert moved[True]["bright"][0] == pytest.approx(b0, abs=1e-7) and moved[True]["dark"][0] == pytest.approx(d0, abs=1e-7)
+    # the same baseline (base model, evaluation noise) in both runs
+    assert moved[True]["bright"][0] == pytest.approx(b0, abs=1e-7)
+    assert moved[True]["dark"][0] == pytest.approx(d0, abs=1e-7)
     for t in TARGETS:
         a, b = moved[True][t]
         assert b > a + 0.02, moved
