@@ -394,7 +394,9 @@ class InputEncoder:
         merge = int(getattr(proc.image_processor, "merge_size", 0) or 0)
         if not merge or tok.pad_token_id is None:
             return None
-        img = dict(proc.image_processor(images=flat, return_tensors="pt"))
+        from .qwen_pixels import pil_pixel_values
+
+        img = pil_pixel_values(flat, proc.image_processor) or dict(proc.image_processor(images=flat, return_tensors="pt"))
         counts = (img["image_grid_thw"].prod(-1) // merge ** 2).tolist()
         text = self._expand_ids(texts, counts)
         return None if text is None else {**text, **img}
@@ -408,31 +410,36 @@ class InputEncoder:
         cache = self._tok_cache
         rows, k = [], 0
         for t in texts:
-            ids = cache.get(t)
-            if ids is None:
+            hit = cache.get(t)
+            if hit is None:
                 ids = tok(t, add_special_tokens=True)["input_ids"]
                 if len(cache) > 4096:
                     cache.clear()
-                cache[t] = ids
-            row: list[int] = []
-            for tid in ids:
-                if tid == pad_id:
-                    if k >= len(counts):
-                        return None
-                    row.extend([pad_id] * counts[k])
-                    k += 1
-                else:
-                    row.append(tid)
+                hit = cache[t] = (ids, ids.count(pad_id), {})
+            ids, n_img, expanded = hit
+            key = tuple(counts[k:k + n_img])
+            if len(key) != n_img:
+                return None
+            k += n_img
+            row = expanded.get(key)
+            if row is None:  # each (text, image sizes) is expanded once
+                row = []
+                it = iter(key)
+                for tid in ids:
+                    row.extend([pad_id] * next(it) if tid == pad_id else (tid,))
+                if len(expanded) > 64:
+                    expanded.clear()
+                expanded[key] = row
             rows.append(row)
         if k != len(counts):
             return None
         width = max(len(r) for r in rows)
-        input_ids = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            sl = slice(width - len(r), width) if tok.padding_side == "left" else slice(0, len(r))
-            input_ids[i, sl] = torch.tensor(r, dtype=torch.long)
-            mask[i, sl] = 1
+        pad = [tok.pad_token_id]
+        left = tok.padding_side == "left"
+        input_ids = torch.tensor([pad * (width - len(r)) + r if left else r + pad * (width - len(r)) for r in rows],
+                                 dtype=torch.long)
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) if left else [1] * len(r) + [0] * (width - len(r))
+                             for r in rows], dtype=torch.long)
         return {"input_ids": input_ids, "attention_mask": mask, "mm_token_type_ids": (input_ids == pad_id).long()}
 
     # ---------------------------------------------------------------- tensor path (issue 12)
@@ -503,6 +510,8 @@ class PreferenceModel(nn.Module):
         hidden = self.hidden_size
         self.head = head_module if head_module is not None else build_head(head, hidden, head_hidden)
         self.calibration: dict[str, Any] | None = None
+        #: pass the vision tower its layout tensors, cached per image grid (rewardkit.models.rope)
+        self.vision_layout = True
 
     # ------------------------------------------------------------------ construction
     @property
@@ -566,6 +575,16 @@ class PreferenceModel(nn.Module):
         if self.positions == "sequential" and inputs.get("position_ids") is None:
             mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
             inputs["position_ids"] = sequential_position_ids(mask)
+        elif inputs.get("position_ids") is None:  # the backbone's own 3-D positions, for the batch at once
+            from .rope import batch_position_ids
+
+            pos = batch_position_ids(_base(self.vlm).config, input_ids, attention_mask, inputs)
+            if pos is not None:
+                inputs["position_ids"] = pos
+        if self.vision_layout:
+            from .rope import vision_layout_kwargs
+
+            inputs.update(vision_layout_kwargs(_base(self.vlm), inputs))
         out = _inner_model(self.vlm)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **inputs)
         h = out.last_hidden_state  # [B, T, H]
         is_rt = input_ids == self.reward_token_id  # [B, T]
