@@ -139,3 +139,17 @@ def test_preference_scores_bitwise_unchanged(kind, tmp_path, request, monkeypatc
                 ref, _ = m(**ref_inputs)
             m.vision_layout = True
         assert torch.equal(mine, ref), (mine - ref).abs().max()
+
+
+def test_cached_vision_layout_serves_inference_then_training():
+    """A layout cached under ``inference_mode`` (scoring) is reused by a forward that trains."""
+    from rewardkit.models.preference import PreferenceModel
+    from rewardkit.testing import random_images
+
+    m = PreferenceModel.from_backbone("tiny:qwen2_5_vl")
+    ims = random_images(2, size=56)
+    scores, _ = m.score(ims, ["a", "b"])  # inference_mode: fills the cache
+    enc = m.encode(ims, ["a", "b"])
+    r, _ = m.train()(**enc)
+    r.sum().backward()
+    assert torch.equal(r.detach(), scores)

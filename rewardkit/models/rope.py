@@ -121,11 +121,14 @@ def vision_layout_kwargs(vlm, inputs: dict) -> dict:
     key = (model_type, merge, window, patch, str(grid.device), tuple(grid.reshape(-1).tolist()))
     hit = _VISION_CACHE.get(key)
     if hit is None:
-        hit = {"image_position_ids": vu.get_vision_position_ids(grid, merge),
-               "image_cu_seqlens": vu.get_vision_cu_seqlens(grid)}
-        if model_type == "qwen2_5_vl":
-            index, cu_window = vu.get_vision_window_index(grid, merge, window, patch)
-            hit.update(image_window_index=index, image_cu_window_seqlens=cu_window)
+        # normal tensors even under inference_mode: a cached one may later index a forward that trains
+        with torch.inference_mode(False):
+            g = grid.clone()
+            hit = {"image_position_ids": vu.get_vision_position_ids(g, merge),
+                   "image_cu_seqlens": vu.get_vision_cu_seqlens(g)}
+            if model_type == "qwen2_5_vl":
+                index, cu_window = vu.get_vision_window_index(g, merge, window, patch)
+                hit.update(image_window_index=index, image_cu_window_seqlens=cu_window)
         if len(_VISION_CACHE) >= 64:
             _VISION_CACHE.clear()
         _VISION_CACHE[key] = hit
