@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
+from ._prep import SegmentTokenizer, TemplateCache, lcp, positions
 from .base import ChoiceError, Conversation, JudgeBackend, check_choices, check_temperature, continues_final_message
 
 __all__ = ["TransformersJudge"]
@@ -62,14 +63,7 @@ class _Conv:
     digest: int  # stable per-content seed material
 
 
-def _lcp(seqs: Sequence[Sequence[int]]) -> int:
-    first = seqs[0]
-    n = min(len(s) for s in seqs)
-    for i in range(n):
-        t = first[i]
-        if any(s[i] != t for s in seqs[1:]):
-            return i
-    return n
+_lcp = lcp  # longest common token prefix (rewardkit.judges._prep)
 
 
 class TransformersJudge(JudgeBackend):
@@ -141,6 +135,9 @@ class TransformersJudge(JudgeBackend):
         self._session_prefixes: dict[tuple, dict[str, Any]] | None = None
         self.prefix_cache_bytes = int(prefix_cache_mb * 2 ** 20)
         self._cached_bytes = 0
+        # the chat template run once per conversation shape, each text piece tokenized once (judges._prep)
+        self._templates = TemplateCache(self._render)
+        self._segments = SegmentTokenizer(self.tokenizer)
 
     # ------------------------------------------------------------------ protocol
     def describe(self) -> dict[str, Any]:
@@ -267,7 +264,7 @@ class TransformersJudge(JudgeBackend):
         for conv in conversations:
             if not isinstance(conv, (list, tuple)) or not conv:
                 raise ValueError("a conversation is a non-empty list of messages")
-            texts.append(self._render(conv))
+            texts.append(self._templates.render(conv))
             keys = []
             for im in conversation_images(conv):
                 h = seen.get(id(im))
@@ -280,8 +277,8 @@ class TransformersJudge(JudgeBackend):
         feats = self._encode_images(pending)
         convs = []
         img = self.image_token_id
-        for raw, keys in zip(self.tokenizer(texts, add_special_tokens=False)["input_ids"], conv_imgs):
-            pads = [i for i, t in enumerate(raw) if t == img]
+        for raw, keys in zip(self._segments.encode(texts), conv_imgs):
+            pads = positions(raw, img)
             if len(pads) != len(keys):
                 raise ValueError(f"the chat template emitted {len(pads)} image placeholders for {len(keys)} images")
             ids: list[int] = []
