@@ -186,11 +186,11 @@ def main() -> None:
     med = statistics.median
 
     def phase(name: str, rows: list[dict]) -> str:
-        return f"{med(r[name]):.2f} s ({med(r[name + '_prefill']):.0f} prefill tokens)"
+        return f"{med(x[name] for x in rows):.2f} s ({med(x[name + '_prefill'] for x in rows):.0f} prefill tokens)"
 
     for name in ("evaluation", "verification"):
         print(f"{name} phase (median): naive {phase(name, naive_ph)}, rewardkit {phase(name, rk_ph)}, "
-              f"{med(r[name] for r in naive_ph) / med(r[name] for r in rk_ph):.1f}x")
+              f"{med(x[name] for x in naive_ph) / med(x[name] for x in rk_ph):.1f}x")
     print(f"wall time per round: naive {', '.join(f'{x:.2f}' for x in naive_t)} s; rewardkit "
           f"{', '.join(f'{x:.3f}' for x in rk_t)} s; ratios {', '.join(f'{r:.1f}x' for r in ratios)}")
     print(f"wall time (median of {len(ratios)} interleaved rounds): naive {med(naive_t):.2f} s, rewardkit "

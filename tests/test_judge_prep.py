@@ -20,6 +20,7 @@ def test_lcp_hand_computed():
     long_a = list(range(1000))
     long_b = long_a[:637] + [-1] + long_a[638:]
     assert lcp([long_a, long_a, long_b]) == 637
+    assert lcp([tuple(long_a), long_b]) == 637 and lcp([long_b, tuple(long_a)]) == 637  # tuples and lists mixed
     assert positions([3, 7, 3, 3, 1], 3) == [0, 2, 3] and positions([1, 2], 9) == []
 
 

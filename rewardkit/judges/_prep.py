@@ -29,10 +29,11 @@ _CACHE_LIMIT = 8192
 
 
 def lcp(seqs: Sequence[Sequence[int]]) -> int:
-    """Length of the longest common prefix of ``seqs`` (lists of ints)."""
-    first = seqs[0]
+    """Length of the longest common prefix of ``seqs`` (lists or tuples of ints, mixed)."""
+    first = seqs[0] if isinstance(seqs[0], list) else list(seqs[0])
     n = min(len(s) for s in seqs)
     for s in seqs[1:]:
+        s = s if isinstance(s, list) else list(s)  # a list never equals a tuple
         if n == 0:
             break
         if s[:n] == first[:n]:
