@@ -449,12 +449,7 @@ class TransformersJudge(JudgeBackend):
         dev = self.device
         L = max(len(p) for p, _ in prefixes)
         P = len(prefixes)
-        ids = torch.full((P, L), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((P, L), dtype=torch.long)
-        for j, (p, _) in enumerate(prefixes):
-            ids[j, L - len(p):] = torch.tensor(p)
-            mask[j, L - len(p):] = 1
-        ids, mask = ids.to(dev), mask.to(dev)
+        ids, mask = _left_padded([p for p, _ in prefixes], L, self.pad_id, dev)
         order = [h for _, keys in prefixes for h in keys]  # placeholder order, row-major
         mm_types = (ids == self.image_token_id).int()
         grid = torch.stack([feats[h].grid_thw for h in order]).to(dev) if order else None
@@ -619,12 +614,7 @@ class TransformersJudge(JudgeBackend):
         dev = self.device
         idx = torch.tensor(which, dtype=torch.long, device=dev)
         R, S = len(suffixes), max(len(s) for s in suffixes)
-        sids = torch.full((R, S), self.pad_id, dtype=torch.long)
-        smask = torch.zeros((R, S), dtype=torch.long)
-        for r, s in enumerate(suffixes):
-            sids[r, S - len(s):] = torch.tensor(s)
-            smask[r, S - len(s):] = 1
-        sids, smask = sids.to(dev), smask.to(dev)
+        sids, smask = _left_padded(suffixes, S, self.pad_id, dev)
         full_mask = torch.cat([state["mask"].index_select(0, idx), smask], dim=1)
         start = state["next_pos"].index_select(0, idx)
         spos = (start[:, None] + smask.cumsum(-1) - 1).clamp(min=0)
@@ -679,14 +669,16 @@ class TransformersJudge(JudgeBackend):
                 nxt = logits.argmax(-1)
             nxt = torch.where(done, torch.full_like(nxt, self.pad_id), nxt)
             is_eos = torch.isin(nxt, eos) & ~done
-            for r, t in enumerate(nxt.tolist()):
-                if not bool(done[r]) and not bool(is_eos[r]):
-                    tokens[r].append(t)
             done = done | is_eos
+            done_l = done.tolist()  # one transfer per step, not one per row
+            for r, t in enumerate(nxt.tolist()):
+                if not done_l[r]:
+                    tokens[r].append(t)
             if stop:
-                for r in range(R):
-                    if not bool(done[r]) and any(s in self.tokenizer.decode(tokens[r][-32:]) for s in stop):
-                        done[r] = True
+                hit = [r for r in range(R) if not done_l[r]
+                       and any(s in self.tokenizer.decode(tokens[r][-32:]) for s in stop)]
+                if hit:
+                    done[hit] = True
             self.stats["decode_tokens"] += int((~done).sum())
             if bool(done.all()) or step == max_new_tokens - 1:
                 break
@@ -701,6 +693,16 @@ class TransformersJudge(JudgeBackend):
         if stop:
             texts = [_cut_at_stop(t, stop) for t in texts]
         return texts
+
+
+def _left_padded(rows: list[list[int]], width: int, pad: int, device: Any):
+    """``(ids, mask)`` ``[len(rows), width]`` int64 on ``device``, each row left-padded: one tensor each, built
+    from Python lists (not one small tensor per row)."""
+    import torch
+
+    ids = torch.tensor([[pad] * (width - len(r)) + list(r) for r in rows], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
+    return ids.to(device), mask.to(device)
 
 
 _CACHE_KW: dict[type, str] = {}
