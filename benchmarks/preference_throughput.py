@@ -3,10 +3,11 @@
     python benchmarks/preference_throughput.py [--images 64] [--batch-size 16] [--repeats 7] [--threads 1]
 
 Prints one JSON object. Batched and one-by-one runs are interleaved (same process, same images), one warm-up
-round is discarded and the median of ``--repeats`` rounds is reported, with each round's ratio, their median and
-the machine's load average (a loaded machine slows the one-by-one loop more and flatters the ratio). ``--threads 1`` (default) pins torch to
-one intra-op thread: on a shared machine, spinning OpenMP threads make timings swing by 5x. Targets: batched >= 4x the
-one-by-one loop at batch 16 (issue 28: >= 6x); one backbone forward per training micro-batch (chosen and rejected together).
+round is discarded and the median of ``--repeats`` rounds is reported, with each round's ratio, their median
+and the machine's load average (a loaded machine slows the one-by-one loop more and flatters the ratio).
+``--threads 1`` (default) pins torch to one intra-op thread: on a shared machine, spinning OpenMP threads make
+timings swing by 5x. Targets: batched >= 6x the one-by-one loop at batch 16 (issue 28; was 4x); one backbone
+forward per training micro-batch (chosen and rejected together).
 """
 
 from __future__ import annotations

@@ -85,8 +85,8 @@ def batch_position_ids(config, input_ids: torch.Tensor, attention_mask: torch.Te
                        inputs: dict) -> torch.Tensor | None:
     """The ``position_ids`` a verified Qwen-VL backbone (``config``) would compute itself for this batch of
     processor ``inputs``, or None (another model type, videos, no images, ...: let the model compute them)."""
-    if getattr(config, "model_type", None) not in VERIFIED_MODEL_TYPES or inputs.get("pixel_values_videos") is not None \
-            or inputs.get("video_grid_thw") is not None:
+    if getattr(config, "model_type", None) not in VERIFIED_MODEL_TYPES \
+            or inputs.get("pixel_values_videos") is not None or inputs.get("video_grid_thw") is not None:
         return None
     types, grid = inputs.get("mm_token_type_ids"), inputs.get("image_grid_thw")
     merge = getattr(getattr(config, "vision_config", None), "spatial_merge_size", None)
