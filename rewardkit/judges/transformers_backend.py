@@ -176,6 +176,9 @@ class TransformersJudge(JudgeBackend):
         check_temperature(temperature)
         if not conversations:
             return []
+        if temperature == 0 and n > 1:  # greedy: the n samples are one text; decode each conversation once
+            once = self.generate(conversations, n=1, max_new_tokens=max_new_tokens, stop=stop, seed=seed)
+            return [texts * n for texts in once]
         import torch
 
         with self._lock, torch.inference_mode():
