@@ -135,6 +135,16 @@ def main() -> None:
     names = list(configs)
     results: dict[tuple[str, str], list[float]] = {(w, k): [] for w in wires for k in configs}
     merged: dict[tuple[str, str], float] = {}
+    # the server process's CPU time per request (user + system, all its threads): what each request costs the
+    # server, much less sensitive to the machine's load than requests/s
+    cpu: dict[tuple[str, str], list[float]] = {(w, k): [] for w in wires for k in configs}
+
+    def cpu_seconds(pid: int) -> float:
+        try:
+            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:  # not Linux: no figure
+            return float("nan")
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     load_before = os.getloadavg()
     for _ in range(args.rounds):
         for name, (mb, wait) in configs.items():
@@ -142,7 +152,9 @@ def main() -> None:
             try:
                 for wire in wires:  # the same server answers each body in turn
                     before = httpx.get(url + "/info", timeout=10).json()["stats"]
+                    cpu0 = cpu_seconds(proc.pid)
                     results[(wire, name)].append(load(url, wire))
+                    cpu[(wire, name)].append((cpu_seconds(proc.pid) - cpu0) / (args.clients * args.requests))
                     stats = httpx.get(url + "/info", timeout=10).json()["stats"]
                     merged[(wire, name)] = (stats["merged_requests"] - before["merged_requests"]) / \
                         max(stats["batches"] - before["batches"], 1)
@@ -157,7 +169,8 @@ def main() -> None:
         for name in names:
             vals = results[(wire, name)]
             print(f"{wire:6s} {name:44s} {statistics.median(vals):8.1f} req/s = img/s  (rounds: "
-                  f"{', '.join(f'{v:.1f}' for v in vals)}; requests per model call {merged[(wire, name)]:.1f})")
+                  f"{', '.join(f'{v:.1f}' for v in vals)}; requests per model call {merged[(wire, name)]:.1f}; "
+                  f"server CPU {1e3 * statistics.median(cpu[(wire, name)]):.2f} ms per request)")
         per_round = [b / a for a, b in zip(results[(wire, names[0])], results[(wire, names[1])])]
         print(f"{wire:6s} ratio batching / no batching: rounds {', '.join(f'{r:.2f}x' for r in per_round)}; "
               f"median {statistics.median(per_round):.2f}x (of medians "

@@ -82,7 +82,7 @@ class InputEncoder:
         merge = int(getattr(proc.image_processor, "merge_size", 0) or 0)
         if not merge or tok.pad_token_id is None:
             return None
-        from .qwen_pixels import pil_pixel_values
+        from .pil_pixels import pil_pixel_values
 
         img = pil_pixel_values(flat, proc.image_processor) \
             or dict(proc.image_processor(images=flat, return_tensors="pt"))

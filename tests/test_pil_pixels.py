@@ -1,4 +1,4 @@
-"""Qwen-VL pixel values for PIL images in torch (rewardkit.models.qwen_pixels) equal the PIL processor's, bit
+"""Qwen-VL pixel values for PIL images in torch (rewardkit.models.pil_pixels) equal the PIL processor's, bit
 for bit: the reference is transformers' ``Qwen2VLImageProcessorPil`` itself, and the 8-bit table is checked
 against the processor's own ``rescale`` / ``normalize`` (``transformers/image_transforms.py``) for all 256
 values of each channel."""
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from rewardkit.models.qwen_pixels import pil_pixel_values, rescale_normalize_table
+from rewardkit.models.pil_pixels import pil_pixel_values, rescale_normalize_table
 
 
 def _processor(kind: str):
@@ -53,3 +53,29 @@ def test_pil_pixel_values_decline_what_they_do_not_reproduce():
     assert pil_pixel_values([], ip) is None
     ip.resample = 0  # nearest: not a filter this path takes
     assert pil_pixel_values([Image.new("RGB", (56, 56))], ip) is None
+
+
+def test_clip_pil_pixel_values_equal_the_processor(tiny_clip_dir):
+    """CLIP: resize of the shortest edge (up, down, unchanged), center crop of odd margins, rescale, normalise."""
+    import transformers
+
+    from rewardkit.models.pil_pixels import clip_pil_pixel_values
+    from rewardkit.testing import random_images
+
+    ip = transformers.AutoProcessor.from_pretrained(tiny_clip_dir).image_processor
+    assert type(ip).__name__ == "CLIPImageProcessorPil"
+    ims = random_images(6, sizes=[(32, 32), (40, 64), (64, 40), (33, 47), (96, 24), (17, 17)], seed=3)
+    got = clip_pil_pixel_values(ims, ip)
+    ref = ip(images=ims, return_tensors="pt")["pixel_values"]
+    assert got is not None and got.dtype == ref.dtype and torch.equal(got, ref)
+
+
+def test_clip_backbone_uses_the_batched_pixels_after_checking_them(tiny_clip_dir):
+    from rewardkit import load_reward
+    from rewardkit.testing import random_images
+
+    reward = load_reward("clipscore", model=str(tiny_clip_dir))
+    ims = random_images(4, sizes=[(32, 32), (40, 64), (64, 40), (33, 47)], seed=1)
+    first = reward(ims, "a cat").scores  # checked against the processor: its output is used
+    assert reward.backbone._fast_pixels is True
+    assert torch.equal(reward(ims, "a cat").scores, first)  # the batched path: the same scores, bit for bit

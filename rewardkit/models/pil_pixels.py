@@ -1,11 +1,14 @@
-"""Qwen-VL ``pixel_values`` for decoded PIL images, batched in torch and equal to the PIL image processor's.
+"""``pixel_values`` for decoded PIL images, batched and equal to the PIL image processors', bit for bit.
 
-transformers' ``Qwen2VLImageProcessorPil`` handles one image at a time: numpy array -> PIL image -> resize
--> numpy -> rescale in float64 -> float32 -> normalise -> patchify. :func:`pil_pixel_values` keeps the only
-step that needs PIL, the resize (the same ``Image.resize`` call, skipped when the size does not change, as PIL
-itself skips it), and does the rest for all images of one size at once: the rescale and normalisation of
-8-bit values through a 256-entry table per channel computed with the processor's own float operations
-(so every value is the processor's, bit for bit), then the patch layout as one reshape / permute.
+transformers' PIL image processors (``Qwen2VLImageProcessorPil``, ``CLIPImageProcessorPil``) handle one image
+at a time: numpy array -> PIL image -> resize -> numpy -> (center crop) -> rescale in float64 -> float32 ->
+normalise (-> Qwen: patchify). Here the only step that needs PIL, the resize, is kept (the same
+``Image.resize`` call, skipped when the size does not change, as PIL itself skips it), and the rest runs for
+all images of one size at once: the rescale and normalisation of 8-bit values through a 256-entry table per
+channel computed with the processor's own float operations (so every value is the processor's, bit for bit),
+then the crop (CLIP) or the patch layout (Qwen) as slicing / one reshape.
+
+:func:`pil_pixel_values` is the Qwen-VL form, :func:`clip_pil_pixel_values` the CLIP form.
 
 Unlike :func:`rewardkit.preprocess.qwen_pixel_values` (float tensors, resized in torch, within a tolerance)
 this path is exact; ``InputEncoder`` still checks its first batch against the processor.
@@ -18,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-__all__ = ["pil_pixel_values", "rescale_normalize_table"]
+__all__ = ["pil_pixel_values", "clip_pil_pixel_values", "rescale_normalize_table"]
 
 
 def rescale_normalize_table(scale: float, mean: Sequence[float] | None, std: Sequence[float] | None) -> torch.Tensor:
@@ -82,3 +85,53 @@ def pil_pixel_values(images: Sequence[Any], image_processor: Any) -> dict[str, t
     pixel_values = torch.cat(chunks) if len(chunks) > 1 else chunks[0].contiguous()
     grid = torch.tensor([[1, h // ps, w // ps] for h, w in shapes], dtype=torch.long)
     return {"pixel_values": pixel_values, "image_grid_thw": grid}
+
+
+def _table_lookup(arrays: list[np.ndarray], table: torch.Tensor) -> torch.Tensor:
+    """``n`` uint8 ``[H, W, 3]`` arrays of one size -> float32 ``[n, 3, H, W]`` through the per-channel table."""
+    idx = np.stack(arrays).astype(np.int16) + np.array([0, 256, 512], dtype=np.int16)
+    return torch.from_numpy(np.take(table.reshape(-1).numpy(), idx)).permute(0, 3, 1, 2)
+
+
+def clip_pil_pixel_values(images: Sequence[Any], image_processor: Any) -> torch.Tensor | None:
+    """``[B, 3, crop_h, crop_w]`` float32 ``pixel_values`` for RGB PIL ``images`` as a CLIP PIL image
+    processor (``CLIPImageProcessorPil``: resize the shortest edge, center crop, rescale, normalise) computes
+    them, or None when its settings are outside what this reproduces (the caller then runs the processor)."""
+    from PIL import Image
+
+    from ..preprocess import clip_params, clip_resize_shape
+
+    if type(image_processor).__name__ != "CLIPImageProcessorPil" or not images:
+        return None
+    p = clip_params(image_processor)
+    if p is None or getattr(image_processor, "do_convert_rgb", True) is False:
+        return None
+    resample = getattr(image_processor, "resample", None)
+    if resample is None or int(resample) not in (Image.Resampling.BILINEAR, Image.Resampling.BICUBIC):
+        return None
+    if not all(isinstance(im, Image.Image) and im.mode == "RGB" for im in images):
+        return None
+    table = rescale_normalize_table(float(getattr(image_processor, "rescale_factor", 1 / 255)), p.mean, p.std)
+    arrays = []
+    for im in images:
+        w, h = im.size
+        if p.shortest_edge is not None:
+            hh, ww = clip_resize_shape(h, w, p.shortest_edge)
+        elif p.size_hw is not None:
+            hh, ww = p.size_hw
+        else:
+            hh, ww = h, w
+        if (hh, ww) != (h, w):
+            im = im.resize((ww, hh), resample=int(resample))
+        a = np.asarray(im)
+        if p.crop_hw is not None:
+            ch, cw = p.crop_hw
+            if hh < ch or ww < cw:
+                return None  # the processor pads first: not reproduced here
+            top, left = (hh - ch) // 2, (ww - cw) // 2
+            a = a[top:top + ch, left:left + cw]
+        arrays.append(a)
+    shapes = {a.shape for a in arrays}
+    if len(shapes) != 1:
+        return None  # no crop and different sizes: the processor could not stack them either
+    return _table_lookup(arrays, table).contiguous()
