@@ -7,8 +7,10 @@ token's final hidden state, computed in fp32. The head is ``linear`` (default), 
 language-model output layer is never computed: the backbone's inner model (``vlm.model``) gives the hidden
 states.
 
-Rotary positions (``positions``, saved in the config): ``"mrope"`` (default) lets the backbone compute its own
-3-D multimodal positions (image tokens indexed by time / row / column), as in Qwen-VL pre-training;
+Rotary positions (``positions``, saved in the config): ``"mrope"`` (default) gives the backbone its own
+3-D multimodal positions (image tokens indexed by time / row / column), as in Qwen-VL pre-training; for
+Qwen2-VL / Qwen2.5-VL / Qwen3-VL they are computed for the whole batch at once (:mod:`.rope`, equal to the
+model's ``get_rope_index``), and the vision tower's layout tensors come from a cache per image grid;
 ``"sequential"`` gives every token, image tokens included, the plain 1-D index of its place among the sample's
 non-padding tokens, the same on all three rope sections. That is what HPSv3 and EditReward (Qwen2-/2.5-VL)
 were trained with: their forward builds ``inputs_embeds`` itself and calls the language model with
