@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import functools
+
 import numpy as np
 import torch
 
@@ -29,6 +31,11 @@ def rescale_normalize_table(scale: float, mean: Sequence[float] | None, std: Seq
 
     transformers' ``rescale`` multiplies in float64 and casts to float32; ``normalize`` subtracts the float32
     mean and divides by the float32 std in float32 (``image_transforms.rescale`` / ``normalize``)."""
+    return _table(float(scale), None if mean is None else tuple(mean), None if std is None else tuple(std)).clone()
+
+
+@functools.lru_cache(maxsize=16)
+def _table(scale: float, mean: tuple | None, std: tuple | None) -> torch.Tensor:
     v = torch.from_numpy((np.arange(256, dtype=np.float64) * scale).astype(np.float32))
     table = v.unsqueeze(0).expand(3, 256).clone()
     if mean is not None:
@@ -57,11 +64,14 @@ def pil_pixel_values(images: Sequence[Any], image_processor: Any) -> dict[str, t
     if not all(isinstance(im, Image.Image) and im.mode == "RGB" for im in images):
         return None
     scale = float(getattr(image_processor, "rescale_factor", 1 / 255))
-    table = rescale_normalize_table(scale, p.mean, p.std)
+    table = _table(scale, p.mean, p.std)  # cached; read only
     arrays, shapes = [], []
+    sizes: dict[tuple[int, int], tuple[int, int]] = {}
     for im in images:
         w, h = im.size
-        hh, ww = smart_resize(h, w, p.factor, p.min_pixels, p.max_pixels)
+        if (h, w) not in sizes:
+            sizes[(h, w)] = smart_resize(h, w, p.factor, p.min_pixels, p.max_pixels)
+        hh, ww = sizes[(h, w)]
         if (hh, ww) != (h, w):
             im = im.resize((ww, hh), resample=int(resample))
         arrays.append(np.asarray(im))
@@ -111,7 +121,7 @@ def clip_pil_pixel_values(images: Sequence[Any], image_processor: Any) -> torch.
         return None
     if not all(isinstance(im, Image.Image) and im.mode == "RGB" for im in images):
         return None
-    table = rescale_normalize_table(float(getattr(image_processor, "rescale_factor", 1 / 255)), p.mean, p.std)
+    table = _table(float(getattr(image_processor, "rescale_factor", 1 / 255)), p.mean, p.std)  # cached; read only
     arrays = []
     for im in images:
         w, h = im.size
