@@ -28,6 +28,7 @@ EXTRA_OF: dict[str, str] = {
     "pytesseract": "ocr",
     "starlette": "serve",
     "uvicorn": "serve",
+    "ray": "ray",
 }
 
 # pip extra -> import names it must provide (used by `rewardkit ls` to say what is installed)

@@ -12,7 +12,9 @@ byte every few seconds hold a socket each, forever, until the process runs out o
   are kept below the file-descriptor limit by :func:`connection_cap`, so ``accept`` never fails with EMFILE);
 - a request whose line and headers are not complete ``header_timeout`` seconds after the connection opened
   (or after the previous response) is answered ``408`` and its connection closed; so is a connection still
-  sending the body of a request answered without reading it (e.g. a 401).
+  sending the body of a request answered without reading it (e.g. a 401);
+- a connection whose answers stay unread for ``send_timeout`` seconds (its write buffer full: a client that
+  pipelines requests and never reads) is dropped; uvicorn would wait for it forever.
 """
 
 from __future__ import annotations
@@ -74,8 +76,10 @@ def connection_cap(max_connections: int, backlog: int) -> tuple[int, int]:
     return new_cap, new_backlog
 
 
-def protocol_class(max_connections: int, header_timeout: float) -> type:
-    """uvicorn's h11 protocol with a connection cap and a header-read timeout (see the module doc)."""
+def protocol_class(max_connections: int, header_timeout: float, send_timeout: float | None = None) -> type:
+    """uvicorn's h11 protocol with a connection cap, a header-read timeout and a timeout on unread answers
+    (``send_timeout``, default ``header_timeout``; see the module doc)."""
+    send_timeout = header_timeout if send_timeout is None else send_timeout
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -85,6 +89,7 @@ def protocol_class(max_connections: int, header_timeout: float) -> type:
 
     class BoundedH11Protocol(H11Protocol):
         _header_timer: Any = None
+        _write_timer: Any = None
 
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -96,7 +101,28 @@ def protocol_class(max_connections: int, header_timeout: float) -> type:
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._cancel_header_timer()
+            self._cancel_write_timer()
             super().connection_lost(exc)
+            self.flow.resume_writing()  # a response waiting for the buffer to drain ends (its cycle is gone)
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            self._cancel_write_timer()
+            self._write_timer = self.loop.call_later(send_timeout, self._write_timed_out)
+
+        def resume_writing(self) -> None:
+            self._cancel_write_timer()
+            super().resume_writing()
+
+        def _cancel_write_timer(self) -> None:
+            if self._write_timer is not None:
+                self._write_timer.cancel()
+                self._write_timer = None
+
+        def _write_timed_out(self) -> None:
+            self._write_timer = None
+            if not self.transport.is_closing() or self.transport.get_write_buffer_size():
+                self.transport.abort()  # its unread answers are dropped with it (close() would wait for them)
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
@@ -133,6 +159,7 @@ def uvicorn_config(app: Any, cfg: Any, **kw: Any) -> Any:
 
     uvicorn = require("uvicorn", "serve")
     cap, backlog = connection_cap(cfg.max_connections, cfg.backlog)
-    return uvicorn.Config(app, http=protocol_class(cap, cfg.header_timeout), timeout_keep_alive=cfg.keep_alive,
+    return uvicorn.Config(app, http=protocol_class(cap, cfg.header_timeout, cfg.body_timeout),
+                          timeout_keep_alive=cfg.keep_alive,
                           h11_max_incomplete_event_size=cfg.max_header_bytes, backlog=backlog,
                           log_level=kw.pop("log_level", "warning"), lifespan="on", **kw)

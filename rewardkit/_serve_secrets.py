@@ -6,8 +6,10 @@ Two rules, applied together:
   ``cookie``, ``credential``, ``private_key``, ...; any depth, any case, ``-`` / ``_`` / camelCase) is
   replaced by :data:`REDACTED`;
 - every known secret *value* is replaced wherever it appears in a string: the server's bearer token, the
-  values found under credential-like keys of the reward's config, and the values of environment variables
-  whose names look like credentials (``OPENAI_API_KEY``, ``HF_TOKEN``, ``REWARDKIT_SERVE_TOKEN``, ...).
+  values found under credential-like keys of the reward's config (every string under the key, also in lists;
+  for ``Bearer <token>`` / ``Basic <token>`` the token alone too), and the values of environment variables
+  whose names look like credentials (``OPENAI_API_KEY``, ``HF_TOKEN``, ``REWARDKIT_SERVE_TOKEN``, ...);
+- the password of a URL with credentials (``https://user:password@host``) is replaced in every string.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ _PARTS = ("password", "passwd", "secret", "authorization", "cookie", "credential
           "accesskey", "sessionkey", "bearer")
 _MIN_SECRET = 4  # shorter values would redact ordinary words
 _MIN_ENV_SECRET = 8  # environment values are guessed from names: "true" under USE_AUTH_TOKEN is no secret
+_URL_PASSWORD = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@]*:)[^/\s@]+@")
+_AUTH_SCHEME = re.compile(r"^(?:bearer|basic|token)\s+(\S+)$", re.IGNORECASE)
 
 
 def is_secret_key(key: Any) -> bool:
@@ -51,8 +55,8 @@ class Redactor:
         """Learn the values under credential-like keys of ``obj`` (a config dict) as secrets."""
         if isinstance(obj, dict):
             for k, v in obj.items():
-                if is_secret_key(k) and isinstance(v, str):
-                    self.add([v])
+                if is_secret_key(k):
+                    self.add(_strings(v))
                 else:
                     self.collect(v)
         elif isinstance(obj, (list, tuple)):
@@ -63,7 +67,7 @@ class Redactor:
         for v in self._values:
             if v in s:
                 s = s.replace(v, REDACTED)
-        return s
+        return _URL_PASSWORD.sub(r"\1" + REDACTED + "@", s) if "@" in s else s
 
     def __call__(self, obj: Any) -> Any:
         """``obj`` (JSON-like) with credential-like keys' values and known secret values redacted."""
@@ -77,6 +81,18 @@ class Redactor:
         if isinstance(obj, str):
             return self.text(obj)
         return obj
+
+
+def _strings(obj: Any) -> list[str]:
+    """Every string in ``obj`` (nested lists / dicts); for ``Bearer <token>`` also the token alone."""
+    if isinstance(obj, str):
+        m = _AUTH_SCHEME.match(obj.strip())
+        return [obj] + ([m.group(1)] if m else [])
+    if isinstance(obj, dict):
+        return [x for v in obj.values() for x in _strings(v)]
+    if isinstance(obj, (list, tuple)):
+        return [x for v in obj for x in _strings(v)]
+    return []
 
 
 class RedactingFilter(logging.Filter):

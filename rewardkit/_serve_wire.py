@@ -172,12 +172,15 @@ def sources(body: dict, n: int, limit: int) -> list[list[Any]] | None:
         return None
     if not isinstance(value, list) or len(value) != n:
         raise HTTPError(400, f"'sources' must be a list with one list of images per sample ({n})")
-    out = []
     for i, entry in enumerate(value):
         if not isinstance(entry, list):
             raise HTTPError(400, f"sources[{i}] must be a list of images")
-        if len(entry) > limit:
-            raise HTTPError(413, f"sources[{i}] has {len(entry)} images; at most {limit}")
+    total = sum(len(entry) for entry in value)  # in all, not per sample: n * limit images would pass otherwise
+    if total > limit:
+        raise HTTPError(413, f"'sources' has {total} source images; this server takes at most {limit} per request "
+                             "(send fewer samples per request)")
+    out = []
+    for i, entry in enumerate(value):
         out.append([decode_image(x, f"sources[{i}][{j}]") for j, x in enumerate(entry)])
     return out
 

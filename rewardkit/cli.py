@@ -32,6 +32,8 @@ COMMANDS: dict[str, str] = {
     "serve": "rewardkit.commands.serve",
     "parrot": "rewardkit.commands.parrot",
     "refine": "rewardkit.commands.refine",
+    "view": "rewardkit.commands.view",
+    "filter": "rewardkit.commands.filter",
 }
 
 
@@ -99,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         hint = "" if debug else "\n(set REWARDKIT_DEBUG=1 to see the traceback)"
         return fail(args.command, f"{type(exc).__name__}: {exc}{hint}", EXIT_USAGE)
     except Exception as exc:  # noqa: BLE001  anything else is our bug: say so, keep the code distinct
+        if type(exc).__name__ == "SafetensorError":  # a weights file that is not one (e.g. a renamed pickle)
+            return fail(args.command, f"a weights file is not a readable safetensors file ({exc}); rewardkit reads "
+                                      "safetensors only and never unpickles a file by another name", EXIT_USAGE)
         hint = "please report it" if debug else "set REWARDKIT_DEBUG=1 to see the traceback; please report it"
         return fail(args.command, f"internal error: {type(exc).__name__}: {exc}\n({hint})", EXIT_INTERNAL)
 

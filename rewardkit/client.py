@@ -81,6 +81,86 @@ class RemoteRewardConfig(RewardConfig):
             raise ValueError(f"batch_size must be a positive int, got {self.batch_size!r}")
 
 
+# The deadline of the request the current thread is making: (monotonic deadline, stop event), or None.
+_CALL = threading.local()
+
+
+class _DeadlineStream:
+    """A network stream whose reads and writes end at the current request's deadline (or when the caller gives
+    up): each operation's timeout is cut to the time left, and past it :class:`_Deadline` is raised. httpx's own
+    read timeout restarts with every byte, so without this a server dripping its status line and headers
+    holds the thread inside ``client.stream(...)`` for as long as it drips."""
+
+    def __init__(self, stream: Any):
+        self._stream = stream
+
+    @staticmethod
+    def _left(timeout: float | None, slack: float = 0.0) -> float | None:
+        call = getattr(_CALL, "value", None)
+        if call is None:
+            return timeout
+        deadline, stop = call
+        left = deadline - time.monotonic()
+        if left <= slack or stop.is_set():
+            raise _Deadline()
+        return left if timeout is None else min(timeout, left)
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        import httpcore
+
+        try:
+            return self._stream.read(max_bytes, self._left(timeout))
+        except httpcore.ReadTimeout:
+            self._left(None, slack=0.05)  # raises _Deadline when the deadline is what cut the read short
+            raise
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        import httpcore
+
+        try:
+            return self._stream.write(buffer, self._left(timeout))
+        except httpcore.WriteTimeout:
+            self._left(None, slack=0.05)
+            raise
+
+    def start_tls(self, *args: Any, **kwargs: Any) -> Any:
+        return _DeadlineStream(self._stream.start_tls(*args, **kwargs))
+
+    def __getattr__(self, name: str) -> Any:  # close, get_extra_info
+        return getattr(self._stream, name)
+
+
+class _DeadlineBackend:
+    """httpcore's network backend with every stream a :class:`_DeadlineStream`."""
+
+    def __init__(self, backend: Any):
+        self._backend = backend
+
+    def connect_tcp(self, *args: Any, **kwargs: Any) -> Any:
+        return _DeadlineStream(self._backend.connect_tcp(*args, **kwargs))
+
+    def connect_unix_socket(self, *args: Any, **kwargs: Any) -> Any:
+        return _DeadlineStream(self._backend.connect_unix_socket(*args, **kwargs))
+
+    def __getattr__(self, name: str) -> Any:  # sleep
+        return getattr(self._backend, name)
+
+
+def _bounded_transport(httpx: Any) -> Any:
+    """An ``httpx.HTTPTransport`` whose connections honour the calling thread's request deadline."""
+    transport = httpx.HTTPTransport()
+    pool = getattr(transport, "_pool", None)
+    backend = getattr(pool, "_network_backend", None)
+    if backend is None:  # another httpx / httpcore layout: say so (the call still returns at its deadline)
+        import warnings
+
+        warnings.warn("this httpx / httpcore version does not expose its network backend: a RemoteReward pool "
+                      "thread may outlive a timed-out call while the server drips its answer", RuntimeWarning)
+        return transport
+    pool._network_backend = _DeadlineBackend(backend)
+    return transport
+
+
 def image_bytes(im: Any, encoding: str) -> tuple[dict, bytes]:
     """A canonical RGB PIL image, or a float ``[3, H, W]`` tensor (the tensor path), -> (descriptor, bytes)
     of the binary body (:mod:`rewardkit._serve_binary`). Floats travel losslessly: little-endian bytes of their
@@ -158,7 +238,8 @@ class RemoteReward(Reward):
                 headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
                 # Per-operation timeouts are the whole budget; the whole-request deadline is enforced in _request.
                 self._http = httpx.Client(base_url=self.config.url.rstrip("/"), headers=headers,
-                                          timeout=httpx.Timeout(self.config.timeout))
+                                          timeout=httpx.Timeout(self.config.timeout),
+                                          transport=_bounded_transport(httpx))
                 self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="rewardkit-remote")
             return self._http
 
@@ -167,8 +248,6 @@ class RemoteReward(Reward):
         """One HTTP exchange, in a pool thread. Every socket operation is bounded by the time left until
         ``deadline``, and the response is read only until then (or until the caller gives up: ``stop``), so
         the thread ends with the call even when the server drips its answer one byte at a time."""
-        import httpx
-
         from ._serve_binary import CONTENT_TYPE
 
         client = self._client()
@@ -176,6 +255,17 @@ class RemoteReward(Reward):
         content = body if binary or body is None else json.dumps(body, allow_nan=False).encode()
         left = max(deadline - time.monotonic(), 0.001)
         ctype = CONTENT_TYPE if binary else "application/json"
+        _CALL.value = (deadline, stop)  # every socket read and write of this thread stops at the deadline
+        try:
+            return self._exchange(client, method, path, content, left, deadline, stop, ctype)
+        finally:
+            _CALL.value = None
+
+    def _exchange(self, client: Any, method: str, path: str, content: bytes | None, left: float,
+                  deadline: float, stop: threading.Event,
+                  ctype: str = "application/json") -> tuple[int, dict[str, str], bytes]:
+        import httpx
+
         with client.stream(method, path, content=content, timeout=httpx.Timeout(left),
                            headers={"Content-Type": ctype} if content is not None else None) as r:
             data, size = [], 0

@@ -36,3 +36,7 @@ class RegistryError(RewardkitError, KeyError):
 
 class ConfigError(RewardkitError, ValueError):
     """Invalid configuration: unknown keys, bad override syntax or a value of the wrong type."""
+
+
+class UsageError(Exception):
+    """A problem with the command line or its input files; the CLI prints the message and exits 2."""

@@ -6,7 +6,7 @@ loaded. Accepted inputs, per image:
 - ``PIL.Image.Image`` in any mode (see conversions below);
 - a file path (``str`` or ``os.PathLike``) or raw encoded ``bytes`` / ``bytearray`` / ``memoryview``;
 - a numpy array ``HxW`` (grayscale) or ``HxWxC`` with C in {1, 3, 4}: ``uint8`` as is, ``uint16`` scaled by
-  1/257, floating point in [0, 1];
+  1/257, floating point in [0, 1] (either byte order);
 - a torch tensor ``CxH×W`` (C in {1, 3, 4}) or ``HxW``: ``uint8`` as is, floating point in [0, 1].
 
 Batches: a list / tuple of the above, a ``BxCxHxW`` tensor, or a ``BxHxWxC`` numpy array. A single image
@@ -22,7 +22,9 @@ Documented conversions (all lossless for RGB 8-bit input):
 - Float inputs become uint8 by ``round(x * 255)``, so PIL, uint8 and float versions of one image are
   byte-identical after normalisation.
 
-Refused, with a clear reason: corrupt, truncated or zero-byte files; bytes that are not an image; images
+Refused, with a clear reason: corrupt, truncated or zero-byte files (truncated ones even when another library
+has set PIL's global ``ImageFile.LOAD_TRUNCATED_IMAGES``, once or on every call from another thread: rewardkit
+  decodes strictly, in its own threads only); bytes that are not an image; images
 with a zero-size side; images over the pixel limit (a decompression-bomb guard, checked from the header
 before decoding; set with :func:`set_max_pixels` or ``REWARDKIT_MAX_PIXELS``; PIL's own
 ``Image.MAX_IMAGE_PIXELS`` guard also applies to encoded files); images whose aspect ratio (long side /
@@ -41,6 +43,7 @@ from __future__ import annotations
 import io
 import os
 import threading
+import types
 import warnings
 from pathlib import Path
 from typing import Any
@@ -310,6 +313,8 @@ def _array_to_pil(arr: np.ndarray, layout: str) -> Image.Image:
         raise _Bad(f"cannot read an image of shape {tuple(arr.shape)}: expected HxW or a {want} with C in 1, 3, 4")
     h, w = arr.shape[:2]
     _check_size(w, h)
+    if arr.dtype.byteorder not in ("=", "|"):  # big-endian (">u2", e.g. from FITS / network data): as native
+        arr = arr.astype(arr.dtype.newbyteorder("="))
     if arr.dtype == np.uint8:
         u8 = arr
     elif arr.dtype == np.uint16:
@@ -353,10 +358,78 @@ def to_pil(x: ImageLike) -> Image.Image:
         raise RewardInputError(str(exc)) from None
 
 
+class _TruncatedFlag:
+    """Stands in for PIL's module global ``ImageFile.LOAD_TRUNCATED_IMAGES`` once a host program has set it:
+    everywhere it reads as the value the host set, except in a thread that is decoding for rewardkit
+    (:func:`_strict_decoding`), where it reads False. PIL consults the global at decode time (``if
+    LOAD_TRUNCATED_IMAGES:``), so this is the only per-thread way to keep truncated files refused here without
+    changing what the host's own decoding does in its other threads."""
+
+    _local = threading.local()
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __bool__(self) -> bool:
+        return False if getattr(_TruncatedFlag._local, "strict", False) else bool(self.value)
+
+    def __repr__(self) -> str:
+        return repr(bool(self))
+
+    def __eq__(self, other: Any) -> bool:
+        return bool(self) == other
+
+    def __hash__(self) -> int:
+        return hash(bool(self))
+
+
+_flag_lock = threading.Lock()
+
+
+class _ImageFileModule(types.ModuleType):
+    """The class given to ``PIL.ImageFile`` (a plain module otherwise): every later assignment of
+    ``LOAD_TRUNCATED_IMAGES`` (a host library that sets it in its loader, on every call, from any thread) stores
+    a :class:`_TruncatedFlag`, so the value is never a plain True while rewardkit decodes in another thread."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "LOAD_TRUNCATED_IMAGES" and not isinstance(value, _TruncatedFlag):
+            value = _TruncatedFlag(value)
+        super().__setattr__(name, value)
+
+
+def _guard_truncated_flag() -> None:
+    """Install :class:`_ImageFileModule` on ``PIL.ImageFile`` once (idempotent, thread-safe); where that module
+    is not a plain module, wrap the current value only (a later plain assignment is then read as set)."""
+    from PIL import ImageFile
+
+    if isinstance(ImageFile, _ImageFileModule) and isinstance(ImageFile.LOAD_TRUNCATED_IMAGES, _TruncatedFlag):
+        return
+    with _flag_lock:
+        if type(ImageFile) is types.ModuleType:
+            ImageFile.__class__ = _ImageFileModule
+        flag = ImageFile.LOAD_TRUNCATED_IMAGES
+        if not isinstance(flag, _TruncatedFlag):
+            ImageFile.LOAD_TRUNCATED_IMAGES = _TruncatedFlag(flag)  # type: ignore[assignment]
+
+
+class _strict_decoding:
+    """``with _strict_decoding():`` truncated images are refused in this thread, whatever another library set
+    ``PIL.ImageFile.LOAD_TRUNCATED_IMAGES`` to (re-entrant, thread-safe)."""
+
+    def __enter__(self) -> None:
+        _guard_truncated_flag()
+        self._prev = getattr(_TruncatedFlag._local, "strict", False)
+        _TruncatedFlag._local.strict = True
+
+    def __exit__(self, *exc: Any) -> None:
+        _TruncatedFlag._local.strict = self._prev
+
+
 def _to_pil(x: ImageLike) -> Image.Image:
     """One input -> canonical RGB PIL. Anything that goes wrong is a per-image ``_Bad`` (never a raw error)."""
     try:
-        return _to_pil_unchecked(x)
+        with _strict_decoding():
+            return _to_pil_unchecked(x)
     except _Bad:
         raise
     except MemoryError:

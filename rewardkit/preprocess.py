@@ -32,8 +32,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .reward import Reward, RewardOutput
+if TYPE_CHECKING:  # pragma: no cover  (annotations only: at run time this module never imports rewardkit.reward)
+    from ._reward_outputs import RewardOutput
+    from .reward import Reward
 
 __all__ = [
     "CLIPPreprocess", "QwenPreprocess", "clip_params", "qwen_params", "clip_pixel_values", "qwen_pixel_values",
@@ -273,6 +274,13 @@ def is_float_batch(x: Any) -> bool:
             and x.layout == torch.strided and x.device.type != "meta")
 
 
+def _computable(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in a float dtype torch computes with: the 1-byte float8 formats (no min / max, resize or
+    normalisation kernels) are widened to float32, exactly (every float8 value is a float32 value); other
+    dtypes are returned as they are (no copy)."""
+    return x.float() if x.element_size() == 1 else x
+
+
 def range_reason(lo: float, hi: float) -> str:
     """The message ``rewardkit.media`` gives for float pixels outside [0, 1] (with the same hints)."""
     hint = " (looks like [-1, 1]: pass (x + 1) / 2)" if -1.0 - _TOL <= lo < 0 else ""
@@ -343,16 +351,19 @@ def tensor_call(reward: "Reward", images: torch.Tensor, prompt: Any, *, metadata
     ``reward._score`` as ``RewardBatch(images=<tensor chunk>)``; nothing is converted to PIL or copied to the
     host. Same errors, chunking, locking and output as the processor path."""
     from .errors import RewardInputError
-    from .reward import RewardBatch, RewardOutput
+    from ._reward_inputs import RewardBatch
+    from ._reward_outputs import RewardOutput
 
-    images = images.detach()  # __call__ never builds a graph (gradients: score_tensor)
+    images = _computable(images.detach())  # __call__ never builds a graph (gradients: score_tensor)
     n = int(images.shape[0])
     prompts = reward._prompts(prompt, n)
-    metas = reward._metadata(metadata, n)
+    # a metadata entry that is not a dict is that sample's error, as on the PIL path
+    metas, meta_errors = reward._metadata_entries(metadata, n)
     pix_err, clamp = _validate(images, reward)
     errors: list[str | None] = []
     for i in range(n):
-        err = reward._check_prompt(prompts[i]) or pix_err[i]
+        err = meta_errors[i] or reward._check_prompt(prompts[i]) or pix_err[i] \
+            or reward._check_sample_metadata(metas[i], None)
         if err is not None and on_error == "raise":
             raise RewardInputError(err, index=i)
         errors.append(err)
@@ -380,7 +391,8 @@ def tensor_call(reward: "Reward", images: torch.Tensor, prompt: Any, *, metadata
 def score_tensor(reward: "Reward", images: torch.Tensor, prompt: Any, *, batch_size: int | None = None) -> torch.Tensor:
     """Scores ``[B]`` (fp32, on ``images.device``) with autograd to ``images``; see ``Reward.score_tensor``."""
     from .errors import RewardInputError
-    from .reward import RewardBatch, RewardOutput
+    from ._reward_inputs import RewardBatch
+    from ._reward_outputs import RewardOutput
 
     if not reward.differentiable:
         raise TypeError(f"reward {reward.name!r} is not differentiable (reward.differentiable is False); "
@@ -394,6 +406,7 @@ def score_tensor(reward: "Reward", images: torch.Tensor, prompt: Any, *, batch_s
                                "pre-processing does not reproduce, so it cannot give gradients to pixels")
     if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1):
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    images = _computable(images)
     n = int(images.shape[0])
     prompts = reward._prompts(prompt, n)
     pix_err, clamp = _validate(images, reward)

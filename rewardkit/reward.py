@@ -3,6 +3,10 @@
 A reward implements one method, :meth:`Reward._score`, on an already validated and normalised
 :class:`RewardBatch`. The base class owns everything else: input normalisation (via :mod:`rewardkit.media`),
 per-sample error handling, chunking, ``inference_mode``, output validation, thread safety, ``compare``.
+
+This is the contract's public module: import every name from here. The data types and the input handling live
+beside it (:mod:`rewardkit._reward_outputs`: ``RewardOutput``, ``PairwiseOutput``; :mod:`rewardkit._reward_inputs`:
+``RewardBatch`` and the per-sample normalisation, checks and decoding that :meth:`Reward.__call__` uses).
 """
 
 from __future__ import annotations
@@ -10,19 +14,20 @@ from __future__ import annotations
 import abc
 import dataclasses
 import functools
-import math
 import threading
 from contextlib import nullcontext
-from dataclasses import dataclass, field
-from collections.abc import Mapping, Set as AbstractSet
+from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
 import torch
-from PIL import Image
 
 from . import media
 from .config import build_config
+from .devices import device_arg, resolve_device
 from .errors import ConfigError, RewardInputError
+from .reasons import join_reasons
+from ._reward_inputs import RewardBatch, RewardInputs
+from ._reward_outputs import PairwiseOutput, RewardOutput
 
 __all__ = ["Reward", "RewardOutput", "PairwiseOutput", "RewardBatch", "RewardConfig", "TASKS"]
 
@@ -31,239 +36,10 @@ _ON_ERROR = ("raise", "nan")
 
 
 def _device_arg(device: Any) -> Any:
-    from .models.vlm import device_arg
-
     try:
         return device_arg(device)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-
-
-def _meta_entry_error(m: Any) -> str:
-    return f"metadata entries must be dicts (or None), got {type(m).__name__}"
-
-
-def _mask(valid: Any, n: int) -> torch.Tensor:
-    """A reward's ``valid`` as a bool ``[n]`` tensor; a mask of another length is a bug, never broadcast."""
-    mask = torch.as_tensor(valid, dtype=torch.bool).reshape(-1)
-    if mask.shape[0] != n:
-        raise ValueError(f"valid has {mask.shape[0]} entries for {n} values")
-    return mask
-
-
-def _json_float(x: float) -> float | None:
-    return None if (x is None or math.isnan(x) or math.isinf(x)) else float(x)
-
-
-@dataclass
-class RewardOutput:
-    """Scores for a batch of B samples.
-
-    Attributes:
-        scores: float32 tensor ``[B]``; NaN where a sample is invalid or the reward does not apply.
-        valid: bool tensor ``[B]``.
-        errors: ``B`` entries, the reason a sample is invalid (None when valid).
-        dimensions: name -> float32 tensor ``[B]`` of per-dimension scores (NaN where not available).
-        rationales: ``B`` optional texts (judges), or None.
-        info: JSON-serialisable call-level extras (model id, template version, ...).
-        details: ``B`` optional JSON-serialisable per-sample extras (e.g. a judge's verdicts), or None.
-    """
-
-    scores: torch.Tensor
-    valid: torch.Tensor | None = None
-    errors: list[str | None] | None = None
-    dimensions: dict[str, torch.Tensor] = field(default_factory=dict)
-    rationales: list[str | None] | None = None
-    info: dict[str, Any] = field(default_factory=dict)
-    details: list[dict[str, Any] | None] | None = None
-
-    def __post_init__(self) -> None:
-        self.scores = torch.as_tensor(self.scores, dtype=torch.float32).detach().cpu().reshape(-1) \
-            if not (isinstance(self.scores, torch.Tensor) and self.scores.requires_grad) \
-            else self.scores.float().reshape(-1)
-        n = self.scores.shape[0]
-        finite = torch.isfinite(self.scores.detach()).cpu()  # one transfer when scores stay on a device (grad)
-        self.valid = finite.clone() if self.valid is None else _mask(self.valid, n).cpu() & finite
-        if self.errors is None:
-            self.errors = [None] * n
-        self.errors = list(self.errors)
-        if len(self.errors) != n:  # before the loop below indexes it (a short list was an IndexError)
-            raise ValueError(f"errors has {len(self.errors)} entries for {n} scores")
-        for i in range(n):
-            if not bool(self.valid[i]) and not self.errors[i]:
-                self.errors[i] = "non-finite score" if not bool(finite[i]) else "marked invalid by the reward"
-            elif bool(self.valid[i]):
-                self.errors[i] = None
-        self.dimensions = {k: torch.as_tensor(v, dtype=torch.float32).detach().cpu().reshape(-1)
-                           for k, v in (self.dimensions or {}).items()}
-        for k, v in self.dimensions.items():
-            if v.shape[0] != n:
-                raise ValueError(f"dimension {k!r} has {v.shape[0]} values for {n} scores")
-        for name in ("errors", "rationales", "details"):
-            seq = getattr(self, name)
-            if seq is not None and len(seq) != n:
-                raise ValueError(f"{name} has {len(seq)} entries for {n} scores")
-
-    def __len__(self) -> int:
-        return int(self.scores.shape[0])
-
-    @classmethod
-    def invalid(cls, n: int, reason: str, dimensions: Sequence[str] = ()) -> "RewardOutput":
-        """All-invalid output: NaN scores with one reason."""
-        nan = torch.full((n,), float("nan"))
-        return cls(scores=nan, valid=torch.zeros(n, dtype=torch.bool), errors=[reason] * n,
-                   dimensions={d: nan.clone() for d in dimensions})
-
-    def tolist(self) -> list[float | None]:
-        """Scores as Python floats; invalid samples are None."""
-        return [_json_float(s) if v else None for s, v in zip(self.scores.tolist(), self.valid.tolist())]
-
-    def records(self) -> list[dict[str, Any]]:
-        """One JSON-serialisable dict per sample (what ``rewardkit score`` writes as JSONL)."""
-        out = []
-        for i in range(len(self)):
-            rec: dict[str, Any] = {"score": _json_float(float(self.scores[i])), "valid": bool(self.valid[i]),
-                                   "error": self.errors[i]}
-            if self.dimensions:
-                rec["dimensions"] = {k: _json_float(float(v[i])) for k, v in self.dimensions.items()}
-            if self.rationales is not None:
-                rec["rationale"] = self.rationales[i]
-            if self.details is not None and self.details[i] is not None:
-                rec["details"] = self.details[i]
-            out.append(rec)
-        return out
-
-    def to_dict(self) -> dict[str, Any]:
-        """The whole output as JSON-serialisable lists (NaN -> None)."""
-        return {
-            "scores": [_json_float(x) for x in self.scores.tolist()],
-            "valid": self.valid.tolist(),
-            "errors": list(self.errors),
-            "dimensions": {k: [_json_float(x) for x in v.tolist()] for k, v in self.dimensions.items()},
-            "rationales": None if self.rationales is None else list(self.rationales),
-            "info": dict(self.info),
-            "details": None if self.details is None else list(self.details),
-        }
-
-    @classmethod
-    def concat(cls, outputs: Sequence["RewardOutput"]) -> "RewardOutput":
-        """Concatenate chunk outputs along the batch; ``info`` is merged (later chunks win)."""
-        if not outputs:
-            return cls(scores=torch.zeros(0))
-        dims: list[str] = []
-        for o in outputs:
-            dims += [d for d in o.dimensions if d not in dims]
-        info: dict[str, Any] = {}
-        for o in outputs:
-            info.update(o.info)
-        any_rat = any(o.rationales is not None for o in outputs)
-        any_det = any(o.details is not None for o in outputs)
-        return cls(
-            scores=torch.cat([o.scores for o in outputs]),
-            valid=torch.cat([o.valid for o in outputs]),
-            errors=[e for o in outputs for e in o.errors],
-            dimensions={d: torch.cat([o.dimensions.get(d, torch.full((len(o),), float("nan"))) for o in outputs])
-                        for d in dims},
-            rationales=[r for o in outputs for r in (o.rationales or [None] * len(o))] if any_rat else None,
-            info=info,
-            details=[r for o in outputs for r in (o.details or [None] * len(o))] if any_det else None,
-        )
-
-
-@dataclass
-class PairwiseOutput:
-    """Preference between two candidates per sample.
-
-    Attributes:
-        prob_a: float32 tensor ``[B]`` in [0, 1], P(candidate a preferred); NaN where invalid.
-        valid, errors, rationales, info: as in :class:`RewardOutput`.
-        scores_a, scores_b: the underlying scores when the comparison was derived from scores.
-    """
-
-    prob_a: torch.Tensor
-    valid: torch.Tensor | None = None
-    errors: list[str | None] | None = None
-    rationales: list[str | None] | None = None
-    info: dict[str, Any] = field(default_factory=dict)
-    scores_a: torch.Tensor | None = None
-    scores_b: torch.Tensor | None = None
-
-    def __post_init__(self) -> None:
-        self.prob_a = torch.as_tensor(self.prob_a, dtype=torch.float32).detach().cpu().reshape(-1)
-        n = self.prob_a.shape[0]
-        finite = torch.isfinite(self.prob_a)
-        self.valid = finite.clone() if self.valid is None else _mask(self.valid, n).cpu() & finite
-        self.errors = list(self.errors) if self.errors is not None else [None] * n
-        for name in ("errors", "rationales"):
-            seq = getattr(self, name)
-            if seq is not None and len(seq) != n:
-                raise ValueError(f"{name} has {len(seq)} entries for {n} probabilities")
-        for i in range(n):
-            if not bool(self.valid[i]) and not self.errors[i]:
-                self.errors[i] = "non-finite probability"
-            elif bool(self.valid[i]):
-                self.errors[i] = None
-        if bool(((self.prob_a[finite] < 0) | (self.prob_a[finite] > 1)).any()):
-            raise ValueError("prob_a must lie in [0, 1]")
-
-    def __len__(self) -> int:
-        return int(self.prob_a.shape[0])
-
-    def tolist(self) -> list[float | None]:
-        return [_json_float(p) if v else None for p, v in zip(self.prob_a.tolist(), self.valid.tolist())]
-
-    def to_dict(self) -> dict[str, Any]:
-        d = {"prob_a": [_json_float(x) for x in self.prob_a.tolist()], "valid": self.valid.tolist(),
-             "errors": list(self.errors), "rationales": self.rationales, "info": dict(self.info)}
-        if self.scores_a is not None:
-            d["scores_a"] = [_json_float(x) for x in self.scores_a.tolist()]
-            d["scores_b"] = [_json_float(x) for x in self.scores_b.tolist()]
-        return d
-
-
-@dataclass
-class RewardBatch:
-    """A validated, normalised batch handed to :meth:`Reward._score`.
-
-    Attributes:
-        images: B canonical RGB PIL images; or, for rewards with ``supports_tensor_input`` called with a float
-            ``[B, 3, H, W]`` tensor, that tensor (values in [0, 1], on the caller's device, not converted).
-        prompts: B non-empty strings (or None entries when the reward has ``uses_prompt = False``).
-        sources: B lists of canonical RGB PIL source / reference images ([] for text-to-image samples), or
-            None when the call passed no sources.
-        metadata: B dicts (empty when not given).
-        indices: position of each sample in the caller's batch (for diagnostics).
-        chunk_size: the caller's ``batch_size`` when the reward is ``batch_relative`` (it then receives the
-            whole call as one batch and should forward this to the models / sub-rewards it runs).
-    """
-
-    images: list[Image.Image] | torch.Tensor
-    prompts: list[str | None]
-    sources: list[list[Image.Image]] | None = None
-    metadata: list[dict[str, Any]] = field(default_factory=list)
-    indices: list[int] = field(default_factory=list)
-    chunk_size: int | None = None
-
-    def __post_init__(self) -> None:
-        n = len(self.images)
-        if not self.metadata:
-            self.metadata = [{} for _ in range(n)]
-        if not self.indices:
-            self.indices = list(range(n))
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    def select(self, idx: Sequence[int]) -> "RewardBatch":
-        return RewardBatch(
-            images=(self.images[torch.as_tensor(list(idx), dtype=torch.long, device=self.images.device)]
-                    if isinstance(self.images, torch.Tensor) else [self.images[i] for i in idx]),
-            prompts=[self.prompts[i] for i in idx],
-            sources=None if self.sources is None else [self.sources[i] for i in idx],
-            metadata=[self.metadata[i] for i in idx],
-            indices=[self.indices[i] for i in idx],
-            chunk_size=self.chunk_size,
-        )
 
 
 @dataclass
@@ -271,7 +47,7 @@ class RewardConfig:
     """Base of every reward's configuration dataclass (empty: a reward with no options uses it as is)."""
 
 
-class Reward(abc.ABC):
+class Reward(RewardInputs, abc.ABC):
     """Abstract base of every reward. Subclasses set the class metadata and implement :meth:`_score`.
 
     Call it as ``reward(images, prompt, sources=..., metadata=..., batch_size=..., on_error=...)``.
@@ -314,8 +90,6 @@ class Reward(abc.ABC):
         if to is not None and not getattr(to, "_rk_resolves_device", False):
             @functools.wraps(to)
             def to_checked(self, device, *args, **kw):
-                from .models.vlm import resolve_device
-
                 return to(self, resolve_device(device), *args, **kw)
 
             to_checked._rk_resolves_device = True  # type: ignore[attr-defined]
@@ -351,8 +125,6 @@ class Reward(abc.ABC):
 
     def to(self, device: str | torch.device) -> "Reward":
         """Move every ``torch.nn.Module`` attribute to ``device``; returns self."""
-        from .models.vlm import resolve_device
-
         device = resolve_device(device)
         for value in vars(self).values():
             if isinstance(value, torch.nn.Module):
@@ -502,110 +274,6 @@ class Reward(abc.ABC):
         scored = RewardOutput.concat(parts) if parts else RewardOutput(scores=torch.zeros(0))
         return self._scatter(scored, ok, errors, n)
 
-    def _decoded_chunks(self, raw: list[Any], prompts: list[Any], srcs: list[Any] | None,
-                        metas: list[dict[str, Any]], todo: list[int], chunk: int, errors: list[str | None],
-                        on_error: str):
-        """Yield :class:`RewardBatch` es of up to ``chunk`` decoded samples, in call order.
-
-        Samples are decoded only when their chunk is filled; one that fails to decode gets its error in
-        ``errors`` (or raises with ``on_error="raise"``) and the chunk is refilled from the next samples.
-        """
-        imgs: list[Image.Image] = []
-        src_lists: list[list[Image.Image]] = []
-        idx: list[int] = []
-
-        def batch() -> RewardBatch:
-            return RewardBatch(images=imgs, prompts=[prompts[i] for i in idx],
-                               sources=None if srcs is None else src_lists,
-                               metadata=[metas[i] for i in idx], indices=idx)
-
-        for i in todo:
-            img, src, err = self._decode_sample(raw[i], None if srcs is None else srcs[i])
-            if err is not None:
-                errors[i] = err
-                if on_error == "raise":
-                    raise RewardInputError(err, index=i)
-                continue
-            imgs.append(img)
-            src_lists.append(src)
-            idx.append(i)
-            img = src = None  # only the chunk's lists hold decoded images
-            if len(idx) == chunk:
-                yield batch()
-                imgs, src_lists, idx = [], [], []  # drop our references: the chunk's images can be freed
-        if idx:
-            yield batch()
-
-    def _check_sample_metadata(self, meta: dict[str, Any], sources: Any) -> str | None:
-        """A reward's own check of one sample's metadata (e.g. EVR's ``reference_roles`` against the number of
-        references): the reason it is unusable, or None. ``sources`` is the sample's raw, undecoded entry."""
-        return None
-
-    def _precheck(self, prompt: Any, image: Any, sources: Any) -> str | None:
-        """Cheap per-sample checks (no pixel decoded); the reason a sample is bad, or None."""
-        try:
-            err = self._check_prompt(prompt)
-            if err is None:
-                err = self._check_image_size(image)
-            if err is None and sources is not None:
-                items, err = self._source_items(sources)
-                for j, x in enumerate(items if err is None else ()):
-                    e = self._check_image_size(x)
-                    if e is not None:
-                        return f"source {j}: {e}"
-            return err
-        except Exception as exc:  # noqa: BLE001 -- whatever a caller passes is that sample's error
-            return f"cannot read this sample ({type(exc).__name__}: {exc})"
-
-    def _check_image_size(self, x: Any) -> str | None:
-        """Size checks from the header / shape: pixel limit, aspect ratio, size after this model's resize."""
-        try:
-            w, h = media._probe(x)
-            media._check_size(w, h)
-            self._check_resized_size(w, h)
-        except media._Bad as exc:
-            return str(exc)
-        return None
-
-    def _check_resized_size(self, w: int, h: int) -> None:
-        """Raise ``media._Bad`` when this model's resize of a ``w x h`` image is refused (default: each of
-        :meth:`_image_processors`' rules). Override to add a model's own limit (HPSv2: a side rounding to 0)."""
-        for ip in self._image_processors():
-            media.check_resized_size(w, h, ip)
-
-    def _image_processors(self) -> list[Any]:
-        """The Hugging Face image processors this reward resizes images with (used to refuse images whose
-        resized size would exceed the pixel limit before anything is decoded).
-
-        Default: found on the reward's attributes (``x.image_processor``, ``x.processor.image_processor``,
-        one level down). Override to declare them explicitly."""
-        found = self.__dict__.get("_found_image_processors")
-        if found is not None:
-            return found
-        found = []
-        for v in list(vars(self).values()):
-            for cand in (v, getattr(v, "processor", None), getattr(v, "backbone", None)):
-                if cand is None or isinstance(cand, (str, bytes, int, float, dict, list, tuple)):
-                    continue
-                ip = getattr(cand, "image_processor", None)
-                if ip is None and hasattr(cand, "processor"):
-                    ip = getattr(cand.processor, "image_processor", None)
-                if ip is not None and hasattr(ip, "size") and all(ip is not f for f in found):
-                    found.append(ip)
-        self.__dict__["_found_image_processors"] = found
-        return found
-
-    def _decode_sample(self, image: Any, sources: Any) -> tuple[Image.Image | None, list[Image.Image], str | None]:
-        """Decode one sample (image + its sources); ``(image, sources, None)`` or ``(None, [], reason)``."""
-        try:
-            img = media._to_pil(image)
-            src, err = self._decode_sources(sources)
-            return (None, [], err) if err is not None else (img, src, None)
-        except media._Bad as exc:
-            return None, [], str(exc)
-        except Exception as exc:  # noqa: BLE001 -- one sample's failure never takes down the batch
-            return None, [], f"cannot read this sample ({type(exc).__name__}: {exc})"
-
     def _call_scope(self):
         """Context manager around all chunks of one call: per-call resources that outlive a chunk (e.g. a
         judge session that keeps each distinct image's features, so shared references are encoded once per
@@ -652,108 +320,6 @@ class Reward(abc.ABC):
         return RewardOutput(scores=scores, valid=valid, errors=errs, dimensions=dims, rationales=rats,
                             info=scored.info, details=dets)
 
-    # ------------------------------------------------------------------ input validation
-    def _prompts(self, prompt: Any, n: int) -> list[Any]:
-        if prompt is None or isinstance(prompt, str):
-            if prompt is None and self.uses_prompt:
-                raise RewardInputError(f"reward {self.name!r} needs a prompt (got None)")
-            return [prompt] * n
-        if isinstance(prompt, bytes):
-            raise RewardInputError("prompt must be str, got bytes (decode it first)")
-        if isinstance(prompt, (Mapping, AbstractSet)):
-            # a dict would give its keys and a set an arbitrary order: never what the caller meant
-            raise RewardInputError(f"prompt must be a string or a list of strings, got {type(prompt).__name__} "
-                                   "(unordered or keyed; pass a list in the order of the images)")
-        try:
-            prompts = list(prompt)
-        except TypeError:
-            raise RewardInputError(f"prompt must be a string or a list of strings, got {type(prompt).__name__}") from None
-        if len(prompts) != n:
-            raise RewardInputError(f"got {n} images but {len(prompts)} prompts (pass one string to broadcast)")
-        return prompts
-
-    def _check_prompt(self, p: Any) -> str | None:
-        if p is None and not self.uses_prompt:
-            return None
-        if not isinstance(p, str):
-            return f"prompt must be a string, got {type(p).__name__}"
-        if self.uses_prompt and not p.strip() and not self.scores_empty_prompt:
-            return "prompt is empty"
-        return None
-
-    def _sources(self, sources: Any, n: int) -> list[Any] | None:
-        if sources is None:
-            if self.requires_sources and n:
-                raise RewardInputError(f"reward {self.name!r} scores edits and needs sources= (the source image(s))")
-            return None
-        if not self.accepts_sources:
-            raise RewardInputError(
-                f"reward {self.name!r} does not take sources (tasks: {', '.join(sorted(self.tasks))}); "
-                "drop sources= or use an editing reward")
-        if isinstance(sources, (str, bytes)) or not isinstance(sources, (list, tuple)):
-            raise RewardInputError("sources must be a list with one entry (a list of images) per sample")
-        if len(sources) != n:
-            raise RewardInputError(f"got {n} images but {len(sources)} source entries")
-        return list(sources)
-
-    def _source_items(self, entry: Any) -> tuple[list[Any], str | None]:
-        """One sample's sources entry -> (list of undecoded images, None) or ([], reason)."""
-        if entry is None:
-            items: list[Any] = []
-        elif isinstance(entry, (list, tuple)):
-            items = list(entry)
-        elif media._is_tensor(entry) and entry.ndim == 4:
-            items = list(entry.unbind(0))
-        else:
-            items = [entry]
-        if not items and self.requires_sources:
-            return [], "this reward needs at least one source image"
-        if len(items) > 1 and "multi_ref" not in self.tasks:
-            return [], f"{len(items)} source images given but reward {self.name!r} takes one (no multi_ref task)"
-        return items, None
-
-    def _decode_sources(self, entry: Any) -> tuple[list[Image.Image], str | None]:
-        items, err = self._source_items(entry)
-        if err is not None:
-            return [], err
-        out = []
-        for j, x in enumerate(items):
-            try:
-                out.append(media._to_pil(x))
-            except media._Bad as exc:
-                return [], f"source {j}: {exc}"
-        return out, None
-
-    def _metadata(self, metadata: Any, n: int) -> list[dict[str, Any]]:
-        if metadata is None:
-            return [{} for _ in range(n)]
-        if isinstance(metadata, dict):
-            raise RewardInputError("metadata must be a list of per-sample dicts, got one dict")
-        if isinstance(metadata, (str, bytes, set, frozenset)):
-            raise RewardInputError(f"metadata must be a list of per-sample dicts, got {type(metadata).__name__}")
-        try:
-            metas = list(metadata)
-        except TypeError:
-            raise RewardInputError(f"metadata must be a list of per-sample dicts (or None), got "
-                                   f"{type(metadata).__name__} {metadata!r:.40}") from None
-        if len(metas) != n:
-            raise RewardInputError(f"got {n} images but {len(metas)} metadata entries")
-        for i, m in enumerate(metas):
-            if m is not None and not isinstance(m, Mapping):
-                raise RewardInputError(_meta_entry_error(m), index=i)
-        return [dict(m) if m else {} for m in metas]
-
-    def _metadata_entries(self, metadata: Any, n: int) -> tuple[list[dict[str, Any]], list[str | None]]:
-        """Like :meth:`_metadata`, but an entry that is not a dict is that sample's error (``{}`` in its place)
-        instead of the call's: call-level problems (wrong container, wrong length) still raise."""
-        if metadata is None or isinstance(metadata, (dict, str, bytes, set, frozenset)) \
-                or not isinstance(metadata, (list, tuple)):
-            return self._metadata(metadata, n), [None] * n
-        metas = list(metadata)
-        errs = [None if (m is None or isinstance(m, Mapping)) else _meta_entry_error(m) for m in metas]
-        clean = [None if e else m for m, e in zip(metas, errs)]
-        return self._metadata(clean, n), errs
-
     # ------------------------------------------------------------------ pairwise
     def compare(
         self,
@@ -782,8 +348,6 @@ class Reward(abc.ABC):
         diff = (ca - cb) if self.higher_is_better else (cb - ca)
         prob = torch.sigmoid(diff / self.compare_temperature)
         valid = out.valid[:n] & out.valid[n:]
-        from .judges.policy import join_reasons
-
         errors = []
         for i in range(n):
             ea, eb = out.errors[i], out.errors[n + i]

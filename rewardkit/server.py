@@ -69,13 +69,15 @@ class ServerConfig:
         max_batch: most images scored in one model call (merged across requests).
         max_wait_ms: how long a non-full batch waits for more requests (0: take only what is queued).
         max_body_bytes: largest request body accepted (413 above).
-        max_images: most images in one request (each of ``images_a`` / ``images_b`` for /compare).
+        max_images: most images in one request (each of ``images_a`` / ``images_b`` for /compare), and most
+            source images in one request, all samples together.
         timeout: seconds a request may take from arrival to response (504 after; the model call it joined
             still completes for the other requests of its batch).
         token: bearer token required on every endpoint but /health (None: no authentication).
         header_timeout: seconds a client has to send a request's line and headers, from the connection (or
             the previous response); then ``408`` and the connection is closed.
-        body_timeout: seconds a client has to send a request's body once its headers are in (408 after).
+        body_timeout: seconds a client has to send a request's body once its headers are in (408 after); also
+            the longest a connection's answers may stay unread (its write buffer full), then it is dropped.
         keep_alive: seconds an idle keep-alive connection stays open (uvicorn's ``timeout_keep_alive``).
         max_connections: most open client connections; one more is answered ``503`` and closed. Lowered at
             startup to stay under the process's file-descriptor limit.
@@ -456,11 +458,14 @@ def _is_binary(content_type: str | None) -> bool:
 
 
 def _jsonable(obj: Any) -> Any:
-    """Config values as strict JSON: non-finite floats -> None, tuples -> lists, anything else -> str."""
+    """Config values and answers as strict JSON: non-finite floats -> None, tuples -> lists, numpy scalars and
+    arrays / tensors -> numbers and lists, anything else -> str."""
     if isinstance(obj, dict):
         return {str(k): _jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [_jsonable(v) for v in obj]
+    if hasattr(obj, "tolist") and type(obj).__module__.split(".")[0] in ("numpy", "torch"):
+        return _jsonable(obj.tolist())  # numpy scalar / array, torch tensor
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if obj is None or isinstance(obj, (str, int, bool)):
@@ -525,7 +530,7 @@ def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
     def parse_json(raw: bytes) -> Any:
         try:
             return json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer over int_max_str_digits
             raise HTTPError(400, f"the body is not valid JSON: {exc}") from None
         except RecursionError:
             raise HTTPError(400, "the body is not valid JSON: nested too deeply") from None
@@ -564,7 +569,8 @@ def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
             for key in ("errors", "rationales"):  # a judge's error may quote its request (and key)
                 if isinstance(result.get(key), list):
                     result[key] = [server.redact.text(v) if isinstance(v, str) else v for v in result[key]]
-            return JSONResponse(result)
+            # details / info are the reward's own: NaN for a failed sample, numpy scalars... (strict JSON here)
+            return JSONResponse(_jsonable(result))
         return handler
 
     async def health(request: Request) -> Response:

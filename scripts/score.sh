@@ -68,6 +68,10 @@ echo "== 3. pairwise: which of two images fits the prompt better, P(A preferred 
 rewardkit compare --reward pickscore --model "$CLIP_DIR" "$IMAGES/t2i_red_apple.png" \
   "$IMAGES/t2i_house_sunset.png" --prompt "a red apple on a wooden table" --output "$OUT/compare.jsonl"
 echo >&2
+echo "== 4. one HTML page of all three results (rewardkit view: no server, no network)" >&2
+rewardkit view "$OUT/t2i_scores.jsonl" "$OUT/edit_scores.jsonl" "$OUT/compare.jsonl" -o "$OUT/report.html"
+echo "[rewardkit] report: $REPO/$OUT/report.html (open it in a browser)" >&2
+echo >&2
 echo "[rewardkit] results in $REPO/$OUT: t2i_scores.jsonl, edit_scores.jsonl, compare.jsonl" >&2
 echo "[rewardkit] tiny random checkpoints: the numbers exercise the real code path, they mean nothing." >&2
 echo "[rewardkit] real weights: bash scripts/score.sh --reward pickscore --model DIR IMAGES... --prompt TEXT" >&2

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The test suite: creates / reuses .venv, installs rewardkit with every extra but vllm, installs the system
-# tools the tests need (tesseract), runs pytest. Extra arguments go to pytest.
+# The test suite: creates / reuses .venv, installs rewardkit with every extra but vllm and docs (ray included), installs the system
+# tools the tests need (tesseract, chromium), runs pytest. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -f .ci/install-system-deps.sh ]; then
   bash .ci/install-system-deps.sh
 fi
-. scripts/_env.sh all,dev
+. scripts/_env.sh all,dev,ray
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 set +e
 python -m pytest -q "$@"

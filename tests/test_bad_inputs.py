@@ -243,3 +243,188 @@ def test_caller_image_is_not_modified():
     im = Image.new("RGBA", (4, 4), (1, 2, 3, 0))
     MeanPixel()([im], "p")
     assert im.mode == "RGBA" and im.getpixel((0, 0)) == (1, 2, 3, 0)
+
+
+# ----------------------------------------------------------------- one rule per input, whatever the path
+LONE = "a cat \udc80 on a mat"   # a lone surrogate: what json.loads("\"\\udc80\"") or surrogateescape give
+
+
+def test_lone_surrogate_is_that_samples_input_error():
+    """Bug: a lone surrogate in one prompt failed the whole call (the tokenizer's TypeError inside _score)."""
+    out = MeanPixel()([RGB, RGB], ["fine", LONE], on_error="nan")
+    assert out.valid.tolist() == [True, False] and "lone surrogate '\\udc80' at position 6" in out.errors[1]
+    with pytest.raises(RewardInputError, match="sample 1.*not valid Unicode"):
+        MeanPixel()([RGB, RGB], ["fine", LONE])
+
+
+def test_lone_surrogate_real_reward_server_and_cli(tiny_clip_dir, tmp_path):
+    """The same through a real tokenizer (tiny CLIP), the server (a per-sample error, not HTTP 500) and
+    ``rewardkit score --jsonl`` (exit 3: some samples invalid; before: exit 1)."""
+    import json
+
+    from rewardkit import load_reward
+
+    clip = load_reward("clipscore", model=str(tiny_clip_dir), convention="cosine")
+    out = clip([RGB, RGB], ["a red square", LONE], on_error="nan")
+    assert out.valid.tolist() == [True, False] and "lone surrogate" in out.errors[1]
+    x = torch.rand(2, 3, 24, 24)  # the tensor path checks prompts the same way
+    out = clip(x, ["a red square", LONE], on_error="nan")
+    assert out.valid.tolist() == [True, False] and "lone surrogate" in out.errors[1]
+
+    pytest.importorskip("starlette")
+    httpx = pytest.importorskip("httpx")
+    from rewardkit.server import ServerConfig, serve_in_thread
+
+    handle = serve_in_thread(clip, ServerConfig(max_batch=8, max_wait_ms=5.0))
+    try:
+        img = __import__("base64").b64encode(_png(RGB)).decode()
+        body = '{"images": ["%s", "%s"], "prompt": ["a red square", "a \\udc80 cat"]}' % (img, img)
+        resp = httpx.post(handle.url + "/score", content=body.encode(), timeout=30,
+                          headers={"Content-Type": "application/json"})
+        assert resp.status_code == 200, resp.text
+        got = resp.json()
+        assert got["valid"] == [True, False] and "lone surrogate" in got["errors"][1]
+    finally:
+        handle.stop()
+
+    from rewardkit.cli import main
+
+    (tmp_path / "a.png").write_bytes(_png(RGB))
+    items = tmp_path / "items.jsonl"
+    items.write_text('{"prompt": "a red square", "image": "a.png"}\n{"prompt": "bad \\udc80 x", "image": "a.png"}\n')
+    rc = main(["score", "--reward", "clipscore", "--model", str(tiny_clip_dir), "--jsonl", str(items),
+               "--output", str(tmp_path / "out.jsonl")])
+    assert rc == 3
+    recs = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [r["valid"] for r in recs] == [True, False] and "lone surrogate" in recs[1]["error"]
+
+
+class TensorMean(MeanPixel):
+    """Takes float [B, 3, H, W] tensors as they are (the tensor fast path): score = their mean."""
+
+    name = "tensor-mean"
+
+    @property
+    def supports_tensor_input(self) -> bool:
+        return True
+
+    def _score(self, batch: RewardBatch) -> RewardOutput:
+        if isinstance(batch.images, torch.Tensor):
+            return RewardOutput(scores=batch.images.float().mean(dim=(1, 2, 3)))
+        return super()._score(batch)
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_float8_tensor_batch_is_scored_like_its_float32_values(dtype):
+    """Bug: a 4-D float8 tensor crashed the tensor path (no aminmax kernel for float8). It is widened to float32
+    (exactly: every float8 value is a float32 value) and scored like the float32 tensor of the same values."""
+    x8 = torch.rand(3, 3, 8, 8).to(dtype)
+    x32 = x8.float()
+    got = TensorMean()(x8, "p")
+    assert got.valid.all() and torch.equal(got.scores, TensorMean()(x32, "p").scores)
+    assert got.scores.tolist() == pytest.approx(x32.mean(dim=(1, 2, 3)).tolist())
+    bad = x32.clone()
+    bad[1] = 2.0
+    out = TensorMean()(bad.to(dtype), "p", on_error="nan")
+    assert out.valid.tolist() == [True, False, True] and "[0, 1]" in out.errors[1]
+
+
+def test_non_dict_metadata_is_per_sample_on_both_paths():
+    """Bug: a metadata entry that is not a dict was that sample's error on the PIL path but failed the whole call
+    on the tensor path."""
+    x = torch.rand(2, 3, 8, 8)
+    for images in (x, [RGB, RGB]):
+        out = TensorMean()(images, "p", metadata=[{}, 5], on_error="nan")
+        assert out.valid.tolist() == [True, False] and "metadata entries must be dicts" in out.errors[1]
+        with pytest.raises(RewardInputError, match="sample 1"):
+            TensorMean()(images, "p", metadata=[{}, 5])
+
+
+def _truncated(fmt: str) -> bytes:
+    im = Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8), "RGB")
+    data = _png(im) if fmt == "png" else _jpeg(im, quality=95)
+    return data[: len(data) * 2 // 3]
+
+
+@pytest.mark.parametrize("fmt", ["png", "jpeg"])
+def test_truncated_images_refused_even_when_pil_is_told_to_accept_them(fmt):
+    """Bug: another library setting PIL's global ``ImageFile.LOAD_TRUNCATED_IMAGES = True`` made rewardkit score
+    half-decoded images. rewardkit decodes strictly in its own threads; the host's setting is kept for its own
+    decoding (in this thread outside rewardkit, and in other threads meanwhile)."""
+    import threading
+
+    from PIL import ImageFile
+
+    data = _truncated(fmt)
+    old = ImageFile.LOAD_TRUNCATED_IMAGES
+    ImageFile.LOAD_TRUNCATED_IMAGES = True
+    try:
+        out = MeanPixel()([RGB, data], "p", on_error="nan")
+        assert out.valid.tolist() == [True, False] and "truncated" in out.errors[1], out.errors
+        assert bool(ImageFile.LOAD_TRUNCATED_IMAGES)           # the host's setting is unchanged for the host
+        Image.open(io.BytesIO(data)).load()                    # ... which still accepts it outside rewardkit
+        seen = []
+
+        def host_thread():
+            Image.open(io.BytesIO(data)).load()  # would raise OSError if rewardkit's strictness leaked
+            seen.append(True)
+
+        ts = [threading.Thread(target=host_thread) for _ in range(4)]
+        for t in ts:
+            t.start()
+        outs = [MeanPixel()([data] * 4, "p", on_error="nan") for _ in range(3)]
+        for t in ts:
+            t.join(10)
+        assert seen == [True] * 4 and all(not o.valid.any() for o in outs)
+    finally:
+        ImageFile.LOAD_TRUNCATED_IMAGES = old
+
+
+def test_truncated_images_refused_while_another_thread_keeps_setting_pil_flag():
+    """Bug: a host loader that assigns ``ImageFile.LOAD_TRUNCATED_IMAGES = True`` on every call (from its own
+    thread) replaced rewardkit's per-thread flag between its check and its decode: about two thirds of the
+    truncated PNGs / JPEGs decoded here were accepted. Every later assignment is now stored per-thread aware."""
+    import threading
+
+    from PIL import ImageFile
+
+    data = [_truncated("png"), _truncated("jpeg")]
+    old = ImageFile.LOAD_TRUNCATED_IMAGES
+    stop = threading.Event()
+    host_ok = []
+
+    def host_loader():
+        while not stop.is_set():
+            ImageFile.LOAD_TRUNCATED_IMAGES = True
+            Image.open(io.BytesIO(data[1])).load()  # the host's own lenient decode still works
+            host_ok.append(True)
+            ImageFile.LOAD_TRUNCATED_IMAGES = False
+
+    t = threading.Thread(target=host_loader)
+    t.start()
+    try:
+        outs = [MeanPixel()(data, "p", on_error="nan") for _ in range(60)]
+    finally:
+        stop.set()
+        t.join(10)
+        ImageFile.LOAD_TRUNCATED_IMAGES = old
+    accepted = sum(int(o.valid.sum()) for o in outs)
+    assert accepted == 0 and host_ok, (accepted, len(host_ok))
+    assert all("truncated" in e for o in outs for e in o.errors)
+
+
+@pytest.mark.parametrize("dtype", [">u2", ">f4", ">f8", ">i4"])
+def test_big_endian_arrays_read_like_native_ones(dtype):
+    """Bug: a big-endian uint16 array (FITS, network data) was refused as 'integer values outside [0, 255]'."""
+    rng = np.random.default_rng(1)
+    if dtype == ">u2":
+        native = rng.integers(0, 65536, (8, 8, 3)).astype("=u2")
+    elif dtype == ">i4":
+        native = rng.integers(0, 256, (8, 8, 3)).astype("=i4")
+    else:
+        native = rng.random((8, 8, 3)).astype("=" + dtype[1:])
+    big = native.astype(dtype)
+    assert big.dtype.byteorder == ">" and np.array_equal(big, native)
+    a, b = MeanPixel()([native, big], "p").scores.tolist()
+    assert a == b
+    assert np.array_equal(np.asarray(media.to_pil(big)), np.asarray(media.to_pil(native)))

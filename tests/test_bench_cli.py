@@ -3,6 +3,8 @@ which metric each bar shows, draws each metric's chance level, and keeps 0 % apa
 
 from __future__ import annotations
 
+import json
+
 import math
 import shutil
 
@@ -238,12 +240,25 @@ def test_mixed_shard_sets_and_duplicate_ids_are_refused(data_root, tmp_path, mon
     err = capsys.readouterr().err
     assert "mixed shard sets" in err and "test-00000-of-00001.parquet" in err and "test-00001-of-00002.parquet" in err
     # a complete set whose shards repeat rows (ids) of each other
+    good_copy = tmp_path / "good.parquet"
+    shutil.copy(good, good_copy)
     good.unlink()
     assert _bench(root, tmp_path, monkeypatch=monkeypatch) == 2
     err = capsys.readouterr().err
-    assert "appear more than once" in err and "test-00000-of-00002.parquet" in err and "test-00001-of-00002.parquet" in err
-    # an incomplete set
+    assert "appear in more than one file" in err and "test-00000-of-00002.parquet" in err and "test-00001-of-00002.parquet" in err
+    # ids repeated within one file are the dataset's layout, not a stale copy: accepted
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     (t2i / "test-00001-of-00002.parquet").unlink()
+    table = pq.read_table(t2i / "test-00000-of-00002.parquet")
+    pq.write_table(pa.concat_tables([table, table]), t2i / "test-00000-of-00001.parquet")
+    (t2i / "test-00000-of-00002.parquet").unlink()
+    assert _bench(root, tmp_path, monkeypatch=monkeypatch) == 0
+    capsys.readouterr()
+    # an incomplete set
+    shutil.copy(good_copy, t2i / "test-00000-of-00002.parquet")
+    (t2i / "test-00000-of-00001.parquet").unlink()
     assert _bench(root, tmp_path, monkeypatch=monkeypatch) == 2
     assert "incomplete shard set" in capsys.readouterr().err
 
@@ -262,6 +277,11 @@ def test_typos_and_bad_numbers_exit_2_with_the_valid_names(data_root, tmp_path, 
     assert _bench(data_root, tmp_path, "--by", "model_a", monkeypatch=monkeypatch) == 0  # the right name works
     assert _bench(data_root, tmp_path, "--bootstrap", "-5", monkeypatch=monkeypatch) == 2
     assert "--bootstrap must be >= 0" in capsys.readouterr().err
+    assert _bench(data_root, tmp_path, "--wrong-examples", "-1", monkeypatch=monkeypatch) == 2
+    assert "--wrong-examples must be >= 0" in capsys.readouterr().err
+    assert _bench(data_root, tmp_path, "--wrong-examples", "2", monkeypatch=monkeypatch) == 0  # reaches the record
+    (rec,) = [json.loads(p.read_text()) for p in (tmp_path / "out").glob("*.json")]
+    assert len(rec["benchmarks"]["mmrb2/t2i"]["wrong_pairs"]["pairs"]) == 2
 
 
 def test_evaluate_refuses_negative_bootstrap_and_unknown_keys(data_root):

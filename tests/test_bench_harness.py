@@ -571,3 +571,159 @@ def test_failed_judge_calls_are_reported_but_never_cached(tmp_path, data_root):
     third.down = False
     _run(third, "genaibench/t2i", data_root, cache_dir=tmp_path)
     assert third.n_scored == 0  # real answers are cached
+
+
+def test_record_keeps_the_most_confident_wrong_pairs_with_thumbnails(data_root, tmp_path):
+    import base64
+    import io
+    import json
+
+    from PIL import Image
+
+    from rewardkit.view.images import thumbnail_data_uri
+
+    res = _run(MeanPixel(), "genaibench/t2i,mmrb2/t2i", data_root, per_sample=True, wrong_examples=3)
+    for name in ("genaibench/t2i", "mmrb2/t2i"):
+        b = res[name]
+        m = b.metrics["accuracy_without_ties"] if "accuracy_without_ties" in b.metrics else None
+        # independently of the harness's rule: human preference, scores disagree with it (a tie is wrong)
+        wrong = [s for s in b.samples if s["label"] != 0 and s["score_a"] is not None
+                 and (s["score_a"] > s["score_b"]) - (s["score_a"] < s["score_b"]) != s["label"]]
+        assert b.wrong_pairs["n_wrong"] == len(wrong) > 0
+        if m is not None:
+            assert len(wrong) == m.n - round(m.value * m.n)
+        margins = [abs(s["score_a"] - s["score_b"]) for s in wrong]
+        shown = b.wrong_pairs["pairs"]
+        assert len(shown) == 3
+        assert [abs(p["margin"]) for p in shown] == pytest.approx(sorted(margins, reverse=True)[:3])
+        rows, _ = load_comparisons(get_spec(name), data_root / SYNTHETIC_LAYOUT[name])
+        by_id = {c.item_id: c for c in rows}
+        for p in shown:
+            c = by_id[p["id"]]
+            assert p["prompt"] == c.prompt and p["label"] == c.label
+            assert p["image_a"] == thumbnail_data_uri(c.image_a, 192)
+            im = Image.open(io.BytesIO(base64.b64decode(p["image_b"].split(",", 1)[1])))
+            assert max(im.size) <= 192
+    saved = json.loads(res.save(tmp_path / "r.json").read_text())
+    assert len(saved["benchmarks"]["mmrb2/t2i"]["wrong_pairs"]["pairs"]) == 3
+    off = _run(MeanPixel(), "mmrb2/t2i", data_root, wrong_examples=0).to_dict()
+    assert "wrong_pairs" not in off["benchmarks"]["mmrb2/t2i"]  # 0: the record is as before
+    with pytest.raises(ValueError, match="wrong_examples"):
+        _run(MeanPixel(), "mmrb2/t2i", data_root, wrong_examples=-1)
+
+
+def test_content_identity_follows_symlinked_subfolders(tmp_path):
+    """Bug: a model folder assembled from links (``text_encoder -> /elsewhere/te``) was hashed without the linked
+    folder's files (``Path.rglob`` does not descend into symlinked folders): replacing the weights there kept
+    the cache key, so the old scores came back. A link cycle is walked once."""
+    import os
+
+    from rewardkit.bench.cache import content_identity
+
+    te = tmp_path / "te"
+    te.mkdir()
+    (te / "model.safetensors").write_bytes(b"A" * 10)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    os.symlink(te, model / "text_encoder")
+    os.symlink(model, te / "loop")                       # a cycle back to the top
+    before = content_identity({"model": str(model)})
+    (te / "model.safetensors").write_bytes(b"B" * 10)    # same size, same path, other weights
+    after = content_identity({"model": str(model)})
+    assert list(before) == list(after) == [str(model.resolve())] and before != after
+
+
+def test_cache_is_keyed_by_the_weights_content_judge_and_template(tmp_path, data_root, monkeypatch):
+    """Bug: the score cache was keyed by the configuration only, so weights replaced at the same path gave the
+    old scores back. The key now holds the content of every local file / directory the configuration names
+    (memoised by path, size and mtime), the judge's identity and the template ids."""
+    import os
+    from dataclasses import dataclass
+
+    from rewardkit.reward import RewardConfig
+
+    @dataclass
+    class Cfg(RewardConfig):
+        model: str = ""
+
+    class FileGain(MeanPixel):
+        """Its "weights": a gain read from the file ``model`` at load time."""
+        name = "test-file-gain"
+        Config = Cfg
+
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.gain = float(Path(self.config.model, "weights.txt").read_text())
+
+        def _score(self, batch):
+            return RewardOutput(scores=super()._score(batch).scores * self.gain)
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "weights.txt").write_text("+1.0")
+    cache = tmp_path / "cache"
+    value = lambda res: res["genaibench/t2i"].metrics["accuracy_without_ties"].value  # noqa: E731
+    first = FileGain(model=str(model))
+    v1 = value(_run(first, "genaibench/t2i", data_root, cache_dir=cache))
+    assert first.n_scored > 0
+    (model / "weights.txt").write_text("-1.0")              # new weights, same path, same size
+    st = (model / "weights.txt").stat()
+    os.utime(model / "weights.txt", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    second = FileGain(model=str(model))
+    v2 = value(_run(second, "genaibench/t2i", data_root, cache_dir=cache))
+    assert second.n_scored == first.n_scored                 # re-scored (before: 0, the old scores returned)
+    assert v2 == value(_run(FileGain(model=str(model)), "genaibench/t2i", data_root, cache_dir=None)) != v1
+    again = FileGain(model=str(model))                       # unchanged weights: served from the cache
+    assert value(_run(again, "genaibench/t2i", data_root, cache_dir=cache)) == v2 and again.n_scored == 0
+    assert (cache / "file-digests.json").is_file()           # digests kept between runs (path, size, mtime)
+    from rewardkit.bench.cache import content_identity, reward_fingerprint
+
+    assert list(content_identity({"model": str(model)})) == [str(model.resolve())]
+    assert content_identity({"model": "org/not-a-local-path", "device": "cpu"}) == {}
+    assert content_identity({"applicability_cache": str(model / "weights.txt")}) == {}  # the reward's own memo
+    # a hub id cached locally: keyed by the commit of its cached snapshot (an update under the same id re-keys)
+    import huggingface_hub.constants as hub_constants
+
+    hub = tmp_path / "hub"
+    repo = hub / "models--org--tiny"
+    for commit in ("a" * 40, "b" * 40):
+        (repo / "snapshots" / commit).mkdir(parents=True)
+        (repo / "snapshots" / commit / "config.json").write_text("{}")
+    (repo / "refs").mkdir()
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(hub))
+    (repo / "refs" / "main").write_text("a" * 40)
+    assert content_identity({"model": "org/tiny"}) == {"hub:org/tiny": "a" * 40}
+    (repo / "refs" / "main").write_text("b" * 40)
+    assert content_identity({"model": "org/tiny"}) == {"hub:org/tiny": "b" * 40}
+
+    # the judge's identity and the template id (a template re-versioned under the same name)
+    from rewardkit.judges.base import JudgeBackend
+
+    class J(JudgeBackend):
+        kind = "scripted"
+
+        def __init__(self, model):
+            self.model = model
+
+        def generate(self, *a, **k):
+            raise NotImplementedError
+
+        def choice_probs(self, *a, **k):
+            raise NotImplementedError
+
+        def describe(self):
+            return {"kind": self.kind, "model": self.model}
+
+    from rewardkit import load_reward
+
+    def fp(r):
+        return reward_fingerprint(r.name, type(r).__qualname__, {"template": "default"}, reward=r)
+
+    a, b = load_reward("vqascore", judge=J("judge-a")), load_reward("vqascore", judge=J("judge-b"))
+    assert fp(a) != fp(b) and fp(a) == fp(load_reward("vqascore", judge=J("judge-a")))
+    c = load_reward("vqascore", judge=J("judge-a"))
+    import dataclasses
+
+    c.template = dataclasses.replace(c.template, version="999")  # same name, another version
+    assert fp(c) != fp(a)

@@ -89,6 +89,20 @@ def test_tie_calibration_invalid_margins_excluded():
     assert r.value == pytest.approx(1.0)
 
 
+def _exhaustive_tie_calibration(h, m):
+    """Deutsch et al. (2023) tie calibration written out here in plain Python (independent of rewardkit's
+    metrics module, whose own accuracy_with_ties_naive shares its helpers): for every eps in {0} U {|m_i|}, the
+    model predicts a tie iff |m| <= eps, a pair is right when (tie and h == 0) or sign(m) == h; the best accuracy
+    and the smallest eps reaching it."""
+    best, best_eps = None, 0.0
+    for eps in sorted({0.0, *(abs(float(v)) for v in m)}):
+        right = sum((h_i == 0) if abs(float(m_i)) <= eps else ((m_i > 0) - (m_i < 0) == h_i) for h_i, m_i in zip(h, m))
+        acc = right / len(h)
+        if best is None or acc > best:
+            best, best_eps = acc, eps
+    return best, best_eps
+
+
 def test_tie_calibration_fast_equals_exhaustive_on_discrete_scores():
     rng = np.random.default_rng(0)
     for _ in range(300):
@@ -97,9 +111,10 @@ def test_tie_calibration_fast_equals_exhaustive_on_discrete_scores():
         sa, sb = rng.integers(0, 5, n) / 2, rng.integers(0, 5, n) / 2  # many equal gaps
         m = sa - sb
         fast = M.accuracy_with_ties(h, m)
-        best, eps = M.accuracy_with_ties_naive(h, m)
+        best, eps = _exhaustive_tie_calibration(h.tolist(), m.tolist())
         assert fast.value == pytest.approx(best)
         assert fast.extra["threshold"] == pytest.approx(eps)
+        assert M.accuracy_with_ties_naive(h, m) == pytest.approx((best, eps))  # the library's own cross-check
 
 
 # ------------------------------------------------------------------ MMRB2 official

@@ -141,3 +141,25 @@ def test_serve_refuses_a_bad_port_before_loading_the_reward(monkeypatch, capsys)
     monkeypatch.setattr(srv, "load_replicas", boom)
     assert main(["serve", "--reward", "clipscore", "--port", "-5"]) == 2
     assert "--port must be in 0..65535" in capsys.readouterr().err
+
+
+def test_rl_nft_checks_the_rl_extra_before_building_the_reward(monkeypatch, capsys, missing="diffusers"):
+    """`rl nft` without the `rl` extra: exit 2 naming the extra, before the reward (a model load, maybe a
+    download) is built (it was built first, then the trainer failed on the missing package)."""
+    import sys
+
+    from rewardkit.cli import main
+
+    import types
+
+    monkeypatch.setitem(sys.modules, missing, None)  # `import diffusers` / `import peft` raises ImportError
+
+    def built(*a, **k):
+        raise AssertionError("the reward was built before the rl extra was checked")
+
+    trainer = types.ModuleType("rewardkit.rl.trainer")  # train_nft builds the reward first thing
+    trainer.train_nft = built
+    monkeypatch.setitem(sys.modules, "rewardkit.rl.trainer", trainer)
+    assert main(["rl", "nft", "--config", "recipes/nft/tiny.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert missing in err and "rewardkit-vision[rl]" in err

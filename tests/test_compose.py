@@ -19,13 +19,21 @@ from rewardkit.reward import Reward, RewardBatch, RewardConfig, RewardOutput
 NAN = float("nan")
 
 
-def zr(x, mask=None):
-    """The composite default: the RL convention (x - mean) / (std + 1e-4)."""
-    return zscore(x, mask, mode="rl")
+def zr(x):
+    """The composite default, written here in numpy (the expected side never calls compose.functions, which the
+    composite itself uses): the RL convention (x - mean) / (population std + 1e-4)."""
+    x = np.asarray(x, dtype=np.float64)
+    return torch.from_numpy((x - x.mean()) / (x.std() + 1e-4)).float()
 
 
-def gzr(x, keys, mask=None):
-    return group_zscore(x, keys, mask, mode="rl")
+def gzr(x, keys):
+    """:func:`zr` within each group of equal keys (a group of one gets 0)."""
+    x = np.asarray(x, dtype=np.float64)
+    out = np.zeros_like(x)
+    for k in set(keys):
+        idx = [i for i, kk in enumerate(keys) if kk == k]
+        out[idx] = (x[idx] - x[idx].mean()) / (x[idx].std() + 1e-4)
+    return torch.from_numpy(out).float()
 
 
 def close(a, b, tol=1e-5):
@@ -267,3 +275,27 @@ def test_composite_tiny_is_batch_relative_and_conforms(tmp_path):
     align = comp.rewards["alignment"](IMGS, prompts).scores.numpy()
     assert np.ptp(pref) > 0 and np.ptp(align) > 0
     assert np.allclose(out.scores.numpy(), z(pref) + 0.5 * z(align), atol=1e-4)
+
+
+class EmptyPromptChannelMean(ChannelMean):
+    """ChannelMean that, like pickscore / hpsv2, scores an empty prompt."""
+
+    name = "test-channel-mean-empty-ok"
+    scores_empty_prompt = True
+
+
+def test_empty_prompt_follows_the_sub_rewards():
+    """An empty prompt is scored iff every prompt-reading sub-reward scores one (WeightedSum.tiny = pickscore +
+    clipscore refused it although both score it alone); one that refuses (or an intent judge) refuses it."""
+    ok = WeightedSum(axes=[{"name": "r", "weight": 2.0}, {"name": "b", "weight": -0.5}],
+                     rewards={"r": EmptyPromptChannelMean(channel=0), "b": EmptyPromptChannelMean(channel=2)})
+    out = ok(IMGS, ["", "  ", "", "p"], on_error="nan")
+    assert bool(out.valid.all()) and close(out.scores, 2.0 * RED - 0.5 * BLUE)
+    mixed = WeightedSum(axes=[{"name": "r", "weight": 2.0}, {"name": "b", "weight": -0.5}],
+                        rewards={"r": EmptyPromptChannelMean(channel=0), "b": ChannelMean(channel=2)})
+    out = mixed(IMGS, ["", "p", "p", "p"], on_error="nan")
+    assert out.valid.tolist() == [False, True, True, True] and out.errors[0] == "prompt is empty"
+    gated = Composite(axes=[{"name": "r"}, {"name": "b", "gate": "intent"}],
+                      rewards={"r": EmptyPromptChannelMean(channel=0), "b": EmptyPromptChannelMean(channel=2)},
+                      judge=object())
+    assert not gated.scores_empty_prompt

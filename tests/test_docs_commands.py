@@ -25,6 +25,8 @@ ELSEWHERE = {
     "bash scripts/test.sh": "the test suite itself",
     "bash scripts/docs.sh build": ".ci/run (strict site build); tests/test_docs_site.py",
     "bash scripts/docs.sh serve": "a live server: the same build as `build`, served",
+    "bash scripts/lint-imports.sh": ".ci/run; tests/test_architecture.py::test_the_import_contracts_hold",
+    "python -m pytest tests/test_architecture.py": "the test suite itself",
 }
 
 

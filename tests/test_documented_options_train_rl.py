@@ -624,6 +624,7 @@ def _rl_cfg(out, dirs, **over):
     return build_config(NFTConfig, _merge(base, over))
 
 
+@pytest.mark.slow
 def test_rl_resume_auto_continues_and_never_starts_over(tmp_path, rl_tiny_dirs):
     """docs/rl.md: running the same command again resumes from checkpoints/latest (metrics before it kept);
     `resume=never` starts over; `resume=<dir>` names a checkpoint, which must exist."""
@@ -691,8 +692,9 @@ def test_rl_fp16_epoch_autocast_fp32_vae_adamw_clipping_and_logged_keys(tmp_path
     assert len(norms) == 1 and norms[0] == pytest.approx(1e-4, rel=1e-3)   # clipped to max_grad_norm
     assert rec["grad_norm"] > 1e-3                                        # the norm before clipping
     documented = {"reward/pickscore/mean", "reward/pickscore/std", "zero_std_group_ratio", "invalid_rewards", "r/mean",
-                  "r/hist", "loss", "policy_loss", "unweighted_policy_loss", "kl", "old_deviation", "x0_norm",
-                  "grad_norm", "grad_scale", "old_decay", "time/e2po_s", "time/sample_s", "time/train_s"}
+                  "r/hist", "total_loss", "policy_loss", "unweighted_policy_loss", "kl_div", "old_kl_div",
+                  "old_deviate", "old_deviate_max", "x0_norm", "x0_norm_max", "policy_loss_plain_mse",
+                  "reward/total/max", "reward/total/min", "grad_norm", "grad_scale", "old_decay", "time/e2po_s", "time/sample_s", "time/train_s"}
     assert documented <= set(rec), sorted(documented - set(rec))
     assert rec["old_decay"] == pytest.approx(min(0.001 * 1, 0.5))         # d = min(0.001 step, 0.5) after step 1
 
@@ -906,3 +908,90 @@ def test_rl_reward_scorer_weighted_sum_components_dimensions_and_nan(tmp_path, m
     assert set(out["components"]) == {"ra", "rb"} and set(out["dimensions"]) == {"ra.half", "rb.half"}
     assert torch.allclose(out["components"]["ra"][[0, 2]], (m + 1.0)[[0, 2]], atol=1e-6)
     assert out["errors"] == [None, "ra: too dark", None]
+
+
+# dropin's options (CFG, DDIM, integer timestep, init_lora): in the table by their real names; on a branch
+# without them yet they are the only names allowed to be missing (empty this set once both branches are merged)
+_OPTIONS_FROM_OTHER_BRANCHES: set[str] = set()
+
+
+def test_rl_side_by_side_table_names_real_options():
+    """docs/rl.md "Side by side with the official script": every option the "ours" column names is a field of
+    NFTConfig (dotted paths into its sections), and every NFTConfig field appears somewhere in docs/rl.md."""
+    import dataclasses
+    import re
+
+    from rewardkit.rl.config import NFTConfig
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "rl.md").read_text(encoding="utf-8")
+    section = text.split("### Side by side with the official script", 1)[1].split("\n## ", 1)[0]
+    rows = [ln for ln in section.splitlines() if ln.startswith("| ") and not ln.startswith("| official")]
+    assert len(rows) > 40
+
+    def fields(cls, prefix=""):
+        out = set()
+        for f in dataclasses.fields(cls):
+            out.add(prefix + f.name)
+            sub = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+            if dataclasses.is_dataclass(sub):
+                out |= fields(type(sub), prefix + f.name + ".")
+        return out
+
+    known = fields(NFTConfig)
+    sections = {k for k in known if "." not in k}
+    named = set()
+    for row in rows:
+        ours = [c.strip() for c in re.split(r"(?<!\\)\|", row.strip().strip("|"))][2]
+        for tok in re.findall(r"`([a-z0-9_.]+)`", ours):
+            if "." in tok and tok.split(".")[0] not in sections:
+                continue
+            if tok.split(".")[0] in sections or tok in known:
+                # "train.lr, adam_beta1, ..." names the section's fields after the first
+                named.add(tok)
+        lead = re.match(r"`(\w+)\.\w+`", ours)
+        if lead:
+            for tok in re.findall(r", `?(\w+)`?", ours.split(":")[0]):
+                if tok and not tok[0].isdigit() and f"{lead.group(1)}.{tok}" in known:
+                    named.add(f"{lead.group(1)}.{tok}")
+    missing = {n for n in named if n not in known and not n.endswith(".*")} - _OPTIONS_FROM_OTHER_BRANCHES
+    assert not missing, sorted(missing)
+    assert {"rewards", "eval_prompts", "report_to", "save_every_steps", "train.kl_coef", "sample.group_size"} <= named
+    leaves = known - {k for k in known if any(o.startswith(k + ".") for o in known)}
+    undocumented = {k for k in leaves if not re.search(rf"`({re.escape(k)}|{re.escape(k.split('.')[-1])})[`:]", text)}
+    assert not undocumented, sorted(undocumented)
+
+
+def test_rl_report_to_checks_its_libraries_before_any_model(tmp_path, monkeypatch, capsys):
+    """docs/rl.md "Experiment tracking": report_to=wandb without wandb installed fails at start with the pip
+    command; report_to accepts a comma-separated word; [none] alone; unknown trackers are refused."""
+    import sys
+
+    from rewardkit.config import build_config, parse_overrides
+    from rewardkit.rl.config import NFTConfig
+    from rewardkit.rl.tracking import _wandb_mode, check_report_to
+
+    cfg = build_config(NFTConfig, None, parse_overrides(["report_to=tensorboard,wandb"]))
+    cfg.validate()
+    assert cfg.report_to == ["tensorboard", "wandb"]
+    for bad in (["mlflow"], ["none", "wandb"], None):  # (report_to: null was a TypeError, "internal error")
+        with pytest.raises(ValueError, match="report_to"):
+            NFTConfig(report_to=bad).validate()
+    monkeypatch.setitem(sys.modules, "wandb", None)  # not importable
+    from rewardkit.errors import MissingDependencyError
+
+    # a MissingDependencyError (the CLI's exit 2) with wandb's own pip command; it was a plain ImportError, which
+    # the CLI reports as "internal error ... please report it" (exit 1)
+    with pytest.raises(MissingDependencyError, match="pip install wandb\n"):
+        check_report_to(["wandb"])
+    from rewardkit.cli import main
+
+    assert main(["rl", "nft", f"output_dir={tmp_path / 'w'}", "report_to=null"]) == 2
+    assert "report_to" in capsys.readouterr().err
+    check_report_to(["none"])
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    assert _wandb_mode() == "offline"
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert _wandb_mode() == "disabled"
+    with pytest.raises(ValueError, match="eval_num_prompts=4"):
+        build_config(NFTConfig, {"eval_prompts": 4}).validate()  # the old meaning of eval_prompts

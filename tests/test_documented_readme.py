@@ -168,12 +168,15 @@ def test_score_sh_demo_runs_t2i_edit_compare_into_outputs(venv):
     assert res.returncode == 0, res.stderr
     rk = [x for x in _lines(log) if x.startswith("rewardkit[")]
     cache = tmp / "democache"
-    assert len(rk) == 3 and all(x.startswith(f"rewardkit[{REPO}] ") for x in rk)
+    assert len(rk) == 4 and all(x.startswith(f"rewardkit[{REPO}] ") for x in rk)
     assert "score --reward pickscore" in rk[0] and f"{cache}/tiny-clip" in rk[0]
     assert "--jsonl examples/images/t2i.jsonl --output outputs/t2i_scores.jsonl" in rk[0]
     assert "score --reward preference" in rk[1] and f"{cache}/tiny-preference" in rk[1]
     assert "--jsonl examples/images/edit.jsonl --output outputs/edit_scores.jsonl" in rk[1]
     assert rk[2].split("] ", 1)[1].startswith("compare --reward pickscore") and "--output outputs/compare.jsonl" in rk[2]
+    assert rk[3].split("] ", 1)[1] == ("view outputs/t2i_scores.jsonl outputs/edit_scores.jsonl outputs/compare.jsonl "
+                                       "-o outputs/report.html")
+    assert f"report: {REPO}/outputs/report.html" in res.stderr
     # a failing step is the script's status
     log.write_text("")
     assert _bash(f"bash {REPO}/scripts/score.sh", env, tmp, FAKE_RK_RC="2").returncode == 2
@@ -242,9 +245,11 @@ def test_extras_table_matches_pyproject():
         have = {name.match(req).group(0).lower() for req in extras[extra]}
         want = {p.strip().lower() for p in pulls.split("(")[0].split(",") if p.strip()}
         assert want <= have, (extra, want - have)
-    # `all` is every extra but vllm (and dev)
+    # `all` is every extra but the ones the README's `all` row names (`all` itself, vllm, docs, ...) and dev
+    left_out = set(re.findall(r"`(\w+)`", next(r for r in table if r.startswith("| `all`"))))
     inner = re.match(r"rewardkit-vision\[(.*)\]", extras["all"][0]).group(1).split(",")
-    assert len(extras["all"]) == 1 and set(inner) == set(extras) - {"all", "vllm", "dev"}
+    assert {"vllm", "docs", "ray"} <= left_out
+    assert len(extras["all"]) == 1 and set(inner) == set(extras) - left_out - {"dev"}
 
 
 def test_layout_paths_exist():
@@ -449,8 +454,8 @@ def test_exit_3_still_writes_every_result(tiny_clip_dir, tmp_path, capsys):
 
 @needs_bash
 def test_test_sh_installs_tesseract_through_apt_when_missing(tmp_path):
-    """`bash scripts/test.sh` (installs tesseract-ocr through apt when missing): .ci/install-system-deps.sh
-    against a PATH with a fake apt-get and no tesseract."""
+    """`bash scripts/test.sh` (installs tesseract-ocr and chromium through apt when missing):
+    .ci/install-system-deps.sh against a PATH with a fake apt-get and neither."""
     script = REPO / ".ci" / "install-system-deps.sh"
     if not script.is_file():
         pytest.skip("no .ci/install-system-deps.sh")
@@ -459,8 +464,8 @@ def test_test_sh_installs_tesseract_through_apt_when_missing(tmp_path):
     log = tmp_path / "apt.log"
     (bin_ / "id").write_text("#!/bin/sh\necho 0\n")
     (bin_ / "apt-get").write_text(f"#!/bin/sh\necho \"$*\" >> {log}\n"
-                                  f"case \"$*\" in *install*) printf '#!/bin/sh\\n' > {bin_}/tesseract;"
-                                  f" {shutil.which('chmod')} +x {bin_}/tesseract;; esac\n")
+                                  f"case \"$*\" in *install*) for t in tesseract chromium; do printf '#!/bin/sh\\n'"
+                                  f" > {bin_}/$t; {shutil.which('chmod')} +x {bin_}/$t; done;; esac\n")
     for f in bin_.iterdir():
         f.chmod(0o755)
     bash = shutil.which("bash")
@@ -468,6 +473,7 @@ def test_test_sh_installs_tesseract_through_apt_when_missing(tmp_path):
     assert res.returncode == 0, res.stderr
     calls = log.read_text().splitlines()
     assert calls[0].startswith("update") and "install" in calls[1] and "tesseract-ocr" in calls[1].split()
+    assert "chromium" in calls[1].split()  # the browser tests of `rewardkit view`
     # present: nothing is installed
     log.write_text("")
     assert subprocess.run([bash, str(script)], env={"PATH": str(bin_)}, timeout=30).returncode == 0

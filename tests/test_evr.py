@@ -260,6 +260,20 @@ def test_compare_swaps_positions(imgs):
     assert scores.prob_a[0].item() == pytest.approx(0.5)  # same scripted scores for both
 
 
+def test_user_metadata_never_switches_evr_to_pairwise(imgs):
+    """Bug (issue 24's rule, "internal switches never travel in user metadata", which rational followed and EVR
+    did not): a ``__evr_pairwise__`` key in the caller's metadata turned a pointwise call into the pairwise path
+    (the last reference taken as candidate b). Only compare() / judge_4way ask pairwise."""
+    plain = run(scripted(), imgs)[1]
+    reward = EVR(judge=scripted(), k=3, eps=EPS)
+    out = reward(imgs[:1], "put the cat from image 1 on the sofa of image 2", sources=[imgs[1:3]],
+                 metadata=[{"__evr_pairwise__": "2way"}])
+    assert out.valid.tolist() == [True] and out.scores.tolist() == plain.scores.tolist()
+    assert "reference_consistency" in out.dimensions
+    pw = reward.compare(imgs[:1], imgs[2:3], "edit", sources=[[imgs[1]]], metadata=[{"__evr_pairwise__": None}])
+    torch.testing.assert_close(pw.prob_a, torch.tensor([0.65]))  # compare stays pairwise
+
+
 def test_judge_4way_hand_computed(imgs):
     reward = EVR(judge=scripted(), k=3)
     # (first better, second better, both good, both bad) with a first, then with b first

@@ -21,6 +21,9 @@ STAGES = {
               "rewardkit.bench.synthetic, rewardkit.commands.bench"),
     "judges": ("import rewardkit.judges, rewardkit.judges.transformers_backend, rewardkit.judges.openai_backend, "
                "rewardkit.judges.vllm_backend, rewardkit.rewards.evr"),
+    "datasets": ("import rewardkit.datasets, rewardkit.datasets.scoring, rewardkit.datasets.filtering, "
+                 "rewardkit.datasets.expr, rewardkit.datasets.parrot, rewardkit.integrations.ray, "
+                 "rewardkit.commands.filter"),
 }
 # what each stage must not have imported (cumulative: every stage runs after the previous ones)
 FORBIDDEN = {
@@ -28,6 +31,7 @@ FORBIDDEN = {
     "api": HEAVY,
     "bench": ["transformers", "diffusers", "trl", "peft", "vllm", "datasets", "matplotlib"],
     "judges": ["transformers", "vllm", "httpx", "diffusers", "trl", "peft", "datasets"],
+    "datasets": ["ray", "pyarrow", "pandas", "datasets", "transformers"],
 }
 
 

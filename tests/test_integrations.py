@@ -85,6 +85,7 @@ def test_flow_grpo_scorer_channels_last_and_requires_grad(pick):
     np.testing.assert_array_equal(flow_grpo_scorer(pick)(g, PROMPTS, None)[0], direct)
 
 
+@pytest.mark.slow
 def test_adapters_import_light():
     """Building every adapter by name imports no model library (loading waits for the first call)."""
     import subprocess
@@ -241,6 +242,9 @@ def test_trl_empty_completion_policy(pick):
     assert logged == {"rewardkit/pickscore/valid_fraction": 1.0, "rewardkit/pickscore/empty_fraction": 2 / 6}
     all_empty, _ = _trl_call(fn, ["d"] * 2, ["", ""], image=imgs[:2])
     assert all_empty == [-5.0, -5.0]
+    # an empty batch is an empty answer under every policy (before: UnboundLocalError under the default "nan")
+    for policy in ({}, {"empty_completion": "reward"}, {"empty_completion": "fill", "empty_value": -5.0}):
+        assert _trl_call(trl_reward_func(pick, **policy), [], [], image=[])[0] == []
     with pytest.raises(ValueError, match="finite empty_value"):
         trl_reward_func(pick, empty_completion="fill")
     with pytest.raises(ValueError, match="empty_completion must be one of"):

@@ -51,6 +51,25 @@ def test_multi_score_takes_the_configdict_the_scripts_pass(tiny_clip_dir):
         multi_score("cpu", ["pickscore"])
 
 
+
+def test_weights_are_read_at_each_call_as_flow_grpo_does():
+    """flow_grpo's ``_fn`` iterates ``score_dict.items()`` at every call (rewards.py:281), so a weight changed
+    in ``config.reward_fn`` after ``multi_score`` was built (a schedule, a curriculum) applies to the next call.
+    Before: the drop-in copied the weights once and kept using the old ones."""
+    from rewardkit.testing import random_images
+
+    prompts = ("a cat", "a dog")
+    backend = Answers({"a cat": "4", "a dog": "2"})
+    config = ml_collections.ConfigDict({"reward_fn": {"unifiedreward": 1.0}})
+    fn = multi_score("cpu", config.reward_fn, reward_kwargs={"unifiedreward": {"judge": backend}})
+    imgs = random_images(2, size=16, seed=2)
+    assert fn(imgs, prompts, None)[0]["avg"].tolist() == pytest.approx([0.8, 0.4])
+    config.reward_fn.unifiedreward = 3.0                      # rewards.py:293-300 with the new weight
+    assert fn(imgs, prompts, None)[0]["avg"].tolist() == pytest.approx([2.4, 1.2])
+    config.reward_fn.pickscore = 1.0                          # flow_grpo: KeyError in score_fns
+    with pytest.raises(ValueError, match="pickscore.*built no scorer"):
+        fn(imgs, prompts, None)
+
 # ------------------------------------------------------------------------------------ item 2: scales
 def _flow_grpo_pickscore(model_dir, images, prompts):
     """flow_grpo/rewards.py:86-90 (tensor -> uint8 NHWC -> PIL) and pickscore_scorer.py:20-51, transcribed."""
@@ -202,10 +221,23 @@ def test_every_convention_names_real_options_of_its_reward():
         assert conv.factor > 0 and conv.source
 
 
+def _levenshtein(a, b):
+    """Unit-cost Levenshtein distance (what ``Levenshtein.distance`` computes), the textbook DP written out
+    here so that the reference does not share rewardkit's own edit_distance."""
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        prev = cur
+    return prev[-1]
+
+
 def _flow_grpo_ocr(recognized_text, prompt):
-    """flow_grpo/ocr.py:27 (target = first "..." span) and :44-58, transcribed (Levenshtein.distance via
-    rewardkit's edit_distance, the same unit-cost Levenshtein)."""
-    from rewardkit.rewards.ocr import edit_distance as distance
+    """flow_grpo/ocr.py:27 (target = first "..." span) and :44-58, transcribed (``Levenshtein.distance`` as
+    :func:`_levenshtein`)."""
+    distance = _levenshtein
+    assert distance("kitten", "sitting") == 3 and distance("", "abc") == 3   # the classic values
 
     prompt = prompt.split('"')[1]
     recognized_text = recognized_text.replace(" ", "").lower()

@@ -288,6 +288,7 @@ def test_real_clip_reward_refuses_what_its_resize_would_blow_up(tiny_clip_dir):
         media.set_max_pixels(None)
 
 
+@pytest.mark.slow
 def test_a_scored_chunk_is_released_before_the_next_is_decoded(monkeypatch):
     """While the next chunk is decoded, no image of an already scored chunk is alive (peak = one chunk)."""
     import gc

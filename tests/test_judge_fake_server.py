@@ -31,8 +31,8 @@ DRIP_SECONDS = 20.0  # a dripping response lasts at most this long (bounds the t
 
 class FakeServer:
     """OpenAI chat-completions double. ``mode`` applies to every request; ``script`` (consumed first) to the
-    next ones. Modes: ok, nologprobs, labels_missing, neginf, nanlp, offscale, malformed, 500, 429, drip,
-    header_drip, huge, huge_nolength, retry_after_nan."""
+    next ones. Modes: ok, nologprobs, labels_missing, neginf, nanlp, offscale, overunity, dupyes, malformed, 500,
+    429, drip, header_drip, huge, huge_nolength, retry_after_nan."""
 
     def __init__(self):
         self.mode = "ok"
@@ -116,6 +116,11 @@ class FakeServer:
                     top = [("Yes", math.nan), ("No", -0.2)]
                 elif mode == "offscale":
                     top = [("Yes", 2.0), ("No", 1.0)]
+                elif mode == "overunity":                       # P(Yes) + P(No) = 2 exp(-0.05) = 1.90
+                    top = [("Yes", -0.05), ("No", -0.05)]
+                elif mode == "dupyes":                          # "Yes" twice (sum 1.002): which one is it?
+                    top = [("Yes", -0.1), ("No", -2.4), ("Yes", -5.0)] if yes > 0.5 else \
+                        [("Yes", -5.0), ("No", -0.1), ("Yes", -2.4)]
                 content = "Reason: looks right.\nScore: 7" if mode == "offscale" else "Reason: looks right.\nScore: 4"
                 choices = []
                 for i in range(body.get("n", 1)):
@@ -253,6 +258,8 @@ CASES = {  # case -> (server mode or script, what a NaN's reason must mention)
     "slow_drip": ("drip", "Timeout"),
     "huge_body": ("huge_nolength", "max_response_bytes"),
     "off_scale": ("offscale", None),
+    "over_unity_logprobs": ("overunity", "no usable"),    # before: renormalised to 0.5 / 0.5 and scored
+    "duplicate_label_logprobs": ("dupyes", "no usable"),  # before: the first "Yes" won
 }
 
 
@@ -315,3 +322,85 @@ def test_one_failing_request_fails_only_its_sample(fresh, tmp_path, kind):
             r([poisoned, RED], "make it red", sources=[[RED]] * 2)
         else:
             r([poisoned, RED], PROMPT, metadata=META)
+
+
+# ------------------------------------------------------------------------------- the /version probe
+class VersionServer:
+    """``GET /version`` only: ``drip`` sends a version object one byte per 0.1 s (at most ~6 s), ``huge`` a valid
+    version object padded to 32 MiB without Content-Length, ``huge_length`` the same with it, ``ok`` a plain
+    one. ``sent`` counts the body bytes written."""
+
+    def __init__(self, mode):
+        self.mode, self.sent = mode, 0
+        srv = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                body = b'{"version": "0.9.0"}'
+                try:
+                    if srv.mode == "ok":
+                        self.send_response(200)
+                        self.send_header("Content-Length", str(len(body)))
+                        self.end_headers()
+                        self.wfile.write(body)
+                    elif srv.mode == "drip":
+                        self.send_response(200)
+                        self.send_header("Content-Length", str(len(body)))
+                        self.end_headers()
+                        for b in body:  # 21 bytes, 0.3 s apart: ~6 s in all, each read well inside `timeout`
+                            self.wfile.write(bytes([b]))
+                            self.wfile.flush()
+                            srv.sent += 1
+                            time.sleep(0.3)
+                    else:
+                        n = 32 * 1024 * 1024
+                        self.send_response(200)
+                        if srv.mode == "huge_length":
+                            self.send_header("Content-Length", str(n))
+                        self.end_headers()
+                        pad = n - len(b'{"version": "0.9.0", "pad": ""}')
+                        self.wfile.write(b'{"version": "0.9.0", "pad": "')
+                        chunk = b"x" * (1024 * 1024)
+                        while pad > 0:
+                            self.wfile.write(chunk[:min(pad, len(chunk))])
+                            srv.sent += min(pad, len(chunk))
+                            pad -= len(chunk)
+                        self.wfile.write(b'"}')
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.mark.parametrize("mode", ["drip", "huge", "huge_length"])
+def test_version_probe_is_bounded_like_every_request(mode):
+    """Bug: ``GET /version`` (server="auto") went through the bare client: a dripping answer held the call for
+    as long as the server pleased, and a 32 MiB (or 300 MB) answer was read whole into memory. It now has the
+    request deadline (``timeout``) and ``max_response_bytes``; an answer past either is "not vLLM"."""
+    srv = VersionServer(mode)
+    try:
+        j = OpenAIJudge(srv.url, model="fake", api_key="", timeout=1.0, max_retries=0, check_tokens=False,
+                        max_response_bytes=256 * 1024)
+        t = time.monotonic()
+        assert j.is_vllm is False
+        assert time.monotonic() - t < 3.0
+        if mode != "drip":
+            assert srv.sent < 16 * 1024 * 1024      # the client stopped reading (before: the whole 32 MiB)
+        j.close()
+        ok = VersionServer("ok")
+        try:
+            assert OpenAIJudge(ok.url, model="fake", api_key="", timeout=1.0, check_tokens=False).is_vllm is True
+        finally:
+            ok.close()
+    finally:
+        srv.close()

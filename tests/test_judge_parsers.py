@@ -187,12 +187,12 @@ def alt(tok, lp):
 GOOD_LOGPROBS = [
     (_resp([alt("Yes", math.log(0.6)), alt("No", math.log(0.3)), alt("Maybe", math.log(0.1))]),
      [math.log(0.6), math.log(0.3)]),
-    (_resp([alt(" Yes", -0.1), alt("No", -2.0)]), [-math.inf, -2.0]),                 # " Yes" is not "Yes"
-    (_resp([alt(" Yes", -0.1), alt("Yes", -1.5), alt("No", -2.0)]), [-1.5, -2.0]),     # exact token wins
+    (_resp([alt(" Yes", -0.2), alt("No", -2.0)]), [-math.inf, -2.0]),                 # " Yes" is not "Yes"
+    (_resp([alt(" Yes", -0.5), alt("Yes", -1.5), alt("No", -2.0)]), [-1.5, -2.0]),     # exact token wins
     (_resp([alt("Yes", -0.1)]), [-0.1, -math.inf]),                                   # No below the top list
     (_resp([alt("Yes", -math.inf), alt("No", -0.5)]), [-math.inf, -0.5]),            # an exact zero
     (_resp([alt("Yes", 0.0), alt("No", -30.0)]), [0.0, -30.0]),
-    (_resp([alt("Yes", 1e-7), alt("No", -3.0)]), [0.0, -3.0]),                        # rounding above 0
+    (_resp([alt("Yes", 1e-7), alt("No", -10.0)]), [0.0, -10.0]),                      # rounding above 0
     (_resp([alt("Yes", -1), alt("No", -2)]), [-1.0, -2.0]),                           # JSON integers
 ]
 
@@ -207,6 +207,9 @@ UNUSABLE_LOGPROBS = [  # no usable probability: None (a NaN row), never a guess
     _resp([alt("Yes", math.inf), alt("No", -0.5)]),
     _resp([alt("Yes", 2.0), alt("No", 1.0)]),                  # off-scale (log-probs are <= 0)
     _resp([alt("Yes", 0.5)]),
+    _resp([alt("Yes", -0.05), alt("No", -0.05)]),             # P(Yes) + P(No) = 1.90: no distribution
+    _resp([alt("Yes", -0.1), alt("No", -2.4), alt("Yes", -5.0)]),   # "Yes" twice, different values (sum 1.002)
+    _resp([alt("Yes", -0.5), alt("No", -1.5), alt("Maybe", math.nan)]),  # a NaN anywhere: broken values
 ]
 
 MALFORMED_LOGPROBS = [  # a protocol violation: JudgeServerError (a judge failure)
@@ -266,3 +269,20 @@ def test_usable_rows_table():
         usable_rows(torch.zeros(3, 2), 4, 2)
     with pytest.raises(JudgeError, match="shape"):
         usable_rows(torch.zeros(3), 3, 2)
+
+
+@pytest.mark.parametrize("top", [
+    [("Yes", -0.05), ("No", -0.05)],                      # sum 1.90
+    [("Yes", -0.1), ("No", -2.4), ("Yes", -5.0)],         # a choice listed twice with different values
+    [("Yes", -0.5), ("No", -1.5), ("Maybe", math.nan)],   # NaN in an alternative
+    [("Yes", -0.5), ("No", -1.5), ("Maybe", 0.3)],        # a positive log-probability
+])
+def test_impossible_logprobs_refused_by_both_readers(top):
+    """One rule (``implausible_logprobs``) for choice_probs' reader and the raw (full-vocabulary) reader: before,
+    choice_probs renormalised Yes = No = -0.05 (sum 1.9) to 0.5 / 0.5 and took the first of two "Yes"."""
+    from rewardkit.judges.openai_backend import implausible_logprobs, read_raw_logprobs
+
+    data = _resp([alt(t, v) for t, v in top])
+    assert read_choice_logprobs(data, ["Yes", "No"]) is None
+    row, why = read_raw_logprobs(data, ["Yes", "No"])
+    assert row is None and why == implausible_logprobs(top, ["Yes", "No"]) and why

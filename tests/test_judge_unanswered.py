@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -128,6 +129,40 @@ def test_detector_cache_with_non_boolean_entries_is_asked_again(tmp_path):
     det = load_reward("detectors", judge=judge, template=_det_template(tmp_path), detectors=["b"],
                       applicability_cache=str(cache))
     assert det([IMG], "a NOPE prompt").scores[0] == 1.0 and judge.calls == 2   # asked again, then scored
+
+
+def test_detector_cache_entries_count_only_for_their_template_and_judge(tmp_path):
+    """Bug: the applicability cache stored the template id but never checked it: answers given under another
+    template version (other applies questions) or by another judge were reused."""
+    cache = tmp_path / "det.jsonl"
+    judge = Scripted()
+    det = load_reward("detectors", judge=judge, template=_det_template(tmp_path), detectors=["b"],
+                      applicability_cache=str(cache))
+    assert det([IMG], "a NOPE prompt").scores[0] == 1.0 and judge.calls == 2     # asked, cached, scored
+    rec = json.loads(cache.read_text().splitlines()[-1])
+    assert rec["template"] == det.template.id and rec["judge"] and rec["applies"] == {"b": False}
+    again = Scripted()
+    load_reward("detectors", judge=again, template=_det_template(tmp_path), detectors=["b"],
+                applicability_cache=str(cache))([IMG], "a NOPE prompt")
+    assert again.calls == 1                                   # same template and judge: the cached answer is used
+    # another template version (its applies question now mentions the prompt as unanswerable): asked again
+    (tmp_path / "v2").mkdir()
+    v2 = _det_template(tmp_path / "v2", applies_q="Is it UNANSWERED?")
+    Path(v2).write_text(Path(v2).read_text().replace('version: "t"', 'version: "t2"'))
+    other = Scripted()
+    out = load_reward("detectors", judge=other, template=v2, detectors=["b"], applicability_cache=str(cache))(
+        [IMG], "a NOPE prompt")
+    # the v2 applies question was asked (and is unanswered): NaN; before, the v1 answer was reused: score 1.0
+    assert any("UNANSWERED" in a for a in other.asked) and math.isnan(out.scores[0])
+    # another judge (same template): asked again
+    class OtherJudge(Scripted):
+        def describe(self):
+            return {"kind": "scripted", "model": "another"}
+
+    j2 = OtherJudge()
+    load_reward("detectors", judge=j2, template=_det_template(tmp_path), detectors=["b"],
+                applicability_cache=str(cache))([IMG], "a NOPE prompt")
+    assert j2.calls == 2
 
 
 def test_detector_unanswered_verdicts(tmp_path):
@@ -296,3 +331,136 @@ def test_composite_forwards_policy_and_follows_its_own_on_error():
     from rewardkit.errors import ConfigError
     with pytest.raises(ConfigError, match="on_judge_error"):
         Composite({**cfg, "on_judge_error": "skip"}, judge=PoisonImage())
+
+
+# ------------------------------------------------------------------------------- the fault matrix: every judge reward
+def judge_rewards() -> list[str]:
+    """Every registered reward whose configuration has ``on_judge_error`` (the registry's metadata): a judge
+    reward added later joins this matrix, and fails it until :data:`FAULTS` says how to call it."""
+    import dataclasses
+
+    from rewardkit.registry import get_reward_class, list_rewards
+
+    out = []
+    for name in list_rewards():
+        cls = get_reward_class(name)
+        if not cls.__module__.startswith("rewardkit."):  # an installed plugin is not this project's to cover
+            continue
+        if dataclasses.is_dataclass(cls.Config) and "on_judge_error" in {f.name for f in dataclasses.fields(cls.Config)}:
+            out.append(name)
+    return out
+
+
+RATIONAL_OK = ("Text Faithfulness: the cat is there.\nScore: 4\nImage Faithfulness: none.\nScore: N/A\n"
+               "Physical and Visual Quality: sharp.\nScore: 3\nText Rendering: none.\nScore: N/A\n"
+               "Summary: fine.\nRefined Request: a cat")
+
+
+class Down(JudgeBackend):
+    """Every request whose conversation shows the POISON image fails (a server down after retries); others are
+    answered: ``answer`` for generate, Yes 0.9 / No 0.1 for choice questions, P(Yes) 0.7 full-vocabulary. With
+    ``isolates_rows`` it reports a failing request per row (as the OpenAI backend does) when asked to."""
+
+    kind = "down"
+
+    def __init__(self, answer="", isolates_rows=False):
+        self.answer, self.isolates_rows = answer, isolates_rows
+
+    @staticmethod
+    def poisoned(conv):
+        return any(c.get("type") == "image" and c["image"].getpixel((0, 0)) == (1, 2, 3)
+                   for m in conv if isinstance(m.get("content"), list) for c in m["content"])
+
+    def _rows(self, conversations, one, row_errors):
+        out = []
+        for conv in conversations:
+            if self.poisoned(conv):
+                if row_errors is None:
+                    raise JudgeServerError("http://127.0.0.1:1/v1 failed after 5 attempts; last error: HTTP 503")
+                row_errors.append("http://127.0.0.1:1/v1 failed after 5 attempts; last error: HTTP 503")
+                out.append(None)
+            else:
+                if row_errors is not None:
+                    row_errors.append(None)
+                out.append(one(conv))
+        return out
+
+    def generate(self, conversations, *, n=1, temperature=0.0, max_new_tokens=256, stop=None, seed=None,
+                 row_errors=None):
+        rows = self._rows(conversations, lambda c: [self.answer] * n, row_errors)
+        return [r or [] for r in rows]
+
+    def choice_probs(self, conversations, choices, row_errors=None):
+        rows = self._rows(conversations, lambda c: [0.9, 0.1] + [0.0] * (len(choices) - 2), row_errors)
+        return torch.tensor([r or [NAN] * len(choices) for r in rows])
+
+    def raw_choice_probs(self, conversations, choices, *, reasons=None, row_errors=None):
+        rows = self._rows(conversations, lambda c: [0.7] + [0.0] * (len(choices) - 1), row_errors)
+        if reasons is not None:
+            reasons[:] = [None] * len(conversations)
+        return torch.tensor([r or [NAN] * len(choices) for r in rows])
+
+
+_TWO = [{"questions": tree(("Is there a cat?", [])), "constraint_questions": tree(("Is it clean?", [])),
+         "intent": "strict"}] * 2
+_AXES = {"axes": [{"name": "faith", "reward": "faithfulness"}], "normalize": "none"}
+#: name -> (build(judge, **options), call kwargs besides images / prompt, generate answer)
+FAULTS = {
+    "faithfulness": (lambda j, **kw: load_reward("faithfulness", judge=j, **kw), {"metadata": _TWO}, ""),
+    "constraints": (lambda j, **kw: load_reward("constraints", judge=j, **kw), {"metadata": _TWO}, ""),
+    "detectors": (lambda j, **kw: load_reward("detectors", judge=j, applicability="always",
+                                              detectors=["garbled_text"], **kw), {}, ""),
+    "evr": (lambda j, **kw: load_reward("evr", judge=j, k=1, dimensions=("IC",), max_retries=0, **kw),
+            {"sources": [[IMG], [IMG]]}, "Reason: looks right.\nScore: 4"),
+    "unifiedreward": (lambda j, **kw: load_reward("unifiedreward", judge=j, **kw), {}, "Final Score: 4"),
+    "vqascore": (lambda j, **kw: load_reward("vqascore", judge=j, **kw), {}, ""),
+    "rational": (lambda j, **kw: load_reward("rational", judge=j, **kw), {}, RATIONAL_OK),
+    "composite": (lambda j, **kw: load_reward("composite", _AXES, judge=j, **kw), {"metadata": _TWO}, ""),
+    "weighted-sum": (lambda j, **kw: load_reward("weighted-sum", _AXES, judge=j, **kw), {"metadata": _TWO}, ""),
+}
+
+
+def test_fault_matrix_covers_every_judge_reward():
+    assert set(judge_rewards()) == set(FAULTS), "a judge reward is missing from FAULTS (or FAULTS has a stale one)"
+
+
+@pytest.mark.parametrize("name", judge_rewards())
+def test_fault_matrix(name):
+    """One policy for every judge reward: auto follows on_error, "nan" / "raise" force; a failing chunk is NaN +
+    "judge call failed" and the others are kept; a backend failing one request at a time fails only its sample."""
+    build, kw, answer = FAULTS[name]
+    imgs = [POISON, IMG]
+    r = build(Down(answer))
+    out = r(imgs, "a cat", batch_size=1, on_error="nan", **kw)
+    assert math.isnan(out.scores[0]) and not out.valid[0] and "judge call failed" in out.errors[0], out.errors
+    assert "JudgeServerError" in out.errors[0] or "HTTP 503" in out.errors[0]
+    assert out.valid[1] and math.isfinite(out.scores[1]), out.errors[1]
+    with pytest.raises(JudgeServerError):                                 # auto + on_error="raise": raises
+        r(imgs, "a cat", batch_size=1, **kw)
+    forced = build(Down(answer), on_judge_error="nan")(imgs, "a cat", batch_size=1, **kw)
+    assert not forced.valid[0] and forced.valid[1]
+    with pytest.raises(JudgeServerError):
+        build(Down(answer), on_judge_error="raise")(imgs, "a cat", batch_size=1, on_error="nan", **kw)
+    with pytest.raises(ValueError, match="on_judge_error"):
+        build(Down(answer), on_judge_error="ignore")
+    # per-request isolation: both samples in one chunk, only the failing request's sample fails
+    iso = build(Down(answer, isolates_rows=True))(imgs, "a cat", batch_size=2, on_error="nan", **kw)
+    assert not iso.valid[0] and "HTTP 503" in iso.errors[0] and "judge call failed" in iso.errors[0]
+    assert iso.valid[1] and math.isfinite(iso.scores[1]), iso.errors[1]
+
+
+RATIONAL_PAIR = ("Text Faithfulness: A.\nScores: A = 4, B = 2\nImage Faithfulness: none.\nScores: N/A\n"
+                 "Physical and Visual Quality: same.\nScores: A = 3, B = 3\nText Rendering: none.\nScores: N/A\n"
+                 "Summary: A.\nPreferred: A")
+
+
+def test_fault_matrix_rational_compare():
+    a, b = [POISON, IMG], [IMG, IMG]
+    r = load_reward("rational", judge=Down(RATIONAL_PAIR))
+    out = r.compare(a, b, "a cat", batch_size=1, on_error="nan")
+    assert not out.valid[0] and out.errors[0].startswith("judge call failed") and out.errors[1] is None
+    assert out.prob_a[1] == 0.5          # each order prefers its slot A: one vote each way
+    with pytest.raises(JudgeServerError):
+        r.compare(a, b, "a cat", batch_size=1)
+    iso = load_reward("rational", judge=Down(RATIONAL_PAIR, isolates_rows=True)).compare(a, b, "a cat", on_error="nan")
+    assert not iso.valid[0] and "HTTP 503" in iso.errors[0] and iso.errors[1] is None

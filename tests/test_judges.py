@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from rewardkit.judges import ChoiceError, JudgeBackend, load_judge, load_template  # noqa: E402
-from rewardkit.judges.transformers_backend import TransformersJudge, conversation_images  # noqa: E402
+from rewardkit.judges.transformers_backend import TransformersJudge  # noqa: E402
 from rewardkit.testing import random_images, tiny_qwen2_5_vl, tiny_qwen3_vl  # noqa: E402
 
 BUILDERS = {"qwen2_5_vl": tiny_qwen2_5_vl, "qwen3_vl": tiny_qwen3_vl}
@@ -42,9 +42,11 @@ def batch(images):
 
 
 def full_forward(model, proc, c):
-    """Reference: the processor's ids + pixel values, one conversation, no cache."""
+    """Reference: the processor's ids + pixel values, one conversation, no cache. The images are read from the
+    conversation here, in order (not with the backend's own conversation_images, which the judge also uses)."""
     text = proc.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
-    ims = conversation_images(c)
+    ims = [item["image"] for msg in c if isinstance(msg["content"], list) for item in msg["content"]
+           if item.get("type") == "image"]
     inp = proc(text=[text], images=ims or None, return_tensors="pt")
     return inp
 

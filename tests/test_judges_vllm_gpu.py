@@ -84,14 +84,16 @@ def test_vllm_generate_n_samples_greedy_and_seeded(vllm_judge, tiny_qwen2_5_vl_d
     greedy = vllm_judge.generate(convs, n=2, max_new_tokens=6)  # greedy n > 1: one request, replicated
     assert [len(g) for g in greedy] == [2, 2] and greedy[0][0] == greedy[0][1]
     # Compare token ids, not text: vLLM's incremental detokeniser may flush a tiny tokenizer differently.
-    from rewardkit.judges.transformers_backend import conversation_images
-
     tj = reference(tiny_qwen2_5_vl_dir)
     outs = vllm_judge.llm.generate([p for p, _ in vllm_judge._prompts(convs)],
                                    vllm_judge._sampling(n=1, temperature=0.0, max_tokens=6), use_tqdm=False,
                                    tokenization_kwargs={"add_special_tokens": False})
     for cv, out in zip(convs, outs):
-        inputs = tj.processor(text=[tj._render(cv)], images=conversation_images(cv) or None, return_tensors="pt")
+        # the reference input: the processor's own chat template and the conversation's images read here (not
+        # the backends' shared _render / conversation_images)
+        text = tj.processor.apply_chat_template(cv, tokenize=False, add_generation_prompt=True)
+        cv_ims = [item["image"] for msg in cv for item in msg["content"] if item.get("type") == "image"]
+        inputs = tj.processor(text=[text], images=cv_ims or None, return_tensors="pt")
         gen = tj.model.generate(**inputs, max_new_tokens=6, do_sample=False, output_scores=True,
                                 return_dict_in_generate=True)
         ref = gen.sequences[0, inputs["input_ids"].shape[1]:].tolist()

@@ -183,6 +183,13 @@ def test_prompts_use_the_processor_template_like_the_transformers_backend(vllm_s
     vjudge.generate(convs, max_new_tokens=2)
     prompts, _, _ = vjudge.llm.calls[-1]
     assert [p["prompt"] for p in prompts] == [tjudge._render(c) for c in convs]
+    # and both are the processor's own chat template (transformers' apply_chat_template: a generation prompt after
+    # a user turn, the final assistant message continued), not only each other
+    proc = tjudge.processor
+    want = [proc.apply_chat_template(c, tokenize=False, add_generation_prompt=c[-1]["role"] != "assistant",
+                                     continue_final_message=c[-1]["role"] == "assistant") for c in convs]
+    assert [p["prompt"] for p in prompts] == want
+    assert want[2].endswith("Because") and want[0].rstrip().endswith("assistant")
 
 
 @pytest.mark.parametrize("alias,name", [("bf16", "bfloat16"), ("fp16", "float16"), ("half", "float16"),

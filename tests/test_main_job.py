@@ -74,3 +74,18 @@ def test_demo_without_arguments_shows_t2i_edit_and_compare(tmp_path, env):
         assert name in out
     assert "preferred over" in out and "NaN" not in out
     assert "== 2. image editing" in res.stderr and "all 2 images scored" in res.stderr
+    # the last step: one HTML report of the three outputs, with the three example images and their scores
+    report = REPO / "outputs" / "report.html"
+    assert f"report: {report}" in res.stderr
+    import json
+    import re
+
+    html = report.read_text(encoding="utf-8")
+    data = json.loads(re.search(r'<script type="application/json" id="rk-data">(.*?)</script>', html, re.S).group(1))
+    t2i = [json.loads(line) for line in (REPO / "outputs" / "t2i_scores.jsonl").read_text().splitlines()]
+    sec = next(s for s in data["sections"] if s["label"] == "t2i_scores")
+    assert [(r["path"], r["score"]) for r in sec["rows"]] == [(r["image"], r["score"]) for r in t2i]
+    assert sorted(data["images"][r["img"]]["name"] for r in sec["rows"]) == [
+        "t2i_house_sunset.png", "t2i_open_sign.png", "t2i_red_apple.png"]
+    assert all(data["images"][r["img"]]["src"].startswith("data:image/") for r in sec["rows"])
+    assert [s["kind"] for s in data["sections"]] == ["scores", "scores", "pairs"]

@@ -75,6 +75,7 @@ def ocr():
     return load_reward("ocr")
 
 
+@pytest.mark.slow
 @needs_tesseract
 def test_clean_renders_read_exactly(ocr):
     out = ocr([render(w) for w in WORDS], [f'a shop sign that says "{w}"' for w in WORDS])

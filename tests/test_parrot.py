@@ -102,7 +102,8 @@ class CrashingTeacher(ScriptedTeacher):
 
 
 def _strip(recs):
-    return {k: {kk: vv for kk, vv in v.items() if kk != "time"} for k, v in recs.items()}
+    # (teacher_spec: how the teacher was given, a spec or an object passed ready as the crashing run's)
+    return {k: {kk: vv for kk, vv in v.items() if kk not in ("time", "teacher_spec")} for k, v in recs.items()}
 
 
 @pytest.mark.parametrize("after", [1, 3, 5])
@@ -179,6 +180,14 @@ def test_sft_tiny_student_trains_and_loads_as_rational(tmp_path, lora):
     assert summary["examples"] == 9 and summary["pairwise"] == 3 and summary["steps"] == 2
     again = train_sft(Pipeline(cfg, progress=False))  # rerun: resumes from the final checkpoint, no extra step
     assert again["already_trained"] and again["steps"] == 2
+    # a kill while checkpoint-5 was written: no trainer_state.json, half a weights file. Before, every rerun
+    # resumed from it and failed; now it is removed and the run resumes from the last complete checkpoint.
+    half = tmp_path / "out" / "student-trainer" / "checkpoint-5"
+    half.mkdir()
+    (half / "model.safetensors").write_bytes(b"\x00" * 100)
+    with pytest.warns(UserWarning, match="incomplete checkpoint"):
+        again = train_sft(Pipeline(cfg, progress=False))
+    assert again["already_trained"] and again["resumed_from"].endswith("checkpoint-2") and not half.exists()
     # the documented outputs: the examples trained on, the merged student with its provenance, the checkpoints
     out_dir = tmp_path / "out"
     examples = [json.loads(x) for x in (out_dir / "sft_examples.jsonl").read_text().splitlines()]
@@ -241,6 +250,133 @@ def test_cli_stages_print_reports(tmp_path, pairs, capsys):
     assert main(["parrot"]) == 2
 
 
+# ------------------------------------------------------------------ storage: provenance, last records, checkpoints
+@pytest.mark.slow
+def test_rerun_with_another_seed_teacher_or_template_is_refused(tmp_path, pairs):
+    """Bug: a rerun in the same output folder with another seed or teacher silently reused every old rationale
+    as its own. Records carry their provenance; a mismatch is a ConfigError (exit 2) naming what differs."""
+    from rewardkit.errors import ConfigError
+
+    cfg = cfg_for(tmp_path, pairs)
+    assert Pipeline(cfg, progress=False).rationalize() == 9
+    assert Pipeline(cfg, progress=False).rationalize() == 1      # same run: resumed (only the failure retried)
+
+    class OtherTeacher(ScriptedTeacher):
+        def describe(self):
+            return {"kind": "scripted", "model": "another-teacher"}
+
+    cfg.seed = 7
+    with pytest.raises(ConfigError, match="seed: 0 in the file, 7 now"):
+        Pipeline(cfg, progress=False).rationalize()
+    cfg.seed = 0
+    with pytest.raises(ConfigError, match="another-teacher"):
+        Pipeline(cfg, teacher=OtherTeacher(), progress=False).rationalize()
+    Pipeline(cfg, progress=False).filter()
+    with pytest.raises(ConfigError, match="filtered.jsonl holds records of another run"):
+        Pipeline(cfg, teacher=OtherTeacher(), progress=False).filter()
+    assert Pipeline(cfg, teacher=OtherTeacher(), progress=False).project() == 8  # a later stage, another teacher
+    cfg.data.synthetic_size = 5
+    cfg.data.train = "synthetic:brightness"                        # another dataset: no stage reads the old rows
+    with pytest.raises(ConfigError, match="data: "):
+        Pipeline(cfg, progress=False).filter()
+    cfg.output_dir = str(tmp_path / "fresh")                       # another folder: a new run
+    assert Pipeline(cfg, teacher=OtherTeacher(), progress=False).rationalize() == 5  # the 5 synthetic pairs
+
+
+def test_rerun_of_a_finished_stage_with_another_seed_or_teacher_is_refused(tmp_path, pairs):
+    """Bug: the provenance check ran only with the first new record, so a rerun of a stage with nothing left to
+    write (a finished run: every row done) with another seed or teacher spec silently reused every record, and
+    `sft` trained on another dataset's records. Now each stage checks at its start, without loading a teacher."""
+    from rewardkit.errors import ConfigError
+
+    cfg = cfg_for(tmp_path, pairs)
+    pipe = Pipeline(cfg, progress=False)
+    pipe.rationalize()
+    pipe.filter()
+    done = [r["row"] for r in pipe.rationales.records.values() if r["status"] != "judge_failure"]
+    kept = [r["row"] for r in pipe.filtered.records.values() if r["kept"]]
+    assert Pipeline(cfg, progress=False).rationalize(rows=done) == 0      # the same run: nothing to do
+    cfg.seed = 7
+    with pytest.raises(ConfigError, match="seed: 0 in the file, 7 now"):
+        Pipeline(cfg, progress=False).rationalize(rows=done)
+    with pytest.raises(ConfigError, match="filtered.jsonl holds records of another run"):
+        Pipeline(cfg, progress=False).filter(rows=kept)
+    cfg.seed = 0
+    cfg.teacher.judge = "openai:http://127.0.0.1:9/v1"                   # never contacted: refused before
+    with pytest.raises(ConfigError, match="teacher_spec: 'scripted' in the file"):
+        Pipeline(cfg, progress=False).rationalize(rows=done)
+    cfg.teacher.judge = "scripted"
+    cfg.data.synthetic_size = 5
+    cfg.data.train = "synthetic:brightness"                              # the stage files index another dataset
+    with pytest.raises(ConfigError, match="data: "):
+        Pipeline(cfg, progress=False).check_stage("sft")
+
+
+@pytest.mark.slow
+def test_sft_on_another_datasets_stage_files_is_refused(tmp_path, pairs):
+    """``train_sft`` checks the stage files' dataset before any model loads (it paired another dataset's
+    rationales with this dataset's images by row index). Slow: importing trl."""
+    pytest.importorskip("trl")
+    pytest.importorskip("peft")
+    from rewardkit.errors import ConfigError
+    from rewardkit.parrot.sft import train_sft
+
+    cfg = cfg_for(tmp_path, pairs)
+    pipe = Pipeline(cfg, progress=False)
+    pipe.rationalize()
+    pipe.filter()
+    cfg.data.synthetic_size = 5
+    cfg.data.train = "synthetic:brightness"
+    with pytest.raises(ConfigError, match="data: "):
+        train_sft(Pipeline(cfg, progress=False))
+
+
+def test_parrot_cli_refuses_a_mismatched_rerun_with_exit_2(tmp_path, pairs, capsys):
+    from rewardkit.cli import main
+
+    args = ["--config", "recipes/parrot/tiny.yaml", f"data.train={pairs}", f"output_dir={tmp_path / 'o'}",
+            "teacher.judge=scripted", "--no-progress"]
+    assert main(["parrot", "rationalize", *args]) == 0
+    assert main(["parrot", "rationalize", *args[:-1], "seed=3", "--no-progress"]) == 2
+    assert "another run" in capsys.readouterr().err
+
+
+def test_jsonl_store_keeps_a_last_record_without_newline(tmp_path):
+    """Bug: a valid last record without its trailing newline was deleted on reopening."""
+    f = tmp_path / "x.jsonl"
+    f.write_text('{"row": 0, "v": 1}\n{"row": 1, "v": 2}')
+    s = JsonlStore(f, lambda r: r["row"])
+    assert sorted(s.records) == [0, 1] and f.read_text().endswith('"v": 2}\n')
+    s.append([{"row": 2, "v": 3}])
+    assert [json.loads(x)["row"] for x in f.read_text().splitlines()] == [0, 1, 2]
+    f.write_text(f.read_text() + '{"row": 3, "v"')                  # half a record (a crash mid-write): cut
+    assert sorted(JsonlStore(f, lambda r: r["row"]).records) == [0, 1, 2]
+    assert f.read_text().endswith('"v": 3}\n')
+
+
+def test_last_complete_checkpoint_skips_a_half_written_one(tmp_path):
+    import warnings
+
+    from rewardkit.parrot.sft import last_complete_checkpoint
+
+    run = tmp_path / "student-trainer"
+    assert last_complete_checkpoint(run) is None
+    for step, state in ((2, {"global_step": 2}), (4, {"global_step": 4}), (6, None), (8, "{\"global_st")):
+        d = run / f"checkpoint-{step}"
+        d.mkdir(parents=True)
+        (d / "model.safetensors").write_bytes(b"x")
+        if isinstance(state, dict):
+            (d / "trainer_state.json").write_text(json.dumps(state))
+        elif state is not None:
+            (d / "trainer_state.json").write_text(state)            # cut mid-write
+    with pytest.warns(UserWarning, match="incomplete checkpoint"):
+        assert last_complete_checkpoint(run) == str(run / "checkpoint-4")
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint-2", "checkpoint-4"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert last_complete_checkpoint(run) == str(run / "checkpoint-4")
+
+
 # ------------------------------------------------------------------ stage 2 never sees the verdict
 EVIDENCE = ("Text Faithfulness: Image A shows a red bicycle against a brick wall. Image B's bicycle is blue. {v1}\n"
             "Scores: A = 3.5, B = 2\n"
@@ -285,6 +421,51 @@ def test_strip_verdict_removes_every_verdict_keeps_evidence_and_scores(verdict):
     assert "Summary: The wheel of Image B is distorted." in sa
     assert "Scores: A = 3.5, B = 2\n" in sa and "Scores: A = 3, B = 2.5\n" in sa
     assert strip_verdict(sa) == sa  # idempotent: stripped text still parses (without a Preferred line)
+
+
+#: phrasings a blacklist of verdict words misses: a candidate with nothing else, idioms, Unicode look-alikes and
+#: invisible characters (an LLM teacher reads "Image \u0412", "Ｂ" or "bet\u200bter" as the verdict they spell)
+VERDICTS_HARD = ["Overall, Image {L}.", "Image {L} overall.", "It is {L}.", "The label is {L}.", "Image {L}!",
+                 "Image {L} it is.", "Go {L}.", "\u2192 {L}", "{L} \u2713", "The nod goes to Image {L}.",
+                 "Image {L} comes out on top.", "Image {L} is the clear standout.", "I'd lean towards {L}.",
+                 "{L} \u226b {O}.", "Image {L} is the more faithful and higher-quality result overall.",
+                 "Image {L} is bet\u200bter.", "Image {L} is pre\u00adferable.",
+                 "Image {L} is \U0001d41b\U0001d41e\U0001d42d\U0001d42d\U0001d41e\U0001d42b."]
+LOOKALIKE = {"A": ("\u0410", "\uff21", "\U0001d400"), "B": ("\u0412", "\uff22", "\U0001d401")}
+
+
+@pytest.mark.parametrize("verdict", VERDICTS_HARD)
+def test_strip_verdict_hard_phrasings_and_unicode(verdict):
+    from rewardkit.parrot.format import strip_verdict
+
+    sa, sb = strip_verdict(_rationale("A", verdict)), strip_verdict(_rationale("B", verdict))
+    assert sa == sb and strip_verdict(sa) == sa
+    assert "The spokes of Image B merge into the frame; Image A has clean spokes." in sa
+
+
+@pytest.mark.parametrize("i", range(3))
+def test_strip_verdict_lookalike_letters(i):
+    """Cyrillic / fullwidth / mathematical A and B in a verdict: the verdict goes (whichever letter it names)."""
+    from rewardkit.parrot.format import is_verdict, strip_verdict
+
+    for lab in "AB":
+        v = f"Image {LOOKALIKE[lab][i]} is better."
+        assert is_verdict(v)
+        s = strip_verdict(_rationale(lab, v))
+        assert "better" not in s and LOOKALIKE[lab][i] not in s
+
+
+def test_strip_verdict_parses_the_rationale_as_stage_1_did():
+    """Cleaning (NFKC, no zero-width characters) applies to the texts, never before the parse: a rationale that
+    stage 1 accepted, with a zero-width space that hid a second header, still strips (it raised ParseError,
+    which would stop the whole filter stage)."""
+    from rewardkit.parrot.format import parse_pairwise, strip_verdict
+
+    hidden = "bicycle is blue.\nText\u200b Faithfulness: noted"  # a header only once the zero-width space goes
+    r = _rationale("B", "Image B is better.").replace("bicycle is blue.", hidden)
+    assert parse_pairwise(r).preferred == "B"
+    s = strip_verdict(r)
+    assert "\u200b" not in s and "better" not in s and strip_verdict(s) == s
 
 
 def test_strip_verdict_drops_text_outside_the_sections():

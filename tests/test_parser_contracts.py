@@ -37,7 +37,7 @@ def test_read_choice_logprobs_values():
     # exact token text only (" Yes" is another token, even when it ranks higher); absent -> -inf
     assert read_choice_logprobs(_resp(top), ["Yes", "No", "Maybe"]) == [-9.0, -1.5, -math.inf]
     dup = [{"token": "Yes", "logprob": -0.5}, {"token": "Yes", "logprob": -3.0}, {"token": "No", "logprob": -1.0}]
-    assert read_choice_logprobs(_resp(dup), ["Yes", "No"]) == [-0.5, -1.0]  # the first listing wins
+    assert read_choice_logprobs(_resp(dup), ["Yes", "No"]) is None  # which "Yes" is it? unanswered, not the first
     # a tiny positive log-prob from rounding is clamped to 0
     assert read_choice_logprobs(_resp([{"token": "Yes", "logprob": 1e-9}]), ["Yes", "No"]) == [0.0, -math.inf]
     assert read_choice_logprobs(_resp([]), ["Yes"]) is None

@@ -135,6 +135,41 @@ def test_rational_unparseable_and_all_na():
     assert not p.valid[0] and "unparseable pairwise" in p.errors[0]
 
 
+def test_user_metadata_never_switches_rational_to_pairwise():
+    """Bug: a metadata key ``__rational_pairwise__`` in the caller's metadata turned a pointwise call into the
+    pairwise path (a crash, or a pairwise vote reported as a score). Only compare() asks pairwise."""
+    from rewardkit.rewards.rational import RationalReward
+
+    r = RationalReward(judge=ScriptedTeacher())
+    meta = [{"__rational_pairwise__": True}, {"__rational_pairwise__": 1}]
+    out = r([grey(255), grey(0)], "a cat", sources=[[grey(10)], [grey(10)]], metadata=meta)
+    # pointwise edit scores (4 + 3 + 4) / 3 and (1 + 3 + 1) / 3 on the unit scale, not votes
+    assert out.valid.all() and out.scores.tolist() == pytest.approx([(11 / 3 - 1) / 3, (5 / 3 - 1) / 3])
+    assert out.details[0]["summary"] is not None
+    p = r.compare([grey(255)], [grey(0)], "a cat", metadata=[{"__rational_pairwise__": False}])
+    assert p.prob_a.tolist() == [1.0]      # compare stays pairwise whatever the metadata holds
+
+
+@pytest.mark.parametrize("digit", ["\uff13", "\u0663", "\u0969"])  # fullwidth, Arabic-Indic, Devanagari three
+def test_rational_scores_take_ascii_digits_only(digit):
+    """One number rule for every judge parser (rewardkit.judges.base.DECIMAL): unifiedreward refused "３" but
+    rational read it as 3 (Python's Unicode-aware \\d)."""
+    from rewardkit.rewards.rational import RationalReward
+
+    with pytest.raises(ParseError):
+        parse_score(digit)
+    with pytest.raises(ParseError):
+        parse_score(f"2.{digit}")
+    out = RationalReward(judge=_Fixed(GOOD.replace("Score: 3.5", f"Score: {digit}")))([grey(9)], "x")
+    assert not out.valid[0] and "unparseable critique" in out.errors[0]
+    pair = ("Text Faithfulness: A.\nScores: A = {}, B = 2\nImage Faithfulness: none.\nScores: N/A\n"
+            "Physical and Visual Quality: same.\nScores: A = 3, B = 3\nText Rendering: n/a\nScores: N/A\n"
+            "Summary: A.\nPreferred: A")
+    assert parse_pairwise(pair.format("4"), t2i=True).scores["text_faithfulness"] == (4.0, 2.0)
+    with pytest.raises(ParseError):
+        parse_pairwise(pair.format(digit), t2i=True)
+
+
 def test_rational_tiny_qwen_end_to_end(tiny_qwen2_5_vl_dir):
     import rewardkit
 

@@ -119,3 +119,33 @@ def test_after_image_is_critiqued_against_the_users_prompt_not_the_refined_one()
     assert r["dimensions_after"] == {"text_faithfulness": 4.0, "image_faithfulness": None,
                                      "physical_quality": 4.0, "text_rendering": 2.0}
     assert r["score_after"] == pytest.approx(((4 + 4 + 2) / 3 - 1) / 3)
+
+
+def test_refine_cli_exits_3_when_a_regenerated_image_could_not_be_critiqued(tmp_path, monkeypatch, capsys):
+    """The first critique parses (status "refined"), the critique of the regenerated image does not: that image
+    was not critiqued (score_after NaN, error_after set), so the command is not a success (exit 3), as for
+    ``critique_failed`` (it exited 0: only the first critique's status was counted)."""
+    import json
+
+    import rewardkit
+    from rewardkit.cli import main
+    from rewardkit.rewards.rational import RationalReward
+
+    class Teacher(ScriptedTeacher):
+        calls = 0
+
+        def generate(self, conversations, **kw):
+            Teacher.calls += 1
+            out = super().generate(conversations, **kw)
+            return out if Teacher.calls == 1 else [["no critique here"] * len(o) for o in out]
+
+    (tmp_path / "gcr_gen2.py").write_text(
+        "import numpy as np\nfrom PIL import Image\n"
+        "def generate(prompts, sources=None, seed=None):\n"
+        "    return [Image.fromarray(np.full((32, 32, 3), 30, dtype=np.uint8), 'RGB') for p in prompts]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(rewardkit, "load_reward", lambda name, **kw: RationalReward(judge=Teacher()))
+    rc = main(["refine", "--generator", "gcr_gen2:generate", "--prompt", "a cat", "-o", str(tmp_path / "out")])
+    recs = [json.loads(x) for x in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
+    assert recs[0]["status"] == "refined" and recs[0]["error_after"] and recs[0]["score_after"] is None
+    assert rc == 3

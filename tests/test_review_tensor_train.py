@@ -32,14 +32,20 @@ def _axis(name: str, clip_dir, reward: str = "clipscore", **extra) -> dict:
     return {"name": name, "reward": reward, "options": {"model": str(clip_dir), "device": "cpu"}, **extra}
 
 
-def test_rl_group_composite_by_metadata_key_is_refused(tmp_path, tiny_clip_dir):
-    """The trainer passes no metadata: `group_by: <key>` put every sample in one group ("None") and silently
-    z-scored over the whole epoch instead of per group. Refused; `group_by: prompt` is accepted."""
-    with pytest.raises(ValueError, match="group_by='seed'"):
-        _scorer(tmp_path, tiny_clip_dir, {"axes": [_axis("a", tiny_clip_dir)], "normalize": "group",
-                                          "group_by": "seed"})
+def test_rl_group_composite_by_metadata_key_needs_the_key_in_every_prompt_row(tmp_path, tiny_clip_dir):
+    """The trainer used to pass no metadata: `group_by: <key>` put every sample in one group ("None"). Prompt
+    rows now carry metadata; a row without the key is refused at start; `group_by: prompt` is accepted."""
+    from rewardkit.rl.scoring import check_group_keys
+
+    sc = _scorer(tmp_path, tiny_clip_dir, {"axes": [_axis("a", tiny_clip_dir)], "normalize": "group",
+                                           "group_by": "seed"})
+    assert sc.deferred == {"composite"}
+    check_group_keys(sc, [{"seed": 1}, {"seed": 2}], "p.jsonl")
+    with pytest.raises(ValueError, match="metadata field 'seed'.*row 2"):
+        check_group_keys(sc, [{"seed": 1}, {}], "p.jsonl")
     sc = _scorer(tmp_path, tiny_clip_dir, {"axes": [_axis("a", tiny_clip_dir)], "normalize": "group"})
     assert sc.deferred == {"composite"}
+    check_group_keys(sc, [{}, {}], "p.jsonl")
 
 
 def test_rl_nested_batch_relative_composite_is_refused(tmp_path, tiny_clip_dir):

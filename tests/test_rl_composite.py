@@ -103,6 +103,22 @@ def test_group_composite_groups_by_prompt_index_and_invalid_sample_is_nan():
         sc.finalize(res, ids[:5])
 
 
+def test_group_composite_groups_by_a_prompt_row_metadata_field_over_the_epoch():
+    """`group_by: tag` with the prompt rows' metadata (now passed by the trainer): groups follow the field, across
+    decoded batches (and prompt indices), not the prompt index."""
+    comp = Composite(axes=[{"name": "a"}], rewards={"a": MeanRed()}, normalize="group", group_by="tag")
+    sc = scorer_with(comp)
+    reds = [0.0, 0.4, 0.2, 1.0, 0.6, 0.8]
+    q = [round(r * 255) / 255 for r in reds]
+    tags = ["x", "y", "x", "y", "y", "x"]
+    meta = [{"tag": t} for t in tags]
+    res = [sc(images(reds[:3]), ["p"] * 3, meta[:3]), sc(images(reds[3:]), ["p"] * 3, meta[3:])]
+    fin = sc.finalize(res, torch.tensor([0, 1, 2, 3, 4, 5]))  # every sample its own prompt: ignored here
+    gx, gy = zs([q[0], q[2], q[5]]), zs([q[1], q[3], q[4]])
+    expect = [gx[0], gy[0], gx[1], gy[1], gy[2], gx[2]]
+    assert torch.allclose(fin["total"], torch.tensor(expect, dtype=torch.float64), atol=1e-5)
+
+
 def test_per_sample_rewards_are_not_deferred():
     comp = Composite(axes=[{"name": "a"}], rewards={"a": MeanRed()}, normalize="none")
     sc = scorer_with(comp)
@@ -119,7 +135,7 @@ def test_nft_run_with_a_yaml_composite_reward(tmp_path, tiny_dirs):
     the composite and its per-axis dimensions are logged, z-scored over the epoch (mean 0 by construction)."""
     from rewardkit.rl.trainer import NFTTrainer
 
-    cfg = tiny_cfg(tmp_path / "run", tiny_dirs, num_epochs=1, save_every=0,
+    cfg = tiny_cfg(tmp_path / "run", tiny_dirs, num_epochs=1, save_every=0, eval_every=1,
                    rewards={"composite": 1.0},
                    reward_kwargs={"composite": {"axes": [
                        {"name": "pref", "reward": "pickscore", "options": {"model": "tiny:clip", "device": "cpu"}},

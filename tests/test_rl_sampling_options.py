@@ -240,6 +240,27 @@ def test_start_from_a_diffusers_lora_and_alpha_survives_saving(sd3_dir, tmp_path
                                                     return_dict=False)[0], ref, rtol=1e-5, atol=1e-6)
 
 
+
+def test_a_lora_that_also_adapts_the_text_encoders_is_refused(sd3_dir, tmp_path):
+    """A diffusers LoRA file with text-encoder tensors too (``save_lora_weights(text_encoder_lora_layers=...)``).
+    The trainer adapts the transformer only, so starting from such a file starts from another model than the
+    LoRA's. Before: the text-encoder tensors were dropped without a word."""
+    from safetensors.torch import load_file, save_file
+
+    from rewardkit.rl.sd3 import SD3Policy
+
+    pol = SD3Policy(sd3_dir, device=torch.device("cpu"), max_sequence_length=16)
+    pol.add_lora(4, 8.0, ["attn.to_q"])
+    pol.save_lora(tmp_path / "tr", "default")
+    sd = load_file(str(tmp_path / "tr" / "pytorch_lora_weights.safetensors"))
+    sd["text_encoder.text_model.encoder.layers.0.self_attn.q_proj.lora_A.weight"] = torch.zeros(4, 8)
+    (tmp_path / "both").mkdir()
+    save_file(sd, str(tmp_path / "both" / "pytorch_lora_weights.safetensors"))
+    fresh = SD3Policy(sd3_dir, device=torch.device("cpu"), max_sequence_length=16)
+    with pytest.raises(ValueError, match="text_encoder.*transformer only"):
+        fresh.add_lora(4, 8.0, ["attn.to_q"], init_lora=str(tmp_path / "both"))
+    fresh.add_lora(4, 8.0, ["attn.to_q"], init_lora=str(tmp_path / "tr"))   # the transformer's part alone loads
+
 def test_start_from_a_full_fine_tune(sd3_dir, tmp_path):
     """``model.transformer``: a diffusers transformer folder replaces the pipeline's; LoRA trains on top and the
     reference (adapters off) is that transformer."""
@@ -307,5 +328,45 @@ def test_trainer_runs_with_every_sampling_option(sd3_dir, tmp_path, tiny_clip_di
     assert float((a - b).abs().max()) > 1e-3
     before = [p.detach().clone() for p in tr.trainable]
     rec = tr.run_epoch()
-    assert rec["global_step"] == 1 and math.isfinite(rec["loss"])
+    assert rec["global_step"] == 1 and math.isfinite(rec["total_loss"])
     assert any(not torch.equal(a, p) for a, p in zip(before, tr.trainable))
+
+
+@pytest.mark.slow
+def test_evaluation_has_its_own_guidance_scale(sd3_dir, tmp_path, tiny_clip_dir):
+    """`sample.eval_guidance_scale` is evaluation's CFG scale (null: the rollouts' `sample.guidance_scale`, as the
+    official script): the value reaches the sampler's velocity call during evaluation, and only there."""
+    from rewardkit.config import build_config
+    from rewardkit.rl.config import NFTConfig
+    from rewardkit.rl.trainer import NFTTrainer
+
+    prompts = tmp_path / "eval.txt"
+    prompts.write_text("a red cube\na blue ball\n")
+    cfg = {"output_dir": str(tmp_path / "run"), "seed": 3, "model": {"pretrained": sd3_dir, "max_sequence_length": 8},
+           "lora": {"r": 4, "alpha": 8},
+           "sample": {"num_steps": 2, "resolution": 32, "batch_size": 2, "num_groups": 1, "group_size": 2,
+                      "eval_num_steps": 2, "guidance_scale": 2.0, "eval_guidance_scale": 3.5},
+           "train": {"batch_size": 2}, "rewards": {"pickscore": 1.0},
+           "reward_kwargs": {"pickscore": {"model": str(tiny_clip_dir), "device": "cpu"}}, "eval_prompts": str(prompts),
+           "reward_workers": 1, "num_epochs": 1, "mixed_precision": "no", "cpu": True, "save_every": 0,
+           "eval_every": 1, "progress": False, "resume": "never"}
+    tr = NFTTrainer(build_config(NFTConfig, cfg))
+    seen = []
+    real = tr.policy.sample_velocity
+
+    def spy(*args, guidance_scale=1.0, **kw):
+        seen.append(guidance_scale)
+        return real(*args, guidance_scale=guidance_scale, **kw)
+
+    tr.policy.sample_velocity = spy
+    (tmp_path / "run").mkdir()
+    tr.evaluate()
+    assert seen and set(seen) == {3.5}
+    seen.clear()
+    noise = torch.randn(tr.policy.latent_shape(1, 32), generator=torch.Generator().manual_seed(0))
+    cond = tr.policy.encode(["a cat"])
+    tr._rollout(cond, cond, noise, torch.Generator().manual_seed(1))
+    assert set(seen) == {2.0}
+    for bad in ("x", float("inf")):
+        with pytest.raises(ValueError, match="eval_guidance_scale"):
+            build_config(NFTConfig, {**cfg, "sample": {**cfg["sample"], "eval_guidance_scale": bad}}).validate()

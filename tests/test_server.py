@@ -518,6 +518,27 @@ def test_redactor_keys_and_values():
                    "flag": "true", "env": "***"}
 
 
+
+def test_redactor_learns_every_secret_under_a_credential_key_and_url_passwords():
+    """Before: a list of keys under a credential-like key (``api_keys: [...]``) was redacted in /info but its
+    values were not learned, so an error quoting one of them went out as it was; so did the token of an
+    ``Authorization: Bearer <token>`` header quoted without its scheme, and the password of a judge URL with
+    credentials (``https://user:password@host/v1``)."""
+    from rewardkit._serve_secrets import Redactor
+
+    red = Redactor([], env={})
+    red.collect({"judge_kwargs": {"api_keys": ["sk-first-1234", "sk-second-5678"],
+                                  "extra_headers": {"Authorization": "Bearer tok-in-header-99"}},
+                 "judge": "openai:https://bob:pa55-word-x@judge.example/v1"})
+    said = ("judge 401: key sk-second-5678 refused; header tok-in-header-99; "
+            "POST https://bob:pa55-word-x@judge.example/v1/chat/completions failed")
+    assert red.text(said) == ("judge 401: key *** refused; header ***; "
+                              "POST https://bob:***@judge.example/v1/chat/completions failed")
+    assert red({"judge": "openai:https://bob:pa55-word-x@judge.example/v1", "api_keys": ["a", "b"]}) == \
+        {"judge": "openai:https://bob:***@judge.example/v1", "api_keys": "***"}
+    assert red.text("see http://127.0.0.1:8000/v1 and user@example.com") == \
+        "see http://127.0.0.1:8000/v1 and user@example.com"
+
 def test_bearer_token_is_compared_whole(clip):
     """Catches the mutation that compares the token by prefix (``token.startswith(given)``), which accepts an
     empty token and any prefix of the real one. Expected answers are written out by hand, not derived from
@@ -557,6 +578,60 @@ def test_deeply_nested_json_is_a_400(served):
     assert r.status_code == 400 and "nested too deeply" in r.json()["error"]
 
 
+
+
+class _Details(Reward):
+    """Per-sample details and call info holding what judge rewards put there: NaN for a failed sample, numpy
+    scalars, a tensor."""
+
+    name = "details"
+    tasks = frozenset({"t2i"})
+    thread_safe = False
+
+    def _score(self, batch):
+        import numpy as np
+
+        n = len(batch)
+        return RewardOutput(scores=torch.ones(n), details=[{"p": float("nan"), "q": np.float32(0.5),
+                                                            "k": np.int64(3)} for _ in range(n)],
+                            info={"t": float("inf"), "v": torch.tensor([0.25, float("nan")])})
+
+
+def test_non_json_values_in_details_and_info_are_answered():
+    """NaN / inf / numpy scalars / tensors in ``details`` or ``info`` (EVR's compare details are NaN for a failed
+    sample): before, rendering the answer raised ValueError after the handler, so the client got uvicorn's
+    plain-text 500 (and uvicorn logged the traceback past the redaction filter). Now they travel as JSON:
+    non-finite -> null, numpy scalars and tensors -> numbers and lists."""
+    handle = serve_in_thread(_Details(), ServerConfig())
+    try:
+        out = RemoteReward(url=handle.url)(random_images(2, size=8), "a")
+        assert out.valid.all() and out.details == [{"p": None, "q": 0.5, "k": 3}] * 2
+        assert out.info == {"t": None, "v": [0.25, None]}
+    finally:
+        handle.stop()
+
+def test_an_integer_too_long_to_convert_is_a_400(served):
+    """json.loads raises a plain ValueError (not JSONDecodeError) for an integer of more than 4300 digits
+    (Python's int_max_str_digits): it was answered 500 with Python's message."""
+    body = b'{"images": [], "prompt": "a", "metadata": [{"x": 1' + b"0" * 5000 + b'}]}'
+    r = httpx.post(served.url + "/score", content=body, headers={"Content-Type": "application/json"}, timeout=30)
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]
+
+def _busy_pool_threads():
+    """RemoteReward pool threads inside a request (an idle worker, waiting for the next call, does not count)."""
+    import sys
+
+    frames = sys._current_frames()
+    busy = []
+    for t in threading.enumerate():
+        f = frames.get(t.ident) if t.name.startswith("rewardkit-remote") else None
+        while f is not None and f.f_code.co_name != "_once":
+            f = f.f_back
+        if f is not None:
+            busy.append(t)
+    return busy
+
+
 def test_client_threads_end_with_the_call():
     """The drip server sends one byte every 0.1 s; the call gives up after 1 s. Before: the pool thread kept
     reading the drip (about 20 s for this body) after the call had raised; now it stops with the call."""
@@ -564,8 +639,7 @@ def test_client_threads_end_with_the_call():
                        "score_range": None, "uses_prompt": True, "batch_relative": False, "pad": "x" * 100}).encode()
     url, close = _drip_server(0.1, body)
 
-    def pool_threads():
-        return [t for t in threading.enumerate() if t.name.startswith("rewardkit-remote") and t.is_alive()]
+    pool_threads = _busy_pool_threads
 
     try:
         before = len(pool_threads())
@@ -579,8 +653,51 @@ def test_client_threads_end_with_the_call():
         close()
 
 
+def test_client_threads_end_with_the_call_when_the_server_drips_its_headers():
+    """The same, with the status line and headers dripped (one byte every 0.1 s, about 20 s of them). Before:
+    the deadline was checked only between body chunks, and each header byte reset httpx's read timeout, so the
+    pool thread stayed blocked in the header read long after the call had raised."""
+    head = b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * 200 + b"\r\n\r\n"
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(2)
+    srv.settimeout(10)
+    stop = threading.Event()
+
+    def serve():
+        try:
+            conn, _ = srv.accept()
+        except OSError:
+            return
+        with conn:
+            try:
+                conn.recv(65536)
+                for i in range(len(head)):  # bounded: len(head) bytes, ends when stop is set
+                    if stop.wait(0.1):
+                        return
+                    conn.sendall(head[i:i + 1])
+            except OSError:
+                pass
+
+    threading.Thread(target=serve, daemon=True).start()
+
+    pool_threads = _busy_pool_threads
+
+    try:
+        before = len(pool_threads())
+        with pytest.raises(RemoteRewardError, match="within 1 s"):
+            RemoteReward(url=f"http://127.0.0.1:{srv.getsockname()[1]}", timeout=1.0, max_retries=0)
+        deadline = time.monotonic() + 1.0
+        while len(pool_threads()) > before and time.monotonic() < deadline:  # bounded: 1 s
+            time.sleep(0.05)
+        assert len(pool_threads()) == before, "a pool thread is still reading the dripped headers"
+    finally:
+        stop.set()
+        srv.close()
+
+
 # ---------------------------------------------------------------------------------------------- float tensors
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_float_tensors_are_served_bit_identical(clip, served, dtype):
     """A float [B, 3, H, W] tensor (what an RL host holds) scores the same served as in-process, bit for bit.
     Before: the client rounded it to uint8 first, which changes the scores (checked below, so the equality is

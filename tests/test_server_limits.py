@@ -244,6 +244,47 @@ def test_a_dripping_body_gets_408_and_the_connection_closes():
         handle.stop()
 
 
+
+@pytest.mark.slow
+def test_clients_that_never_read_their_answers_are_dropped():
+    """The slow-read variant of slowloris, without a token: 3 clients pipeline requests whose answers are big
+    (a 400 that lists 1000 unknown fields, 16 KB) and never read them, so each connection's write buffer fills
+    and uvicorn waits for the client to drain it, forever. Before: they held all 3 connections of the cap
+    indefinitely and every other client got 503. Now: a connection whose answers stay unread for body_timeout
+    (0.5 s) is dropped, and /health answers 200 again while the 3 clients are still connected."""
+    handle = serve_in_thread(_Const(), ServerConfig(max_connections=3, header_timeout=0.5, keep_alive=0.5,
+                                                    body_timeout=0.5))
+    port = int(handle.url.rsplit(":", 1)[1])
+    body = json.dumps({f"unknown_field_{i:05d}": 0 for i in range(1000)}).encode()
+    req = (b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+           % len(body) + body) * 20
+    socks = []
+    try:
+        for _ in range(3):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(("127.0.0.1", port))
+            s.setblocking(False)
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 0.5:  # bounded: 0.5 s of pipelining per client, never reading
+                try:
+                    s.send(req)
+                except BlockingIOError:
+                    time.sleep(0.02)
+                except OSError:
+                    break
+            socks.append(s)
+        statuses = []
+        deadline = time.monotonic() + 4.0
+        while time.monotonic() < deadline and statuses[-1:] != [200]:  # bounded: 4 s
+            statuses.append(_health(handle.url, timeout=1.0))
+            time.sleep(0.2)
+        assert statuses[-1] == 200, statuses
+    finally:
+        for s in socks:
+            s.close()
+        handle.stop()
+
 def test_requests_in_flight_are_capped_with_503_and_retry_after():
     handle = serve_in_thread(_Const(delay=0.6), ServerConfig(max_in_flight=2, max_wait_ms=0))
     body = {"images": [_png(random_images(1, size=16)[0])], "prompt": "a"}
@@ -393,4 +434,28 @@ def test_an_unread_body_cannot_hold_the_connection():
         assert got.startswith(b"HTTP/1.1 401") and closed and time.monotonic() - t0 < 2.0
     finally:
         s.close()
+        handle.stop()
+
+
+class _Edit(_Const):
+    name = "edit-const"
+    tasks = frozenset({"edit", "multi_ref"})
+    accepts_sources = True
+
+
+def test_source_images_count_against_max_images():
+    """--max-images bounded ``images`` but every sample could bring another max_images sources: 256 images with
+    256 one-pixel PNG sources each (65,536 images in a 6 MB body) took 21 s of server time and blocked the event
+    loop (/health) for 3 s while their headers were read. Now the sources of a request count against
+    max_images too (in all), refused with 413 before any is opened."""
+    handle = serve_in_thread(_Edit(), ServerConfig(max_images=8))
+    one = _png(random_images(1, size=4)[0])
+    try:
+        ok = httpx.post(handle.url + "/score", json={"images": [one] * 4, "prompt": "a",
+                                                     "sources": [[one, one]] * 4}, timeout=30)
+        assert ok.status_code == 200 and ok.json()["valid"] == [True] * 4  # 8 sources in all: at the limit
+        r = httpx.post(handle.url + "/score", json={"images": [one] * 4, "prompt": "a",
+                                                    "sources": [[one, one, one]] * 4}, timeout=30)
+        assert r.status_code == 413 and "12 source images" in r.json()["error"], r.text
+    finally:
         handle.stop()

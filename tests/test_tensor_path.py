@@ -219,8 +219,10 @@ def test_tensor_path_isolates_bad_samples(clip_pair):
     with pytest.raises(RewardInputError) as exc:
         auto(bad, ["a", "b", "c", "d"])
     assert exc.value.index == 1
-    empty_prompt = auto(x, ["a", "", "c", "d"], on_error="nan")
-    assert empty_prompt.valid.tolist() == [True, False, True, True]
+    bad_prompt = auto(x, ["a", "b\ud800", "c", "d"], on_error="nan")  # a lone surrogate: that sample's error
+    assert bad_prompt.valid.tolist() == [True, False, True, True]
+    empty_prompt = auto(x, ["a", "", "c", "d"], on_error="nan")  # CLIP rewards score "" as their packages do
+    assert empty_prompt.valid.all()
     assert len(auto(x[:0], [])) == 0
 
 

@@ -115,3 +115,50 @@ def test_skip_bad_rows_and_never_die_mid_run(bad_folder, tmp_path, workers, capf
     assert summary["model_dir"]
     assert all(r["pairs"] == 21 for r in train)
     assert f"row {BAD_BODY}: image_a" in capfd.readouterr().err  # named by its index in the data file  # the skipped row's placeholder is not in the metrics
+
+
+def _pairs_with_a_bad_label(d: Path) -> Path:
+    """12 pairs; row 4 has the label "maybe", row 6 names a missing image."""
+    d.mkdir()
+    rng = np.random.default_rng(1)
+    rows = []
+    for i in range(12):
+        tex = rng.uniform(0.3, 1.0, (32, 32, 3))
+        Image.fromarray((tex * 250).astype("uint8")).save(d / f"{i}_a.png")
+        Image.fromarray((tex * 90).astype("uint8")).save(d / f"{i}_b.png")
+        rows.append({"prompt": "a texture", "image_a": f"{i}_a.png", "image_b": f"{i}_b.png", "label": "A"})
+    rows[4]["label"] = "maybe"
+    rows[6]["image_b"] = "gone.png"
+    (d / "metadata.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d
+
+
+def test_bad_labels_are_preflight_row_errors(tmp_path):
+    """Bug: a bad label failed at load time (load_pairs' label check), before the preflight, so
+    ``data.skip_bad_rows`` could not skip it. Loaded without that check, the preflight lists it with the others."""
+    d = _pairs_with_a_bad_label(tmp_path / "pairs")
+    with pytest.raises(ValueError, match="bad labels"):      # callers without a preflight still check at load
+        load_pairs(str(d))
+    ds, base = load_pairs(str(d), check_labels=False)
+    assert len(ds) == 12
+    assert [(b.index, b.column) for b in preflight_pairs(ds, base, workers=2)] == [(4, "label"), (6, "image_b")]
+
+
+@pytest.mark.slow
+def test_skip_bad_rows_drops_a_bad_label_like_any_bad_row(tmp_path):
+    """The trainer end to end: the bad label is listed with the other bad rows (one error, both rows), and
+    ``data.skip_bad_rows`` drops it (before: a ValueError at load, whatever skip_bad_rows said)."""
+    d = _pairs_with_a_bad_label(tmp_path / "pairs")
+    with pytest.raises(DataRowError) as info:
+        PreferenceTrainer(tiny_cfg(tmp_path / "run", d))
+    msg = str(info.value)
+    assert "row 4: label" in msg and "'maybe'" in msg and "row 6: image_b" in msg
+    trainer = PreferenceTrainer(tiny_cfg(tmp_path / "run2", d, "data.skip_bad_rows=true"))
+    assert trainer.n_bad_rows == 2
+    listed = [json.loads(x) for x in (tmp_path / "run2" / "bad_rows_train.jsonl").read_text().splitlines()]
+    assert [(r["index"], r["column"]) for r in listed] == [(4, "label"), (6, "image_b")]
+    # the evaluation file too (its labels were still checked at load: a ValueError whatever skip_bad_rows said)
+    trainer = PreferenceTrainer(tiny_cfg(tmp_path / "run3", d, f"data.eval={d}", "data.skip_bad_rows=true"))
+    listed = [json.loads(x) for x in (tmp_path / "run3" / "bad_rows_eval.jsonl").read_text().splitlines()]
+    assert [(r["index"], r["column"]) for r in listed] == [(4, "label"), (6, "image_b")]
+    assert len(trainer.eval_ds) == 10

@@ -273,6 +273,18 @@ def test_bf16_autocast_and_gradient_checkpointing_step(tmp_path):
     assert trainer.model_raw.head.proj.weight.dtype == torch.float32
 
 
+def test_resume_drops_a_half_written_metrics_record(tmp_path):
+    """Bug: a kill while metrics.jsonl took a record left half a line, on which every resume failed (json.loads
+    in the truncation on resume)."""
+    from types import SimpleNamespace
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 0.25}\n{"step": 3, "lo')
+    tr = SimpleNamespace(out=tmp_path, acc=SimpleNamespace(is_main_process=True))
+    PreferenceTrainer._truncate_metrics(tr, 2)
+    assert [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [
+        {"step": 1, "loss": 0.5}, {"step": 2, "loss": 0.25}]
+
+
 def test_resume_refuses_a_changed_data_order(tmp_path):
     PreferenceTrainer(tiny_cfg(tmp_path, "max_steps=1", "data.eval=null")).train()
     assert latest_checkpoint(tmp_path).name == "step-00000001"

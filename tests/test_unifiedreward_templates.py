@@ -303,6 +303,7 @@ def test_template_options_are_checked(tmp_path):
     assert UnifiedReward(judge=Scripted()).tasks == frozenset({"t2i"})  # the default template is unchanged
 
 
+@pytest.mark.slow
 def test_edit_template_conformance_on_a_tiny_judge(tmp_path):
     """The edit instance passes every conformance check on a tiny random Qwen2.5-VL judge (its answers do
     not parse: every sample is NaN + reason, never a default score)."""
@@ -400,3 +401,37 @@ def test_decoding_overrides():
             UnifiedReward(judge=Scripted(), reencode=bad)
     with pytest.raises(ValueError, match="max_new_tokens"):
         UnifiedReward(judge=Scripted(), max_new_tokens=0)
+
+
+# Each template prompt, rendered for one caption, byte for byte as the upstream script builds it: the sha256 of the
+# upstream expression (CodeGoat24/UnifiedReward, commit / file / line below) evaluated with the caption (and, for
+# the edit scripts, the instruction) set to PROMPT, read with ast. The expected side is upstream's bytes, never the
+# template file: a changed word, space or escape fails.
+UPSTREAM_PROMPTS = [  # (template, field, commit, file:line, sha256 of the rendered prompt)
+    ("t2i", "pointwise", "ff6f520", "inference_qwen/image_generation/qwen_point_score_image_generation.py:31",
+     "58efc81edecf0f7e4d6e76e084805e861711e1bebceda0f621f4180f0a886224"),
+    ("t2i", "pairwise", "ff6f520", "inference_qwen/image_generation/qwen_pair_rank_image_generation.py:35",
+     "ce57635beb580b0ff31c5990b575283b79c5c7a7559f63e5cc25e6da428736b0"),
+    ("2.0", "pointwise", "a759534", "inference_qwen/UnifiedReward-2.0-inference/point_score_ACS_image_generation.py:30",
+     "e1d5c342975dc956dbfe6d86cacd13ae28397a5ed4cf0e28ecd03035e415bd6c"),
+    ("2.0", "pairwise", "a759534", "inference_qwen/UnifiedReward-2.0-inference/pair_score_image_generation.py:34",
+     "7bbd77880fd45646ab1b467655740eb1297df0bb74085edc2b53441fa77456cd"),
+    ("think", "pairwise", "ff6f520",
+     "UnifiedReward-Think/benchmark_evaluation/GenAI-Bench-Image/test_qwen25_cot_genAI_bench_image.py:56",
+     "d456a5fe86d776636ccbf38f9bdaf013a4131ec6afd5d23ccceb9e5963d28e56"),
+    ("edit", "instruction_following", "57aabd3", "UnifiedReward-Edit/edit_pointwise_instruction_following.py:28",
+     "49aaba7f72002df52266d92bccabb9ccc48ced6520afebc76ae5744a38fc73fb"),
+    ("edit", "quality", "57aabd3", "UnifiedReward-Edit/edit_pointwise_quality.py:28",
+     "ddb40baa511dbf2fd619474e5a0fcd043c6325f976bfc8fd1f8b9fbf4c521113"),
+]
+PROMPT = 'a red "cat" {x}'  # quotes and braces: an escaping or str.format slip changes the bytes
+
+
+@pytest.mark.parametrize("name,field,commit,where,sha", UPSTREAM_PROMPTS)
+def test_templates_render_the_upstream_prompt_bytes(name, field, commit, where, sha):
+    import hashlib
+
+    from rewardkit.judges import load_template
+
+    text = load_template("unifiedreward", name).render(field, prompt=PROMPT)
+    assert hashlib.sha256(text.encode()).hexdigest() == sha, (name, field, commit, where)

@@ -38,11 +38,16 @@ def tjudge(tiny_qwen2_5_vl_dir):
 
 
 def plain_p_yes(judge, c, label="Yes"):
-    """softmax(last-position logits of one plain forward, over the whole vocabulary)[label], in float64."""
-    from rewardkit.judges.transformers_backend import conversation_images
+    """softmax(last-position logits of one plain forward, over the whole vocabulary)[label], in float64.
 
-    ims = conversation_images(c)
-    inputs = judge.processor(text=[judge._render(c)], images=ims or None, return_tensors="pt")
+    Nothing of the judge's own input path: the text is the processor's chat template with the generation prompt
+    (as linzhiqiu/t2v_metrics @6ecb74f renders the question, ``t2v_metrics/models/vqascore_models/qwen2vl_model.py``
+    lines 198-199: ``apply_chat_template(messages, tokenize=False, add_generation_prompt=True)``), the images are
+    read from the conversation here, and the forward is the transformers model's plain ``__call__`` on the
+    processor's tensors."""
+    ims = [item["image"] for msg in c for item in msg["content"] if item.get("type") == "image"]
+    text = judge.processor.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
+    inputs = judge.processor(text=[text], images=ims or None, return_tensors="pt")
     with torch.no_grad():
         logits = judge.model(**inputs).logits[0, -1].double()
     tid = judge.tokenizer.encode(label, add_special_tokens=False)
@@ -410,3 +415,27 @@ def test_vqascore_through_the_misbehaving_server(misbehaving, case, probability)
         with pytest.raises(JudgeServerError):  # on_error="raise" (the default) raises it
             r(random_images(1, seed=6), "a NOPE cat")
     misbehaving.mode = "ok"
+
+
+#: the questions of the two t2v_metrics lines, transcribed: PyPI t2v-metrics 3.0 wheel,
+#: t2v_metrics/models/vqascore_models/qwen2vl_model.py line 163 (Qwen2VLModel.forward question_template default);
+#: GitHub linzhiqiu/t2v_metrics@6ecb74f, the same file's default (v3.1)
+T2V_QUESTIONS = {"t2v_metrics-3.0": 'Does this image show "{}"?',
+                 "t2v_metrics-3.1": 'Does this figure show "{}"? Please answer Yes or No.',
+                 "default": 'Does this figure show "{}"? Please answer Yes or No.'}
+
+
+@pytest.mark.parametrize("template", sorted(T2V_QUESTIONS))
+def test_vqascore_template_versions_ask_the_official_question(tjudge, template):
+    from rewardkit import load_reward
+
+    ims = random_images(2, sizes=[(48, 48), (64, 40)], seed=13)
+    prompts = ["a red cat", "a blue car"]
+    reward = load_reward("vqascore", judge=tjudge, template=template)
+    q = T2V_QUESTIONS[template]
+    assert reward.conversation(ims[0], prompts[0])[0]["content"][1]["text"] == q.format(prompts[0])
+    out = reward(ims, prompts)
+    want = [plain_p_yes(tjudge, conv([im], q.format(p))) for im, p in zip(ims, prompts)]
+    torch.testing.assert_close(out.scores.double(), torch.tensor(want, dtype=torch.float64), rtol=2e-4, atol=1e-7)
+    version = "3.0" if template == "t2v_metrics-3.0" else "3.1"
+    assert out.info["template"] == f"vqascore/{template}@vqascore-t2v_metrics-{version}"

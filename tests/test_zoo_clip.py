@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from rewardkit.testing import random_images
+from upstream_preprocess import hpsv2_eval_pixels, openai_clip_eval_pixels
 
 SIZES = [(32, 32), (48, 20), (20, 50), (33, 17), (64, 64), (31, 45)]
 
@@ -84,20 +85,9 @@ class OpenCLIPRef(nn.Module):
         return x[torch.arange(x.shape[0]), pos] @ self.text_projection
 
 
-def _hpsv2_reference_pixels(img, size=224):
-    """HPSv2's eval transform, step by step: ToTensor, ResizeMaxSize (tensor, bicubic antialias), pad, normalise."""
-    x = torch.from_numpy(np.asarray(img.convert("RGB")).copy()).permute(2, 0, 1).float() / 255
-    h, w = x.shape[1:]
-    s = size / max(h, w)
-    if s != 1.0:
-        nh, nw = round(h * s), round(w * s)
-        x = torch.nn.functional.interpolate(x[None], (nh, nw), mode="bicubic", antialias=True)[0]
-    canvas = torch.zeros(3, size, size)
-    top, left = (size - x.shape[1]) // 2, (size - x.shape[2]) // 2
-    canvas[:, top:top + x.shape[1], left:left + x.shape[2]] = x
-    mean = torch.tensor([0.48145466, 0.4578275, 0.40821073]).view(3, 1, 1)
-    std = torch.tensor([0.26862954, 0.26130258, 0.27577711]).view(3, 1, 1)
-    return (canvas - mean) / std
+# HPSv2's eval transform (ToTensor, ResizeMaxSize: tensor bicubic antialias, centred zero pad, normalise),
+# transcribed from hpsv2/src/open_clip/transform.py lines 37-49 and 141-156 in tests/upstream_preprocess.py
+_hpsv2_reference_pixels = hpsv2_eval_pixels
 
 
 @pytest.fixture(scope="module")
@@ -206,17 +196,9 @@ def test_aesthetic_conversion_parity(tmp_path, tiny_clip_dir):
         assert json.loads((out / "rewardkit.json").read_text())["variant"] == ("relu" if act else "linear")
 
 
-def _openai_clip_reference(img, size):
-    from PIL import Image
-
-    w, h = img.size
-    nw, nh = (size, int(size * h / w)) if w <= h else (int(size * w / h), size)
-    im = img.resize((nw, nh), Image.BICUBIC) if (nw, nh) != (w, h) else img
-    left, top = int(round((nw - size) / 2.0)), int(round((nh - size) / 2.0))
-    arr = np.asarray(im, dtype=np.float32)[top:top + size, left:left + size] / 255.0
-    mean = np.array([0.48145466, 0.4578275, 0.40821073], dtype=np.float32)
-    std = np.array([0.26862954, 0.26130258, 0.27577711], dtype=np.float32)
-    return torch.from_numpy(((arr - mean) / std).transpose(2, 0, 1).copy())
+# OpenAI CLIP's _transform (PIL bicubic short side, int() long side, round() centre crop, ToTensor, normalise),
+# transcribed from openai/CLIP clip/clip.py lines 79-86 in tests/upstream_preprocess.py
+_openai_clip_reference = openai_clip_eval_pixels
 
 
 def test_openai_clip_preprocessing_matches_recipe():
@@ -499,3 +481,62 @@ def test_tiny_bert_tokenizer_vocabulary_is_written_out(tmp_path):
     assert [v[c] for c in chars] == list(range(5, 5 + len(chars)))
     assert [v["##" + c] for c in chars] == list(range(5 + len(chars), 5 + 2 * len(chars)))
     assert a.tokenize("Zebra-42") == ["z", "##e", "##b", "##r", "##a", "-", "4", "##2"]
+
+
+def _official_openclip_clean(text):
+    """Transcribed from hpsv2 1.2.0 ``hpsv2/src/open_clip/tokenizer.py`` lines 60-69 (``basic_clean``,
+    ``whitespace_clean``), applied at line 141 as ``whitespace_clean(basic_clean(text)).lower()`` (the same
+    functions as mlfoundations/open_clip ``src/open_clip/tokenizer.py`` and openai/CLIP ``clip/simple_tokenizer.py``).
+    The lower-casing is left out: the transformers CLIP tokenizer lower-cases too."""
+    import html
+    import re
+
+    import ftfy
+
+    text = ftfy.fix_text(text)
+    text = html.unescape(html.unescape(text))
+    text = text.strip()
+    text = re.sub(r"\s+", " ", text)
+    return text.strip()
+
+
+CLEANING_CASES = [  # (prompt, the cleaned text, worked out by hand)
+    ("fish &amp;amp; chips", "fish & chips"),                       # unescaped twice
+    ("rock &amp; roll &lt;neon&gt;", "rock & roll <neon>"),
+    ("\u201ca dog\u201d in a \u2018hat\u2019", "\"a dog\" in a 'hat'"),  # ftfy straightens curly quotes
+    ("cafÃ© au lait", "caf\u00e9 au lait"),                          # ftfy repairs mojibake
+    ("  two \t spaces\nand a newline  ", "two spaces and a newline"),
+    ("caf\u00e9 \u4e00\u53ea\u732b", "caf\u00e9 \u4e00\u53ea\u732b"),  # left alone
+]
+
+
+@pytest.mark.parametrize("prompt,cleaned", CLEANING_CASES)
+def test_openclip_clean_matches_the_official_cleaning(prompt, cleaned):
+    from rewardkit.models.clip import openclip_clean
+
+    assert _official_openclip_clean(prompt) == cleaned
+    assert openclip_clean(prompt) == cleaned
+
+
+def test_hpsv2_cleans_prompts_as_its_official_tokenizer(hps):
+    """HPSv2 scores a prompt as the official tokenizer sees it: the reference embeds the officially cleaned text
+    (which differs in token ids from the raw one for every case below, checked), the reward gets the raw prompt."""
+    from transformers import AutoTokenizer
+
+    from rewardkit.rewards.hpsv2 import HPSv2
+
+    src, out, tok_dir = hps
+    sd = torch.load(src, weights_only=True)["state_dict"]
+    ref = OpenCLIPRef(sd, heads=2).eval()
+    tok = AutoTokenizer.from_pretrained(str(tok_dir))
+    raw = [p for p, _ in CLEANING_CASES[:5]]
+    cleaned = [_official_openclip_clean(p) for p in raw]
+    for r, c in zip(raw, cleaned):
+        assert tok(r)["input_ids"] != tok(c)["input_ids"], r
+    ims = random_images(len(raw), sizes=SIZES[: len(raw)], seed=4)
+    with torch.no_grad():
+        img = nn.functional.normalize(ref.encode_image(torch.stack([_hpsv2_reference_pixels(i, 32) for i in ims])), dim=-1)
+        ids = tok(cleaned, padding=True, return_tensors="pt")["input_ids"]
+        txt = nn.functional.normalize(ref.encode_text(ids, tok.eos_token_id), dim=-1)
+    got = HPSv2(model=str(out), device="cpu")(ims, raw)
+    torch.testing.assert_close(got.scores, (img * txt).sum(-1), atol=1e-5, rtol=1e-4)

@@ -2,10 +2,15 @@
 torch port of their own PIL pre-processing in ``score_tensor`` (rewardkit.models.zoo), ``hpsv3`` the Qwen-VL
 tensor path. Checked here on tiny converted checkpoints (the conformance builders, ``Reward.tiny``):
 
-- the torch pixels match the PIL recipe within the resampling difference, and a wrong recipe (centre crop
+- the torch pixels match the upstream recipe within the resampling difference, and a wrong recipe (centre crop
   instead of pad, pad on the wrong side, bilinear instead of bicubic, floor instead of round for the crop
   offset) misses by far more, at the pixel level and in score;
-- ``score_tensor`` equals the ordinary call within that difference for three aspect ratios;
+- ``score_tensor`` and the ordinary call both equal the score of the upstream pixels, within that difference,
+  for three aspect ratios.
+
+The expected pixels are never rewardkit's: they come from tests/upstream_preprocess.py, a step-by-step
+transcription of HPSv2's ``ResizeMaxSize`` transform and OpenAI CLIP's ``_transform`` (upstream files and lines
+cited there), so a bug in ``rewardkit.models.zoo`` (which both the call and ``score_tensor`` run) fails here.
 - gradients reach the pixels (finite, non-zero, each sample's own), the reward weights stay frozen, finite
   differences agree (float64 ``gradcheck`` of the pre-processing; float32 directional differences end to end);
 - the AlignProp adapter accepts them.
@@ -21,6 +26,7 @@ from rewardkit import media
 from rewardkit.errors import RewardInputError
 from rewardkit.models import zoo
 from rewardkit.preprocess import resize
+from upstream_preprocess import hpsv2_eval_pixels, openai_clip_eval_pixels
 
 PROMPTS = ["a red apple on a table", "two birds on a branch"]
 # (h, w): landscape 3:4, tall 4:1, near-square 40x44 whose centre-crop offset is a rounding case
@@ -58,6 +64,14 @@ def blocks(h: int, w: int, seed: int, b: int = 3) -> torch.Tensor:
 
 def pil(x: torch.Tensor) -> list:
     return [media.to_pil(xi) for xi in x]
+
+
+def upstream_pixels(name: str, x: torch.Tensor) -> torch.Tensor:
+    """The expected pixels ``[B, 3, S, S]`` of a k / 255 batch, by the upstream recipe transcribed in
+    tests/upstream_preprocess.py (HPSv2: transform.py ResizeMaxSize; others: clip.py ``_transform`` on PIL)."""
+    if name == "hpsv2":
+        return torch.stack([hpsv2_eval_pixels(im, S) for im in pil(x)])
+    return torch.stack([openai_clip_eval_pixels(im, S) for im in pil(x)])
 
 
 def unnorm(p: torch.Tensor) -> torch.Tensor:
@@ -110,13 +124,28 @@ def _prompts(reward, n: int):
 
 
 def score_from_pixels(name: str, reward, pixels: torch.Tensor, prompt: str) -> float:
-    """The reward's score for ready pixel values [1, 3, S, S] (to score a hand-made wrong recipe)."""
+    """The reward's score for ready pixel values [1, 3, S, S] (the upstream recipe's, or a hand-made wrong one).
+
+    Only the network is the reward's; everything between pixels and score is written here: HPSv2 (hpsv2/img_score.py
+    lines 78-81: the diagonal of image_features @ text_features.T, both L2-normalised) and the aesthetic predictor
+    (L2-normalised CLIP image embedding into the MLP) through transformers' own ``CLIPModel.get_image_features``
+    / ``get_text_features``; ImageReward's BLIP forward is the reward's (checked against a reference forward in
+    tests/test_zoo_clip.py), then ``(raw - mean) / std`` (ImageReward/ImageReward.py line 134)."""
+    def image_embedding(model):
+        feats = model.get_image_features(pixel_values=pixels)
+        return F.normalize(getattr(feats, "pooler_output", feats).float(), dim=-1)
+
     with torch.no_grad():
         if name == "hpsv2":
-            text, _ = reward.backbone.embed_texts([prompt])
-            return float((zoo.clip_image_embeddings(reward.backbone.model, pixels) * text).sum(-1)[0])
+            from transformers import AutoTokenizer
+
+            model = reward.backbone.model
+            ids = AutoTokenizer.from_pretrained(reward.config.model)([prompt], padding=True, return_tensors="pt")
+            text = model.get_text_features(input_ids=ids["input_ids"], attention_mask=ids["attention_mask"])
+            text = F.normalize(getattr(text, "pooler_output", text).float(), dim=-1)
+            return float((image_embedding(model) * text).sum(-1)[0])
         if name == "aesthetic":
-            return float(reward.head(zoo.clip_image_embeddings(reward.backbone.model, pixels))[0, 0])
+            return float(reward.head(image_embedding(reward.backbone.model))[0, 0])
         return float((reward.raw_scores(pixels, [prompt])[0] - reward.mean) / reward.std)
 
 
@@ -130,33 +159,38 @@ def _params(reward) -> list[torch.nn.Parameter]:
 
 # ---------------------------------------------------------------------------------------------- pre-processing
 def test_hpsv2_torch_pixels_are_its_recipe():
-    """HPSv2 resizes the float tensor after ToTensor upstream: on 8-bit values the two paths are identical, and
-    each wrong recipe misses by a lot."""
+    """HPSv2 resizes the float tensor after ToTensor upstream: on 8-bit values both of rewardkit's paths (the
+    torch recipe of score_tensor, the PIL-decoding one of calls) equal the transcribed upstream transform
+    (hpsv2/src/open_clip/transform.py ResizeMaxSize, in tests/upstream_preprocess.py), and each wrong recipe
+    misses by a lot."""
     for k, (h, w) in enumerate(SIZES):
         for x in (natural_like(1, h, w, k), blocks(h, w, k)):
-            ref = zoo.hpsv2_pixels(pil(x), S)
+            ref = upstream_pixels("hpsv2", x)
             torch.testing.assert_close(zoo.hpsv2_pixel_values(x, S), ref, atol=1e-6, rtol=0)
+            torch.testing.assert_close(zoo.hpsv2_pixels(pil(x), S), ref, atol=1e-6, rtol=0)
             for name, wrong in WRONG["hpsv2"].items():
                 assert float(unnorm(wrong(x) - ref).abs().max()) > 2 * PIXEL_MAX, (name, h, w)  # vs <= 1e-6
 
 
 def test_openai_clip_torch_pixels_match_the_pil_recipe():
-    """Aesthetic / ImageReward: the torch port is within the resampling difference; bilinear, the pad recipe and
-    a floor-rounded crop offset are not."""
+    """Aesthetic / ImageReward: against OpenAI CLIP's ``_transform`` transcribed on PIL (clip/clip.py lines 79-86,
+    in tests/upstream_preprocess.py) the torch port is within the resampling difference and rewardkit's PIL
+    recipe is exact; bilinear, the pad recipe and a floor-rounded crop offset are not."""
     for k, (h, w) in enumerate(SIZES + [(64, 48), (50, 200), (33, 120), (96, 96)]):
         x = natural_like(1, h, w, k)
-        ref = zoo.openai_clip_pixels(pil(x), S)
+        ref = upstream_pixels("clip", x)
+        torch.testing.assert_close(zoo.openai_clip_pixels(pil(x), S), ref, atol=1e-6, rtol=0)
         d = unnorm(zoo.openai_clip_pixel_values(x, S) - ref).abs()
         assert float(d.max()) <= PIXEL_MAX and float(d.mean()) <= PIXEL_MEAN, (h, w, float(d.max()), float(d.mean()))
         xb = blocks(h, w, k)
-        refb = zoo.openai_clip_pixels(pil(xb), S)
+        refb = upstream_pixels("clip", xb)
         assert float(unnorm(zoo.openai_clip_pixel_values(xb, S) - refb).abs().mean()) <= PIXEL_MEAN
         for name, wrong in WRONG["clip"].items():
             if h != w or name == "bilinear":  # (a square image has nothing to pad or crop)
                 assert float(unnorm(wrong(xb) - refb).abs().mean()) > 5 * PIXEL_MEAN, (name, h, w)
     # the crop offset: round((35 - 32) / 2) = 2 (torchvision), not 1
     x = natural_like(1, 40, 44, 2)
-    ref = zoo.openai_clip_pixels(pil(x), S)
+    ref = upstream_pixels("clip", x)
     assert float(unnorm(clip_crop(x, floor=True) - ref).abs().max()) > 5 * PIXEL_MAX
 
 
@@ -178,8 +212,10 @@ def test_hpsv2_refuses_a_side_that_rounds_to_zero():
 # ---------------------------------------------------------------------------------------------- scores
 @pytest.mark.parametrize("name", ["hpsv2", "aesthetic", "imagereward"])
 def test_score_tensor_matches_the_call(zoo_rewards, name):
-    """score_tensor (torch port) vs the ordinary call (PIL recipe) for three aspect ratios, within the stated
-    tolerance; the ordinary call on a float tensor still takes the PIL recipe (identical to passing PIL images)."""
+    """score_tensor (torch port) and the ordinary call (PIL recipe) for three aspect ratios both equal the score of
+    the upstream recipe's pixels (tests/upstream_preprocess.py; the ordinary call within float noise, score_tensor
+    within the stated tolerance); the ordinary call on a float tensor still takes the PIL recipe (identical to
+    passing PIL images)."""
     reward = zoo_rewards[name]
     assert reward.differentiable and reward.supports_score_tensor and not reward.supports_tensor_input
     tol = SCORE_TOL[name]
@@ -188,8 +224,10 @@ def test_score_tensor_matches_the_call(zoo_rewards, name):
         prompt = None if not reward.uses_prompt else PROMPTS[0]
         call = reward(x, prompt).scores
         torch.testing.assert_close(call, reward(pil(x), prompt).scores, atol=0, rtol=0)
+        want = score_from_pixels(name, reward, upstream_pixels(name, x), PROMPTS[0])
+        assert abs(float(call[0]) - want) <= 1e-5, (h, w, float(call[0]), want)
         got = reward.score_tensor(x, prompt)
-        assert abs(float(got[0]) - float(call[0])) <= tol, (h, w, float(got[0]), float(call[0]))
+        assert abs(float(got[0]) - want) <= tol, (h, w, float(got[0]), want)
         # a wrong recipe by hand: far outside the tolerance
         wrong = WRONG["hpsv2"]["centre crop"] if name == "hpsv2" else WRONG["clip"]["pad (HPSv2)"]
         assert abs(score_from_pixels(name, reward, wrong(x), PROMPTS[0]) - float(call[0])) > 10 * tol, (h, w)

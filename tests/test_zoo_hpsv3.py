@@ -62,6 +62,14 @@ def test_hpsv3_prompt_and_pixels(hpsv3_dirs):
 
     assert "**Visual Quality:**  \n" in INSTRUCTION and INSTRUCTION.endswith("Textual prompt - {text_prompt}\n\n\n")
     assert SUFFIX == "\nPlease provide the overall ratings of this image: <|Reward|>\n\nEND\n"
+    # the whole instruction, byte for byte, as the official package has it: sha256 of the string literals
+    # ``INSTRUCTION`` (lines 11-32) and ``prompt_with_special_token`` (lines 38-42) of the hpsv3==1.0.0 wheel's
+    # hpsv3/dataset/data_collator_qwen.py (file sha256 sPk26J-N9lLG... in the wheel's RECORD), read with ast
+    import hashlib
+
+    assert (len(INSTRUCTION), hashlib.sha256(INSTRUCTION.encode()).hexdigest()) == (
+        2523, "0393599dad45a971903d1d62a3acf9bad3ccccdafa7f40f680523419e1f68b7a")
+    assert hashlib.sha256(SUFFIX.encode()).hexdigest() == "2471faca094ae5bd6fe17b71dce20c3d7583625545e235889f7e74e7eeb69d0a"
     _, _, out = hpsv3_dirs
     reward = HPSv3(model=str(out), device="cpu")
     text = reward.model.input_encoder().render("a red car", 0)
@@ -272,6 +280,15 @@ def test_editreward_conversion_parity(tmp_path):
     from rewardkit.rewards.editreward import EditReward
 
     assert INSTRUCTION_EDIT_FOLLOWING.count("  \n") == 11 and "score from 1 to 4" in INSTRUCTION_EDIT_QUALITY
+    # byte for byte as upstream (the reference below shares these constants): sha256 of the string literals
+    # INSTRUCTION_EDIT_FOLLOWING (lines 1-28) and INSTRUCTION_EDIT_QUALITY (lines 30-57) of
+    # TIGER-AI-Lab/EditReward@edb027e EditReward/dataset/prompts.py, read with ast
+    import hashlib
+
+    assert [(len(t), hashlib.sha256(t.encode()).hexdigest()) for t in (INSTRUCTION_EDIT_FOLLOWING,
+                                                                       INSTRUCTION_EDIT_QUALITY)] == [
+        (1820, "da5bfc26898cc8e0e534a29675ad78c3462d331b7feaebf13bae5aa50195864f"),
+        (1724, "89bbc5c2ac1bbea9c45a0fde298e9a97d1c079170a30780392c577fc1cd8d286")]
     ckpt, base = write_tiny_editreward(tmp_path / "src", seed=2)
     _unit_scale(ckpt, seed=2)
     out = convert("editreward", ckpt, tmp_path / "out", base=str(base), pixels=PIXELS)

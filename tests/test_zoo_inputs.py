@@ -143,6 +143,20 @@ def test_documented_upstream_differences_on_transparent_and_palette_images():
     assert 0.01 < d.mean() < 0.05 and d.max() > 0.1                 # docs: mean 0.022, max 0.19
 
 
+@pytest.mark.parametrize("kind", ["RGBA", "LA", "P+transparency", "P"])
+def test_transformers_clip_processor_composites_on_white_as_rewardkit(kind):
+    """docs/zoo.md: PickScore / CLIPScore's official pre-processing is transformers' CLIPImageProcessor, whose
+    ``convert_to_rgb`` (transformers/image_transforms.py) composites alpha on white: the same image as
+    rewardkit's ``media.to_pil`` (so no difference to document for them)."""
+    from transformers.image_transforms import convert_to_rgb
+
+    from rewardkit import media
+
+    im, want = _transparent_cases()[kind]
+    _assert_same_image(Image.fromarray(convert_to_rgb(im, return_numpy=True)), want)
+    _assert_same_image(media.to_pil(im), want)
+
+
 # --------------------------------------------------------------------------------------------- empty prompts
 def _clip_reference(model_dir, pixels, prompt):
     """transformers' CLIPModel straight from the directory: (cosine, logit_scale) for ``pixels`` and one prompt."""
@@ -162,10 +176,11 @@ def test_clip_family_scores_an_empty_prompt_as_upstream(zoo, name):
     """The text tower's unconditional input ([start, end] tokens), as open_clip / transformers / hpsv2 score it."""
     reward = zoo(name)
     ims = random_images(2, sizes=[(40, 40), (64, 36)], seed=11)
-    if name == "hpsv2":
-        from rewardkit.models.zoo import hpsv2_pixels
+    if name == "hpsv2":  # the upstream transform (transform.py ResizeMaxSize), not rewardkit's hpsv2_pixels
+        from upstream_preprocess import hpsv2_eval_pixels
 
-        pixels = hpsv2_pixels(ims, int(reward.backbone.model.config.vision_config.image_size))
+        size = int(reward.backbone.model.config.vision_config.image_size)
+        pixels = torch.stack([hpsv2_eval_pixels(im, size) for im in ims])
     else:
         import transformers
 

@@ -12,368 +12,36 @@ Judges that can answer "tie" / "both bad" may implement ``judge_4way(images_a, i
 sources=None) -> list[str | None]`` (answers such as "A>B", "B>A", "A=B=Good", "A=B=Bad", None when
 unparsed); the harness then reports GenAI-Bench's official 4-way accuracy.
 
-Scores are cached on disk (:mod:`rewardkit.bench.cache`), committed after every chunk.
+Scores are cached on disk (:mod:`rewardkit.bench.cache`), committed after every chunk. The records
+(:class:`BenchResult`, :class:`Predictions`, :func:`compute_metrics`) are in :mod:`rewardkit.bench.results` and the
+scoring through the cache in :mod:`rewardkit.bench.scoring`; all public names are importable from here.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import inspect
 import json
 import math
 import subprocess
-import sys
 import time
 import warnings
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .._version import __version__
 from ..reward import Reward, config_dict
-from . import metrics as M
-from ..distributed import merge_rows, shard_keys, sum_over_ranks
-from ..judges.policy import JUDGE_FAILURE_PREFIX
-from .cache import ScoreCache, default_cache_dir, pair_key, reward_fingerprint, sample_key
+from .cache import ScoreCache, default_cache_dir, pair_key, reward_fingerprint
 from .data import BenchDataError, Comparison, load_comparisons
 from .spec import BenchmarkSpec, get_spec
+# records and scoring live beside the harness; their public names stay importable from here
+from .results import RECORD_SCHEMA, BenchmarkResult, BenchResult, Predictions, compute_metrics  # noqa: F401
+from .scoring import _predict_pairwise, _predict_scalar, _Scorer
 
 __all__ = ["evaluate", "BenchResult", "BenchmarkResult", "compute_metrics", "Predictions", "check_data_dir_keys",
            "check_by_columns", "by_columns"]
-
-RECORD_SCHEMA = "rewardkit.bench.result/1"
-
-
-# ------------------------------------------------------------------------------------------ records
-@dataclass
-class BenchmarkResult:
-    """Result of one benchmark: counts, metrics (with 95% CIs), breakdowns and optional per-sample rows."""
-
-    name: str
-    spec: dict[str, Any]
-    primary: str | None = None
-    skipped: str | None = None
-    data: dict[str, Any] = field(default_factory=dict)
-    counts: dict[str, Any] = field(default_factory=dict)
-    metrics: dict[str, M.MetricValue] = field(default_factory=dict)
-    unavailable: dict[str, str] = field(default_factory=dict)
-    categories: dict[str, dict[str, dict[str, M.MetricValue]]] = field(default_factory=dict)
-    subsets: dict[str, dict[str, M.MetricValue]] = field(default_factory=dict)
-    timing: dict[str, float] = field(default_factory=dict)
-    samples: list[dict[str, Any]] | None = None
-
-    @property
-    def value(self) -> float | None:
-        """The primary metric's value (None when skipped)."""
-        if self.primary is None or self.primary not in self.metrics:
-            return None
-        return self.metrics[self.primary].value
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
-            "spec": self.spec, "primary": self.primary, "skipped": self.skipped, "data": self.data,
-            "counts": self.counts, "metrics": {k: v.to_dict() for k, v in self.metrics.items()},
-            "unavailable": self.unavailable,
-            "categories": {f: {c: {k: v.to_dict() for k, v in ms.items()} for c, ms in cats.items()}
-                           for f, cats in self.categories.items()},
-            "subsets": {s: {k: v.to_dict() for k, v in ms.items()} for s, ms in self.subsets.items()},
-            "timing": {k: round(v, 4) for k, v in self.timing.items()},
-        }
-        if self.samples is not None:
-            d["samples"] = self.samples
-        return d
-
-
-@dataclass
-class BenchResult:
-    """A whole run: the reward, versions, settings and one :class:`BenchmarkResult` per benchmark."""
-
-    reward: dict[str, Any]
-    benchmarks: dict[str, BenchmarkResult]
-    settings: dict[str, Any] = field(default_factory=dict)
-    rewardkit_version: str = __version__
-    git_hash: str | None = None
-    created: str = ""
-    timing: dict[str, float] = field(default_factory=dict)
-
-    def __getitem__(self, name: str) -> BenchmarkResult:
-        return self.benchmarks[get_spec(name).name if name not in self.benchmarks else name]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": RECORD_SCHEMA, "rewardkit_version": self.rewardkit_version, "git_hash": self.git_hash,
-                "created": self.created, "reward": self.reward, "settings": self.settings,
-                "timing": {k: round(v, 4) for k, v in self.timing.items()},
-                "benchmarks": {k: v.to_dict() for k, v in self.benchmarks.items()}}
-
-    def save(self, path: str | Path) -> Path:
-        """Write the JSON record."""
-        import json
-
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n", encoding="utf-8")
-        return p
-
-    def markdown(self) -> str:
-        from .report import markdown_report
-
-        return markdown_report([self.to_dict()])
-
-
-# ------------------------------------------------------------------------------------------ predictions
-@dataclass
-class Predictions:
-    """What the reward said about each comparison of one benchmark (all arrays ``[N]``).
-
-    ``margin`` is NaN where there is no answer; ``forward`` / ``reverse`` are MMRB2-style verdicts
-    ("A" / "B" / "tie" / None), ``reverse`` as answered on the swapped presentation; ``verdict4`` holds 4-way
-    answers or None; ``single`` is the forward-only margin of a pairwise judge (None for scalar rewards).
-    """
-
-    margin: np.ndarray
-    forward: list[str | None]
-    reverse: list[str | None]
-    score_a: np.ndarray | None = None
-    score_b: np.ndarray | None = None
-    verdict4: list[str | None] | None = None
-    single: np.ndarray | None = None
-
-
-def compute_metrics(spec: BenchmarkSpec | None, rows: Sequence[Comparison], pred: Predictions, *,
-                    names: Sequence[str], n_boot: int = 1000, seed: int = 0) -> dict[str, M.MetricValue]:
-    """Every metric in ``names`` on ``rows`` with a percentile-bootstrap 95% CI (``n_boot`` resamples of
-    rows, or of groups for group accuracy; the tie threshold is re-fitted on every resample)."""
-    h = np.array([c.label for c in rows], dtype=np.int64)
-    m = pred.margin
-    chosen = ["A" if c.label > 0 else "B" if c.label < 0 else "tie" for c in rows]
-    out: dict[str, M.MetricValue] = {}
-    for name in names:
-        units: tuple[np.ndarray, np.ndarray] | None = None
-        if name == "accuracy_without_ties":
-            value = M.accuracy_without_ties(h, m)
-            units = M.ratio_units(name, h=h, m=m)
-        elif name == "single_order_accuracy":
-            value = M.accuracy_without_ties(h, pred.single)
-            units = M.ratio_units("accuracy_without_ties", h=h, m=pred.single)
-        elif name == "accuracy_with_ties":
-            value = M.accuracy_with_ties(h, m)
-            value.ci = M.bootstrap_ties_ci(h, m, n_boot=n_boot, seed=seed)
-        elif name == "mmrb2_official":
-            value = M.mmrb2_official(chosen, pred.forward, pred.reverse)
-            units = M.ratio_units(name, chosen=chosen, forward=pred.forward, reverse=pred.reverse)
-        elif name == "genaibench_4way":
-            votes = [c.raw_label for c in rows]
-            value = M.genaibench_4way(votes, pred.verdict4)
-            units = M.ratio_units(name, votes=votes, verdicts=pred.verdict4)
-        elif name == "order_agreement":
-            value = M.order_agreement(pred.forward, pred.reverse)
-            units = M.ratio_units(name, forward=pred.forward, reverse=pred.reverse)
-        elif name == "group_accuracy":
-            gids = [c.group_id for c in rows]
-            value = M.group_accuracy(gids, h, m)
-            row_ok = np.where(h == 0, m == 0, np.sign(m) == h)
-            valid = np.isfinite(m)
-            by: dict[str, list[int]] = {}
-            for i, g in enumerate(gids):
-                by.setdefault(g, []).append(i)
-            den = np.array([float(valid[ix].all()) for ix in by.values()])
-            num = np.array([float(valid[ix].all() and row_ok[ix].all()) for ix in by.values()])
-            units = (num, den)
-        else:
-            raise ValueError(f"unknown metric {name!r}")
-        if units is not None:
-            value.ci = M.bootstrap_ratio_ci(*units, n_boot=n_boot, seed=seed)
-        out[name] = value
-    return out
-
-
-# ------------------------------------------------------------------------------------------ scoring
-class _Scorer:
-    """Queries the reward (through the cache) and times it."""
-
-    def __init__(self, reward: Reward, cache: ScoreCache, *, batch_size: int, progress: bool,
-                 retry_invalid: bool):
-        self.reward = reward
-        self.cache = cache
-        self.batch_size = batch_size
-        self.progress = progress
-        self.retry_invalid = retry_invalid
-        self.model_seconds = 0.0
-        self.n_computed = 0
-        self.n_cached = 0
-
-    def _bar(self, total: int, desc: str):
-        from tqdm.auto import tqdm
-
-        return tqdm(total=total, desc=desc, unit="item", disable=not self.progress or total == 0,
-                    file=sys.stderr, dynamic_ncols=True, smoothing=0.1)
-
-    def _todo(self, keys: list[str], found: Mapping[str, tuple]) -> list[str]:
-        self.n_cached += sum(1 for k in keys if k in found and (found[k][1] or not self.retry_invalid))
-        return [k for k in keys if k not in found or (self.retry_invalid and not found[k][1])]
-
-    def _fill(self, keys: list[str], found: dict[str, tuple], compute, put, desc: str) -> dict[str, tuple]:
-        """Compute the missing (or, with ``retry_invalid``, invalid) keys in chunks; each chunk's rows
-        ``(key, value, valid, error)`` are committed to the cache before the next chunk starts."""
-        cached0 = self.n_cached
-        todo = self._todo(shard_keys(keys, self.batch_size), found)  # under torchrun: this rank's chunks
-        bar = self._bar(len(todo), desc)
-        mine = []
-        try:
-            for s in range(0, len(todo), self.batch_size):
-                chunk = todo[s:s + self.batch_size]
-                t0 = time.perf_counter()
-                rows = compute(chunk)
-                self.model_seconds += time.perf_counter() - t0
-                # A failed judge call (server down, timeout) is not an answer: report it, never cache it, so
-                # the next run asks again (an invalid answer the judge did give is cached like any score).
-                put([r for r in rows if r[2] or not str(r[3] or "").startswith(JUDGE_FAILURE_PREFIX)])
-                found.update({k: (x, v, e) for k, x, v, e in rows})
-                mine.extend(rows)
-                self.n_computed += len(chunk)
-                bar.update(len(chunk))
-        finally:
-            bar.close()
-        self.n_computed += merge_rows(found, mine) - len(mine)  # every rank's rows (no-op in one process)
-        self.n_cached = cached0 + sum_over_ranks(self.n_cached - cached0)
-        return found
-
-    def scores(self, samples: dict[str, tuple[bytes, str | None, list[bytes]]], use_sources: bool, desc: str
-               ) -> dict[str, tuple[float, bool, str | None]]:
-        def compute(chunk):
-            out = self.reward([samples[k][0] for k in chunk], [samples[k][1] for k in chunk],
-                              sources=[samples[k][2] for k in chunk] if use_sources else None,
-                              batch_size=self.batch_size, on_error="nan")
-            return [(k, float(out.scores[i]), bool(out.valid[i]), out.errors[i]) for i, k in enumerate(chunk)]
-
-        keys = list(samples)
-        return self._fill(keys, self.cache.get_scores(keys), compute, self.cache.put_scores, desc)
-
-    def pairs(self, pairs: dict[str, tuple[bytes, bytes, str | None, list[bytes]]], use_sources: bool, desc: str
-              ) -> dict[str, tuple[float, bool, str | None]]:
-        def compute(chunk):
-            out = self.reward.compare([pairs[k][0] for k in chunk], [pairs[k][1] for k in chunk],
-                                      [pairs[k][2] for k in chunk],
-                                      sources=[pairs[k][3] for k in chunk] if use_sources else None,
-                                      batch_size=self.batch_size, on_error="nan")
-            return [(k, float(out.prob_a[i]), bool(out.valid[i]), out.errors[i]) for i, k in enumerate(chunk)]
-
-        keys = list(pairs)
-        return self._fill(keys, self.cache.get_pairs(keys), compute, self.cache.put_pairs, desc)
-
-    def verdicts4(self, pairs: dict[str, tuple[bytes, bytes, str | None, list[bytes]]], use_sources: bool,
-                  desc: str) -> dict[str, tuple[str | None, str | None]]:
-        keys = list(pairs)
-        found = self.cache.get_verdicts(keys)
-        todo = [k for k in shard_keys(keys, self.batch_size)
-                if k not in found or (self.retry_invalid and found[k][0] is None)]
-        bar = self._bar(len(todo), desc)
-        mine = []
-        try:
-            takes_reasons = "reasons" in inspect.signature(self.reward.judge_4way).parameters
-        except (TypeError, ValueError):
-            takes_reasons = False
-        try:
-            for s in range(0, len(todo), self.batch_size):
-                chunk = todo[s:s + self.batch_size]
-                t0 = time.perf_counter()
-                why: list = []
-                extra = {"reasons": why} if takes_reasons else {}
-                answers = self.reward.judge_4way([pairs[k][0] for k in chunk], [pairs[k][1] for k in chunk],
-                                                 [pairs[k][2] for k in chunk],
-                                                 sources=[pairs[k][3] for k in chunk] if use_sources else None,
-                                                 **extra)
-                self.model_seconds += time.perf_counter() - t0
-                if len(answers) != len(chunk):
-                    raise RuntimeError(f"judge_4way returned {len(answers)} answers for {len(chunk)} pairs")
-                if len(why) != len(chunk):
-                    why = [None] * len(chunk)
-                rows = [(k, a, None if a else (w or "no verdict")) for k, a, w in zip(chunk, answers, why)]
-                # a failed judge call is not an answer: not cached, asked again next run
-                self.cache.put_verdicts([r for r in rows if r[1] or not str(r[2]).startswith(JUDGE_FAILURE_PREFIX)])
-                found.update({k: (a, e) for k, a, e in rows})
-                mine.extend(rows)
-                bar.update(len(chunk))
-        finally:
-            bar.close()
-        merge_rows(found, mine)
-        return found
-
-
-def _predict_scalar(scorer: _Scorer, rows: list[Comparison], use_sources: bool, higher_is_better: bool,
-                    desc: str) -> tuple[Predictions, dict[str, Any]]:
-    uses_prompt = scorer.reward.uses_prompt
-    samples: dict[str, tuple[bytes, str | None, list[bytes]]] = {}
-    side_keys: list[tuple[str, str]] = []
-    for c in rows:
-        src = c.sources if use_sources else []
-        src_h = c.source_hashes if use_sources else []
-        prompt = c.prompt if uses_prompt else None
-        ks = []
-        for img, hsh in ((c.image_a, c.hash_a), (c.image_b, c.hash_b)):
-            k = sample_key(hsh, prompt, src_h)
-            samples.setdefault(k, (img, c.prompt, src))
-            ks.append(k)
-        side_keys.append((ks[0], ks[1]))
-    before = scorer.n_computed
-    found = scorer.scores(samples, use_sources, desc)
-    sa = np.array([found[a][0] if found[a][1] else np.nan for a, _ in side_keys], dtype=np.float64)
-    sb = np.array([found[b][0] if found[b][1] else np.nan for _, b in side_keys], dtype=np.float64)
-    m = (sa - sb) if higher_is_better else (sb - sa)
-    fwd = [M.verdict_from_margin(x) for x in m]
-    rev = [M.flip_verdict(v) for v in fwd]  # a scalar reward answers the swapped pair consistently
-    errors = Counter(found[k][2] for k in samples if not found[k][1])
-    info = {"n_unique_samples": len(samples), "n_scored_now": scorer.n_computed - before,
-            "n_invalid_samples": sum(errors.values()),
-            "invalid_reasons": dict(errors.most_common(5))}
-    return Predictions(margin=m, forward=fwd, reverse=rev, score_a=sa, score_b=sb), info
-
-
-def _pair_items(rows: list[Comparison], use_sources: bool, uses_prompt: bool, symmetric: bool = False
-                ) -> tuple[dict[str, tuple], list[tuple[str, str]]]:
-    items: dict[str, tuple] = {}
-    keys = []
-    for c in rows:
-        src = c.sources if use_sources else []
-        src_h = c.source_hashes if use_sources else []
-        ha, hb = c.hash_a, c.hash_b
-        prompt = c.prompt if uses_prompt else None
-        kf, kr = pair_key(ha, hb, prompt, src_h), pair_key(hb, ha, prompt, src_h)
-        items.setdefault(kf, (c.image_a, c.image_b, c.prompt, src))
-        if not symmetric:
-            items.setdefault(kr, (c.image_b, c.image_a, c.prompt, src))
-        keys.append((kf, kr))
-    return items, keys
-
-
-def _predict_pairwise(scorer: _Scorer, rows: list[Comparison], use_sources: bool, desc: str
-                      ) -> tuple[Predictions, dict[str, Any]]:
-    # A judge that already averages both orders inside compare() may declare compare_is_symmetric = True:
-    # the swapped call would only repeat it (P_rev = 1 - P_fwd), so it is not made.
-    symmetric = bool(getattr(scorer.reward, "compare_is_symmetric", False))
-    items, keys = _pair_items(rows, use_sources, scorer.reward.uses_prompt, symmetric)
-    before = scorer.n_computed
-    found = scorer.pairs(items, use_sources, desc)
-    pf = np.array([found[f][0] if found[f][1] else np.nan for f, _ in keys], dtype=np.float64)
-    if symmetric:
-        pr = 1.0 - pf
-    else:
-        pr = np.array([found[r][0] if found[r][1] else np.nan for _, r in keys], dtype=np.float64)
-    # P(A better) from each order; average what is available
-    both = np.stack([pf, 1.0 - pr])
-    cnt = np.isfinite(both).sum(0)
-    m = np.where(cnt > 0, np.nansum(both, 0) / np.maximum(cnt, 1) - 0.5, np.nan)
-    fwd = [M.verdict_from_margin(x - 0.5) for x in pf]
-    rev = [M.verdict_from_margin(x - 0.5) for x in pr]  # as answered on the swapped presentation
-    errors = Counter(found[k][2] for k in items if not found[k][1])
-    info = {"n_unique_pairs": len(items), "n_scored_now": scorer.n_computed - before, "symmetric_compare": symmetric,
-            "n_invalid_judgements": sum(errors.values()), "invalid_reasons": dict(errors.most_common(5))}
-    return Predictions(margin=m, forward=fwd, reverse=rev, single=pf - 0.5), info
-
 
 # ------------------------------------------------------------------------------------------ helpers
 def _git_hash() -> str | None:
@@ -498,6 +166,7 @@ def evaluate(
     by: Sequence[str] = (),
     revision: str | None = None,
     progress: bool = True,
+    wrong_examples: int = 8,
     reward_kwargs: Mapping[str, Any] | None = None,
 ) -> BenchResult:
     """Measure ``reward``'s agreement with human preferences on ``benchmarks``.
@@ -525,6 +194,9 @@ def evaluate(
         by: extra per-category breakdowns by a column (e.g. ``model_a``) besides the spec's categories.
         revision: hub dataset revision (commit / tag) to pin.
         progress: progress bars with ETA on stderr.
+        wrong_examples: keep this many of the pairs the reward got wrong (the most confident mistakes, largest
+            ``|margin|`` first) in the record's ``wrong_pairs``, with 192-pixel thumbnails of both images and
+            the sources, for ``rewardkit view`` (0: none).
     """
     t_start = time.perf_counter()
     if isinstance(reward, str):
@@ -541,6 +213,8 @@ def evaluate(
         raise ValueError("no benchmarks given")
     if limit is not None and limit < 1:
         raise ValueError("limit must be >= 1")
+    if not isinstance(wrong_examples, int) or wrong_examples < 0:
+        raise ValueError(f"wrong_examples must be an int >= 0, got {wrong_examples!r}")
     if not isinstance(n_boot, int) or n_boot < 0:
         raise ValueError(f"n_boot must be an int >= 0 (0: no confidence intervals), got {n_boot!r}")
     check_data_dir_keys(data_dir, specs)
@@ -551,8 +225,9 @@ def evaluate(
     mode, mode_reason = _resolve_mode(reward, mode)  # re-checked on the first loaded comparison
     cfg = config_dict(reward)
     cls = f"{type(reward).__module__}:{type(reward).__qualname__}"
-    fp = reward_fingerprint(reward_name, cls, cfg)
     root = default_cache_dir() if cache_dir == "default" else cache_dir
+    # the content of the weights / files the config names, the judge and the templates are part of the key
+    fp = reward_fingerprint(reward_name, cls, cfg, reward=reward, memo_dir=root)
     bs = batch_size or reward.default_batch_size or 32
     reward_info = {"name": reward_name, "class": cls, "config": cfg, "higher_is_better": reward.higher_is_better,
                    "tasks": sorted(reward.tasks), "mode": mode, "mode_reason": mode_reason, "fingerprint": fp,
@@ -599,7 +274,7 @@ def evaluate(
                     reward_info.update(mode=mode, mode_reason=mode_reason)
                 results[spec.name] = _evaluate_one(
                     spec, reward, scorer, rows=rows, info=info, mode=mode, n_boot=n_boot, seed=seed,
-                    per_sample=per_sample, use_sources=use_sources, by=by)
+                    per_sample=per_sample, use_sources=use_sources, by=by, wrong_examples=wrong_examples)
                 results[spec.name].timing.update({"load_s": load_s, "load_wait_s": wait_s})
                 del rows
             cache_path = str(cache.path) if cache.path else None
@@ -639,7 +314,7 @@ def _timed_load(spec: BenchmarkSpec, data_dir: Path | None, revision: str | None
 
 def _evaluate_one(spec: BenchmarkSpec, reward: Reward, scorer: _Scorer, *, rows: list[Comparison],
                   info: dict[str, Any], mode: str, n_boot: int, seed: int, per_sample: bool, use_sources: bool,
-                  by: Sequence[str]) -> BenchmarkResult:
+                  by: Sequence[str], wrong_examples: int = 0) -> BenchmarkResult:
     res = BenchmarkResult(name=spec.name, spec=spec.identity())
     res.data = info
     model_before = scorer.model_seconds
@@ -691,7 +366,42 @@ def _evaluate_one(spec: BenchmarkSpec, reward: Reward, scorer: _Scorer, *, rows:
     res.timing = {"reward_s": scorer.model_seconds - model_before, "metrics_s": t_metrics}
     if per_sample:
         res.samples = [_sample_record(c, pred, i) for i, c in enumerate(rows)]
+    if wrong_examples:
+        res.wrong_pairs = wrong_pairs(rows, pred, wrong_examples)
     return res
+
+
+def wrong_indices(rows: Sequence[Comparison], margin: np.ndarray) -> list[int]:
+    """Rows the reward got wrong under ``accuracy_without_ties``' rule: a human preference (label != 0), a
+    finite margin, and ``sign(margin) != label`` (a model tie is wrong); most confident mistakes first
+    (largest ``|margin|``, then row order)."""
+    idx = [i for i, c in enumerate(rows)
+           if c.label != 0 and math.isfinite(float(margin[i])) and np.sign(margin[i]) != c.label]
+    return sorted(idx, key=lambda i: (-abs(float(margin[i])), i))
+
+
+def wrong_pairs(rows: Sequence[Comparison], pred: Predictions, keep: int, thumb: int = 192) -> dict[str, Any]:
+    """``{"n_wrong", "rule", "pairs"}``: how many pairs the reward got wrong and the first ``keep`` of
+    :func:`wrong_indices` with their prompt, label, margin, scores, verdicts and thumbnails (data URIs) of
+    image A, image B and the sources (an unreadable image is None)."""
+    from ..view.images import thumbnail_data_uri
+
+    def thumb_of(data: bytes) -> str | None:
+        try:
+            return thumbnail_data_uri(data, thumb)
+        except Exception:  # noqa: BLE001  an undecodable image is shown as missing, the record still saves
+            return None
+
+    idx = wrong_indices(rows, pred.margin)
+    pairs = []
+    for i in idx[:keep]:
+        c = rows[i]
+        rec = _sample_record(c, pred, i)
+        rec.update(prompt=c.prompt, image_a=thumb_of(c.image_a), image_b=thumb_of(c.image_b),
+                   sources=[thumb_of(s) for s in c.sources])
+        pairs.append(rec)
+    return {"n_wrong": len(idx), "rule": "label != 0, finite margin, sign(margin) != label; largest |margin| first",
+            "pairs": pairs}
 
 
 def items_keys(rows: Sequence[Comparison], reward: Reward, use_sources: bool) -> list[str]:

@@ -78,7 +78,7 @@ class BenchmarkSpec:
 
     @classmethod
     def from_file(cls, path: Path) -> "BenchmarkSpec":
-        data = safe_load_yaml(path.read_text(encoding="utf-8"))
+        data = safe_load_yaml(path.read_text(encoding="utf-8"), source=path)  # a tag / alias bomb: ConfigError
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: a benchmark spec must be a mapping")
         known = set(cls.__dataclass_fields__) - {"path"}

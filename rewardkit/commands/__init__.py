@@ -16,8 +16,8 @@ EXIT_CODES_HELP = (
     "unreadable file, bad config, empty input); 3 finished, but some or all samples could not be scored")
 
 
-class UsageError(Exception):
-    """A problem with the command line or its input files; the CLI prints the message and exits 2."""
+# defined with the other errors, so that library code below the commands (e.g. a dataset reader) can raise it
+from ..errors import UsageError  # noqa: E402,F401
 
 
 def invalid_summary(n_bad: int, n_total: int, what: str = "samples") -> int:

@@ -47,6 +47,9 @@ def add_parser(sub) -> None:
     p.add_argument("--by", nargs="+", default=[], metavar="COLUMN",
                    help="extra per-category breakdowns, e.g. --by model_a")
     p.add_argument("--per-sample", action="store_true", help="store every comparison's scores in the record")
+    p.add_argument("--wrong-examples", type=int, default=8, metavar="N",
+                   help="keep the N most confident wrong pairs, with thumbnails, in the record for "
+                        "`rewardkit view` (default 8; 0: none)")
     p.add_argument("--ignore-sources", action="store_true",
                    help="run editing benchmarks with a text-image reward (instruction as prompt, no source)")
     p.add_argument("--device", help="torch device, e.g. cpu, cuda, cuda:1")
@@ -117,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--limit must be >= 1")
     if args.bootstrap < 0:
         raise UsageError(f"--bootstrap must be >= 0 (0: no confidence intervals), got {args.bootstrap}")
+    if args.wrong_examples < 0:
+        raise UsageError(f"--wrong-examples must be >= 0 (0: none), got {args.wrong_examples}")
     if args.batch_size is not None and args.batch_size < 1:
         raise UsageError("--batch-size must be >= 1")
 
@@ -156,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
         result = evaluate(reward, benches, data_dir=data_dir, cache_dir=cache_dir,
                           batch_size=args.batch_size, limit=args.limit, mode=args.mode, n_boot=args.bootstrap,
                           seed=args.seed, per_sample=args.per_sample, ignore_sources=args.ignore_sources,
+                          wrong_examples=args.wrong_examples,
                           retry_invalid=args.retry_invalid, by=args.by, revision=args.revision,
                           progress=not args.no_progress)
     except BenchDataError as exc:

@@ -39,6 +39,10 @@ def add_parser(sub) -> None:
         sp.add_argument("--output-dir", help="shortcut for output_dir=...")
         sp.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
         sp.add_argument("--no-progress", action="store_true", help="no progress bars")
+        if name == "rationalize":
+            from ._datasets import add_pair_args
+
+            add_pair_args(sp)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,6 +64,10 @@ def run(args: argparse.Namespace) -> int:
 
         print(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False), end="")
         return 0
+    if args.parrot_stage == "rationalize" and args.dataset:  # stage 1 shard by shard (docs/datasets.md)
+        from ._datasets import run_parrot_dataset
+
+        return run_parrot_dataset(args, cfg)
     main = int(os.environ.get("RANK", "0")) == 0
     if args.no_progress:
         _no_progress_bars()

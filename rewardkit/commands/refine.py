@@ -7,7 +7,8 @@ reasoning reward (`rational` by default).
 
 Writes `<out>/before/NNNNN.png`, `<out>/after/NNNNN.png` and `<out>/records.jsonl` (prompt, status,
 scores before / after, refined prompts, errors). Exits 3 when some or all images could not be critiqued
-(status `critique_failed`; the records say why), 0 when every one was. `--gen KEY=VALUE` passes pipeline options
+(status `critique_failed`, or a regenerated image whose critique failed: `error_after`; the records say why),
+0 when every one was. `--gen KEY=VALUE` passes pipeline options
 (num_inference_steps=28 guidance_scale=4.5 ...).
 """
 
@@ -101,5 +102,7 @@ def run(args: argparse.Namespace) -> int:
     print(json.dumps({"prompts": len(prompts), "status": counts, "output": str(out)}))
     from . import invalid_summary
 
-    # an image the critic could not critique was not judged: exit 3 when any (or every) one failed
-    return invalid_summary(counts.get("critique_failed", 0), len(res.records), "images")
+    # an image the critic could not critique was not judged: exit 3 when any (or every) one failed, the first
+    # image (status critique_failed) or the regenerated one (a refined sample whose after-critique failed)
+    bad = sum(r["status"] == "critique_failed" or r.get("error_after") is not None for r in res.records)
+    return invalid_summary(bad, len(res.records), "images")

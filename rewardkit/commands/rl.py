@@ -4,13 +4,18 @@ DiffusionNFT (online RL on the forward process) for SD3 / SD3.5 with LoRA, on an
 optional E²PO embedding-perturbed exploration (e2po.enabled=true). Examples:
 
     rewardkit rl nft --config recipes/nft/tiny.yaml                       # CPU, under 2 minutes
+    torchrun --standalone --nproc_per_node 2 -m rewardkit.cli rl nft --config recipes/nft/tiny.yaml output_dir=runs/nft_tiny_2proc
     rewardkit rl nft --config recipes/nft/tiny_e2po.yaml
-    rewardkit rl nft --config recipes/nft/sd35m_pickscore.yaml rewards.pickscore=1.0 train.lr=1e-4
-    torchrun --nproc_per_node 8 -m rewardkit.cli rl nft --config recipes/nft/e2po_geneval_k12.yaml
+    rewardkit rl nft --config recipes/nft/sd35m_pickscore.yaml output_dir=runs/pick_1gpu train.lr=1e-4
+    torchrun --nproc_per_node 8 -m rewardkit.cli rl nft --config recipes/nft/sd35m_pickscore.yaml
     rewardkit rl nft --preset e2po_pickscore_k3 --print-config            # the seed paper's PickScore setting
 
-Outputs in output_dir: metrics.jsonl, curves.png, lora/ (pytorch_lora_weights.safetensors, loadable with
-StableDiffusion3Pipeline.load_lora_weights), checkpoints/ (resumable), config.yaml. See docs/rl.md.
+Config layers: defaults < --preset < --config < key=value; sections merge key by key, but a `rewards` mapping
+replaces the one before it (rewards.NAME=W edits one entry). Outputs in output_dir: metrics.jsonl (per epoch),
+steps.jsonl (per optimizer step), curves.png, eval-epoch-N.png (evaluation grids), tensorboard/ (report_to),
+lora/ (pytorch_lora_weights.safetensors, loadable with StableDiffusion3Pipeline.load_lora_weights),
+checkpoints/ (resumable; a checkpoint resumes only with the process count that wrote it), config.yaml.
+See docs/rl.md.
 """
 
 from __future__ import annotations
@@ -55,19 +60,23 @@ def run(args: argparse.Namespace) -> int:
 
     data = preset(args.preset) if args.preset else {}
     if args.config is not None:
-        data = _merge(data, _read_yaml(args.config))
+        data = _merge(data, _read_yaml(args.config), NFTConfig)  # rewards: {...} replaces
     overrides = list(args.overrides)
     if args.output_dir:
         overrides.append(f"output_dir={args.output_dir}")
     if args.resume:
         overrides.append(f"resume={args.resume}")
-    cfg = build_config(NFTConfig, data, parse_overrides(overrides))
+    cfg = build_config(NFTConfig, data, parse_overrides(overrides, patches=True))
     if args.print_config:
         import yaml
 
         print(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False), end="")
         return 0
     cfg.validate()
+    from .._imports import require
+
+    for module in ("diffusers", "peft"):  # the rl extra, before the reward (a model load) is built
+        require(module, "rl", "rewardkit rl nft")
     from ..rl.trainer import train_nft
 
     summary = train_nft(cfg)

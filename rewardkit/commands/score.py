@@ -17,12 +17,16 @@ from typing import Any
 
 from . import EXIT_CODES_HELP, UsageError, invalid_summary
 from ._common import expand_images, load_reward_cli
+from ._datasets import add_column_args, run_dataset
 
 DESCRIPTION = """Score images with a reward. Examples:
   rewardkit score --reward pickscore a.png b.png --prompt 'a cat'
   rewardkit score --reward clipscore --model ./my-clip my_images/ --prompt 'a cat'
   rewardkit score --reward clipscore --model ./my-clip --jsonl items.jsonl --output scores.jsonl
   rewardkit score --reward preference --model ./my-rm edited.png --sources source.png --prompt 'make it red'
+  rewardkit score --reward pickscore --dataset data/*.parquet --output scores/    # one scores file per shard
+  rewardkit score --reward clipscore --model ./my-clip --dataset 'shards/{000..099}.tar' --prompt-column txt \
+      --output scores/ --engine ray --ray-address auto --concurrency 8
 
 JSONL lines: {"prompt": "...", "image": "a.png"} or {"prompt": "...", "images": ["a.png", "b.png"]},
 optionally "sources": ["src.png"] (editing rewards) and "metadata": {...}. Relative paths in the file
@@ -39,7 +43,8 @@ def add_parser(sub) -> None:
     p.add_argument("--sources", nargs="+", metavar="IMAGE",
                    help="source / reference image(s) shared by every command-line image (editing rewards)")
     p.add_argument("--jsonl", type=Path, help="JSONL file of {prompt, image|images, sources?} objects")
-    p.add_argument("--output", "-o", type=Path, help="write one JSON result per image to this JSONL file")
+    p.add_argument("--output", "-o", type=Path, help="write one JSON result per image to this JSONL file "
+                   "(with --dataset: the folder for the Parquet score shards)")
     p.add_argument("--device", help="torch device, e.g. cpu, cuda, cuda:1 (default: cuda if available)")
     p.add_argument("--dtype", help="float32, float16 or bfloat16")
     p.add_argument("--batch-size", type=int, default=16, help="images per model call (default 16)")
@@ -49,6 +54,7 @@ def add_parser(sub) -> None:
     p.add_argument("--on-error", choices=("nan", "raise"), default="nan",
                    help="bad images: 'nan' scores the rest and reports them (default), 'raise' stops at the first")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_column_args(p)
 
 
 def _path_list(value: Any, field: str, where: str) -> list[str]:
@@ -139,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise UsageError("--batch-size must be >= 1")
     kwargs = reward_kwargs(args)  # first: a file name swallowed by --set gets its hint before anything else
+    if args.dataset:
+        return run_dataset(args, kwargs)
     items = _items(args)
     has_sources = any(it["sources"] for it in items)
     from ..distributed import ScoreShards, local_device

@@ -42,13 +42,15 @@ def add_parser(sub) -> None:
     p.add_argument("--max-wait-ms", type=float, default=5.0,
                    help="how long a non-full batch waits for more requests (default 5)")
     p.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body in MB (default 64)")
-    p.add_argument("--max-images", type=int, default=256, help="most images per request (default 256)")
+    p.add_argument("--max-images", type=int, default=256,
+                   help="most images per request, and most source images per request (default 256)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per request, end to end (default 120)")
     g = p.add_argument_group("bounds per client (docs/serve.md, 'Exposing the server')")
     g.add_argument("--header-timeout", type=float, default=10.0,
                    help="seconds to send a request's headers, then 408 and close (default 10)")
     g.add_argument("--body-timeout", type=float, default=60.0,
-                   help="seconds to send a request's body once its headers are in (default 60)")
+                   help="seconds to send a request's body once its headers are in, and to read "
+                        "an answer (default 60)")
     g.add_argument("--keep-alive", type=float, default=5.0, help="idle keep-alive seconds (default 5)")
     g.add_argument("--max-connections", type=int, default=512,
                    help="open connections; more get 503 (default 512; lowered to fit the fd limit)")

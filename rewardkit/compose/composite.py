@@ -299,6 +299,11 @@ class Composite(JudgePolicyMixin, Reward):
         self.batch_relative = cfg.normalize in ("batch", "group")
         self.tasks = frozenset.intersection(*[frozenset(r.tasks) for r in self.rewards.values()]) or frozenset({"t2i"})
         self.uses_prompt = any(r.uses_prompt for r in self.rewards.values())
+        # an empty prompt is scored iff every sub-reward that reads the prompt scores one (pickscore + hpsv2:
+        # yes, as each alone) and no intent judge reads it; otherwise it is the sample's input error
+        intent = cfg.gating == "intent" and any(a.gate == "intent" for a in self.axes)
+        self.scores_empty_prompt = not intent and all(r.scores_empty_prompt for r in self.rewards.values()
+                                                      if r.uses_prompt)
 
     # ------------------------------------------------------------------ construction
     def _build(self, name: str | None, options: Mapping[str, Any], what: str) -> Reward:

@@ -81,9 +81,29 @@ def _pickle_globals(stream: Any) -> list[tuple[str, str] | None]:
     return found
 
 
+_ZIP_MAGIC = b"PK\x03\x04"
+#: the legacy (non-zip) torch format: magic number, protocol version, sys info, the data, the storage keys
+_LEGACY_PICKLES = ("magic number", "protocol version", "sys info", "data", "storage keys")
+
+
 def scan_pickle(path: Path) -> None:
     """Refuse a ``.pt`` / ``.pth`` whose pickle(s) name anything beyond :data:`ALLOWED_GLOBALS` (checked from
-    the opcodes before torch's weights-only unpickler runs; both must accept the file)."""
+    the opcodes before torch's weights-only unpickler runs; both must accept the file).
+
+    The scan reads exactly the bytes ``torch.load`` will unpickle, and fails closed on anything it cannot parse:
+
+    - the format is decided as torch decides it (``torch.serialization._is_zipfile``: the first four bytes are a
+      zip local-file header), never by Python's ``zipfile.is_zipfile``, which also accepts a zip *appended* to
+      a legacy pickle (a polyglot that would be scanned as its benign zip while torch unpickles the front);
+    - a zip with bytes in front of the archive its end record describes (e.g. a second zip appended to the first)
+      is refused: Python's ``zipfile`` shifts every offset by that prefix, torch's reader does not, so each would
+      read another archive;
+    - a zip: every ``.pkl`` member, in any case (torch's reader finds ``data.pkl`` ignoring case); two members
+      whose names differ only in case, or are equal, are refused (which one a reader picks is not defined);
+    - legacy: the five pickles torch reads in sequence, each of which must parse to its ``STOP``; one that does
+      not parse refuses the file (before, the scan stopped silently there); a file that is a tar archive (torch's
+      legacy ``.tar`` layout, which ``torch.load`` tries first and whose member pickles the scan never reads) is
+      refused."""
     import io
     import zipfile
 
@@ -95,23 +115,76 @@ def scan_pickle(path: Path) -> None:
                 "may only hold tensors, storages and ordered dicts. rewardkit never unpickles anything else "
                 "(convert a weights-only checkpoint, e.g. HPS_v2.1_compressed.pt, not HPS_v2.pt).")
 
-    if zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as zf:
-            pkls = [n for n in zf.namelist() if n.endswith(".pkl")]
-            if not pkls:
-                raise UnsafeCheckpointError(f"{path}: a zip file without a pickle: not a torch checkpoint")
-            for n in pkls:
-                check(_pickle_globals(io.BytesIO(zf.read(n))), n)
+    with open(path, "rb") as f:
+        is_zip = f.read(len(_ZIP_MAGIC)) == _ZIP_MAGIC
+    if is_zip:
+        try:
+            with zipfile.ZipFile(path) as zf:
+                infos = zf.infolist()
+                _check_zip_offsets(zf, infos, path)
+                # torch's reader (miniz) finds a member by name ignoring case: "data.PKL" is its "data.pkl"
+                names = [i.filename.lower() for i in infos]
+                dup = sorted({n for n in names if names.count(n) > 1})
+                if dup:
+                    raise UnsafeCheckpointError(f"{path}: zip members listed twice (names compared ignoring case, "
+                                                f"as torch's reader finds them: {', '.join(dup[:3])}): refused")
+                pkls = [i for i in infos if i.filename.lower().endswith(".pkl")]
+                if not pkls:
+                    raise UnsafeCheckpointError(f"{path}: a zip file without a pickle: not a torch checkpoint")
+                for info in pkls:
+                    data = zf.read(info)
+                    check(_whole_pickle(io.BytesIO(data), f"{path}: {info.filename}", len(data)), info.filename)
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError) as exc:
+            raise UnsafeCheckpointError(f"{path}: starts like a zip (torch checkpoint) but is not a readable "
+                                        f"zip file ({exc}): refused") from None
         return
-    with open(path, "rb") as f:  # legacy format: magic, protocol, sys info, data, storage keys (5 pickles)
-        for i in range(5):
-            try:
-                names = _pickle_globals(f)
-            except Exception as exc:  # the end of a plain pickle file, or raw storage bytes after the pickles
-                if i == 0:
-                    raise UnsafeCheckpointError(f"{path}: not a readable pickle ({exc})") from None
-                break
-            check(names, f"pickle {i}")
+    import tarfile
+
+    if tarfile.is_tarfile(path):  # torch tries the legacy .tar layout first: it would unpickle the tar's members
+        raise UnsafeCheckpointError(f"{path}: a tar archive (torch's legacy .tar checkpoint layout, whose member "
+                                    "pickles are not the bytes scanned here): refused; re-save it with torch.save")
+    with open(path, "rb") as f:
+        for what in _LEGACY_PICKLES:
+            check(_whole_pickle(f, f"{path}: legacy pickle {what!r}"), f"pickle {what!r}")
+
+
+def _check_zip_offsets(zf: Any, infos: list, path: Path) -> None:
+    """Refuse a zip that Python's ``zipfile`` reads at other offsets than torch's reader (miniz) does. Python
+    treats bytes before the central directory's recorded offset as a prefix ("concat") and shifts every offset
+    by it; miniz takes the recorded offsets as they are. A zip appended to another zip of the same layout is
+    then read as the second by this scan and as the first by ``torch.load``. A torch checkpoint has no prefix:
+    its first member's local header is at byte 0 and its central directory where its end record says."""
+    import zipfile
+
+    concat = None
+    try:
+        with open(path, "rb") as fh:
+            endrec = zipfile._EndRecData(fh)  # the end record zipfile itself used (zip64-aware)
+        if endrec:
+            concat = zf.start_dir - endrec[zipfile._ECD_OFFSET]
+    except (AttributeError, IndexError, TypeError):  # another zipfile implementation: the member offsets decide
+        concat = None
+    first = min((i.header_offset for i in infos), default=0)
+    if (concat is not None and concat != 0) or first != 0:
+        raise UnsafeCheckpointError(
+            f"{path}: a zip with {concat if concat else first} bytes before the archive its directory describes "
+            "(another archive in front?): Python's zipfile and torch's reader would read different members; "
+            "refused")
+
+
+def _whole_pickle(stream: Any, where: str, size: int | None = None) -> list[tuple[str, str] | None]:
+    """The globals of the pickle at the stream's position, which must parse up to its ``STOP`` (and, with
+    ``size``, end exactly there: bytes after it are bytes no scan has read); :class:`UnsafeCheckpointError`
+    otherwise (a missing pickle, at the end of the file, does not parse either)."""
+    try:
+        names = _pickle_globals(stream)
+    except Exception as exc:  # noqa: BLE001 - truncated, an unknown opcode, ...: fail closed
+        raise UnsafeCheckpointError(f"{where}: does not parse as a pickle ({type(exc).__name__}: {exc}); "
+                                    "refused (only what the scan could read is let through)") from None
+    end = stream.tell()
+    if size is not None and end != size:
+        raise UnsafeCheckpointError(f"{where}: {size - end} bytes after the pickle's STOP; refused")
+    return names
 
 
 def _check_plain(obj: Any, where: str = "checkpoint") -> None:
@@ -143,9 +216,17 @@ def read_checkpoint(path: str | Path) -> Any:
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     if path.suffix == ".safetensors":
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        return load_file(str(path))
+        try:
+            return load_file(str(path))
+        except SafetensorError as exc:  # e.g. a pickle renamed .safetensors: refused, never unpickled
+            with open(path, "rb") as f:
+                head = f.read(4)
+            what = " (it looks like a pickle / torch checkpoint renamed .safetensors: rewardkit never unpickles " \
+                   "a file by another name)" if head[:1] == b"\x80" or head == _ZIP_MAGIC else ""
+            raise UnsafeCheckpointError(f"{path}: not a readable safetensors file ({exc}){what}") from None
     with open(path, "rb") as f:
         head = f.read(4)
     if path.suffix not in _PICKLE_SUFFIXES and head[:2] != b"PK":

@@ -99,6 +99,22 @@ def _items(score_dict: Any) -> list[tuple[str, Any]]:
     return pairs
 
 
+def _weights(score_dict: Any) -> dict[str, float]:
+    """``{name: weight}`` from ``score_dict``'s items, each weight a finite number."""
+    weights: dict[str, float] = {}
+    for name, w in _items(score_dict):
+        name = str(name)
+        if name == "avg":
+            raise ValueError("'avg' is the name of the weighted sum in flow_grpo's output; rename that reward")
+        if isinstance(w, bool) or not isinstance(w, (int, float, np.integer, np.floating)):
+            raise ValueError(f"weight of {name!r} must be a number, got {w!r}")
+        w = float(w)
+        if not np.isfinite(w):
+            raise ValueError(f"weight of {name!r} must be finite, got {w}")
+        weights[name] = w
+    return weights
+
+
 def _named(name: str, kwargs: Mapping[str, Any] | None, conventions: str) -> tuple[dict[str, Any], float]:
     """Constructor options and score factor for a reward built by name under ``conventions``."""
     if conventions not in CONVENTIONS:
@@ -241,23 +257,12 @@ def multi_score(device: Any, score_dict: Any, *, rewards: Mapping[str, Any] | No
     fill = _check_policy(nan_policy, fill_value, mask_ok=False, host=_HOST)
     if conventions not in CONVENTIONS:
         raise ValueError(f"conventions must be one of {CONVENTIONS}, got {conventions!r}")
-    pairs = _items(score_dict)
-    names = [str(name) for name, _ in pairs]
-    if "avg" in names:
-        raise ValueError("'avg' is the name of the weighted sum in flow_grpo's output; rename that reward")
+    weights = _weights(score_dict)
     rewards = dict(rewards or {})
     reward_kwargs = dict(reward_kwargs or {})
-    unknown = (set(rewards) | set(reward_kwargs)) - set(names)
+    unknown = (set(rewards) | set(reward_kwargs)) - set(weights)
     if unknown:
         raise ValueError(f"rewards / reward_kwargs name {sorted(unknown)}, which score_dict does not weight")
-    weights: dict[str, float] = {}
-    for name, w in zip(names, (w for _, w in pairs)):
-        if isinstance(w, bool) or not isinstance(w, (int, float, np.integer, np.floating)):
-            raise ValueError(f"weight of {name!r} must be a number, got {w!r}")
-        w = float(w)
-        if not np.isfinite(w):
-            raise ValueError(f"weight of {name!r} must be finite, got {w}")
-        weights[name] = w
     scorers = {}
     for name in weights:
         if name in rewards:
@@ -268,10 +273,17 @@ def multi_score(device: Any, score_dict: Any, *, rewards: Mapping[str, Any] | No
                                 allow_batch_relative, factor)
 
     def _fn(images, prompts, metadata, ref_images=None, only_strict=True):
+        # the weights as score_dict holds them now: flow_grpo reads score_dict.items() at every call
+        # (rewards.py:281), so a weight changed after multi_score was built applies from the next call
+        now = _weights(score_dict)
+        new = sorted(set(now) - set(scorers))
+        if new:
+            raise ValueError(f"score_dict now weights {new}, for which multi_score built no scorer (flow_grpo "
+                             "builds them once too): build a new multi_score")
         details: dict[str, np.ndarray] = {}
         info: dict[str, Any] = {}
         total = None
-        for name, w in weights.items():
+        for name, w in now.items():
             scores, report = scorers[name].score(images, prompts, metadata, ref_images)
             details[name] = scores
             info[name] = report

@@ -160,7 +160,7 @@ class TRLRewardFunction:
             keep = [i for i, t in enumerate(texts) if not (isinstance(t, str) and not t.strip())]
         values: list[float | None] = [self.empty_value] * n
         report = {"valid_fraction": 1.0}
-        if keep or self.empty_completion == "nan":
+        if n and (keep or self.empty_completion == "nan"):
             pick = (lambda xs: [xs[i] for i in keep]) if len(keep) < n else (lambda xs: xs)
             if keep:
                 out = reward(pick(images), pick(texts), metadata=pick(metadata) if metadata is not None else None,

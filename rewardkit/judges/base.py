@@ -23,7 +23,12 @@ Message = dict[str, Any]
 Conversation = list[Message]
 
 __all__ = ["Message", "Conversation", "JudgeBackend", "ChoiceError", "MAX_TEMPERATURE", "check_temperature",
-           "check_choices", "continues_final_message"]
+           "check_choices", "continues_final_message", "DECIMAL"]
+
+#: The one number rule of every judge answer parser: a plain non-negative decimal in ASCII digits ("4", "3.5").
+#: Python's ``\d`` would also read "４" (fullwidth), "٣" (Arabic-Indic) or "४" (Devanagari) as digits, and
+#: ``float()`` would turn them into a score; no sign, no exponent, no "nan" / "inf". Use it inside a regex.
+DECIMAL = r"[0-9]+(?:\.[0-9]+)?"
 
 #: The highest sampling temperature: vLLM refuses more (``SamplingParams._verify_args``: "temperature must be
 #: in [0, 2]"), so every backend and every judge reward accepts the same range.

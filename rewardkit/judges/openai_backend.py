@@ -40,12 +40,13 @@ identical). Start vLLM with ``--generation-config vllm`` as well. Greedy request
 ``n > 1`` ask for one completion and replicate it: vLLM refuses ``n > 1`` at temperature 0.
 
 Prefix reuse is the server's job (vLLM: ``--enable-prefix-caching``, on by default in recent versions).
+
+The wire format (messages out, log-probability readers) is in :mod:`rewardkit.judges.openai_wire` and the
+request deadline in :mod:`rewardkit.judges._http_deadline`; their public names are importable from here.
 """
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 import math
 import os
@@ -56,242 +57,19 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
 from .base import ChoiceError, Conversation, JudgeBackend, check_choices, check_temperature, continues_final_message
-from .policy import JudgeError
+from ._http_deadline import _deadline_transport, _local
+# the wire format (messages out, log-probabilities in) lives beside the backend; its names stay importable here
+from .openai_wire import (_NO_LOGPROBS, JudgeServerError, _image_url, implausible_logprobs,  # noqa: F401
+                          read_choice_logprobs, read_raw_logprobs, to_openai_messages)
 
 __all__ = ["OpenAIJudge", "JudgeServerError", "to_openai_messages", "read_choice_logprobs", "read_raw_logprobs"]
 
 _RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
-_MAX_LOGPROB = 1e-4  # a log-probability above this (rounding aside) is off-scale
 _GREEDY_EPS = 1e-5  # vLLM treats temperatures below this as greedy
-# read_raw_logprobs' reason for a response without any log-probabilities: the server's capability, not an answer
-_NO_LOGPROBS = "the server returned no log-probabilities (it or the model does not support logprobs)"
-
-
-class JudgeServerError(JudgeError):
-    """The judge server failed (after retries), answered garbage, or lacks a needed feature."""
 
 
 class _TooLarge(Exception):
     pass
-
-
-# ---------------------------------------------------------------------------------------- request deadline
-# The deadline of the request the current thread is making (httpx's sync client does its I/O in the calling
-# thread). Every socket operation of the connection pool gets min(its own timeout, time left).
-_local = threading.local()
-
-
-def _time_left(timeout: float | None, exc_cls: type[Exception]) -> float | None:
-    deadline = getattr(_local, "deadline", None)
-    if deadline is None:
-        return timeout
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise exc_cls("the request's total timeout elapsed")
-    return left if timeout is None else min(timeout, left)
-
-
-def _deadline_transport(httpx: Any, limits: Any) -> Any:
-    """An ``httpx.HTTPTransport`` whose connection pool bounds every read / write / connect by the deadline."""
-    import httpcore
-
-    class Stream(httpcore.NetworkStream):
-        def __init__(self, inner):
-            self._inner = inner
-
-        def read(self, max_bytes, timeout=None):
-            return self._inner.read(max_bytes, _time_left(timeout, httpcore.ReadTimeout))
-
-        def write(self, buffer, timeout=None):
-            return self._inner.write(buffer, _time_left(timeout, httpcore.WriteTimeout))
-
-        def close(self):
-            self._inner.close()
-
-        def start_tls(self, ssl_context, server_hostname=None, timeout=None):
-            return Stream(self._inner.start_tls(ssl_context, server_hostname,
-                                                _time_left(timeout, httpcore.ConnectTimeout)))
-
-        def get_extra_info(self, info):
-            return self._inner.get_extra_info(info)
-
-    class Backend(httpcore.NetworkBackend):
-        def __init__(self):
-            self._inner = httpcore.SyncBackend()
-
-        def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
-            return Stream(self._inner.connect_tcp(host, port, _time_left(timeout, httpcore.ConnectTimeout),
-                                                  local_address, socket_options))
-
-        def connect_unix_socket(self, path, timeout=None, socket_options=None):
-            return Stream(self._inner.connect_unix_socket(path, _time_left(timeout, httpcore.ConnectTimeout),
-                                                          socket_options))
-
-        def sleep(self, seconds):
-            self._inner.sleep(seconds)
-
-    transport = httpx.HTTPTransport(limits=limits)
-    if isinstance(getattr(transport, "_pool", None), httpcore.ConnectionPool):
-        transport._pool = httpcore.ConnectionPool(
-            ssl_context=httpx.create_ssl_context(), max_connections=limits.max_connections,
-            max_keepalive_connections=limits.max_keepalive_connections, keepalive_expiry=limits.keepalive_expiry,
-            network_backend=Backend())
-    # (an httpx without ``_pool`` keeps per-read timeouts; the body loop below still checks the deadline)
-    return transport
-
-
-def read_choice_logprobs(data: Any, choices: Sequence[str], *,
-                         token_ids: Sequence[int] | None = None) -> list[float] | None:
-    """The log-probabilities of ``choices`` in one chat-completion response with ``top_logprobs``.
-
-    Alternatives are matched by their exact token text (``" Yes"`` is not ``"Yes"``); with ``token_ids`` (a
-    vLLM server asked with ``logprob_token_ids`` and ``return_tokens_as_token_ids``) by ``"token_id:<id>"``,
-    and every choice must then be present. Returns one value per choice (``-inf`` for a choice absent from
-    the top alternatives), or None when the response has no usable probability for the choices (none listed,
-    all ``-inf``, a listed choice's log-prob NaN / +inf / above 0, or an exact id missing). Raises
-    :class:`JudgeServerError` when the response has no log-probs at all or they are malformed (not a list of
-    ``{"token": str, "logprob": number}``).
-    """
-    def bad(why: str) -> JudgeServerError:
-        return JudgeServerError(f"unreadable logprobs ({why}) in {json.dumps(data, default=str)[:300]}")
-
-    ch = data.get("choices") if isinstance(data, dict) else None
-    if not isinstance(ch, list) or not ch or not isinstance(ch[0], dict):
-        raise bad("no choices")
-    lp = ch[0].get("logprobs")
-    content = lp.get("content") if isinstance(lp, dict) else None
-    if lp is None or content is None or content == []:
-        raise JudgeServerError("the server returned no log-probabilities: it (or the model) does not support "
-                               "logprobs/top_logprobs, which choice_probs needs")
-    if not isinstance(content, list) or not isinstance(content[0], dict):
-        raise bad("content is not a list of token entries")
-    top = content[0].get("top_logprobs")
-    if top is None:
-        top = []
-    if not isinstance(top, list):
-        raise bad("top_logprobs is not a list")
-    table: dict[str, float] = {}
-    for alt in top:
-        if not isinstance(alt, dict) or not isinstance(alt.get("token"), str):
-            raise bad("an alternative without a string token")
-        v = alt.get("logprob")
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise bad(f"logprob {v!r} is not a number")
-        table.setdefault(alt["token"], float(v))  # exact text: never merge " Yes" into "Yes"
-    if token_ids is not None:
-        row = [table.get(f"token_id:{t}") for t in token_ids]
-        if any(x is None for x in row):
-            return None  # the server gave no value for a choice it was asked about: no guess
-    else:
-        row = [table.get(c) for c in choices]
-    present = [x for x in row if x is not None]
-    if not present or any(math.isnan(x) or x > _MAX_LOGPROB for x in present):
-        return None
-    if all(x == -math.inf for x in present):
-        return None
-    return [min(x, 0.0) if x is not None else -math.inf for x in row]
-
-
-def read_raw_logprobs(data: Any, choices: Sequence[str], *,
-                      token_ids: Sequence[int] | None = None) -> tuple[list[float] | None, str | None]:
-    """Full-vocabulary log-probabilities of ``choices`` in one chat-completion response, strictly.
-
-    Returns ``(one log-probability per choice, None)`` or ``(None, reason)``; never raises on the response's
-    content. With ``token_ids`` (a vLLM server asked with ``logprob_token_ids``) each choice is read by id and
-    must be present: its value is exact whatever its rank. Otherwise by exact token text among the
-    ``top_logprobs`` alternatives: a choice that is not listed has an unknown probability (only bounded by the
-    smallest listed one), which is a NaN + reason, never 0 or the bound. Refused as well: a response without
-    log-probabilities, a malformed structure, a choice listed twice with different values, a NaN / positive
-    log-probability (or ``-inf`` for a listed top alternative), and listed alternatives whose probabilities
-    sum above 1 (they are then not full-vocabulary log-probabilities).
-    """
-    ch = data.get("choices") if isinstance(data, dict) else None
-    if not isinstance(ch, list) or not ch or not isinstance(ch[0], dict):
-        return None, "unreadable logprobs (no choices)"
-    lp = ch[0].get("logprobs")
-    content = lp.get("content") if isinstance(lp, dict) else None
-    if lp is None or content is None or content == []:
-        return None, _NO_LOGPROBS
-    if not isinstance(content, list) or not isinstance(content[0], dict):
-        return None, "unreadable logprobs (content is not a list of token entries)"
-    top = content[0].get("top_logprobs")
-    if not isinstance(top, list) or not top:
-        return None, "unreadable logprobs (no top_logprobs list)"
-    if token_ids is not None:
-        keys = [f"token_id:{t}" for t in token_ids]
-    else:
-        keys = list(choices)
-    table: dict[str, float] = {}
-    entries: set[tuple[str, float]] = set()  # distinct (token, value): what the over-unity check sums
-    for alt in top:
-        if not isinstance(alt, dict) or not isinstance(alt.get("token"), str):
-            return None, "unreadable logprobs (an alternative without a string token)"
-        v = alt.get("logprob")
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            return None, f"unreadable logprobs (logprob {v!r} of {alt['token']!r} is not a number)"
-        v = float(v)
-        if not (v <= _MAX_LOGPROB):  # NaN-safe: NaN and positive values are off-scale
-            return None, f"off-scale log-probability {v!r} for {alt['token']!r}"
-        v = min(v, 0.0)
-        tok = alt["token"]
-        # Distinct tokens may share a text (byte pieces shown as U+FFFD): harmless unless the text is a choice's
-        if tok in table and table[tok] != v and tok in keys:
-            return None, f"token {tok!r} listed twice with different log-probabilities"
-        table.setdefault(tok, v)
-        entries.add((tok, v))
-    total = math.fsum(math.exp(v) for _, v in entries)
-    if total > 1.0 + 1e-2:  # (a tolerance for servers that round log-probabilities)
-        return None, f"the listed log-probabilities sum to probability {total:.4f} > 1: not full-vocabulary values"
-    row, missing = [], []
-    for c, k in zip(choices, keys):
-        if k not in table:
-            missing.append(c)
-        row.append(table.get(k))
-    if missing:
-        if token_ids is not None:
-            return None, f"the server gave no log-probability for {missing} (asked for their exact ids)"
-        floor = min(table.values())
-        return None, (f"{missing} not among the server's top {len(table)} alternatives: the full-vocabulary "
-                      f"probability is unknown (only known to be below {math.exp(floor):.3g})")
-    if token_ids is None and any(v == -math.inf for v in row):
-        return None, "a top alternative with log-probability -inf (unusable)"
-    return row, None
-
-
-def _image_url(im: Any) -> str:
-    from ..media import _to_pil
-
-    buf = io.BytesIO()
-    _to_pil(im).save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def to_openai_messages(conv: Conversation, cache: dict[int, str] | None = None) -> list[dict[str, Any]]:
-    """HF-style messages with embedded PIL images -> OpenAI chat messages (images as data URLs)."""
-    out = []
-    for msg in conv:
-        content = msg.get("content")
-        if isinstance(content, str) or content is None:
-            out.append({"role": msg["role"], "content": content or ""})
-            continue
-        parts = []
-        for c in content:
-            if isinstance(c, dict) and (c.get("type") == "image" or "image" in c):
-                im = c["image"]
-                key = id(im)
-                if cache is not None and key in cache:
-                    url = cache[key]
-                else:
-                    url = _image_url(im)
-                    if cache is not None:
-                        cache[key] = url
-                parts.append({"type": "image_url", "image_url": {"url": url}})
-            elif isinstance(c, dict) and c.get("type") == "text":
-                parts.append({"type": "text", "text": c["text"]})
-            else:
-                raise ValueError(f"unsupported content item {c!r}")
-        out.append({"role": msg["role"], "content": parts})
-    return out
 
 
 class OpenAIJudge(JudgeBackend):
@@ -354,11 +132,12 @@ class OpenAIJudge(JudgeBackend):
         """True for a vLLM server (``server="vllm"``, or ``"auto"`` and ``GET /version`` answers a version)."""
         if self._server == "auto":
             kind = "openai"
-            try:
-                resp = self._client.get(self.base_url.rsplit("/v1", 1)[0] + "/version")
-                if resp.status_code == 200 and isinstance(resp.json(), dict) and "version" in resp.json():
+            try:  # bounded like every request: the deadline (timeout) and max_response_bytes
+                status, _, raw = self._send(self.base_url.rsplit("/v1", 1)[0] + "/version", None, method="GET")
+                data = json.loads(raw) if status == 200 else None
+                if isinstance(data, dict) and "version" in data:
                     kind = "vllm"
-            except (self._httpx.HTTPError, ValueError):
+            except (self._httpx.HTTPError, _TooLarge, ValueError, RecursionError):
                 pass
             self._server = kind
         return self._server == "vllm"
@@ -391,13 +170,14 @@ class OpenAIJudge(JudgeBackend):
         raise TypeError("OpenAIJudge holds an HTTP client and cannot be pickled; pass the spec string instead")
 
     # ------------------------------------------------------------------ HTTP
-    def _send(self, url: str, body: dict[str, Any]) -> tuple[int, Any, bytes]:
-        """One POST bounded by ``timeout`` in all and by ``max_response_bytes``: (status, headers, body)."""
+    def _send(self, url: str, body: dict[str, Any] | None, *, method: str = "POST") -> tuple[int, Any, bytes]:
+        """One request (a POST of ``body``, or a GET) bounded by ``timeout`` in all and by ``max_response_bytes``:
+        (status, headers, body)."""
         httpx = self._httpx
         deadline = time.monotonic() + self.timeout
         _local.deadline = deadline
         try:
-            with self._client.stream("POST", url, json=body) as resp:
+            with self._client.stream(method, url, **({} if body is None else {"json": body})) as resp:
                 size = resp.headers.get("content-length", "")
                 if size.strip().isdigit() and int(size) > self.max_response_bytes:
                     raise _TooLarge(f"Content-Length {int(size)}")

@@ -1,7 +1,8 @@
 """What a judge-backed reward does when its judge fails, and what counts as a usable answer.
 
 One option, ``on_judge_error``, with one meaning for every judge-backed reward (``evr``, ``faithfulness``,
-``constraints``, ``detectors``, ``composite`` and any later one):
+``constraints``, ``detectors``, ``vqascore``, ``unifiedreward``, ``rational``, ``composite`` and any later one:
+the fault-matrix test finds them by this option in their configuration):
 
 - ``"auto"`` (default): follow the ``on_error`` of the call. ``reward(..., on_error="nan")`` never raises for a
   judge failure: the samples whose judge call failed (after the backend's bounded retries) are NaN with the
@@ -27,6 +28,9 @@ import math
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Iterator
+
+# shared with the contract (rewardkit.reward's compare), so they live at its level; importable from here as before
+from ..reasons import JUDGE_FAILURE_PREFIX, join_reasons
 
 __all__ = ["JudgeError", "JUDGE_ERROR_POLICIES", "JUDGE_FAILURES", "JudgePolicyMixin", "judge_policy",
            "check_policy", "call_on_error", "usable_rows", "call_rows", "describe_failure", "is_judge_failure",
@@ -65,29 +69,8 @@ def is_judge_failure(exc: BaseException) -> bool:
     return isinstance(exc, JUDGE_FAILURES) and not isinstance(exc, (NotImplementedError, RecursionError))
 
 
-#: every reason a judge failure produces starts with this (callers that cache results, e.g. a benchmark score
-#: cache, can recognise a transient failure and not store it)
-JUDGE_FAILURE_PREFIX = "judge call failed"
-
-
 def describe_failure(exc: BaseException) -> str:
     return f"{JUDGE_FAILURE_PREFIX}: {type(exc).__name__}: {exc}"
-
-
-def join_reasons(parts: Any) -> str | None:
-    """One sample's reason from labelled parts ``[(label, reason or None), ...]``: ``"label: reason; ..."``,
-    None when every reason is None. Judge failures come first as ``"judge call failed (label): ..."``, so that a
-    combined reason holding a failure still starts with :data:`JUDGE_FAILURE_PREFIX` (a score cache must not
-    store it: the next run asks again)."""
-    fails, others = [], []
-    for label, reason in parts:
-        if not reason:
-            continue
-        if reason.startswith(JUDGE_FAILURE_PREFIX):
-            fails.append(f"{JUDGE_FAILURE_PREFIX} ({label}){reason[len(JUDGE_FAILURE_PREFIX):]}")
-        else:
-            others.append(f"{label}: {reason}")
-    return "; ".join(fails + others) or None
 
 
 class JudgePolicyMixin:

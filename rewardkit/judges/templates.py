@@ -58,7 +58,7 @@ def load_template(family: str, name: str = "default") -> Template:
         avail = sorted(p.stem for p in (TEMPLATE_ROOT / family).glob("*.yaml"))
         raise FileNotFoundError(f"no template {name!r} for {family!r}; available: {avail}")
     with open(path, encoding="utf-8") as f:
-        data = safe_load_yaml(f.read())
+        data = safe_load_yaml(f.read(), source=path)  # a tag or an alias bomb: YAMLConfigError (a ConfigError)
     if not isinstance(data, dict) or "version" not in data:
         raise ValueError(f"template {path} must be a mapping with a 'version' key")
     data = dict(data)

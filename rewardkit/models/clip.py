@@ -12,7 +12,26 @@ from typing import Any, Sequence
 from .._imports import require
 from .vlm import from_pretrained_safetensors, refuse_pickled_side_files, resolve_device, resolve_dtype
 
-__all__ = ["CLIPBackbone"]
+__all__ = ["CLIPBackbone", "TEXT_CLEANING", "openclip_clean"]
+
+
+def openclip_clean(text: str) -> str:
+    """The text cleaning OpenCLIP's ``SimpleTokenizer`` (and OpenAI CLIP's ``clip.tokenize``) applies before
+    BPE: ``ftfy.fix_text``, HTML entities unescaped twice, surrounding whitespace stripped, every whitespace run
+    made one space (``basic_clean`` + ``whitespace_clean`` of ``open_clip/tokenizer.py``; lower-casing is left to
+    the transformers CLIP tokenizer, which does it too). ftfy repairs mojibake (``cafÃ©`` -> ``café``) and
+    straightens curly quotes, so without this step such prompts get other token ids than the model saw."""
+    import html
+    import re
+
+    ftfy = require("ftfy", "hf", purpose="OpenCLIP text cleaning (HPSv2)")
+    text = html.unescape(html.unescape(ftfy.fix_text(text))).strip()
+    return re.sub(r"\s+", " ", text).strip()
+
+
+#: ``text_cleaning=`` options of :class:`CLIPBackbone`: None (the tokenizer's own normalisation only) or
+#: "openclip" (:func:`openclip_clean` first, as the OpenCLIP / OpenAI CLIP tokenizers do)
+TEXT_CLEANING = {None: None, "openclip": openclip_clean}
 
 
 class CLIPBackbone:
@@ -22,6 +41,8 @@ class CLIPBackbone:
         model: hub id or local directory of a ``CLIPModel`` checkpoint.
         processor: hub id or directory of its processor (default: ``model``).
         device, dtype: where and in which precision the encoders run; similarities are computed in fp32.
+        text_cleaning: None, or "openclip" for checkpoints trained with OpenCLIP's tokenizer (HPSv2), whose
+            cleaning (:func:`openclip_clean`) runs before the transformers tokenizer.
 
     The weights are frozen (``requires_grad=False``): gradients only ever flow to input pixels. Safe to use
     from several threads: the shared fast tokenizer (whose truncation / padding settings are mutable state)
@@ -29,8 +50,11 @@ class CLIPBackbone:
     """
 
     def __init__(self, model: str, processor: str | None = None, *, device: Any = None, dtype: Any = None,
-                 trust_remote_code: bool = False):
+                 trust_remote_code: bool = False, text_cleaning: str | None = None):
         transformers = require("transformers", "hf", purpose="CLIP-based rewards")
+        if text_cleaning not in TEXT_CLEANING:
+            raise ValueError(f"text_cleaning must be one of {sorted(TEXT_CLEANING, key=str)}, got {text_cleaning!r}")
+        self._clean = TEXT_CLEANING[text_cleaning]
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype)
         self.model = from_pretrained_safetensors(transformers.CLIPModel, model, dtype=self.dtype,
@@ -111,6 +135,7 @@ class CLIPBackbone:
         truncation / padding settings as shared mutable state, so two threads tokenizing with different
         settings (here: the counting pass) would corrupt each other's batches."""
         tok = self.processor.tokenizer
+        texts = [self._clean(t) for t in texts] if self._clean is not None else list(texts)
         with self._tok_lock:
             enc = tok(list(texts), padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
             truncated = 0

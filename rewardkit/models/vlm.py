@@ -13,6 +13,8 @@ from typing import Any
 
 from .._imports import require
 from ..errors import RewardkitError
+# device helpers are shared with the contract (rewardkit.reward), so they live at its level; importable from here
+from ..devices import device_arg, resolve_device  # noqa: F401
 
 __all__ = ["load_vlm", "load_processor", "image_only_processor", "resolve_dtype", "resolve_device", "device_arg",
            "PickledWeightsError", "require_safetensors", "refuse_pickled_side_files",
@@ -96,51 +98,6 @@ def resolve_dtype(dtype: Any):
     if key is None or key == "auto":
         raise ValueError(f"unknown dtype {dtype!r}; use one of float32, float16, bfloat16")
     return getattr(torch, key)
-
-
-def device_arg(device: Any) -> str | None:
-    """A device as callers pass it (``torch.device``, ``"cuda:1"``, an int GPU index as RL trainers pass
-    ``local_rank``) -> the string configs store (``"cuda:1"``); None stays None."""
-    if device is None:
-        return None
-    if isinstance(device, bool):
-        raise ValueError(f"device must be a string, torch.device or GPU index, got {device!r}")
-    if isinstance(device, int):
-        if device < 0:
-            raise ValueError(f"device index must be >= 0, got {device}")
-        return f"cuda:{device}"
-    if type(device).__name__ == "device" and type(device).__module__.startswith("torch"):
-        return str(device)
-    if isinstance(device, str):
-        d = device.strip()
-        return f"cuda:{d}" if d.isdigit() else d
-    raise ValueError(f"device must be a string, torch.device or GPU index, got {type(device).__name__} {device!r}")
-
-
-def resolve_device(device: Any):
-    """None -> cuda if available else cpu; strings, ints (GPU index) and torch.device accepted (never a
-    hard-coded cuda:0). Asking for an accelerator this torch cannot use is a clear ``ValueError``."""
-    import torch
-
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device_arg(device))
-    except RuntimeError as exc:
-        raise ValueError(f"invalid device {device!r}: {exc}") from None
-    if dev.type == "cuda":
-        if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
-            raise ValueError(f"device={str(dev)!r} was requested but this torch ({torch.__version__}) is a CPU-only "
-                             "build; install a CUDA build of torch or pass device='cpu'")
-        if not torch.cuda.is_available():
-            raise ValueError(f"device={str(dev)!r} was requested but no CUDA device is visible "
-                             "(check CUDA_VISIBLE_DEVICES / the driver) ; pass device='cpu' to run on the CPU")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"device={str(dev)!r} was requested but only {torch.cuda.device_count()} CUDA "
-                             "device(s) are visible")
-    elif dev.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
-        raise ValueError("device='mps' was requested but MPS is not available in this torch / on this machine")
-    return dev
 
 
 _IMAGE_ONLY_CACHE: dict[type, type] = {}

@@ -31,8 +31,11 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Sequence
+
+from ..judges.base import DECIMAL
 
 __all__ = ["DIMENSIONS", "TITLES", "ParseError", "Critique", "PairRationale", "parse_score", "parse_pointwise",
            "parse_pairwise", "parse_prediction", "strip_verdict", "is_verdict", "mean_score", "to_unit", "needs_refinement", "SCORE_MIN",
@@ -59,7 +62,8 @@ class ParseError(ValueError):
         self.dimension = dimension
 
 
-_NUM = r"(?:\d+(?:\.\d+)?|\.\d+)"
+# ASCII digits only (rewardkit.judges.base.DECIMAL, the rule every judge parser shares): "３" is not a 3
+_NUM = rf"(?:{DECIMAL}|\.[0-9]+)"
 _VALUE_RE = re.compile(rf"^\**\s*(?P<v>{_NUM}|N\s*/\s*A|NA|n\s*/\s*a)\s*\**\s*(?:/\s*4(?:\.0+)?)?\s*\**\s*\.?\s*$",
                        re.IGNORECASE)
 _TRAIL = ("summary", "refined request", "preferred")
@@ -251,9 +255,30 @@ _VERDICT_WORD_RE = re.compile(
     r"outperform\w*|outshin\w*|outdo\w*|outclass\w*|favou?r\w*|choos\w*|chos\w*|choice|pick\w*|select\w*|"
     r"go(?:es|ing)?\s+(?:with|for)|ahead|beat\w*|has\s+the\s+edge|edges?\s+out|verdict\w*|conclu\w*|"
     r"stronger|weaker|worse|worst|recommend\w*|victor\w*|surpass\w*|dominates?|trumps?|excels?|exceed\w*|"
-    r"prevail\w*|answer\w*|decision|decide\w*|judg\w*|rank\w*)\b"
-    r"|(?:image\s*)?\b[AB]\s*(?:[<>≻≺≥≤]=?|>>|<<)\s*(?:image\s*)?[AB]\b", re.IGNORECASE)
+    r"prevail\w*|answer\w*|decision|decide\w*|judg\w*|rank\w*|overall|standout|on\s+top|"
+    r"lean(?:s|ing|ed)?\s+(?:towards?|to))\b"
+    r"|(?:image\s*)?\b[AB]\s*(?:[<>≻≺≥≤≫≪]=?|>>|<<)\s*(?:image\s*)?[AB]\b|[✓✔✅→⇒]", re.IGNORECASE)
 _SENT_SPLIT = re.compile(r"(?<=[.!?;])\s+|\n+")
+#: words that carry no evidence: a sentence naming a candidate with nothing else ("Overall, Image B.",
+#: "It is B.", "Image B it is!", "The label is B.") is a verdict
+_FILLER = frozenset("""overall so thus hence therefore clearly obviously definitely certainly surely it is it's its
+    the a an this that here then go my i i'd id would say final finally yes in short sum all and easily simply just
+    for me to label labelled labeled takes take nod goes keep clear pick ideal""".split())
+#: letters that look like A / B (Cyrillic, Greek, Cherokee, small capitals): read as A / B when judging
+_LOOKALIKES = str.maketrans({"\u0410": "A", "\u0430": "a", "\u0412": "B", "\u0391": "A", "\u0392": "B",
+                             "\u13aa": "A", "\u13f4": "B", "\u1d00": "a", "\u0299": "b"})
+
+
+def _clean(text: str) -> str:
+    """NFKC (fullwidth / mathematical letters -> ASCII) without invisible format characters (zero-width
+    spaces, soft hyphens, bidi marks): what stage 2 is shown is exactly what was checked for verdicts."""
+    return "".join(ch for ch in unicodedata.normalize("NFKC", text) if unicodedata.category(ch) != "Cf")
+
+
+def _bare_candidate(s: str) -> bool:
+    if not _CAND_RE.search(s):
+        return False
+    return all(w in _FILLER for w in re.findall(r"[^\W_]+(?:'[^\W_]+)?", _CAND_RE.sub(" ", s).lower()))
 
 
 def is_verdict(sentence: str) -> bool:
@@ -261,10 +286,12 @@ def is_verdict(sentence: str) -> bool:
     ``A`` / ``B``, ``the first image``, ``the latter`` ...) and a verdict word (``better``, ``prefer``,
     ``wins``, ``superior``, ``choose``, ``>`` ...), or it is a bare answer (``"B"``, ``"Answer: A"``).
     Deliberately broad: a sentence that mixes evidence with a verdict is dropped whole."""
-    s = sentence.strip()
+    s = _clean(sentence).translate(_LOOKALIKES).strip()
     if not s:
         return False
     if parse_prediction(s) is not None or parse_prediction(s.rsplit(":", 1)[-1]) is not None:
+        return True
+    if _bare_candidate(s):
         return True
     return bool(_CAND_RE.search(s)) and bool(_VERDICT_WORD_RE.search(s))
 
@@ -272,7 +299,7 @@ def is_verdict(sentence: str) -> bool:
 def _evidence(text: str | None) -> str:
     if not text:
         return ""
-    kept = [s.strip() for s in _SENT_SPLIT.split(text) if s.strip() and not is_verdict(s)]
+    kept = [s.strip() for s in _SENT_SPLIT.split(_clean(text)) if s.strip() and not is_verdict(s)]
     return " ".join(kept)
 
 
@@ -284,10 +311,12 @@ def strip_verdict(rationale: str) -> str:
     the parse (:func:`parse_pairwise`): per dimension its reasoning and its ``Scores:`` line, then the
     summary, in the canonical format. Dropped: the ``Preferred:`` field, any text before the first dimension
     or after the summary, and every sentence of a reasoning / the summary that :func:`is_verdict` flags
-    ("Image A is better", "A wins", "I prefer B", "the second image is superior", "Answer: A" ...). The
+    ("Image A is better", "A wins", "I prefer B", "the second image is superior", "Answer: A", "Overall,
+    Image B." ...), judged after NFKC with invisible format characters removed and A / B look-alike letters
+    read as A / B (the text shown is NFKC without format characters). The
     paper's C.2 shows the teacher the rationale "in full (per-dimension arguments, scores and summary)": the
     scores and the evidence stay. Idempotent. :class:`ParseError` if the rationale does not parse."""
-    scores, reasons = _pair_sections(rationale, t2i=False)
+    scores, reasons = _pair_sections(rationale, t2i=False)  # the stage-1 parse (cleaning only the texts below)
     lines = []
     for d in DIMENSIONS:
         a, b = scores[d]

@@ -15,8 +15,11 @@ record per source row (per row and image for the projection), each with its prov
   verified rationale as a hint.
 
 Resume: a stage skips the rows (keys) its file already holds and appends the rest, one flushed and fsynced
-batch at a time; a partial last line left by a crash is cut off on reopening; so a crashed run continues
-without duplicates or gaps. Records of judge failures are retried on the next run (``retry_failed``).
+batch at a time; a partial last line left by a crash is cut off on reopening (a last record that parses is
+kept); so a crashed run continues without duplicates or gaps. Records of judge failures are retried on the
+next run (``retry_failed``). Only records of the same run are resumed from: a stage rerun in the same
+``output_dir`` with another teacher, template, seed or dataset than its file's records is refused
+(``ConfigError``, exit 2), never mixed with the old rationales; a stage never reads another dataset's records.
 
 The teacher is any judge backend (``transformers:<ckpt>``, ``vllm:<ckpt>``, ``openai:<url>``), ``tiny:qwen2_5_vl``
 / ``tiny:qwen3_vl`` (a tiny random model: its answers are garbage and are dropped with reasons) or
@@ -40,6 +43,8 @@ from .format import (DIMENSIONS, ParseError, mean_score, parse_pairwise, parse_p
 __all__ = ["ParrotConfig", "DataCfg", "TeacherCfg", "SFTCfg", "JsonlStore", "Pipeline", "load_teacher",
            "filter_report", "REASONS"]
 
+#: the fields of a record's provenance that must match the current run's to resume from it
+_PROVENANCE = ("teacher", "template", "seed", "data")
 REASONS = ("kept", "wrong_prediction", "unparseable_prediction", "unparseable_rationale", "judge_failure", "skipped")
 #: exceptions a judge call may raise that count as a judge failure (a server down after its retries, a
 #: timeout, CUDA OOM); anything else is a bug and propagates
@@ -110,7 +115,10 @@ class ParrotConfig:
 class JsonlStore:
     """An append-only JSONL file keyed by ``key(record)``: the last record of a key wins.
 
-    Opening cuts a partial last line (a crash mid-write) so that appends start on a line boundary.
+    Opening repairs the end of the file so that appends start on a line boundary: a last line without its
+    newline is kept (the newline added) when it is a whole record (a JSON object: a valid record written by
+    another tool, or a crash between the record and its newline), and cut off only when it does not parse (a
+    crash mid-write).
     """
 
     def __init__(self, path: str | Path, key: Callable[[dict[str, Any]], Any]) -> None:
@@ -120,10 +128,21 @@ class JsonlStore:
         if self.path.is_file():
             data = self.path.read_bytes()
             end = data.rfind(b"\n") + 1
-            if end < len(data):  # partial trailing line from a crash: drop it
+            if end < len(data):  # a last line without its newline
+                try:
+                    whole = isinstance(json.loads(data[end:].decode("utf-8")), dict)
+                except (ValueError, UnicodeDecodeError):
+                    whole = False
                 with open(self.path, "r+b") as f:
-                    f.truncate(end)
-                data = data[:end]
+                    if whole:  # a complete record: keep it, end the line
+                        f.seek(0, os.SEEK_END)
+                        f.write(b"\n")
+                        data += b"\n"
+                    else:  # half a record from a crash mid-write: drop it
+                        f.truncate(end)
+                        data = data[:end]
+                    f.flush()
+                    os.fsync(f.fileno())
             for n, line in enumerate(data.decode("utf-8").splitlines(), 1):
                 if not line.strip():
                     continue
@@ -201,7 +220,10 @@ def _now() -> float:
 class Pipeline:
     """Stages 1-3 over one dataset with one teacher. ``teacher`` may be passed ready (tests, notebooks)."""
 
-    def __init__(self, cfg: ParrotConfig, *, teacher: Any = None, progress: bool = True) -> None:
+    def __init__(self, cfg: ParrotConfig, *, teacher: Any = None, progress: bool = True,
+                 load_data: bool = True) -> None:
+        """``load_data=False``: no dataset of its own; rows come from the caller through
+        :meth:`rationale_records` (the dataset path, :mod:`rewardkit.datasets.parrot`)."""
         from ..judges import check_temperature, load_template
         from ..train.data import load_pairs
 
@@ -211,13 +233,16 @@ class Pipeline:
         self.out.mkdir(parents=True, exist_ok=True)
         d = cfg.data
         self.ds, self.base_dir = load_pairs(d.train, split=d.split, layout=d.layout, max_samples=d.max_samples,
-                                            synthetic_size=d.synthetic_size, seed=cfg.seed, revision=d.revision)
+                                            synthetic_size=d.synthetic_size, seed=cfg.seed,
+                                            revision=d.revision) if load_data else (None, None)
         self.template = load_template("parrot", cfg.template)
         self._teacher = teacher
+        self._teacher_spec = cfg.teacher.judge if teacher is None else None  # (a teacher passed ready: its describe())
         self.progress = progress
         self.rationales = JsonlStore(self.out / "rationales.jsonl", lambda r: r["row"])
         self.filtered = JsonlStore(self.out / "filtered.jsonl", lambda r: r["row"])
         self.projected = JsonlStore(self.out / "projected.jsonl", lambda r: (r["row"], r["slot"]))
+        self._provenance_checked: set[str] = set()
 
     @property
     def teacher(self) -> Any:
@@ -239,8 +264,56 @@ class Pipeline:
                 "sources": srcs}
 
     def _prov(self, stage: str) -> dict[str, Any]:
-        return {"stage": stage, "teacher": json.dumps(self.teacher.describe(), sort_keys=True),
-                "template": self.template.id, "seed": self.cfg.seed, "data": self.cfg.data.train, "time": _now()}
+        prov = {"stage": stage, "teacher": json.dumps(self.teacher.describe(), sort_keys=True),
+                "teacher_spec": self._teacher_spec, "template": self.template.id, "seed": self.cfg.seed,
+                "data": self.cfg.data.train, "time": _now()}
+        if stage not in self._provenance_checked:
+            self.check_provenance(stage, prov)
+            self._provenance_checked.add(stage)
+        return prov
+
+    def check_stage(self, stage: str) -> None:
+        """:meth:`check_provenance` at the start of ``stage`` ("rationalize", "filter", "project", or "sft": the
+        dataset of every stage file), also when it has nothing left to write (a rerun of a finished run with
+        another seed or teacher used to reuse every record silently: the check only ran with the first new
+        record). Without loading a teacher: the configured teacher spec stands for it (records name theirs),
+        or the teacher itself when it is already there."""
+        if stage in self._provenance_checked:
+            return
+        prov: dict[str, Any] = {"template": self.template.id, "seed": self.cfg.seed, "data": self.cfg.data.train,
+                                "teacher_spec": self._teacher_spec}
+        if self._teacher is not None:
+            prov["teacher"] = json.dumps(self._teacher.describe(), sort_keys=True)
+        self.check_provenance(stage, prov)
+        if stage != "sft" and "teacher" in prov:
+            self._provenance_checked.add(stage)
+
+    def check_provenance(self, stage: str, prov: dict[str, Any] | None = None) -> None:
+        """Refuse to resume from records of another run: every record the stage's own file already holds (the
+        rows it would skip) must have this run's teacher, template, seed and dataset, and the records of the
+        stages it reads must be of this dataset; else :class:`~rewardkit.errors.ConfigError` (the CLI's exit 2)
+        naming what differs. A rerun would otherwise silently keep the old rationales as its own and mix two
+        runs in one file. Use another ``output_dir`` (or delete the stage files) to start a new run. (A later
+        stage may use another teacher than an earlier one: each record names its own.)"""
+        from ..errors import ConfigError
+
+        prov = prov or self._prov_fields()
+        own = {"rationalize": self.rationales, "filter": self.filtered, "project": self.projected}.get(stage)
+        for store in (self.rationales, self.filtered, self.projected):
+            fields = _PROVENANCE + ("teacher_spec",) if store is own else ("data",)
+            for rec in store.records.values():
+                # (a field this check does not know, or a record without it, e.g. a teacher passed ready: skipped)
+                diff = [f"{k}: {rec.get(k)!r} in the file, {prov[k]!r} now" for k in fields
+                        if k in prov and rec.get(k) is not None and prov[k] is not None and rec.get(k) != prov[k]]
+                if diff:
+                    raise ConfigError(
+                        f"{store.path} holds records of another run (row {rec.get('row')!r}: {'; '.join(diff)}). "
+                        f"Resuming would reuse them as this run's; use another output_dir, or delete "
+                        f"{store.path.parent}/{{rationales,filtered,projected}}.jsonl to start over")
+
+    def _prov_fields(self) -> dict[str, Any]:
+        return {"teacher": json.dumps(self.teacher.describe(), sort_keys=True), "template": self.template.id,
+                "seed": self.cfg.seed, "data": self.cfg.data.train}
 
     def _done(self, store: JsonlStore, k: Any) -> bool:
         rec = store.get(k)
@@ -274,6 +347,7 @@ class Pipeline:
     # ------------------------------------------------------------------ stage 1
     def rationalize(self, rows: Iterable[int] | None = None) -> int:
         """Anchored rationales for ``rows`` (default: all); returns how many records were written."""
+        self.check_stage("rationalize")
         todo = [i for i in (range(len(self.ds)) if rows is None else rows) if not self._done(self.rationales, i)]
         n = 0
         for chunk in self._chunks(todo, "rationalize"):
@@ -282,6 +356,14 @@ class Pipeline:
         return n
 
     def _rationalize_chunk(self, rows: list[dict[str, Any]]) -> int:
+        recs = self.rationale_records(rows)
+        self.rationales.append(recs)
+        return len(recs)
+
+    def rationale_records(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Stage-1 records of ``rows`` (each ``{row, prompt, label: A|B|tie, image_a, image_b, sources}``, as
+        :meth:`_row` builds them), in order, without storing them: the entry point for callers that bring
+        their own rows (sharded Parquet sets, Ray actors)."""
         from .prompts import rationalize_conv
 
         prov = self._prov("rationalize")
@@ -312,12 +394,12 @@ class Pipeline:
                 rec.update(status="unparseable", reason=str(exc), dimension=exc.dimension)
                 continue
             rec.update(status="ok", rationale=ans.strip(), rationale_preferred=p.preferred)
-        self.rationales.append(recs)
-        return len(recs)
+        return recs  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ stage 2
     def filter(self, rows: Iterable[int] | None = None) -> int:
         """Consistency check for the rows that have a stage-1 record; returns how many records were written."""
+        self.check_stage("filter")
         cand = range(len(self.ds)) if rows is None else rows
         todo = [i for i in cand if i in self.rationales and not self._done(self.filtered, i)]
         n = 0
@@ -383,6 +465,7 @@ class Pipeline:
     # ------------------------------------------------------------------ stage 3
     def project(self, rows: Iterable[int] | None = None) -> int:
         """Pointwise critiques of both images of every kept pair; returns how many records were written."""
+        self.check_stage("project")
         cand = range(len(self.ds)) if rows is None else rows
         todo = [i for i in cand if (f := self.filtered.get(i)) is not None and f["kept"]
                 and not (self._done(self.projected, (i, "A")) and self._done(self.projected, (i, "B")))]

@@ -8,8 +8,8 @@ Examples (the student never sees the label):
 Images travel in the conversation; the collator renders the chat template, runs the processor over text and
 images together, and masks everything but the assistant's answer (and its end-of-turn token) out of the loss.
 LoRA (peft) or full fine-tuning, optional gradient checkpointing; DDP through ``torchrun`` / ``accelerate
-launch`` (the Trainer reads the launcher's environment). Resumes from the last Trainer checkpoint in
-``<output_dir>/<sft.output>-trainer``. The final model (LoRA merged) and its processor are written to
+launch`` (the Trainer reads the launcher's environment). Resumes from the last *complete* Trainer checkpoint
+in ``<output_dir>/<sft.output>-trainer`` (one half-written by a kill is removed: :func:`last_complete_checkpoint`). The final model (LoRA merged) and its processor are written to
 ``<output_dir>/<sft.output>``: ``load_reward("rational", model=that_dir)``.
 """
 
@@ -23,7 +23,8 @@ from typing import Any
 
 from .._imports import require
 
-__all__ = ["build_examples", "example_images", "ParrotCollator", "train_sft", "load_student"]
+__all__ = ["build_examples", "example_images", "ParrotCollator", "train_sft", "load_student",
+           "last_complete_checkpoint"]
 
 _LORA_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)$"
 
@@ -164,14 +165,44 @@ def _save(model: Any, processor: Any, path: Path, provenance: dict[str, Any]) ->
     (path / "parrot_provenance.json").write_text(json.dumps(provenance, indent=2), encoding="utf-8")
 
 
+def last_complete_checkpoint(run_dir: str | Path) -> str | None:
+    """The newest Trainer checkpoint (``checkpoint-N``) in ``run_dir`` that was written to the end, or None.
+
+    The Trainer writes a checkpoint's files in place and ``trainer_state.json`` last: a checkpoint is complete
+    when that file parses and records ``global_step == N``. A newer checkpoint that is not (a kill while it was
+    written) is removed, with a warning, so that the run resumes from the last complete one instead of failing
+    on the half-written one at every rerun (and later writes its step afresh)."""
+    import re
+    import shutil
+    import warnings
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return None
+    steps = sorted(((int(m.group(1)), p) for p in run_dir.iterdir()
+                    if p.is_dir() and (m := re.fullmatch(r"checkpoint-(\d+)", p.name))), reverse=True)
+    for step, path in steps:
+        try:
+            state = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
+            complete = isinstance(state, dict) and int(state.get("global_step", -1)) == step
+        except (OSError, ValueError, TypeError):
+            complete = False
+        if complete:
+            return str(path)
+        warnings.warn(f"{path}: incomplete checkpoint (interrupted while it was written: no readable "
+                      "trainer_state.json for this step); removed, resuming from the previous one", stacklevel=2)
+        shutil.rmtree(path, ignore_errors=True)
+    return None
+
+
 def train_sft(pipe: Any) -> dict[str, Any]:
     """Stage 4 on the outputs of ``pipe`` (a :class:`~rewardkit.parrot.pipeline.Pipeline`); returns a summary."""
     trl = require("trl", "train")
     require("peft", "train")
     import torch
-    from transformers.trainer_utils import get_last_checkpoint
 
     cfg = pipe.cfg.sft
+    pipe.check_stage("sft")  # the stage files are of this dataset (their rows index it)
     examples = build_examples(pipe, pairwise=cfg.include_pairwise, pointwise=cfg.include_pointwise)
     if not examples:
         raise ValueError(f"no SFT examples in {pipe.out}: no rationale passed the consistency filter (see "
@@ -204,7 +235,7 @@ def train_sft(pipe: Any) -> dict[str, Any]:
         disable_tqdm=not pipe.progress)
     trainer = trl.SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=processor,
                              data_collator=ParrotCollator(processor, pipe.template), peft_config=peft_config)
-    last = get_last_checkpoint(str(run_dir)) if run_dir.is_dir() else None
+    last = last_complete_checkpoint(run_dir)
     final = pipe.out / cfg.output
     if last is not None and (final / "parrot_provenance.json").is_file():
         state = json.loads((Path(last) / "trainer_state.json").read_text(encoding="utf-8"))

@@ -38,6 +38,9 @@ class CLIPReward(Reward):
     #: aesthetic predictor) instead of the Hugging Face processor's: calls keep that exact recipe on PIL (no
     #: tensor fast path), and score_tensor runs its torch port (rewardkit.models.zoo).
     own_preprocessing: ClassVar[bool] = False
+    #: text cleaning before the tokenizer (rewardkit.models.clip.TEXT_CLEANING): "openclip" for checkpoints
+    #: trained with OpenCLIP's tokenizer (ftfy + HTML unescape + whitespace), None for the transformers one
+    text_cleaning: ClassVar[str | None] = None
     #: short names -> hub ids
     VARIANTS: dict[str, str] = {}
 
@@ -53,7 +56,7 @@ class CLIPReward(Reward):
         self._check_config()  # before loading any weights
         model = self.VARIANTS.get(cfg.model, cfg.model)
         self.backbone = CLIPBackbone(model, self._processor_for(model), device=cfg.device, dtype=cfg.dtype,
-                                     trust_remote_code=cfg.trust_remote_code)
+                                     trust_remote_code=cfg.trust_remote_code, text_cleaning=self.text_cleaning)
         self._device = self.backbone.device
         self.default_batch_size = cfg.batch_size
 

@@ -13,7 +13,8 @@ Dimensions: one per detector, 1 / 0 where enabled, NaN where not enabled for the
     >>> det(images, prompts, metadata=[{"reference_image": base_img}, ...])
 
 Enablement per (prompt, detector): ``metadata[i]["detectors"]`` (a list of enabled names) when given, else
-the cache, else a text-only yes/no question to the judge about the prompt (``applies_question``), cached.
+the cache (an entry counts only under the same template id / version and judge), else a text-only yes/no
+question to the judge about the prompt (``applies_question``), cached.
 ``applicability="always"`` enables every detector for every prompt (the ungated ablation).
 
 No usable probability is ever read as "No". A question the judge gives no usable Yes/No probability for is
@@ -26,6 +27,7 @@ question(s). A failing judge call follows ``on_judge_error`` (:mod:`rewardkit.ju
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
@@ -143,7 +145,7 @@ class Detectors(JudgePolicyMixin, Reward):
                 if answered:  # only answered questions are cached
                     merged = self._cached_applies(p)
                     merged.update(answered)
-                    self.cache.put(p, applies=merged, template=self.template.id)
+                    self.cache.put(p, applies=merged, template=self.template.id, judge=self._judge_id())
         out = []
         for p in prompts:
             applies = {**self._cached_applies(p), **fresh.get(p, {})}
@@ -158,9 +160,17 @@ class Detectors(JudgePolicyMixin, Reward):
             out.append(row)
         return out
 
+    def _judge_id(self) -> str:
+        return json.dumps(self.judge.describe(), sort_keys=True, default=str)
+
     def _cached_applies(self, prompt: str) -> dict[str, bool]:
-        """Cached enablement answers for ``prompt`` (non-boolean entries are ignored: asked again)."""
-        have = (self.cache.get(prompt) or {}).get("applies")
+        """Cached enablement answers for ``prompt``, when they were given under this template (id and version)
+        by this judge; otherwise none (asked again, and the entry is replaced). Non-boolean entries are
+        ignored (asked again)."""
+        rec = self.cache.get(prompt) or {}
+        if rec.get("template") != self.template.id or rec.get("judge") != self._judge_id():
+            return {}
+        have = rec.get("applies")
         if not isinstance(have, dict):
             return {}
         return {k: v for k, v in have.items() if isinstance(v, bool)}

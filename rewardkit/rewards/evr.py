@@ -43,7 +43,6 @@ __all__ = ["EVR", "EVRConfig", "dimension_scores", "aggregate_dimensions", "norm
 DIMENSIONS = ("reference_consistency", "scene_consistency", "harmony", "instruction_consistency", "visual_quality")
 _SHORT = {"rc": "reference_consistency", "sc": "scene_consistency", "h": "harmony",
           "ic": "instruction_consistency", "q": "visual_quality"}
-_PAIRWISE_KEY = "__evr_pairwise__"
 
 
 # ---------------------------------------------------------------------------------------------- pure math
@@ -278,7 +277,7 @@ class EVR(JudgePolicyMixin, Reward):
         if not isinstance(roles, (list, tuple)) or not all(isinstance(r, str) and r.strip() for r in roles):
             return f"metadata reference_roles must be a list of non-empty strings, got {roles!r}"
         items, err = self._source_items(sources) if sources is not None else ([], None)
-        n_refs = len(items) - (1 if meta.get(_PAIRWISE_KEY) else 0)  # compare() packs candidate b last
+        n_refs = len(items) - (1 if self._pair_mode() else 0)  # compare() packs candidate b last
         if err is None and len(roles) != n_refs:
             return (f"metadata reference_roles names {len(roles)} role(s) for {n_refs} reference image(s); "
                     "give one per reference, in order")
@@ -317,8 +316,24 @@ class EVR(JudgePolicyMixin, Reward):
                 {"role": "user", "content": self._images(refs, candidate) + [{"type": "text", "text": text}]}]
 
     # ------------------------------------------------------------------ scoring
+    def _pair_mode(self) -> str | None:
+        """"2way" / "4way" inside :meth:`_pair_call` (a flag of this thread, set there), else None: an internal
+        switch never read from the caller's metadata (a ``__evr_pairwise__`` key there used to switch a pointwise
+        call to the pairwise path)."""
+        import threading
+
+        loc = self.__dict__.get("_tls")
+        if loc is None:
+            loc = self.__dict__.setdefault("_tls", threading.local())
+        return getattr(loc, "mode", None)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.pop("_tls", None)
+        return state
+
     def _score(self, batch: RewardBatch) -> RewardOutput:
-        pairwise = bool(batch.metadata and batch.metadata[0].get(_PAIRWISE_KEY))
+        pairwise = self._pair_mode() is not None
         try:
             return self._pairwise(batch) if pairwise else self._evaluate_verify(batch)
         except Exception as exc:  # noqa: BLE001 - re-raised unless on_judge_error says NaN
@@ -510,18 +525,22 @@ class EVR(JudgePolicyMixin, Reward):
         # candidate b travels as the last "source" so that the base class decodes and validates it
         packed = [(list(s) if isinstance(s, (list, tuple)) else [s]) + [b[i]] for i, s in enumerate(srcs)]
         metas = self._metadata(metadata, n)
-        for m in metas:
-            m[_PAIRWISE_KEY] = mode
-        return self(a, prompt, sources=packed, metadata=metas, batch_size=batch_size, on_error=on_error)
+        self._pair_mode()  # (creates this reward's thread-local state)
+        tls = self.__dict__["_tls"]
+        tls.mode = mode  # the packed candidate is one extra "source": allowed in this call only
+        try:
+            return self(a, prompt, sources=packed, metadata=metas, batch_size=batch_size, on_error=on_error)
+        finally:
+            tls.mode = None
 
     def _pairwise(self, batch: RewardBatch) -> RewardOutput:
         t = self.template
-        fourway = batch.metadata[0].get(_PAIRWISE_KEY) == "4way"
+        fourway = self._pair_mode() == "4way"
         key = "pairwise_4way" if fourway else "pairwise"
         convs = []
         for i in range(len(batch)):
             refs, cand_b = batch.sources[i][:-1], batch.sources[i][-1]
-            meta = {k: v for k, v in batch.metadata[i].items() if k != _PAIRWISE_KEY}
+            meta = batch.metadata[i]
             text = t.render(key, n_refs=len(refs), ref_roles=self._ref_roles(meta, len(refs)),
                             instruction=batch.prompts[i])
             for first, second in ((batch.images[i], cand_b), (cand_b, batch.images[i])):

@@ -13,6 +13,10 @@ adds: identical pixels and scores for ``k / 255`` values (measured difference 0 
 floats the input's 8-bit rounding (at most 0.5 / 255 per input pixel; cosine differences up to 2e-4 measured).
 Ordinary calls always take the PIL route.
 
+Prompts are cleaned as HPSv2's tokenizer (OpenCLIP's ``SimpleTokenizer``) cleans them before BPE: ``ftfy.fix_text``,
+HTML entities unescaped twice, whitespace runs collapsed (:func:`rewardkit.models.clip.openclip_clean`), so curly
+quotes, ``&amp;`` and mojibake give the token ids the model saw.
+
 Weights: convert the official file once, offline (the runtime reads safetensors only)::
 
     rewardkit convert hpsv2 HPS_v2.1_compressed.pt hpsv2.1/
@@ -47,6 +51,7 @@ class HPSv2(CLIPReward):
     dimensions = ("cosine",)
     Config = HPSv2Config
     own_preprocessing = True  # HPSv2's resize-longest + pad, not the processor's centre crop
+    text_cleaning = "openclip"  # HPSv2's tokenizer (OpenCLIP's) runs ftfy + HTML unescape + whitespace first
     differentiable = True  # score_tensor: the same recipe on the caller's float tensor
 
     def _check_config(self) -> None:

@@ -14,6 +14,9 @@ sample NaN + invalid with the parser's reason; nothing is ever filled in.
 ``compare()`` asks the native pairwise question in both orders (position swap): each order's "Preferred:"
 verdict votes, ``P(a) = (1[a wins | a first] + 1[a wins | a second]) / 2`` (0, 0.5 or 1); an order whose
 answer does not parse makes the pair NaN + reason. ``compare_mode="scores"`` compares pointwise scores.
+
+A failing judge call follows ``on_judge_error`` (:mod:`rewardkit.judges.policy`): with a backend that fails one
+request at a time, only that request's sample (pair) fails.
 """
 
 from __future__ import annotations
@@ -25,11 +28,11 @@ from typing import Any, ClassVar, Sequence
 import torch
 
 from ..judges.base import check_temperature
+from ..judges.policy import (JUDGE_FAILURE_PREFIX, JudgeError, JudgePolicyMixin, call_rows, check_policy,
+                             describe_failure, is_judge_failure, judge_policy)
 from ..reward import PairwiseOutput, Reward, RewardBatch, RewardConfig, RewardOutput
 
 __all__ = ["RationalReward", "RationalConfig"]
-
-_PAIR_KEY = "__rational_pairwise__"
 
 
 @dataclass
@@ -48,11 +51,11 @@ class RationalConfig(RewardConfig):
     seed: int = 0
     batch_size: int = 8
     compare_mode: str = "pairwise"  # "pairwise" (native, both orders) | "scores"
-    #: a judge call that fails: "raise", or "nan" (the chunk is invalid with the error as reason)
-    on_judge_error: str = "raise"
+    #: what a failing judge call gives (rewardkit.judges.policy): "auto" (follow the call's on_error), "nan", "raise"
+    on_judge_error: str = "auto"
 
 
-class RationalReward(Reward):
+class RationalReward(JudgePolicyMixin, Reward):
     """RationalRewards (PARROT) on any judge backend."""
 
     name: ClassVar[str] = "rational"
@@ -74,8 +77,7 @@ class RationalReward(Reward):
         cfg = self.config
         if cfg.compare_mode not in ("pairwise", "scores"):
             raise ValueError(f"rational compare_mode must be 'pairwise' or 'scores', got {cfg.compare_mode!r}")
-        if cfg.on_judge_error not in ("raise", "nan"):
-            raise ValueError(f"rational on_judge_error must be 'raise' or 'nan', got {cfg.on_judge_error!r}")
+        check_policy(cfg.on_judge_error, self.name)
         if cfg.max_new_tokens < 1:
             raise ValueError("rational needs max_new_tokens >= 1")
         check_temperature(cfg.temperature, "rational temperature")
@@ -124,11 +126,22 @@ class RationalReward(Reward):
     def _call_scope(self):
         return self.judge.session()
 
-    def _generate(self, convs: list) -> list[str]:
+    def _generate(self, convs: list) -> tuple[list[str], list[str | None]]:
+        """One answer per conversation and, per conversation, the judge failure that left it unanswered (None).
+        Under the NaN policy a backend that fails one request at a time fails only that conversation."""
         cfg = self.config
-        outs = self.judge.generate(convs, n=1, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
-                                   seed=cfg.seed)
-        return [o[0] for o in outs]
+        isolate = judge_policy(cfg.on_judge_error) == "nan"
+        outs, failed = call_rows(self.judge, "generate", convs, isolate=isolate, n=1, temperature=cfg.temperature,
+                                 max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
+        if len(outs) != len(convs):
+            raise JudgeError(f"generate returned {len(outs)} answers for {len(convs)} conversations")
+        errs = [None if e is None else f"{JUDGE_FAILURE_PREFIX}: {e}" for e in failed]
+        texts = []
+        for i, o in enumerate(outs):
+            if errs[i] is None and (not o or not isinstance(o[0], str)):
+                raise JudgeError(f"generate returned no answer text for conversation {i}: {o!r:.80}")
+            texts.append(o[0] if errs[i] is None else "")
+        return texts, errs
 
     def _info(self) -> dict[str, Any]:
         return {"template": self.template.id, "judge": self.judge.describe(), "scale": "(mean 1-4 - 1) / 3",
@@ -136,13 +149,14 @@ class RationalReward(Reward):
 
     # ------------------------------------------------------------------ pointwise
     def _score(self, batch: RewardBatch) -> RewardOutput:
-        pairwise = bool(batch.metadata and batch.metadata[0].get(_PAIR_KEY))
+        # pairwise only inside compare() (a flag of this thread, set there): never from the caller's metadata
+        pairwise = bool(getattr(self._local, "packed", False))
         try:
             return self._pairwise(batch) if pairwise else self._pointwise(batch)
-        except (OSError, RuntimeError) as exc:
-            if self.config.on_judge_error != "nan":
+        except Exception as exc:  # noqa: BLE001 - re-raised unless the judge policy says NaN
+            if not is_judge_failure(exc) or judge_policy(self.config.on_judge_error) != "nan":
                 raise
-            out = RewardOutput.invalid(len(batch), f"judge call failed: {type(exc).__name__}: {exc}",
+            out = RewardOutput.invalid(len(batch), describe_failure(exc),
                                        dimensions=() if pairwise else self.dimensions)
             out.info = self._info()
             return out
@@ -153,13 +167,16 @@ class RationalReward(Reward):
 
         B = len(batch)
         srcs = batch.sources or [[] for _ in range(B)]
-        texts = self._generate([pointwise_conv(self.template, batch.prompts[i], batch.images[i], srcs[i])
-                                for i in range(B)])
+        texts, failed = self._generate([pointwise_conv(self.template, batch.prompts[i], batch.images[i], srcs[i])
+                                        for i in range(B)])
         scores = torch.full((B,), math.nan)
         dims = {d: torch.full((B,), math.nan) for d in self.dimensions}
-        errors: list[str | None] = [None] * B
+        errors: list[str | None] = list(failed)
         details: list[dict[str, Any] | None] = []
         for i, text in enumerate(texts):
+            if errors[i] is not None:
+                details.append(None)
+                continue
             try:
                 c = parse_pointwise(text, t2i=not srcs[i])
             except ParseError as exc:
@@ -178,7 +195,8 @@ class RationalReward(Reward):
                             "summary": c.summary, "refined_request": c.refined_request, "notes": c.notes,
                             "mean": None if math.isnan(m) else m})
         valid = torch.tensor([e is None for e in errors])
-        return RewardOutput(scores=scores, valid=valid, errors=errors, dimensions=dims, rationales=list(texts),
+        rationales = [None if e else t for t, e in zip(texts, failed)]  # (no text for an unanswered request)
+        return RewardOutput(scores=scores, valid=valid, errors=errors, dimensions=dims, rationales=rationales,
                             details=details, info=self._info())
 
     # ------------------------------------------------------------------ pairwise
@@ -201,8 +219,6 @@ class RationalReward(Reward):
         packed = [(list(s) if isinstance(s, (list, tuple)) else ([] if s is None else [s])) + [b[i]]
                   for i, s in enumerate(srcs)]
         metas = self._metadata(metadata, n)
-        for m in metas:
-            m[_PAIR_KEY] = True
         self._local.packed = True  # the packed candidate is one extra "source": allowed in this call only
         try:
             out = self(a, prompt, sources=packed, metadata=metas, batch_size=batch_size, on_error=on_error)
@@ -222,12 +238,18 @@ class RationalReward(Reward):
                 raise ValueError("rational compares t2i pairs or single-source edits (got several sources)")
             convs.append(pairwise_conv(self.template, batch.prompts[i], batch.images[i], cand_b, refs))
             convs.append(pairwise_conv(self.template, batch.prompts[i], cand_b, batch.images[i], refs))
-        texts = self._generate(convs)
+        texts, failed = self._generate(convs)
         B = len(batch)
         prob = torch.full((B,), math.nan)
         errors: list[str | None] = [None] * B
         rats, details = [], []
         for i in range(B):
+            fail = failed[2 * i] or failed[2 * i + 1]
+            if fail is not None:  # one order unanswered: the pair is unknown (a judge failure, asked again later)
+                errors[i] = fail
+                rats.append(None)
+                details.append(None)
+                continue
             t2i = len(batch.sources[i]) == 1
             votes, bad = [], []
             for k, (text, a_slot) in enumerate(((texts[2 * i], "A"), (texts[2 * i + 1], "B"))):
@@ -261,3 +283,4 @@ class RationalReward(Reward):
             self.judge.to(device)
         self._device = _torch.device(device)
         return self
+

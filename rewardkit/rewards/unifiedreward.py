@@ -46,6 +46,7 @@ from typing import Any, ClassVar, Sequence
 
 import torch
 
+from ..judges.base import DECIMAL
 from ..judges.policy import (JUDGE_FAILURE_PREFIX, JudgeError, JudgePolicyMixin, call_on_error, call_rows,
                              check_policy, describe_failure, is_judge_failure, join_reasons, judge_policy)
 from ..reward import PairwiseOutput, Reward, RewardBatch, RewardConfig, RewardOutput
@@ -57,7 +58,7 @@ _MARKER = re.compile(r"Final Score\s*:", re.IGNORECASE)
 # after the marker: optional bold, a plain decimal number, optional "/5" or "/ 5", optional bold, optional
 # full stop, then the end of the line. Nothing else ("4 out of 5", "3-4", "five", "1e1" are refused).
 # ASCII digits only: Python's \d would also take "４" (fullwidth) or "٣" (Arabic-Indic) as a score.
-_VALUE = re.compile(r"[ \t]*(?:\*\*)?[ \t]*([0-9]+(?:\.[0-9]+)?)[ \t]*(?:/[ \t]*([0-9]+))?[ \t]*(?:\*\*)?[ \t]*\.?[ \t]*(?:\r?\n|$)")
+_VALUE = re.compile(rf"[ \t]*(?:\*\*)?[ \t]*({DECIMAL})[ \t]*(?:/[ \t]*([0-9]+))?[ \t]*(?:\*\*)?[ \t]*\.?[ \t]*(?:\r?\n|$)")
 _VERDICTS = (("Image 1 is better", 1.0), ("Image 2 is better", 0.0), ("Both images are equally good", 0.5))
 
 
@@ -103,7 +104,7 @@ def parse_pair_verdict(text: Any) -> tuple[float | None, str | None]:
     return found.pop(), None
 
 
-_NUM = r"([0-9]+(?:\.[0-9]+)?)"  # a plain non-negative ASCII decimal: no sign, no exponent, no "nan"
+_NUM = rf"({DECIMAL})"  # a plain non-negative ASCII decimal: no sign, no exponent, no "nan"
 _AXES = ("Alignment", "Coherence", "Style")
 
 

@@ -1,6 +1,13 @@
 """VQAScore (Lin et al. 2024, "Evaluating Text-to-Visual Generation with Image-to-Text Generation"): the
 probability that a VLM answers "Yes" to ``Does this figure show "{prompt}"? Please answer Yes or No.``.
 
+**Which question** (``template=``): t2v_metrics asks two different questions depending on where it came from.
+``"default"`` (= ``"t2v_metrics-3.1"``): ``Does this figure show "{prompt}"? Please answer Yes or No.``, the GitHub
+version (linzhiqiu/t2v_metrics, 3.1 line); ``"t2v_metrics-3.0"``: ``Does this image show "{prompt}"?``, what the
+PyPI release (``pip install t2v-metrics`` = 3.0) asks with its Qwen-VL scorers. The VQAScore paper's own numbers
+come from CLIP-FlanT5 (``... Please answer yes or no.``), an architecture transformers cannot host. ``out.info
+["template"]`` records the version used.
+
 Runs on any judge backend (transformers, vLLM, OpenAI-compatible) through the judge engine's label
 probabilities, with one vision encode per distinct image per call. Score in [0, 1].
 
@@ -63,7 +70,8 @@ class VQAScoreConfig(RewardConfig):
     #: device / dtype of a transformers (dtype: also vLLM) judge, merged into judge_kwargs
     device: str | None = None
     dtype: str | None = None
-    #: template under rewardkit/templates/vqascore/ (or a YAML path): question, answer, negative
+    #: template under rewardkit/templates/vqascore/ (or a YAML path): question, answer, negative. "default" =
+    #: "t2v_metrics-3.1" (GitHub t2v_metrics); "t2v_metrics-3.0" = the PyPI release's question
     template: str = "default"
     #: "full": P(Yes) under the full-vocabulary softmax (t2v_metrics); "yes_no": renormalised over Yes / No
     probability: str = "full"

@@ -4,8 +4,10 @@
 
 Modules: :mod:`.schedule` (sigma schedule, timestep selection, decay schedules), :mod:`.solvers` (Euler,
 flow SDE, DPM-Solver-2), :mod:`.nft` (advantages, optimality probability, the NFT loss, soft update / EMA),
-:mod:`.exploration` (E²PO), :mod:`.sd3` (the diffusers model side), :mod:`.trainer` (the loop),
-:mod:`.config` (the config dataclass and presets). Importing this package is cheap: diffusers, transformers
+:mod:`.exploration` (E²PO), :mod:`.sd3` (the diffusers model side), :mod:`.trainer` (the loop), with
+:mod:`.prompts` (prompt sets and their metadata), :mod:`.scoring` (rewards), :mod:`.evaluation` (held-out
+evaluation), :mod:`.tracking` (logged terms, TensorBoard / wandb), :mod:`.checkpoints`, :mod:`.runtime` (seeds,
+processes), :mod:`.curves`; :mod:`.config` (the config dataclass and presets). Importing this package is cheap: diffusers, transformers
 and peft load only when a trainer is built.
 """
 

@@ -58,6 +58,7 @@ class SampleArgs:
     group_size: int = 24                  # images per prompt (with E²PO: G x K, K = e2po.num_variants)
     eval_num_steps: int = 40              # evaluation: Euler ODE
     eval_solver: str = "euler"
+    eval_guidance_scale: float | None = None  # evaluation's CFG scale; None: sample.guidance_scale (official)
 
 
 @dataclass
@@ -90,18 +91,18 @@ class NFTConfig:
     sample: SampleArgs = field(default_factory=SampleArgs)
     train: TrainArgs = field(default_factory=TrainArgs)
     e2po: E2POConfig = field(default_factory=E2POConfig)
-    # rewards: registry name -> weight; the training reward is the weighted SUM (flow_grpo's "avg")
-    rewards: dict[str, float] = field(default_factory=lambda: {"pickscore": 1.0})
-    # per-reward constructor options, e.g. {"clipscore": {"model": "path/to/clip"}}
-    reward_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # rewards: registry name -> weight; the training reward is the weighted SUM (flow_grpo's "avg"). A set: a
+    # later layer's mapping replaces it whole (rewards.NAME=W edits one entry); see rewardkit.config
+    rewards: dict[str, float] = field(default_factory=lambda: {"pickscore": 1.0}, metadata={"merge": False})
+    # per-reward constructor options, e.g. {"clipscore": {"model": "path/to/clip"}}; merges key by key, but a
+    # layer that replaces `rewards` drops the earlier layers' options of rewards no longer in the set
+    reward_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={"keys_of": "rewards"})
     reward_workers: int = 4               # threads scoring finished batches while the next batch samples
     invalid_rewards: str = "drop"         # drop (left out of statistics and loss; counted and warned) | raise
     prompts: str = "builtin:geneval_tiny"  # a .txt file (one prompt a line), a .jsonl with "prompt", or builtin:...
     num_epochs: int = 1000
     mixed_precision: str = "fp16"         # no | fp16 (autocast + GradScaler) | bf16
     cpu: bool = False
-    eval_every: int = 10                  # epochs; 0: never. Euler ODE, sample.eval_num_steps, EMA weights
-    eval_prompts: int = 16                # the first N prompts, fixed noise
     save_every: int = 30                  # epochs (and at the end)
     save_total_limit: int = 2
     resume: str = "auto"                  # auto | never | a checkpoint directory
@@ -109,6 +110,17 @@ class NFTConfig:
     progress: bool = True
     allow_tf32: bool = True
     torch_threads: int = 0                # CPU threads for torch (0: torch's default; 1 is fastest for tiny models)
+
+    # ---- evaluation, experiment tracking, step checkpoints (the trainer's block)
+    eval_every: int = 10                  # epochs; 0: never. Also before the first epoch (the baseline) and at the end
+    eval_prompts: str = ""                # held-out prompt set (as `prompts`); "": builtin:NAME_eval for builtin:NAME
+    eval_num_prompts: int = 0             # the first N evaluation prompts (0: all), the same noise every time
+    eval_grid: int = 16                   # images in the PNG grid written per evaluation (0: none)
+    report_to: list[str] | str = field(default_factory=lambda: ["tensorboard"])  # tensorboard, wandb | none
+    run_name: str = ""                    # wandb run name ("": the output_dir's name)
+    log_images_every: int = 10            # epochs: the top / bottom `log_images` training images by reward (0: never)
+    log_images: int = 4
+    save_every_steps: int = 0             # optimizer steps between checkpoints, mid-epoch too (0: per save_every)
 
     def validate(self) -> None:
         s, t = self.sample, self.train
@@ -118,6 +130,10 @@ class NFTConfig:
                              f"{s.solver!r} / {s.eval_solver!r}")
         if not (isinstance(s.guidance_scale, (int, float)) and math.isfinite(s.guidance_scale)):
             raise ValueError(f"sample.guidance_scale must be a finite number, got {s.guidance_scale!r}")
+        if s.eval_guidance_scale is not None and not (isinstance(s.eval_guidance_scale, (int, float))
+                                                      and math.isfinite(s.eval_guidance_scale)):
+            raise ValueError(f"sample.eval_guidance_scale must be a finite number or null, got "
+                             f"{s.eval_guidance_scale!r}")
         if not (0 <= s.eta < math.inf):
             raise ValueError(f"sample.eta must be finite and >= 0, got {s.eta!r}")
         if self.mixed_precision not in ("no", "fp16", "bf16"):
@@ -139,12 +155,48 @@ class NFTConfig:
                 and 0 <= t.adam_beta1 < 1 and 0 <= t.adam_beta2 < 1):
             raise ValueError("train.weight_decay must be finite >= 0, adam_eps finite > 0, adam_beta1 / adam_beta2 "
                              f"in [0, 1); got {t.weight_decay!r}, {t.adam_eps!r}, {t.adam_beta1!r}, {t.adam_beta2!r}")
+        # the NFT step's own settings: checked here, not after the first epoch's sampling (adv_mode, beta,
+        # adv_clip_max) or training (decay_type), as the functions using them would
+        from .nft import ADV_MODES
+        from .schedule import DECAY_TYPES
+
+        if t.adv_mode not in ADV_MODES:
+            raise ValueError(f"train.adv_mode must be one of {', '.join(ADV_MODES)}, got {t.adv_mode!r}")
+        if isinstance(t.decay_type, (int, str)) and not isinstance(t.decay_type, bool) \
+                and str(t.decay_type).strip() in ("0", "1", "2"):  # the official numbers (the str field reads "2")
+            t.decay_type = DECAY_TYPES[int(str(t.decay_type).strip())]
+        if t.decay_type not in DECAY_TYPES:
+            raise ValueError(f"train.decay_type must be one of {', '.join(DECAY_TYPES)} (or 0 / 1 / 2), got "
+                             f"{t.decay_type!r}")
+        for key, v, lo in (("beta", t.beta, 0.0), ("adv_clip_max", t.adv_clip_max, 0.0)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo < v < math.inf:
+                raise ValueError(f"train.{key} must be a finite number > 0, got {v!r}")
+        if isinstance(t.kl_coef, bool) or not isinstance(t.kl_coef, (int, float)) or not 0 <= t.kl_coef < math.inf:
+            raise ValueError(f"train.kl_coef must be a finite number >= 0, got {t.kl_coef!r}")
+        if not (isinstance(t.ema_decay, (int, float)) and 0 <= t.ema_decay <= 1):
+            raise ValueError(f"train.ema_decay must be in [0, 1], got {t.ema_decay!r}")
+        if not (isinstance(t.timestep_fraction, (int, float)) and 0 < t.timestep_fraction <= 1):
+            raise ValueError(f"train.timestep_fraction must be in (0, 1], got {t.timestep_fraction!r}")
         if min(s.batch_size, s.num_groups, s.group_size, t.batch_size, t.steps_per_epoch, s.num_steps) < 1:
             raise ValueError("batch sizes, num_groups, group_size, steps and steps_per_epoch must be >= 1")
         if s.group_size < 2:
             raise ValueError("sample.group_size must be >= 2: advantages are relative to the group")
         if s.resolution % 16:
             raise ValueError(f"sample.resolution must be a multiple of 16, got {s.resolution}")
+        if isinstance(self.eval_prompts, str) and self.eval_prompts.strip().isdigit():
+            raise ValueError(f"eval_prompts is a held-out prompt set (a file or builtin:NAME), got {self.eval_prompts!r}"
+                             f"; the number of evaluation prompts is eval_num_prompts={self.eval_prompts}")
+        if isinstance(self.report_to, str):  # report_to=wandb, report_to=tensorboard,wandb
+            self.report_to = [x.strip() for x in self.report_to.split(",") if x.strip()]
+        if not isinstance(self.report_to, (list, tuple)):  # report_to: null (say none)
+            raise ValueError(f"report_to: a list of tensorboard, wandb, or [none]; got {self.report_to!r}")
+        bad = [r for r in self.report_to if r not in ("tensorboard", "wandb", "none")]
+        if bad or ("none" in self.report_to and len(self.report_to) > 1):
+            raise ValueError(f"report_to: a list of tensorboard, wandb, or [none]; got {self.report_to!r}")
+        if min(self.eval_num_prompts, self.eval_grid, self.log_images_every, self.log_images,
+               self.save_every_steps) < 0:
+            raise ValueError("eval_num_prompts, eval_grid, log_images_every, log_images and save_every_steps "
+                             "must be >= 0")
         if self.e2po.enabled:
             self.e2po.validate()
             if s.group_size % self.e2po.num_variants:

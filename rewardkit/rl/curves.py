@@ -1,4 +1,5 @@
-"""``curves.png`` from ``metrics.jsonl``: reward mean +- std per component, zero-std-group ratio, losses and KL,
+"""``curves.png`` from ``metrics.jsonl``: reward mean +- std per component (evaluations, from the epoch-0
+baseline on, as squares), zero-std-group ratio, losses and KL (``kl_div``, ``old_kl_div``, ``old_deviate``),
 the optimality-probability histogram per epoch, and for E²PO the achieved anchor similarity with its band."""
 
 from __future__ import annotations
@@ -66,14 +67,14 @@ def plot_curves(metrics: str | Path, out: str | Path, e2po: Any = None) -> Path 
     ax[1].set_ylim(-0.05, 1.05)
     ax[1].set_title("zero-std-group ratio, mean r")
     ax[1].legend(fontsize=7)
-    for key in ("policy_loss", "loss"):
+    for key in ("policy_loss", "total_loss"):
         xs, ys = _series(recs, key)
         ax[2].plot(xs, ys, marker=".", label=key)
     ax2 = ax[2].twinx()
-    for key, style in (("kl", "--"), ("old_deviation", ":")):
+    for key, style, color in (("kl_div", "--", "gray"), ("old_kl_div", "-.", "tab:purple"), ("old_deviate", ":", "black")):
         xs, ys = _series(recs, key)
-        ax2.plot(xs, ys, style, label=key, color="gray" if key == "kl" else "black")
-    ax[2].set_title("loss (left), KL / old deviation (right)")
+        ax2.plot(xs, ys, style, label=key, color=color)
+    ax[2].set_title("loss (left), KL to base / old deviation (right)")
     ax[2].legend(fontsize=7, loc="upper left")
     ax2.legend(fontsize=7, loc="upper right")
     hists = [(r["epoch"], r["r/hist"]) for r in recs if isinstance(r.get("r/hist"), list)]

@@ -207,6 +207,11 @@ class SD3Policy:
             # model writer (save_lora_adapter) does not
             keys = [k for k in st.load_file(str(d / "pytorch_lora_weights.safetensors")) if "lora_" in k]
             prefix = "transformer" if any(k.startswith("transformer.") for k in keys) else None
+            others = sorted({k.split(".")[0] for k in keys if prefix is not None and not k.startswith("transformer.")})
+            if others:  # e.g. text_encoder / text_encoder_2: without them the start is not the LoRA's model
+                raise ValueError(f"LoRA {d} also adapts {others}; the trainer adapts the transformer only, so it "
+                                 "would start from another model than this LoRA's: save the transformer's LoRA alone "
+                                 "(save_lora_weights(transformer_lora_layers=...))")
             n_file = sum(1 for k in keys if prefix is None or k.startswith("transformer."))
             before = {n for n, _ in self.transformer.named_parameters()}
             self.transformer.load_lora_adapter(str(d), prefix=prefix, adapter_name=name,

@@ -17,12 +17,22 @@ One epoch, top to bottom (:meth:`NFTTrainer.run_epoch`):
    trained adapter through DDP, base model), :func:`nft.nft_loss`; ``steps_per_epoch`` optimizer steps
    (fp16: GradScaler), an EMA step after each.
 6. **Old policy** ``old <- d old + (1 - d) default`` with ``d = old_policy_decay(global_step)``.
-7. **Log** (``metrics.jsonl``, tqdm, ``curves.png``) and **checkpoint** (atomic; LoRA safetensors a diffusers
-   pipeline loads with ``load_lora_weights``).
+7. **Log** (``metrics.jsonl`` per epoch, ``steps.jsonl`` per optimizer step under the official names, the
+   ``report_to`` trackers, tqdm, ``curves.png``), **evaluate** (:mod:`.evaluation`: held-out prompts, EMA
+   weights, a baseline before the first epoch) and **checkpoint** (:mod:`.checkpoints`; atomic; LoRA
+   safetensors a diffusers pipeline loads with ``load_lora_weights``).
 
 Every random draw is a pure function of ``(seed, epoch, rank)``, so a resumed run needs only the weights
-(trained, old, EMA), the optimizer, the scaler and the epoch: killing a run and resuming it gives bitwise the
-same weights on CPU (tested).
+(trained, old, EMA), the optimizer, the scaler and the epoch; inside an epoch (``save_every_steps``) also the
+epoch's rollouts, r and the training generator's state. Killing a run and resuming it gives bitwise the same
+weights on CPU, at an epoch boundary or mid-epoch (tested).
+
+Helpers live beside it: :mod:`.prompts` (prompt sets with metadata), :mod:`.runtime` (seeds, processes),
+:mod:`.scoring` (rewards), :mod:`.tracking` (loss terms, trackers).
+
+Size (over the ~600 lines the project aims for, on purpose): the seven steps above are methods of one class that
+share its state (adapters, optimizer, scaler, generators, buffers), in the order they run, so the file reads as
+the algorithm; everything that does not need that state already lives in the helper modules.
 """
 
 from __future__ import annotations
@@ -31,7 +41,6 @@ import dataclasses
 import json
 import math
 import os
-import shutil
 import signal
 import time
 import warnings
@@ -44,267 +53,42 @@ import torch
 
 from .._imports import require
 from ..train.trainer import latest_checkpoint, resume_checkpoint  # same checkpoint layout as the RM trainer
+from . import checkpoints as _ckpt
 from . import nft as N
 from . import schedule as S
 from . import solvers
 from .config import NFTConfig
 from .exploration import check_anchor_band, content_token_mask, noise_aware_gamma, optimize_perturbations
+from .prompts import BUILTIN_PROMPTS, load_prompt_set, load_prompts
+from .runtime import _E2PO, _EVAL, _PLAN, _SAMPLE, _TRAIN, _Dist, _gen, _seed, resolve_tiny  # noqa: F401
+from .scoring import _batch_relative, _check_batch_relative, _resolve_tiny_tree, _RewardScorer, check_group_keys  # noqa: F401
+from .evaluation import evaluate, write_grid
 from .sd3 import Cond, SD3Policy
+from .tracking import Trackers, check_report_to, loss_terms
 
-__all__ = ["NFTTrainer", "train_nft", "latest_checkpoint", "BUILTIN_PROMPTS", "load_prompts"]
+__all__ = ["NFTTrainer", "train_nft", "latest_checkpoint", "BUILTIN_PROMPTS", "load_prompts", "load_prompt_set"]
 
 KILL_ENV = "REWARDKIT_TEST_KILL_AFTER_EPOCH"  # test hook: SIGKILL the process after this epoch
-
-BUILTIN_PROMPTS = {
-    "geneval_tiny": [
-        "a photo of a cat", "a photo of two dogs", "a red car and a blue bicycle", "a photo of a banana",
-        "a green bowl to the left of a cup", "three birds on a branch", "a yellow umbrella", "a photo of a clock",
-        "a black sink and a white toilet", "a cow below a tv", "a purple vase", "two apples on a table",
-        "a photo of a giraffe and a zebra", "an orange kite in the sky", "a brown bear", "four books",
-    ],
-}
+KILL_STEP_ENV = "REWARDKIT_TEST_KILL_AFTER_STEP"  # test hook: SIGKILL after this optimizer step (and its checkpoint)
 
 
-def load_prompts(spec: str) -> list[str]:
-    """``builtin:NAME``, a ``.txt`` file (one prompt a line) or a ``.jsonl`` file (a ``"prompt"`` per line)."""
-    if spec.startswith("builtin:"):
-        name = spec.split(":", 1)[1]
-        if name not in BUILTIN_PROMPTS:
-            raise ValueError(f"unknown builtin prompt set {name!r}; choose from {sorted(BUILTIN_PROMPTS)}")
-        return list(BUILTIN_PROMPTS[name])
-    path = Path(spec)
-    if not path.is_file():
-        raise FileNotFoundError(f"prompt file not found: {path}")
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".jsonl":
-        prompts = []
-        for i, line in enumerate(text.splitlines()):
-            if line.strip():
-                rec = json.loads(line)
-                if not isinstance(rec, dict) or not isinstance(rec.get("prompt"), str):
-                    raise ValueError(f"{path}:{i + 1}: expected an object with a string 'prompt'")
-                prompts.append(rec["prompt"])
-    else:
-        prompts = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    if not prompts or any(not p.strip() for p in prompts):
-        raise ValueError(f"{path}: no prompts (or an empty prompt)")
-    return prompts
-
-
-def _seed(*parts: int) -> int:
-    """A 63-bit seed from integers (stable across processes and runs)."""
-    h = 1469598103934665603
-    for p in parts:
-        h = ((h ^ (int(p) & 0xFFFFFFFFFFFF)) * 1099511628211) & 0x7FFFFFFFFFFFFFFF
-    return h
-
-
-def _gen(*parts: int) -> torch.Generator:
-    return torch.Generator().manual_seed(_seed(*parts))
-
-
-_SAMPLE, _TRAIN, _PLAN, _E2PO, _EVAL = 1, 2, 3, 4, 5
-
-
-def resolve_tiny(spec: Any, root: Path, dist: "_Dist | None" = None) -> Any:
-    """``"tiny:<kind>"`` (``sd3``, ``clip``, ...) -> a tiny random checkpoint written under ``root`` by
-    :func:`rewardkit.testing.save_tiny_checkpoint` (once, by the main process) and loaded back from disk like
-    real weights. Anything else is returned unchanged."""
-    if not (isinstance(spec, str) and spec.startswith("tiny:")):
-        return spec
-    from ..testing import save_tiny_checkpoint
-
-    kind = spec.split(":", 1)[1]
-    path = root / kind
-    if dist is None or dist.main:
-        if not (path / ".complete").is_file():
-            save_tiny_checkpoint(kind, path)
-            (path / ".complete").write_text("ok", encoding="utf-8")
-    if dist is not None:
-        dist.barrier()
-    return str(path)
-
-
-# ---------------------------------------------------------------------------------------------- distributed
-class _Dist:
-    """torchrun's environment -> a process group (NCCL on GPU, gloo on CPU); or a single process."""
-
-    def __init__(self, cpu: bool):
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        use_cuda = torch.cuda.is_available() and not cpu
-        self.device = torch.device(f"cuda:{local}" if use_cuda else "cpu")
-        if use_cuda:
-            torch.cuda.set_device(self.device)
-        self.owns_group = False
-        if self.world > 1 and not torch.distributed.is_initialized():
-            torch.distributed.init_process_group("nccl" if use_cuda else "gloo")
-            self.owns_group = True
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-    def gather_cat(self, x: torch.Tensor) -> torch.Tensor:
-        """All processes' ``x`` (same shape everywhere) concatenated along dim 0, in rank order."""
-        if self.world == 1:
-            return x
-        parts = [torch.empty_like(x) for _ in range(self.world)]
-        torch.distributed.all_gather(parts, x.contiguous())
-        return torch.cat(parts)
-
-    def mean(self, x: torch.Tensor) -> torch.Tensor:
-        if self.world == 1:
-            return x
-        x = x.clone()
-        torch.distributed.all_reduce(x)
-        return x / self.world
-
-    def barrier(self) -> None:
-        if self.world > 1:
-            torch.distributed.barrier()
-
-
-# ---------------------------------------------------------------------------------------------- rewards
-def _resolve_tiny_tree(obj: Any, root: Path, dist: "_Dist") -> Any:
-    """:func:`resolve_tiny` on every string inside nested dicts / lists (a composite's ``axes[i].options``)."""
-    if isinstance(obj, dict):
-        return {k: _resolve_tiny_tree(v, root, dist) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_resolve_tiny_tree(v, root, dist) for v in obj]
-    return resolve_tiny(obj, root, dist)
-
-
-def _batch_relative(reward: Any) -> bool:
-    """A local composite whose score depends on the other samples of the call (its ``batch_relative``: z-scored
-    per batch or group), which :meth:`_RewardScorer.finalize` can combine over the epoch."""
-    from ..compose.composite import Composite
-
-    return isinstance(reward, Composite) and reward.batch_relative
-
-
-def _check_batch_relative(key: str, reward: Any) -> None:
-    """Refuse the batch-relative rewards :meth:`_RewardScorer.finalize` cannot combine over the epoch (their
-    statistics would silently be those of one decoded batch, or of no groups at all)."""
-    from ..compose.composite import Composite
-
-    if getattr(reward, "batch_relative", False) and not _batch_relative(reward):
-        raise ValueError(f"reward {key!r} normalises over each call (e.g. a served composite), which the NFT "
-                         "trainer would call once per decoded batch: use a local `composite` reward, or a "
-                         "per-sample normalisation")
-    if not isinstance(reward, Composite):
-        return
-    if _batch_relative(reward) and reward.config.normalize == "group" and reward.config.group_by != "prompt":
-        raise ValueError(f"reward {key!r}: group_by={reward.config.group_by!r} reads sample metadata, which the NFT "
-                         "trainer does not have (every sample would fall in one group): use group_by: prompt "
-                         "(groups by prompt index)")
-    for name, sub in reward.rewards.items():
-        if getattr(sub, "batch_relative", False):
-            raise ValueError(f"reward {key!r}: its axis {name!r} normalises over each call, which would be one "
-                             "decoded batch, not the epoch: only the outer composite may use normalize: batch | group")
-        _check_batch_relative(f"{key}.{name}", sub)
-
-
-class _RewardScorer:
-    """Weighted sum of rewardkit rewards (flow_grpo's "avg" convention: a sum) with per-component values.
-
-    A batch-relative composite (``normalize: batch | group``) is not scored per decoded batch: each batch
-    records its per-axis raw scores (:meth:`Composite.axis_scores`), and :meth:`finalize` runs the composite's
-    formula once over every process's samples of the epoch (:func:`rewardkit.distributed.gather_combine`), so
-    its z-scores equal one call over the whole epoch, whatever the batch size or the number of processes.
-    """
-
-    def __init__(self, cfg: NFTConfig, tiny_root: Path, dist: "_Dist"):
-        from ..registry import load_reward, resolve_name
-
-        self.names = [resolve_name(n) for n in cfg.rewards]  # unknown names fail before any model loads
-        self.weights = [float(w) for w in cfg.rewards.values()]
-        unknown = set(cfg.reward_kwargs) - set(cfg.rewards)
-        if unknown:
-            raise ValueError(f"reward_kwargs for rewards not in `rewards`: {sorted(unknown)}")
-        self.rewards = []
-        for name, raw in zip(self.names, cfg.rewards):
-            kwargs = _resolve_tiny_tree(dict(cfg.reward_kwargs.get(raw, {})), tiny_root, dist)
-            self.rewards.append(load_reward(name, **kwargs))
-        self.keys = list(cfg.rewards)
-        for key, r in zip(self.keys, self.rewards):
-            _check_batch_relative(key, r)
-        self.deferred = {k for k, r in zip(self.keys, self.rewards) if _batch_relative(r)}
-
-    def __call__(self, images: torch.Tensor, prompts: list[str]) -> dict[str, Any]:
-        """images: float32 ``[B, 3, H, W]`` in [0, 1] -> ``{"total": [B], "components": {name: [B]},
-        "dimensions": {name.dim: [B]}, "errors": [B reasons or None], "axes": {name: AxisScores}}`` (NaN where a
-        reward gave no score). A batch-relative composite's component (and so the total) is NaN here; its
-        ``AxisScores`` wait in ``axes`` for :meth:`finalize`."""
-        comps, dims, axes = {}, {}, {}
-        errors: list[str | None] = [None] * len(prompts)
-        total = torch.zeros(len(prompts), dtype=torch.float64)
-        for key, w, reward in zip(self.keys, self.weights, self.rewards):
-            if key in self.deferred:
-                axes[key] = reward.axis_scores(images, prompts, on_error="nan")
-                comps[key] = torch.full((len(prompts),), float("nan"), dtype=torch.float64)
-                total = total + comps[key]
-                continue
-            out = reward(images, prompts, on_error="nan")
-            s = out.scores.double()
-            comps[key] = s
-            for d, v in out.dimensions.items():
-                dims[f"{key}.{d}"] = v.double()
-            for i, e in enumerate(out.errors):
-                if e and errors[i] is None:
-                    errors[i] = f"{key}: {e}"
-            total = total + w * s  # NaN propagates: a sample missing any component has no total
-        return {"total": total, "components": comps, "dimensions": dims, "errors": errors, "axes": axes}
-
-    def finalize(self, results: list[dict[str, Any]], prompt_ids: torch.Tensor) -> dict[str, Any]:
-        """This process's batch results of one epoch (or evaluation), concatenated, with every batch-relative
-        composite combined over all processes' samples. Collective when a composite is deferred: every process
-        must call it. ``prompt_ids`` ``[n]`` (this process's, in batch order) are the groups of
-        ``normalize: group`` composites grouped by prompt. Returns ``{"total": [n], "components": {name: [n]},
-        "dimensions": {name.dim: [n]}, "errors": [n]}`` (float64)."""
-        from ..distributed import gather_combine
-
-        n = sum(len(r["errors"]) for r in results)
-        cat = (lambda xs: torch.cat(xs)) if results else (lambda xs: torch.zeros(0, dtype=torch.float64))
-        comp_keys = results[0]["components"] if results else self.keys
-        comps = {k: cat([r["components"][k] for r in results]) for k in comp_keys}
-        dims = {k: cat([r["dimensions"][k] for r in results]) for k in (results[0]["dimensions"] if results else [])}
-        errors = [e for r in results for e in r["errors"]]
-        if len(prompt_ids) != n:
-            raise ValueError(f"{len(prompt_ids)} prompt ids for {n} scored samples")
-        for key, reward in zip(self.keys, self.rewards):
-            if key not in self.deferred:
-                continue
-            from ..compose.composite import AxisScores
-
-            parts = [r["axes"][key] for r in results if "axes" in r and key in r["axes"]]
-            if len(parts) != len(results):
-                raise ValueError(f"{key}: batch results without the composite's axis scores")
-            names = list(reward.rewards)
-            local = AxisScores.cat(parts) if parts else AxisScores.empty(0, names, [a.name for a in reward.axes])
-            by_prompt = reward.config.normalize == "group" and reward.config.group_by == "prompt"
-            out = gather_combine(reward, local, local=True,
-                                 group_keys=[int(p) for p in prompt_ids] if by_prompt else None)
-            comps[key] = out.scores.double()
-            for d, v in out.dimensions.items():
-                dims[f"{key}.{d}"] = v.double()
-            for i, e in enumerate(out.errors):
-                if e and errors[i] is None:
-                    errors[i] = f"{key}: {e}"
-        if self.deferred:
-            total = torch.zeros(n, dtype=torch.float64)
-            for key, w in zip(self.keys, self.weights):
-                total = total + w * comps[key]  # NaN propagates as in __call__
-        else:
-            total = cat([r["total"] for r in results])
-        return {"total": total, "components": comps, "dimensions": dims, "errors": errors}
+def _default_eval_prompts(prompts: str) -> str:
+    """``builtin:NAME_eval`` for ``builtin:NAME`` when that held-out set exists; otherwise an error: evaluating on
+    the training prompts would measure memorisation, so a held-out file must be named."""
+    if prompts.startswith("builtin:") and f"{prompts.split(':', 1)[1]}_eval" in BUILTIN_PROMPTS:
+        return prompts + "_eval"
+    raise ValueError("eval_every needs held-out prompts: set eval_prompts to a prompt file (as `prompts`, e.g. "
+                     "test_metadata.jsonl), or eval_every: 0")
 
 
 # ---------------------------------------------------------------------------------------------- trainer
 class NFTTrainer:
     def __init__(self, cfg: NFTConfig):
         cfg.validate()
+        # the rl extra and the trackers' libraries before any reward or model loads
+        require("diffusers", "rl", purpose="the DiffusionNFT trainer")
+        require("peft", "rl", purpose="LoRA adapters of the DiffusionNFT trainer")
+        check_report_to(cfg.report_to)
         self.cfg = cfg
         self.dist = _Dist(cfg.cpu)
         self.device = self.dist.device
@@ -331,11 +115,23 @@ class NFTTrainer:
         self.accum = self.micro_batches // t.steps_per_epoch
         self.sigmas = S.flow_sigmas(s.num_steps, s.shift)
         self.num_train_t = S.num_train_timesteps(s.num_steps, t.timestep_fraction)
-        self.prompts = load_prompts(cfg.prompts)
-        if cfg.eval_every and min(cfg.eval_prompts, len(self.prompts)) < self.dist.world:
+        self.prompts, self.metadata = load_prompt_set(cfg.prompts)
+        self.eval_prompts: list[str] = []
+        self.eval_metadata: list[dict[str, Any]] = []
+        if cfg.eval_every:
+            spec = cfg.eval_prompts or _default_eval_prompts(cfg.prompts)
+            self.eval_prompts, self.eval_metadata = load_prompt_set(spec)
+            if cfg.eval_num_prompts:
+                self.eval_prompts = self.eval_prompts[:cfg.eval_num_prompts]
+                self.eval_metadata = self.eval_metadata[:cfg.eval_num_prompts]
+        overlap = set(self.eval_prompts) & set(self.prompts)
+        if overlap and self.dist.main:
+            warnings.warn(f"{len(overlap)} of {len(self.eval_prompts)} evaluation prompts are training prompts too "
+                          f"(e.g. {sorted(overlap)[0]!r}): the evaluation is not held out", stacklevel=2)
+        if cfg.eval_every and len(self.eval_prompts) < self.dist.world:
             # every process evaluates a share of the prompts and the statistics are all-reduced by key
-            raise ValueError(f"eval_prompts = {min(cfg.eval_prompts, len(self.prompts))} evaluation prompt(s) for "
-                             f"{self.dist.world} processes: give at least one per process, or eval_every: 0")
+            raise ValueError(f"{len(self.eval_prompts)} evaluation prompt(s) for {self.dist.world} processes: give at "
+                             "least one per process (eval_prompts, eval_num_prompts), or eval_every: 0")
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
 
@@ -347,6 +143,8 @@ class NFTTrainer:
             text_dtype = getattr(torch, cfg.model.text_encoder_dtype)
         tiny_root = self.out / "tiny_models"
         self.scorer = _RewardScorer(cfg, tiny_root, self.dist)
+        check_group_keys(self.scorer, self.metadata, cfg.prompts)
+        check_group_keys(self.scorer, self.eval_metadata, cfg.eval_prompts or 'the evaluation prompts')
         self.policy = SD3Policy(resolve_tiny(cfg.model.pretrained, tiny_root, self.dist), device=self.device, text_dtype=text_dtype,
                                 max_sequence_length=cfg.model.max_sequence_length, revision=cfg.model.revision,
                                 trust_remote_code=cfg.model.trust_remote_code, transformer=cfg.model.transformer)
@@ -373,6 +171,9 @@ class NFTTrainer:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.mixed_precision == "fp16")
         self.epoch = 0
         self.global_step = 0
+        self._resume_state: dict[str, Any] | None = None  # an epoch a mid-epoch checkpoint stopped in
+        self._kill_after_step = int(os.environ.get(KILL_STEP_ENV, "0") or 0)
+        self.trackers = Trackers([], self.out, main=False)  # the real ones open in train()
 
     # ------------------------------------------------------------------ helpers
     def _autocast(self):
@@ -455,11 +256,13 @@ class NFTTrainer:
     # ------------------------------------------------------------------ rollouts
     @torch.no_grad()
     def _rollout(self, c_orig: Cond, c_opt: Cond, noise: torch.Tensor, gen: torch.Generator,
-                 steps: int | None = None, solver: str | None = None, use_old: bool = True) -> torch.Tensor:
+                 steps: int | None = None, solver: str | None = None, use_old: bool = True,
+                 guidance_scale: float | None = None) -> torch.Tensor:
         """Latents at sigma = 0 from ``noise`` ``[B, C, h, w]``; E²PO members follow the noise-aware condition."""
         s, e = self.cfg.sample, self.cfg.e2po
         sigmas = self.sigmas if steps is None else S.flow_sigmas(steps, s.shift)
         perturbed = c_opt is not c_orig
+        cfg_scale = s.guidance_scale if guidance_scale is None else guidance_scale
 
         def velocity(x, sigma, i):
             cond = c_orig
@@ -470,7 +273,7 @@ class NFTTrainer:
             sig = torch.full((x.shape[0],), sigma, device=x.device, dtype=torch.float32)
             with self._autocast():
                 return self.policy.sample_velocity(
-                    self.policy.transformer, x, sig, cond, guidance_scale=s.guidance_scale,
+                    self.policy.transformer, x, sig, cond, guidance_scale=cfg_scale,
                     negative_prompt=s.negative_prompt, integer_timestep=s.integer_timestep).float()
 
         ctx = self.policy.use_old() if use_old else nullcontext()
@@ -489,7 +292,8 @@ class NFTTrainer:
                 x0 = self._rollout(c_orig, c_opt, noise, gen)
                 images = self.policy.decode(x0).cpu()
                 texts = [self.prompts[p] for p, _ in batch]
-                futures.append(pool.submit(self.scorer, images, texts))  # scored while the next batch samples
+                metas = [self.metadata[p] for p, _ in batch]  # the prompt row (prompt included), per sample
+                futures.append(pool.submit(self.scorer, images, texts, metas))  # scored while the next batch samples
                 x0s.append(x0)
                 conds.append(c_orig)
                 prompt_ids += [p for p, _ in batch]
@@ -504,6 +308,7 @@ class NFTTrainer:
         t = self.cfg.train
         fin = self.scorer.finalize(buf["rewards"], buf["prompt"])  # collective for batch-relative composites
         total, errors = fin["total"], fin["errors"]
+        buf["total"] = total  # this process's rewards, for the top / bottom images
         keys, dims = list(fin["components"]), list(fin["dimensions"])
         comp = torch.stack([fin["components"][k] for k in keys] + [fin["dimensions"][k] for k in dims], dim=1) \
             if keys or dims else torch.zeros(len(total), 0, dtype=torch.float64)
@@ -528,6 +333,8 @@ class NFTTrainer:
             ok = torch.isfinite(col)
             logs[f"reward/{name}/mean"] = float(col[ok].mean()) if ok.any() else float("nan")
             logs[f"reward/{name}/std"] = float(col[ok].std(unbiased=False)) if ok.any() else float("nan")
+            logs[f"reward/{name}/max"] = float(col[ok].max()) if ok.any() else float("nan")
+            logs[f"reward/{name}/min"] = float(col[ok].min()) if ok.any() else float("nan")
         if self.cfg.e2po.enabled:
             for v in (0, 1):
                 sel = (g_var == 0) if v == 0 else (g_var > 0)
@@ -545,17 +352,23 @@ class NFTTrainer:
         return r, valid, logs
 
     # ------------------------------------------------------------------ training
-    def _train_epoch(self, buf: dict[str, Any], r: torch.Tensor, valid: torch.Tensor) -> dict[str, float]:
+    def _train_epoch(self, st: dict[str, Any]) -> dict[str, float]:
+        """The epoch's optimizer steps from micro-batch ``st["micro"]`` on. ``st`` is the epoch in progress (its
+        rollouts, r, the training generator's state after the last step, running sums): what a mid-epoch
+        checkpoint saves, so that a resumed epoch draws the same permutation, timesteps and noise."""
         t = self.cfg.train
-        gen = _gen(self.cfg.seed, _TRAIN, self.epoch, self.dist.rank)
+        buf, r, valid = st["buf"], st["r"], st["valid"]
+        gen = _gen(self.cfg.seed, _TRAIN, st["epoch"], self.dist.rank)
         perm = torch.randperm(self.local_n, generator=gen)
+        if st["gen_state"] is not None:
+            gen.set_state(st["gen_state"])
         T = self.num_train_t
         sig = self.sigmas.float()
-        sums: dict[str, float] = {}
-        count = 0
-        grad_norms, scales = [], []
+        sums: dict[str, float] = st["sums"]
+        step_sums: dict[str, float] = {}
+        step_count = 0
         self.policy.transformer.train()
-        for m in range(self.micro_batches):
+        for m in range(st["micro"], self.micro_batches):
             idx = perm[m * t.batch_size:(m + 1) * t.batch_size]
             x0 = buf["x0"][idx.to(self.device)].float()
             cond = buf["cond"][idx.to(self.device)]
@@ -582,202 +395,151 @@ class NFTTrainer:
                     loss, metrics = N.nft_loss(v_theta, v_old, v_ref, x0, xt, tt, rr, beta=t.beta,
                                                adv_clip_max=t.adv_clip_max, kl_coef=t.kl_coef, mask=mask)
                     self.scaler.scale(loss / (self.accum * T)).backward()
-                for k, v in metrics.items():
-                    sums[k] = sums.get(k, 0.0) + float(v)
-                sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
-                count += 1
+                for k, v in loss_terms(v_theta, v_old, v_ref, x0, loss, metrics, t.adv_clip_max).items():
+                    sums[k] = sums.get(k, 0.0) + v
+                    step_sums[k] = step_sums.get(k, 0.0) + v
+                st["count"] += 1
+                step_count += 1
             if last_micro:
                 self.scaler.unscale_(self.opt)
                 norm = torch.nn.utils.clip_grad_norm_(self.trainable, t.max_grad_norm)
-                grad_norms.append(float(norm))
+                st["grad_norms"].append(float(norm))
                 self.scaler.step(self.opt)
                 self.scaler.update()
-                scales.append(float(self.scaler.get_scale()) if self.scaler.is_enabled() else 1.0)
+                st["scales"].append(float(self.scaler.get_scale()) if self.scaler.is_enabled() else 1.0)
                 self.opt.zero_grad(set_to_none=True)
                 self.global_step += 1
                 if self.ema is not None:
                     N.ema_update_(self.ema, self.trainable, self.global_step, t.ema_decay)
+                st["micro"], st["gen_state"] = m + 1, gen.get_state()
+                self._log_step(st, step_sums, step_count)
+                step_sums, step_count = {}, 0
+                if self.cfg.save_every_steps and self.global_step % self.cfg.save_every_steps == 0:
+                    self.save_checkpoint(st)
+                if self._kill_after_step and self.global_step == self._kill_after_step:
+                    os.kill(os.getpid(), signal.SIGKILL)  # test hook: die like a preempted job, mid-epoch
         self.policy.transformer.eval()
-        out = {k: v / max(count, 1) for k, v in sums.items()}
-        vec = self.dist.mean(torch.tensor([out[k] for k in sorted(out)], dtype=torch.float64, device=self.device))
-        out = {k: float(v) for k, v in zip(sorted(out), vec.cpu())}
-        out["grad_norm"] = float(sum(grad_norms) / len(grad_norms)) if grad_norms else float("nan")
-        out["grad_scale"] = scales[-1] if scales else float("nan")
+        out = self._reduce_mean({k: v / max(st["count"], 1) for k, v in sums.items()})
+        out["grad_norm"] = float(sum(st["grad_norms"]) / len(st["grad_norms"])) if st["grad_norms"] else float("nan")
+        out["grad_scale"] = st["scales"][-1] if st["scales"] else float("nan")
         return out
+
+    def _reduce_mean(self, values: dict[str, float]) -> dict[str, float]:
+        """Per key, the mean over processes (collective)."""
+        keys = sorted(values)
+        vec = self.dist.mean(torch.tensor([values[k] for k in keys], dtype=torch.float64, device=self.device))
+        return {k: float(v) for k, v in zip(keys, vec.cpu())}
+
+    def _log_step(self, st: dict[str, Any], step_sums: dict[str, float], count: int) -> None:
+        """One optimizer step's record (the official per-step log): the loss terms averaged over its backward
+        passes and over processes, the gradient norm and scale; ``steps.jsonl`` and the trackers."""
+        rec = self._reduce_mean({k: v / max(count, 1) for k, v in step_sums.items()})
+        rec = {"step": self.global_step, "epoch": st["epoch"], **rec, "grad_norm": st["grad_norms"][-1],
+               "grad_scale": st["scales"][-1], "lr": float(self.opt.param_groups[0]["lr"])}
+        self._log(rec, "steps.jsonl")
+        self.trackers.log({f"train/{k}": v for k, v in rec.items() if k != "step"}, self.global_step)
 
     # ------------------------------------------------------------------ one epoch
     def run_epoch(self) -> dict[str, Any]:
+        """One epoch, or the rest of one a mid-epoch checkpoint stopped in."""
         epoch = self.epoch
+        st, self._resume_state = self._resume_state, None
         t0 = time.perf_counter()
-        deltas, e_logs = (None, {})
-        if self.cfg.e2po.enabled:
-            deltas, e_logs = self._explore(epoch)
-        t1 = time.perf_counter()
-        buf = self._sample_epoch(epoch, deltas)
+        if st is None:
+            deltas, e_logs = (None, {})
+            if self.cfg.e2po.enabled:
+                deltas, e_logs = self._explore(epoch)
+            t1 = time.perf_counter()
+            buf = self._sample_epoch(epoch, deltas)
+            t2 = time.perf_counter()
+            r, valid, r_logs = self._advantages(buf)
+            self._log_images(buf)
+            buf = {k: buf[k] for k in ("x0", "cond", "prompt", "variant")}
+            st = {"epoch": epoch, "buf": buf, "r": r, "valid": valid, "micro": 0, "gen_state": None, "sums": {},
+                  "count": 0, "grad_norms": [], "scales": [],
+                  "logs": {**r_logs, **e_logs, "time/e2po_s": t1 - t0, "time/sample_s": t2 - t1}}
+        else:  # resumed mid-epoch: the rollouts' conditions, encoded again batch by batch as when sampled
+            st["buf"]["cond"] = Cond.cat([self._conditions(batch, None)[0] for batch in self._plan(epoch)[1]])
         t2 = time.perf_counter()
-        r, valid, r_logs = self._advantages(buf)
-        train_logs = self._train_epoch(buf, r, valid)
+        train_logs = self._train_epoch(st)
         decay = S.old_policy_decay(self.global_step, self.cfg.train.decay_type)
         N.soft_update_(self.old_params, self.trainable, decay)
-        t3 = time.perf_counter()
         self.epoch += 1
-        rec = {"epoch": self.epoch, "global_step": self.global_step, "old_decay": decay, **r_logs, **train_logs,
-               **e_logs, "time/e2po_s": t1 - t0, "time/sample_s": t2 - t1, "time/train_s": t3 - t2}
-        return rec
+        return {"epoch": self.epoch, "global_step": self.global_step, "old_decay": decay, **st["logs"],
+                **train_logs, "time/train_s": time.perf_counter() - t2}
+
+    def _log_images(self, buf: dict[str, Any]) -> None:
+        """Every ``log_images_every`` epochs (from the first), the main process's ``log_images`` highest- and
+        lowest-reward training images of the epoch (decoded again from their latents) to the trackers."""
+        cfg = self.cfg
+        k, every = cfg.log_images, cfg.log_images_every
+        if not (self.dist.main and k and every and self.epoch % every == 0 and "total" in buf):
+            return
+        if self.trackers.tb is None and self.trackers.wandb is None:
+            return
+        total = buf["total"]
+        ok = torch.nonzero(torch.isfinite(total)).flatten()
+        if not len(ok):
+            return
+        order = ok[torch.argsort(total[ok], descending=True, stable=True)]
+        for tag, sel in (("train/top_reward_images", order[:k]), ("train/bottom_reward_images", order.flip(0)[:k])):
+            with torch.no_grad():
+                images = self.policy.decode(buf["x0"][sel.to(self.device)]).float().cpu()
+            caps = [f"{self.prompts[int(buf['prompt'][i])]:.100} | total: {float(total[i]):.4g}" for i in sel]
+            self.trackers.log_images(tag, images, self.global_step, caps)
 
     # ------------------------------------------------------------------ evaluation
-    @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Rewards of the EMA weights (the trained adapter when EMA is off) on the first ``eval_prompts`` prompts:
-        ``sample.eval_solver`` with ``sample.eval_num_steps`` steps, the same noise every time."""
-        cfg, s = self.cfg, self.cfg.sample
-        idx = list(range(min(cfg.eval_prompts, len(self.prompts))))[self.dist.rank::self.dist.world]
-        gen = _gen(cfg.seed, _EVAL, self.dist.rank)
-        backup = [p.detach().clone() for p in self.trainable]
-        if self.ema is not None:
-            for p, e in zip(self.trainable, self.ema):
-                p.copy_(e)
-        results, ids = [], []
-        try:
-            for start in range(0, len(idx), s.batch_size):
-                texts = [self.prompts[i] for i in idx[start:start + s.batch_size]]
-                cond = self.policy.encode(texts)
-                noise = torch.randn(self.policy.latent_shape(len(texts), s.resolution), generator=gen).to(self.device)
-                x0 = self._rollout(cond, cond, noise, gen, steps=s.eval_num_steps, solver=s.eval_solver, use_old=False)
-                results.append(self.scorer(self.policy.decode(x0).cpu(), texts))
-                ids += idx[start:start + s.batch_size]
-        finally:
-            for p, b in zip(self.trainable, backup):
-                p.copy_(b)
-        fin = self.scorer.finalize(results, torch.tensor(ids, dtype=torch.long))
-        comps = {"total": fin["total"], **fin["components"], **fin["dimensions"]}
-        if self.scorer.deferred:
-            # a batch-relative composite's value is relative to the other samples (its mean is 0 by
-            # construction, and each evaluation prompt is a group of one): log its axes' raw scores, not the
-            # z-scores, its component or the total
-            deferred = self.scorer.deferred
-            comps = {k: v for k, v in comps.items()
-                     if k != "total" and k not in deferred
-                     and not (k.split(".", 1)[0] in deferred and k.rsplit("/", 1)[-1] in ("z", "z_vetoed"))}
-        keys = sorted(comps)
-        cols = [comps[k] for k in keys]
-        # per key: (sum of finite values, count) summed over processes
-        stats = torch.tensor([[float(c[torch.isfinite(c)].sum()), float(torch.isfinite(c).sum())] for c in cols],
-                             dtype=torch.float64, device=self.device)
-        if self.dist.world > 1:
-            torch.distributed.all_reduce(stats)
-        return {f"eval/reward/{k}/mean": (float(a / n) if n else float("nan")) for k, (a, n) in zip(keys, stats.tolist())}
-
-    # ------------------------------------------------------------------ checkpoints
-    def _state_tensors(self) -> dict[str, torch.Tensor]:
-        out = {}
-        for name, params in (("default", self.trainable), ("old", self.old_params), ("ema", self.ema or [])):
-            for i, p in enumerate(params):
-                out[f"{name}.{i}"] = p.detach().cpu().contiguous()
-        return out
-
-    def save_checkpoint(self) -> Path:
-        from ..train.trainer import _flatten_optimizer, _write_text_atomic
-
-        st = require("safetensors.torch", "rl")
-        root = self.out / "checkpoints"
-        name = f"epoch-{self.epoch:06d}"
-        final, tmp = root / name, root / f"{name}.tmp"
+        """Rewards of the EMA weights on the held-out prompts (:func:`.evaluation.evaluate`); writes the PNG grid
+        ``eval-epoch-NNNNNN.png`` and sends the metrics and images to the trackers."""
+        metrics, grid, grid_prompts = evaluate(self)
         if self.dist.main:
-            for stale in root.glob("*.tmp"):
-                shutil.rmtree(stale, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        self.dist.barrier()
-        rng = {"cpu": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            rng.update({f"cuda{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
-        st.save_file(rng, str(tmp / f"rng-rank{self.dist.rank}.safetensors"))
-        if self.dist.main:
-            st.save_file(self._state_tensors(), str(tmp / "adapters.safetensors"))
-            tensors, meta = _flatten_optimizer(self.opt)
-            st.save_file(tensors, str(tmp / "optimizer.safetensors"))
-            self._save_lora(tmp / "lora")
-            state = {"epoch": self.epoch, "global_step": self.global_step, "world_size": self.dist.world,
-                     "optimizer": meta, "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
-                     "config": dataclasses.asdict(self.cfg)}
-            (tmp / "state.json").write_text(json.dumps(state, indent=1), encoding="utf-8")
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-            _write_text_atomic(root / "latest", name)
-            kept = sorted(p for p in root.glob("epoch-*") if p.is_dir() and not p.name.endswith(".tmp"))
-            for old in kept[:-max(self.cfg.save_total_limit, 1)]:
-                shutil.rmtree(old, ignore_errors=True)
-        self.dist.barrier()
-        return final
+            if len(grid):
+                write_grid(grid, self.out / f"eval-epoch-{self.epoch:06d}.png")
+                self.trackers.log_images("eval/images", grid, self.global_step, grid_prompts)
+            self.trackers.log(metrics, self.global_step)
+        return metrics
 
-    def _save_lora(self, directory: Path) -> None:
-        """The LoRA for inference: the EMA weights when EMA is on (as the official code saves), else the
-        trained adapter."""
-        directory.mkdir(parents=True, exist_ok=True)
-        if self.ema is None:
-            self.policy.save_lora(directory, "default")
-            return
-        backup = [p.detach().clone() for p in self.trainable]
-        with torch.no_grad():
-            for p, e in zip(self.trainable, self.ema):
-                p.copy_(e)
-        try:
-            self.policy.save_lora(directory, "default")
-        finally:
-            with torch.no_grad():
-                for p, b in zip(self.trainable, backup):
-                    p.copy_(b)
+    # ------------------------------------------------------------------ checkpoints (.checkpoints)
+    def save_checkpoint(self, st: dict[str, Any] | None = None) -> Path:
+        return _ckpt.save_checkpoint(self, st)
 
     def load_checkpoint(self, path: Path) -> None:
-        from ..train.trainer import _unflatten_optimizer
+        _ckpt.load_checkpoint(self, path)
 
-        st = require("safetensors.torch", "rl")
-        state = json.loads((path / "state.json").read_text(encoding="utf-8"))
-        if state["world_size"] != self.dist.world:
-            raise ValueError(f"checkpoint {path} was written by {state['world_size']} processes, this run has "
-                             f"{self.dist.world}; the sample plan would differ")
-        saved, now = state.get("config", {}), dataclasses.asdict(self.cfg)
-        keys = ("seed", "prompts", "sample", "lora", "e2po", "rewards")
-        changed = [k for k in keys if saved.get(k) != now.get(k)]
-        if changed:
-            raise ValueError(f"cannot resume from {path}: {', '.join(changed)} changed since it was written; use a "
-                             "new output_dir or resume=never")
-        tensors = st.load_file(str(path / "adapters.safetensors"))
-        with torch.no_grad():
-            for name, params in (("default", self.trainable), ("old", self.old_params), ("ema", self.ema or [])):
-                for i, p in enumerate(params):
-                    key = f"{name}.{i}"
-                    if key not in tensors or tensors[key].shape != p.shape:
-                        raise ValueError(f"checkpoint {path}: {key} missing or of another shape (lora changed?)")
-                    p.copy_(tensors[key])
-        self.opt.load_state_dict(_unflatten_optimizer(st.load_file(str(path / "optimizer.safetensors")),
-                                                      state["optimizer"]))
-        if state.get("scaler") and self.scaler.is_enabled():
-            self.scaler.load_state_dict(state["scaler"])
-        rng_file = path / f"rng-rank{self.dist.rank}.safetensors"
-        if rng_file.is_file():
-            torch.set_rng_state(st.load_file(str(rng_file))["cpu"])
-        self.epoch = int(state["epoch"])
-        self.global_step = int(state["global_step"])
+    def _save_lora(self, directory: Path) -> None:
+        _ckpt.save_lora(self, directory)
 
     # ------------------------------------------------------------------ logging
-    def _log(self, rec: dict[str, Any]) -> None:
+    def _log(self, rec: dict[str, Any], name: str = "metrics.jsonl") -> None:
         if not self.dist.main:
             return
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in rec.items()}
-        with (self.out / "metrics.jsonl").open("a", encoding="utf-8") as fh:
+        self.out.mkdir(parents=True, exist_ok=True)
+        with (self.out / name).open("a", encoding="utf-8") as fh:
             fh.write(json.dumps(clean) + "\n")
 
     def _truncate_metrics(self) -> None:
+        """On resume: drop the records the killed run wrote after its checkpoint (epochs after ``self.epoch``,
+        steps after ``self.global_step``) and the old final summary."""
+        from ..train.checkpoint import _log_records as _records
         from ..train.trainer import _write_text_atomic
 
-        path = self.out / "metrics.jsonl"
-        if not self.dist.main or not path.is_file():
+        if not self.dist.main:
             return
-        keep = [ln for ln in path.read_text(encoding="utf-8").splitlines()
-                if ln.strip() and json.loads(ln).get("epoch", 0) <= self.epoch and "final" not in json.loads(ln)]
-        _write_text_atomic(path, "".join(ln + "\n" for ln in keep))
+        for name, key, last in (("metrics.jsonl", "epoch", self.epoch), ("steps.jsonl", "step", self.global_step)):
+            path = self.out / name
+            if path.is_file():
+                keep = [json.dumps(r) for r in _records(path) if r.get(key, 0) <= last and "final" not in r]
+                _write_text_atomic(path, "".join(ln + "\n" for ln in keep))
+
+    def _last_epoch_record(self) -> dict[str, Any]:
+        from ..train.checkpoint import _log_records as _records
+
+        path = self.out / "metrics.jsonl"
+        recs = _records(path) if path.is_file() else []
+        recs = [r for r in recs if "final" not in r and "reward/total/mean" in r]
+        return recs[-1] if recs else {}
 
     # ------------------------------------------------------------------ main loop
     def train(self) -> dict[str, Any]:
@@ -792,8 +554,11 @@ class NFTTrainer:
             save_config(cfg, self.out / "config.yaml")
             if ckpt is None:
                 (self.out / "metrics.jsonl").unlink(missing_ok=True)
+                (self.out / "steps.jsonl").unlink(missing_ok=True)
             else:
                 self._truncate_metrics()
+        self.trackers = Trackers(cfg.report_to, self.out, main=self.dist.main, run_name=cfg.run_name,
+                                 config=dataclasses.asdict(cfg), resume_step=None if ckpt is None else self.global_step)
         self.dist.barrier()
         kill_after = int(os.environ.get(KILL_ENV, "0") or 0)
         from tqdm.auto import tqdm
@@ -802,23 +567,31 @@ class NFTTrainer:
                    disable=not (cfg.progress and self.dist.main))
         last: dict[str, Any] = {}
         try:
+            if cfg.eval_every and ckpt is None:  # the baseline: the starting model
+                base = {"epoch": 0, "global_step": 0, **self.evaluate()}
+                self._log(base)
             while self.epoch < cfg.num_epochs:
                 last = self.run_epoch()
                 bar.update(1)
-                bar.set_postfix(reward=f"{last['reward/total/mean']:.4g}", loss=f"{last.get('loss', float('nan')):.4g}",
-                                kl=f"{last.get('kl', float('nan')):.2g}")
+                bar.set_postfix(reward=f"{last['reward/total/mean']:.4g}",
+                                loss=f"{last.get('total_loss', float('nan')):.4g}",
+                                kl=f"{last.get('kl_div', float('nan')):.2g}")
                 if cfg.eval_every and (self.epoch % cfg.eval_every == 0 or self.epoch == cfg.num_epochs):
                     last.update(self.evaluate())
                 if self.epoch % max(cfg.log_every, 1) == 0 or self.epoch == cfg.num_epochs:
                     self._log(last)
+                    self.trackers.log({k: v for k, v in last.items() if not k.startswith("eval/")
+                                       and k not in ("epoch", "global_step")}, self.global_step)
                 if kill_after and self.epoch == kill_after:
                     os.kill(os.getpid(), signal.SIGKILL)  # test hook: die like a preempted job, before saving
                 if (cfg.save_every and self.epoch % cfg.save_every == 0) or self.epoch == cfg.num_epochs:
                     self.save_checkpoint()
                     if self.dist.main:
                         self.plot()
+                self.trackers.flush()
         finally:
             bar.close()
+            self.trackers.close()
         summary: dict[str, Any] = {"final": True, "epoch": self.epoch, "global_step": self.global_step,
                                    "world_size": self.dist.world}
         if self.dist.world > 1:
@@ -829,7 +602,8 @@ class NFTTrainer:
         if self.dist.main:
             self._save_lora(self.out / "lora")
             summary["lora_dir"] = str(self.out / "lora")
-            summary["reward_mean"] = last.get("reward/total/mean")
+            # a rerun of a finished run trains no epoch: its summary reads the last epoch's record again
+            summary["reward_mean"] = (last or self._last_epoch_record()).get("reward/total/mean")
             self._log(summary)
             self.plot()
         self.dist.barrier()

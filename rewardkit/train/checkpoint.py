@@ -39,6 +39,22 @@ def resume_checkpoint(resume: str, output_dir: str | Path) -> Path | None:
     return ckpt
 
 
+def _log_records(path: Path) -> list[dict[str, Any]]:
+    """The JSON-object lines of a ``metrics.jsonl``-style log; a line that does not parse (half a record: a kill
+    while it was written) is dropped, not a reason for every resume to fail."""
+    import json
+
+    out = []
+    for ln in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            rec = json.loads(ln) if ln.strip() else None
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
 def _write_text_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
     tmp.write_text(text, encoding="utf-8")

@@ -147,10 +147,14 @@ def synthetic_brightness_pairs(n: int, *, seed: int = 0, size: int = 32, tie_fra
 
 
 def load_pairs(source: str, *, split: str = "train", layout: str = "auto", max_samples: int | None = None,
-               synthetic_size: int = 512, seed: int = 0, revision: str | None = None) -> tuple[Any, Path | None]:
+               synthetic_size: int = 512, seed: int = 0, revision: str | None = None,
+               check_labels: bool = True) -> tuple[Any, Path | None]:
     """Load preference pairs; returns ``(dataset, base_dir)`` where ``base_dir`` resolves relative paths.
 
-    The dataset has the schema of the module docstring (after layout conversion). Labels are validated.
+    The dataset has the schema of the module docstring (after layout conversion). Labels are validated
+    (``ValueError`` naming the first bad rows) unless ``check_labels=False``: a caller that checks every row
+    itself (the trainer's preflight, which lists every bad row and, with ``skip_bad_rows``, drops it like any
+    other row error) loads the data as it is.
     """
     datasets = require("datasets", "bench")
     base_dir: Path | None = None
@@ -181,7 +185,7 @@ def load_pairs(source: str, *, split: str = "train", layout: str = "auto", max_s
             ds = datasets.load_dataset(source, split=split, revision=revision)
     ds = _apply_layout(ds, layout)
     bad = []
-    for i, lab in enumerate(ds["label"]):
+    for i, lab in enumerate(ds["label"] if check_labels else ()):
         try:
             normalize_label(lab)
         except ValueError as exc:

@@ -1,0 +1,243 @@
+"""Keep the rows of a dataset that its scores select, written in the dataset's own format (``rewardkit filter``).
+
+Selection, in order: rows invalid for any reward used are dropped; then ``where`` (an expression of
+:mod:`.expr`) must hold; then ``top_k`` / ``top_p`` keep the best rows of each ``group_by`` group (the
+whole set without one) by the ``by`` column, ties to the earlier row. Only score columns (small) are held in
+memory; the data (images included) streams shard by shard into ``<shard>.parquet`` / ``<shard>.tar`` files,
+or, for a Hugging Face dataset, ``Dataset.select(kept).save_to_disk``.
+
+Score columns: with one scores folder, ``score``, ``valid``, ``error``, ``dim_<name>``; with named folders
+(``{"hps": dir1, "aes": dir2}``) ``hps`` (the score), ``hps.valid``, ``hps.dim_<name>``, ... Any other name in
+the expression or ``group_by`` is a column of the input data (``prompt`` is the prompt column the scores used).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import math
+import os
+import tarfile
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from ..errors import UsageError
+from .expr import parse_expression
+from .output import MANIFEST, read_scores
+from .readers import iter_wds_samples, split_name, wds_value
+from .sources import Dataset, open_dataset
+
+REPORT = "_rewardkit_filter.json"
+
+
+@dataclasses.dataclass
+class FilterReport:
+    """How many rows were kept, and why the others were dropped."""
+
+    total: int = 0
+    kept: int = 0
+    invalid: int = 0
+    failed_where: int = 0
+    below_top: int = 0
+    output: str = ""
+    shards: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _load_scores(scores: Any, ds: Dataset) -> tuple[dict[str, Any], list[str], dict[str, Any]]:
+    """name -> numpy column for every score folder; the validity columns; the (first) manifest."""
+    import numpy as np
+
+    named = {"": scores} if isinstance(scores, (str, os.PathLike)) else dict(scores)
+    cols: dict[str, Any] = {}
+    valids: list[str] = []
+    first: dict[str, Any] = {}
+    for name, folder in named.items():
+        table, man = read_scores(Path(folder))
+        first = first or man
+        if man.get("shards") != [s.name for s in ds.shards]:
+            raise UsageError(f"{folder}: scores of shards {man.get('shards')[:3]}... do not match the dataset's "
+                             f"{[s.name for s in ds.shards][:3]}... (score this dataset into its own folder)")
+        pre = f"{name}." if name else ""
+        if "row" in cols and len(cols["row"]) != table.num_rows:
+            raise UsageError(f"{folder}: {table.num_rows} score rows but {len(cols['row'])} in the first scores "
+                             "folder (scored on different data?)")
+        for c in table.column_names:
+            if c in ("shard", "row", "error", "rationale"):
+                continue
+            key = name if (name and c == "score") else pre + c
+            cols[key] = table.column(c).to_numpy(zero_copy_only=False)
+        valids.append(pre + "valid")
+        if "row" not in cols:
+            cols["__shard__"] = np.asarray(table.column("shard").to_pylist(), dtype=object)
+            cols["row"] = table.column("row").to_numpy()
+    return cols, valids, first
+
+
+def _input_columns(ds: Dataset, names: Sequence[str], prompt_col: str | None) -> dict[str, Any]:
+    """Columns of the input data (``prompt`` = the prompt column of the scores) read for every row, in order."""
+    import numpy as np
+
+    want = {n: (prompt_col if n == "prompt" and prompt_col else n) for n in names}
+    out: dict[str, list] = {n: [] for n in names}
+    for shard in ds.shards:
+        if ds.format == "parquet":
+            import pyarrow.parquet as pq
+
+            have = pq.read_schema(shard.path).names
+            for n, c in want.items():
+                if c not in have:
+                    raise UsageError(f"{shard.path}: no column {c!r} for {n!r} (columns: {', '.join(have)})")
+            t = pq.read_table(shard.path, columns=list(dict.fromkeys(want.values())))
+            for n, c in want.items():
+                out[n] += t.column(c).to_pylist()
+        elif ds.format == "hf":
+            part = ds.hf.select(range(shard.start, shard.stop))
+            for n, c in want.items():
+                if c not in part.column_names:
+                    raise UsageError(f"{shard.path}: no column {c!r} (columns: {', '.join(part.column_names)})")
+                out[n] += list(part[c])
+        else:
+            for key, sample, _ in iter_wds_samples(shard.path):
+                for n, c in want.items():
+                    v, _err = wds_value(sample, c)
+                    out[n].append(v.decode("utf-8", "replace").strip() if isinstance(v, bytes) else v)
+    return {n: np.asarray(v, dtype=object if not all(isinstance(x, (int, float)) for x in v) else None)
+            for n, v in out.items()}
+
+
+def select(cols: Mapping[str, Any], valids: Sequence[str], where: str | None = None, top_k: int | None = None,
+           top_p: float | None = None, group_by: str | None = None, by: str = "score", lowest: bool = False):
+    """The keep mask over all rows, and the counts (invalid, failed_where, below_top). Pure numpy."""
+    import numpy as np
+
+    n = len(cols[valids[0]])
+    valid = np.ones(n, dtype=bool)
+    for v in valids:
+        valid &= np.asarray(cols[v], dtype=bool)
+    keep = valid.copy()
+    if where:
+        cond = parse_expression(where).evaluate(cols)
+        failed = int((keep & ~cond).sum())
+        keep &= cond
+    else:
+        failed = 0
+    before = int(keep.sum())
+    if top_k is not None or top_p is not None:
+        if by not in cols:
+            raise UsageError(f"--by {by}: no such score column (columns: {', '.join(sorted(cols))})")
+        key = np.asarray(cols[by], dtype=np.float64)
+        groups = np.asarray(cols[group_by], dtype=object) if group_by else np.zeros(n, dtype=object)
+        idx = np.flatnonzero(keep)
+        order = idx[np.argsort(key[idx] if lowest else -key[idx], kind="stable")]  # ties: earlier row first
+        taken: dict[Any, int] = {}
+        sizes: dict[Any, int] = {}
+        for i in idx:
+            sizes[groups[i]] = sizes.get(groups[i], 0) + 1
+        top = np.zeros(n, dtype=bool)
+        for i in order:
+            g = groups[i]
+            limit = sizes[g] if top_k is None else top_k
+            if top_p is not None:
+                limit = min(limit, math.ceil(top_p * sizes[g] - 1e-9))
+            if taken.get(g, 0) < limit:
+                taken[g] = taken.get(g, 0) + 1
+                top[i] = True
+        keep &= top
+    return keep, {"invalid": int((~valid).sum()), "failed_where": failed, "below_top": before - int(keep.sum())}
+
+
+def filter_dataset(dataset: Any, scores: Any, output: str | Path, *, where: str | None = None,
+                   top_k: int | None = None, top_p: float | None = None, group_by: str | None = None,
+                   by: str | None = None, lowest: bool = False, format: str | None = None, split: str | None = None,
+                   progress: bool = True) -> FilterReport:
+    """Write the rows of ``dataset`` that ``scores`` select to ``output``, in the dataset's format.
+
+    Args:
+        dataset: the dataset the scores were computed on (same paths as given to ``score_dataset``).
+        scores: a scores folder, or ``{name: folder}`` for several rewards (columns ``name``, ``name.valid``...).
+        where: an expression (``"score >= 6.5"``, ``"hps > 0.25 and aes > 5"``); see :mod:`.expr`.
+        top_k / top_p: keep the best k rows / the best fraction p (rounded up) of each ``group_by`` group.
+        by: the column ranked by top-k / top-p (default ``score``, or the first named reward); ``lowest``
+            ranks ascending (for lower-is-better rewards).
+    """
+    import numpy as np
+
+    if top_k is not None and top_k < 1:
+        raise UsageError("--top-k must be >= 1")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise UsageError("--top-p must be in (0, 1]")
+    if isinstance(scores, (str, os.PathLike)):
+        man = json.loads((Path(scores) / MANIFEST).read_text()) if (Path(scores) / MANIFEST).exists() else {}
+    else:
+        first = next(iter(dict(scores).values()))
+        man = json.loads((Path(first) / MANIFEST).read_text()) if (Path(first) / MANIFEST).exists() else {}
+    ds = open_dataset(dataset, format=format or man.get("format"), split=split or man.get("split"),
+                      num_shards=len(man["shards"]) if man.get("format") == "hf" else None)
+    cols, valids, man = _load_scores(scores, ds)
+    by = by or ("score" if "score" in cols else next(iter(dict(scores))))
+    needed = list(parse_expression(where).columns) if where else []
+    extra = [c for c in needed + ([group_by] if group_by else []) if c not in cols]
+    if extra:
+        cols.update(_input_columns(ds, list(dict.fromkeys(extra)), man.get("columns", {}).get("prompt")))
+    keep, counts = select(cols, valids, where, top_k, top_p, group_by, by, lowest)
+    report = FilterReport(total=len(keep), kept=int(keep.sum()), output=str(output), shards=len(ds.shards), **counts)
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    shard_of = cols["__shard__"]
+    from tqdm.auto import tqdm
+
+    from collections import Counter
+
+    sizes = Counter(shard_of.tolist())
+    start = 0
+    for shard in tqdm(ds.shards, desc="writing kept rows", unit="shard", disable=not progress):
+        n = sizes.get(shard.name, 0)
+        _write_shard(ds, shard, keep[start:start + n], out)
+        start += n
+    if ds.format == "hf":
+        ds.hf.select(np.flatnonzero(keep).tolist()).save_to_disk(str(out / "data"))
+    (out / REPORT).write_text(json.dumps({**report.as_dict(), "where": where, "top_k": top_k, "top_p": top_p,
+                                          "group_by": group_by, "by": by, "scores": str(scores)}, indent=2))
+    return report
+
+
+def _write_shard(ds: Dataset, shard: Any, mask: Any, out: Path) -> None:
+    if ds.format == "hf":
+        return  # one save_to_disk for the whole selection
+    if ds.format == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pf = pq.ParquetFile(shard.path)
+        if pf.metadata.num_rows != len(mask):
+            raise UsageError(f"{shard.path}: {pf.metadata.num_rows} rows but {len(mask)} scores (the data changed "
+                             "since it was scored; rescore with --overwrite)")
+        final = out / f"{shard.name}.parquet"
+        tmp = final.with_name(final.name + ".tmp")
+        with pq.ParquetWriter(str(tmp), pf.schema_arrow) as w:
+            pos = 0
+            for rb in pf.iter_batches(batch_size=1024):
+                m = mask[pos:pos + rb.num_rows]
+                pos += rb.num_rows
+                if m.any():
+                    w.write_table(pa.Table.from_batches([rb.filter(pa.array(m))], schema=pf.schema_arrow))
+        os.replace(tmp, final)
+        return
+    final = out / f"{shard.name}.tar"
+    tmp = final.with_name(final.name + ".tmp")
+    pos = 0
+    with tarfile.open(tmp, "w") as tf:
+        for _key, sample, members in iter_wds_samples(shard.path):
+            if pos >= len(mask):
+                raise UsageError(f"{shard.path}: more samples than scores (the shard changed since it was scored)")
+            if bool(mask[pos]):
+                for m in members:
+                    tf.addfile(m, io.BytesIO(sample[split_name(m.name)[1]]))
+            pos += 1
+    if pos != len(mask):
+        raise UsageError(f"{shard.path}: {pos} samples but {len(mask)} scores (the shard changed since it was scored)")
+    os.replace(tmp, final)

@@ -1,0 +1,292 @@
+"""Rewards on a Ray cluster: a Ray Data callable class for your own pipelines, and ``--engine ray`` scoring.
+
+In your own pipeline, :class:`RewardScorer` is the class to hand to ``map_batches`` (one reward per actor,
+loaded once; ``concurrency`` actors, ``num_gpus`` each)::
+
+    import ray
+    from rewardkit.integrations.ray import RewardScorer
+
+    ds = ray.data.read_parquet("s3://bucket/images/")
+    ds = ds.map_batches(RewardScorer, fn_constructor_kwargs={"reward": "pickscore", "image_column": "image",
+                        "prompt_column": "prompt"}, batch_size=64,
+                        compute=ray.data.ActorPoolStrategy(size=4), num_gpus=1)
+    ds.write_parquet("s3://bucket/scores/")      # every input column plus score / valid / error / dim_*
+
+:func:`score_dataset_ray` is ``rewardkit score --dataset ... --engine ray``: the same shards, score files,
+manifest and resume as the local engine (:func:`rewardkit.datasets.score_dataset`), with the reading and
+scoring spread over the cluster. Each unfinished shard is one read task that cuts it into the very batches the
+local engine scores (same rows, same order, same size), the batches go to ``concurrency`` reward actors, and the
+driver receives only the scores (ordered, ``preserve_order``) and writes each shard's file atomically. So
+``--engine ray`` writes the same bytes as the local engine, a finished shard is never rescored, and an
+interrupted one is redone. ``ray`` is imported only when a function here runs (``pip install
+'rewardkit-vision[ray]'``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+__all__ = ["RewardSpec", "RewardScorer", "score_dataset_ray", "run_on_ray"]
+
+
+@dataclasses.dataclass
+class RewardSpec:
+    """How an actor builds the reward: ``load_reward(name, config, **kwargs)`` (a picklable recipe, not a model)."""
+
+    name: str
+    config: Any = None
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def build(self) -> Any:
+        from ..registry import load_reward
+
+        return load_reward(self.name, self.config, **self.kwargs)
+
+    def describe(self) -> Any:
+        """An object with the reward's ``name`` and ``config`` (no model loaded): what the manifest records."""
+        from ..config import build_config
+        from ..registry import get_reward_class
+        from ..reward import _device_arg
+
+        cls = get_reward_class(self.name)
+        kw = dict(self.kwargs)
+        if "device" in kw:
+            kw["device"] = _device_arg(kw["device"])
+        return _Described(cls.name, build_config(cls.Config, self.config, kw), tuple(cls.dimensions or ()),
+                          cls.uses_prompt)
+
+
+@dataclasses.dataclass
+class _Described:
+    name: str
+    config: Any
+    dimensions: tuple[str, ...]
+    uses_prompt: bool
+
+
+def _as_spec(reward: Any) -> RewardSpec:
+    if isinstance(reward, RewardSpec):
+        return reward
+    if isinstance(reward, str):
+        return RewardSpec(reward)
+    if isinstance(reward, dict):
+        return RewardSpec(**reward)
+    raise TypeError("reward must be a registry name, a RewardSpec or a dict of its fields, "
+                    f"got {type(reward).__name__}")
+
+
+class RewardScorer:
+    """A Ray Data ``map_batches`` callable class: scores ``image_column`` against ``prompt_column`` and adds
+    ``score`` / ``valid`` / ``error`` / ``dim_<name>`` columns to the batch (invalid rows: NaN and a reason).
+
+    Args:
+        reward: a registry name, a :class:`RewardSpec` or ``{"name": ..., "config": ..., "kwargs": {...}}``.
+        image_column: images as encoded bytes, paths, ``{bytes, path}`` structs or arrays.
+        prompt_column: prompts (None for prompt-free rewards).
+        source_columns: columns of source / reference images (editing rewards).
+        batch_size: chunk size inside the reward (default: the whole Ray batch in one call).
+    """
+
+    def __init__(self, reward: Any, image_column: str = "image", prompt_column: str | None = "prompt",
+                 source_columns: Sequence[str] = (), batch_size: int | None = None, on_error: str = "nan",
+                 base_dir: str = ""):
+        self.reward = _as_spec(reward).build()
+        self.image_column, self.prompt_column = image_column, prompt_column
+        self.source_columns, self.batch_size, self.on_error = list(source_columns), batch_size, on_error
+        self.base_dir = base_dir
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        import numpy as np
+
+        from ..datasets.output import dim_column
+        from ..datasets.readers import resolve_image
+        from ..datasets.scoring import score_batch
+
+        cols = {k: list(v) for k, v in batch.items()}
+        n = len(next(iter(cols.values()))) if cols else 0
+        images, errors = [], []
+        for v in cols[self.image_column]:
+            img, err = resolve_image(_py(v), self.base_dir)
+            images.append(img)
+            errors.append(err)
+        prompts = [_py(p) for p in cols[self.prompt_column]] if self.prompt_column else [None] * n
+        srcs = None
+        if self.source_columns:
+            srcs = [[resolve_image(_py(cols[c][i]), self.base_dir)[0] for c in self.source_columns] for i in range(n)]
+        recs = score_batch(self.reward, {"id": list(range(n)), "image": images, "prompt": prompts,
+                                         "sources": srcs, "error": errors}, self.on_error, self.batch_size)
+        out = dict(batch)
+        out["score"] = np.array([np.nan if r["score"] is None else r["score"] for r in recs], dtype=np.float64)
+        out["valid"] = np.array([r["valid"] for r in recs], dtype=bool)
+        out["error"] = np.array([r["error"] or "" for r in recs], dtype=object)
+        for d in getattr(self.reward, "dimensions", ()) or ():
+            out[dim_column(d)] = np.array([np.nan if (r.get("dimensions") or {}).get(d) is None
+                                           else r["dimensions"][d] for r in recs], dtype=np.float64)
+        return out
+
+
+def _py(v: Any) -> Any:
+    """A numpy scalar / 0-d array from a Ray batch as the Python value it holds."""
+    import numpy as np
+
+    if isinstance(v, np.ndarray) and v.dtype == object and v.ndim == 0:
+        return v.item()
+    if isinstance(v, (np.bytes_, np.str_)):
+        return v.item()
+    return v
+
+
+class _Box:
+    """An opaque holder: Ray keeps it as a Python object column instead of converting lists to Arrow types, so
+    a batch reaches the actor exactly as the reader produced it (bytes stay bytes, None stays None)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __getstate__(self):
+        return self.value
+
+    def __setstate__(self, value):
+        self.value = value
+
+
+class _ChunkScorer:
+    """Actor of ``--engine ray``: scores one local-engine batch (a whole row of the chunk stream) per call."""
+
+    def __init__(self, spec: RewardSpec, on_error: str, batch_size: int):
+        self.reward = spec.build()
+        self.on_error, self.batch_size = on_error, batch_size
+
+    def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
+        from ..datasets.scoring import score_batch
+
+        batch = row["batch"].value
+        where = lambda i: f"{row['path']} row {row['start'] + i} (id {batch['id'][i]!r})"  # noqa: E731
+        recs = score_batch(self.reward, batch, self.on_error, self.batch_size, where=where)
+        dims = list(getattr(self.reward, "dimensions", ()) or ())  # the instance's, as the local engine uses
+        return {"shard": row["shard"], "start": row["start"], "result": _Box((batch["id"], recs, dims))}
+
+
+def _chunks(ds: Any, cols: Any, batch_size: int):
+    """flat_map function: one unfinished shard -> its batches, exactly as the local engine reads them."""
+    from ..datasets.readers import iter_batches
+
+    def read(item: dict[str, Any]):
+        shard = ds.shards[item["index"]]
+        start = 0
+        for batch in iter_batches(ds, shard, cols, batch_size):
+            yield {"shard": shard.name, "path": str(shard), "start": start, "batch": _Box(batch)}
+            start += len(batch["id"])
+
+    return read
+
+
+def score_dataset_ray(reward: Any, dataset: Any, output: str | Path, *, address: str | None = None,
+                      concurrency: int = 1, num_gpus: float | None = None, image_column: str | None = None,
+                      prompt_column: str | None = None, source_columns: Sequence[str] = (),
+                      id_column: str | None = None, format: str | None = None, split: str | None = None,
+                      num_shards: int | None = None, batch_size: int = 64, on_error: str = "nan",
+                      overwrite: bool = False, progress: bool = True) -> Any:
+    """:func:`rewardkit.datasets.score_dataset` on a Ray cluster (same arguments, same output folder).
+
+    Args:
+        reward: a registry name, a :class:`RewardSpec` or a dict of its fields (actors build the reward).
+        address: the cluster (``"auto"``, ``"ray://host:10001"``); default: the running one, else a local one.
+        concurrency: reward actors. num_gpus: GPUs per actor (default 1 if the cluster has GPUs, else 0).
+    """
+    from .._imports import require
+    from ..datasets.output import ShardWriter, check_manifest, finished
+    from ..datasets.readers import Columns, id_type
+    from ..datasets.scoring import ScoreSummary, manifest_extra, plan
+
+    require("ray", "ray", "scoring on a Ray cluster")
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    if on_error not in ("nan", "raise"):
+        raise ValueError(f"on_error must be 'nan' or 'raise', got {on_error!r}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    spec = _as_spec(reward)
+    described = spec.describe()
+    from ..datasets.output import reward_description
+
+    ds, cols, _ = plan(dataset, {}, Columns(image_column, prompt_column, list(source_columns), id_column),
+                       format=format, split=split, num_shards=num_shards, needs_prompt=described.uses_prompt)
+    desc = reward_description(described, cols.as_dict())
+    out_dir = Path(output)
+    check_manifest(out_dir, desc, manifest_extra(ds), overwrite=overwrite)
+    todo = [i for i, s in enumerate(ds.shards) if not finished(out_dir, s.name, desc)]
+    summary = ScoreSummary(output=str(out_dir), shards_skipped=len(ds.shards) - len(todo))
+    if not todo:
+        return summary
+    pipe = run_on_ray(todo, _chunks(ds, cols, batch_size), _ChunkScorer,
+                      {"spec": spec, "on_error": on_error, "batch_size": batch_size}, address=address,
+                      concurrency=concurrency, num_gpus=num_gpus, progress=progress)
+    dims = list(described.dimensions)
+    idt = id_type(ds, cols)
+    t0 = time.perf_counter()
+    queue = [ds.shards[i] for i in todo]
+    writer = None
+    try:
+        for res in pipe:
+            res = {"shard": str(res["shard"]), "start": int(res["start"]), "result": res["result"]}
+            while writer is None or writer.shard_name != res["shard"]:
+                if writer is not None:  # the previous shard is complete (rows come in order)
+                    _commit(writer, summary)
+                shard = queue.pop(0)
+                dims = list(res["result"].value[2])
+                writer = ShardWriter(out_dir, shard.name, str(shard), desc, idt, dims)
+            if res["start"] != writer.rows:
+                raise RuntimeError(f"shard {res['shard']}: batch at row {res['start']} arrived after "
+                                   f"{writer.rows} rows (out of order)")
+            ids, recs, _ = res["result"].value
+            writer.write(list(ids), list(recs))
+        if writer is not None:
+            _commit(writer, summary)
+        for shard in queue:  # shards with no rows at all
+            _commit(ShardWriter(out_dir, shard.name, str(shard), desc, idt, dims), summary)
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    finally:
+        summary.seconds = time.perf_counter() - t0
+    return summary
+
+
+def run_on_ray(shard_indices: Sequence[int], read: Any, actor_cls: type, ctor_kwargs: dict[str, Any], *,
+               address: str | None = None, concurrency: int = 1, num_gpus: float | None = None,
+               progress: bool = False):
+    """The Ray Data pipeline behind ``--engine ray``: ``from_items(shards) -> flat_map(read) -> map(actor_cls)``,
+    order preserved; yields the actors' result rows on the driver. ``read(item)`` turns ``{"index": i}`` into
+    that shard's batch rows; ``actor_cls(**ctor_kwargs)`` is built once per actor (``concurrency`` actors,
+    ``num_gpus`` each: default 1 when the cluster has GPUs)."""
+    from .._imports import require
+
+    ray = require("ray", "ray", "running on a Ray cluster")
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    if num_gpus is None:
+        num_gpus = 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
+    ctx = ray.data.DataContext.get_current()
+    ctx.execution_options.preserve_order = True  # results come back in shard / row order
+    ctx.enable_progress_bars = progress
+    pipe = ray.data.from_items([{"index": i} for i in shard_indices], override_num_blocks=max(len(shard_indices), 1))
+    pipe = pipe.flat_map(read)
+    pipe = pipe.map(actor_cls, fn_constructor_kwargs=ctor_kwargs, compute=ray.data.ActorPoolStrategy(size=concurrency),
+                    num_gpus=num_gpus)
+    yield from pipe.iter_rows()
+
+
+def _commit(writer: Any, summary: Any) -> None:
+    writer.commit()
+    summary.rows += writer.rows
+    summary.invalid += writer.invalid
+    summary.shards_scored += 1

@@ -1,0 +1,142 @@
+"""Checkpoints of the NFT trainer: ``checkpoints/epoch-N`` (after epoch N) and ``checkpoints/epoch-N-step-S``
+(after optimizer step S, inside epoch N + 1): the trained, old and EMA adapters, the optimizer, the GradScaler,
+each process's RNG state, and for a mid-epoch checkpoint each process's rollouts (final latents, prompt ids,
+variants), optimality probabilities and training-generator state. Written to ``*.tmp`` and published by one
+rename; ``latest`` names the newest. The LoRA for inference (``lora/``) holds the EMA weights."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .._imports import require
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .trainer import NFTTrainer
+
+__all__ = ["save_checkpoint", "load_checkpoint", "save_lora"]
+
+
+def state_tensors(tr: "NFTTrainer") -> dict[str, torch.Tensor]:
+    out = {}
+    for name, params in (("default", tr.trainable), ("old", tr.old_params), ("ema", tr.ema or [])):
+        for i, p in enumerate(params):
+            out[f"{name}.{i}"] = p.detach().cpu().contiguous()
+    return out
+
+def save_checkpoint(tr: "NFTTrainer", st: dict[str, Any] | None = None) -> Path:
+    """``checkpoints/epoch-N`` after epoch N, or with ``st`` (an epoch in progress, after an optimizer step)
+    ``checkpoints/epoch-N-step-S``: each process also writes its rollouts, r and training-generator state,
+    so that the resumed epoch continues bitwise where it stopped."""
+    from ..train.trainer import _flatten_optimizer, _write_text_atomic
+
+    st_mod = require("safetensors.torch", "rl")
+    root = tr.out / "checkpoints"
+    name = f"epoch-{tr.epoch:06d}" + ("" if st is None else f"-step-{tr.global_step:08d}")
+    final, tmp = root / name, root / f"{name}.tmp"
+    if tr.dist.main:
+        for stale in root.glob("*.tmp"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    tr.dist.barrier()
+    rng = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng.update({f"cuda{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
+    st_mod.save_file(rng, str(tmp / f"rng-rank{tr.dist.rank}.safetensors"))
+    if st is not None:
+        b = st["buf"]
+        tensors = {"x0": b["x0"].detach().cpu().contiguous(), "prompt": b["prompt"].cpu(),
+                   "variant": b["variant"].cpu(), "r": st["r"].cpu().contiguous(), "valid": st["valid"].cpu(),
+                   "gen_state": st["gen_state"]}
+        meta = {k: st[k] for k in ("epoch", "micro", "sums", "count", "grad_norms", "scales", "logs")}
+        st_mod.save_file(tensors, str(tmp / f"epoch-state-rank{tr.dist.rank}.safetensors"),
+                         metadata={"state": json.dumps(meta)})
+    tr.dist.barrier()
+    if tr.dist.main:
+        st_mod.save_file(state_tensors(tr), str(tmp / "adapters.safetensors"))
+        tensors, meta = _flatten_optimizer(tr.opt)
+        st_mod.save_file(tensors, str(tmp / "optimizer.safetensors"))
+        save_lora(tr, tmp / "lora")
+        state = {"epoch": tr.epoch, "global_step": tr.global_step, "world_size": tr.dist.world,
+                 "mid_epoch": st is not None,
+                 "optimizer": meta, "scaler": tr.scaler.state_dict() if tr.scaler.is_enabled() else None,
+                 "config": dataclasses.asdict(tr.cfg)}
+        (tmp / "state.json").write_text(json.dumps(state, indent=1), encoding="utf-8")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _write_text_atomic(root / "latest", name)
+        kept = sorted(p for p in root.glob("epoch-*") if p.is_dir() and not p.name.endswith(".tmp"))
+        for old in kept[:-max(tr.cfg.save_total_limit, 1)]:
+            shutil.rmtree(old, ignore_errors=True)
+    tr.dist.barrier()
+    return final
+
+def save_lora(tr: "NFTTrainer", directory: Path) -> None:
+    """The LoRA for inference: the EMA weights when EMA is on (as the official code saves), else the
+    trained adapter."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if tr.ema is None:
+        tr.policy.save_lora(directory, "default")
+        return
+    backup = [p.detach().clone() for p in tr.trainable]
+    with torch.no_grad():
+        for p, e in zip(tr.trainable, tr.ema):
+            p.copy_(e)
+    try:
+        tr.policy.save_lora(directory, "default")
+    finally:
+        with torch.no_grad():
+            for p, b in zip(tr.trainable, backup):
+                p.copy_(b)
+
+def load_checkpoint(tr: "NFTTrainer", path: Path) -> None:
+    from ..train.trainer import _unflatten_optimizer
+
+    st = require("safetensors.torch", "rl")
+    state = json.loads((path / "state.json").read_text(encoding="utf-8"))
+    if state["world_size"] != tr.dist.world:
+        raise ValueError(f"checkpoint {path} was written by {state['world_size']} processes, this run has "
+                         f"{tr.dist.world}; the sample plan would differ: use a new output_dir (or "
+                         "--output-dir), or resume=never to start over in this one")
+    saved, now = state.get("config", {}), dataclasses.asdict(tr.cfg)
+    keys = ("seed", "prompts", "sample", "lora", "e2po", "rewards")
+    if state.get("mid_epoch"):  # the rest of the epoch follows the saved micro-batch split and generator
+        keys += ("train",)
+    changed = [k for k in keys if saved.get(k) != now.get(k)]
+    if changed:
+        raise ValueError(f"cannot resume from {path}: {', '.join(changed)} changed since it was written; use a "
+                         "new output_dir or resume=never")
+    tensors = st.load_file(str(path / "adapters.safetensors"))
+    with torch.no_grad():
+        for name, params in (("default", tr.trainable), ("old", tr.old_params), ("ema", tr.ema or [])):
+            for i, p in enumerate(params):
+                key = f"{name}.{i}"
+                if key not in tensors or tensors[key].shape != p.shape:
+                    raise ValueError(f"checkpoint {path}: {key} missing or of another shape (lora changed?)")
+                p.copy_(tensors[key])
+    tr.opt.load_state_dict(_unflatten_optimizer(st.load_file(str(path / "optimizer.safetensors")),
+                                                  state["optimizer"]))
+    if state.get("scaler") and tr.scaler.is_enabled():
+        tr.scaler.load_state_dict(state["scaler"])
+    rng_file = path / f"rng-rank{tr.dist.rank}.safetensors"
+    if rng_file.is_file():
+        torch.set_rng_state(st.load_file(str(rng_file))["cpu"])
+    tr.epoch = int(state["epoch"])
+    tr.global_step = int(state["global_step"])
+    if state.get("mid_epoch"):
+        f = path / f"epoch-state-rank{tr.dist.rank}.safetensors"
+        from safetensors import safe_open
+
+        with safe_open(str(f), framework="pt") as fh:
+            meta = json.loads(fh.metadata()["state"])
+        t = st.load_file(str(f))
+        tr._resume_state = {**meta, "r": t["r"], "valid": t["valid"], "gen_state": t["gen_state"],
+                              "buf": {"x0": t["x0"].to(tr.device), "prompt": t["prompt"], "variant": t["variant"]}}
+

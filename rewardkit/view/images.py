@@ -1,0 +1,120 @@
+"""Thumbnails for the report: downscaled with PIL (longest side ``size``), JPEG q85 for photos or PNG where
+that is smaller (flat, small images), either embedded as ``data:`` URIs or written to a folder beside the HTML.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["thumbnail_bytes", "thumbnail_data_uri", "ImageStore"]
+
+
+def thumbnail_bytes(data: bytes | str | Path, size: int = 256) -> tuple[bytes, str]:
+    """``(encoded, mime)``: the image (encoded bytes or a path) with its longest side at most ``size`` pixels,
+    as JPEG quality 85, or PNG when that is smaller (or the image has transparency)."""
+    from PIL import Image
+
+    src = io.BytesIO(data) if isinstance(data, (bytes, bytearray)) else Path(data)
+    with Image.open(src) as im:
+        im.load()
+        alpha = im.mode in ("RGBA", "LA") or (im.mode == "P" and "transparency" in im.info)
+        im = im.convert("RGBA" if alpha else "RGB")
+        if max(im.size) > size:
+            im.thumbnail((size, size), Image.Resampling.LANCZOS)
+        png = io.BytesIO()
+        im.save(png, format="PNG", optimize=True)
+        if alpha:
+            return png.getvalue(), "image/png"
+        jpg = io.BytesIO()
+        im.save(jpg, format="JPEG", quality=85)
+    if png.tell() <= jpg.tell():
+        return png.getvalue(), "image/png"
+    return jpg.getvalue(), "image/jpeg"
+
+
+def thumbnail_data_uri(data: bytes | str | Path, size: int = 256) -> str:
+    """The thumbnail of :func:`thumbnail_bytes` as a ``data:`` URI."""
+    enc, mime = thumbnail_bytes(data, size)
+    return f"data:{mime};base64," + base64.b64encode(enc).decode("ascii")
+
+
+class ImageStore:
+    """Images of a report, each stored once (keyed by resolved path or content): ``add`` returns a key into
+    :meth:`table`, whose entries are ``{"src": thumbnail, "full": enlarged view, "name": file name}`` or
+    ``{"missing": reason, "name": ...}`` when the image cannot be read (shown as text, never a broken link).
+
+    ``mode="embed"``: thumbnails are data URIs and the enlarged view is the thumbnail shown larger.
+    ``mode="folder"``: thumbnails are written to ``folder`` (relative links from the HTML) and the enlarged
+    view links to the original file (relative path) where there is one.
+    """
+
+    def __init__(self, html_dir: Path, *, mode: str = "embed", folder: Path | None = None, size: int = 256):
+        if mode not in ("embed", "folder"):
+            raise ValueError(f"thumbs must be 'embed' or 'folder', got {mode!r}")
+        self.html_dir = Path(html_dir).resolve()
+        self.mode, self.size = mode, int(size)
+        self.folder = Path(folder) if folder is not None else None
+        if mode == "folder" and self.folder is None:
+            raise ValueError("thumbs='folder' needs a folder")
+        self._keys: dict[Any, str] = {}
+        self._table: dict[str, dict[str, Any]] = {}
+
+    def _rel(self, p: Path) -> str:
+        return Path(os.path.relpath(p.resolve(), self.html_dir)).as_posix()
+
+    def _put(self, ident: Any, name: str, data: bytes | Path, size: int, original: Path | None) -> str:
+        if ident in self._keys:
+            return self._keys[ident]
+        key = f"i{len(self._table)}"
+        self._keys[ident] = key
+        try:
+            enc, mime = thumbnail_bytes(data, size)
+        except Exception as exc:  # noqa: BLE001  unreadable / missing: the page says why
+            reason = "file not found" if isinstance(exc, FileNotFoundError) else f"{type(exc).__name__}: {exc}"
+            self._table[key] = {"missing": reason, "name": name}
+            return key
+        entry: dict[str, Any] = {"name": name}
+        if self.mode == "embed":
+            entry["src"] = entry["full"] = f"data:{mime};base64," + base64.b64encode(enc).decode("ascii")
+        else:
+            assert self.folder is not None
+            self.folder.mkdir(parents=True, exist_ok=True)
+            out = self.folder / f"{key}.{'png' if mime == 'image/png' else 'jpg'}"
+            out.write_bytes(enc)
+            entry["src"] = self._rel(out)
+            entry["full"] = self._rel(original) if original is not None else entry["src"]
+        self._table[key] = entry
+        return key
+
+    def add_path(self, path: str | Path, *, size: int | None = None) -> str:
+        p = Path(path)
+        try:
+            ident: Any = ("path", str(p.resolve()), size)
+        except OSError:
+            ident = ("path", str(p), size)
+        return self._put(ident, p.name, p, size or self.size, p if p.is_file() else None)
+
+    def add_bytes(self, data: bytes, name: str, *, size: int | None = None) -> str:
+        import hashlib
+
+        return self._put(("bytes", hashlib.sha1(data).hexdigest(), size), name, bytes(data), size or self.size, None)
+
+    def add_data_uri(self, uri: str, name: str) -> str:
+        """An image already stored as a data URI (bench records' wrong pairs): kept as is."""
+        ident = ("uri", hash(uri))
+        if ident in self._keys:
+            return self._keys[ident]
+        key = f"i{len(self._table)}"
+        self._keys[ident] = key
+        if not (isinstance(uri, str) and uri.startswith(("data:image/png;base64,", "data:image/jpeg;base64,"))):
+            self._table[key] = {"missing": "not an embedded PNG/JPEG image", "name": name}
+        else:
+            self._table[key] = {"src": uri, "full": uri, "name": name}
+        return key
+
+    def table(self) -> dict[str, dict[str, Any]]:
+        return dict(self._table)
