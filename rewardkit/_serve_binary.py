@@ -78,7 +78,7 @@ def parse_body(raw: bytes, kind: str) -> dict[str, Any]:
                              "length")
     try:
         body = json.loads(bytes(raw[8:8 + hlen]))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer over int_max_str_digits
         raise HTTPError(400, f"the binary body's header is not valid JSON: {exc}") from None
     except RecursionError:
         raise HTTPError(400, "the binary body's header is not valid JSON: nested too deeply") from None
