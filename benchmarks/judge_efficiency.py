@@ -17,7 +17,10 @@ claims are the raw hypotheses (EVR itself would mark them unparseable and skip v
 
 Timing: the naive loop is warmed up on one candidate's questions (it then repeats the same shapes for every
 candidate); rewardkit is warmed up by one untimed full run (its few large batched calls all have new
-shapes), then timed (best of ``--repeats``). Both run on the same model, prompts and token budgets.
+shapes). Then ``--rounds`` rounds each time the naive loop and rewardkit back to back (interleaved, so both
+see the same machine load); each round's wall-time ratio is printed with their median, the wall time of
+each phase (evaluation = the K hypotheses per dimension, verification = the Yes/No questions) and the
+machine's load average. Both run on the same model, prompts and token budgets.
 
 Checks that both produce identical greedy hypotheses and Yes/No probabilities (max abs diff printed), then
 prints one line per figure: ``<figure>: naive X, rewardkit Y, ratio``.
@@ -26,6 +29,8 @@ prints one line per figure: ``<figure>: naive X, rewardkit Y, ratio``.
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -71,9 +76,10 @@ def verify_convs(evr: EVR, cands, refs, instruction, hyps, k):
     return out
 
 
-def naive(model, proc, evals, k, max_new_tokens, verify_fn, yes_no):
+def naive(model, proc, evals, k, max_new_tokens, verify_fn, yes_no, phases=None):
     prefill = 0
     hyps = []
+    t0 = time.perf_counter()
     with torch.inference_mode():
         for conv in evals:
             texts = []
@@ -84,6 +90,10 @@ def naive(model, proc, evals, k, max_new_tokens, verify_fn, yes_no):
                 g = model.generate(**inp, max_new_tokens=max_new_tokens, do_sample=False)
                 texts.append(proc.tokenizer.decode(g[0, inp["input_ids"].shape[1]:], skip_special_tokens=True))
             hyps.append(texts)
+        if phases is not None:
+            phases["evaluation"] = time.perf_counter() - t0
+            phases["evaluation_prefill"] = prefill
+        t1 = time.perf_counter()
         probs = []
         for conv in verify_fn(hyps):
             text = proc.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
@@ -91,6 +101,9 @@ def naive(model, proc, evals, k, max_new_tokens, verify_fn, yes_no):
             prefill += inp["input_ids"].shape[1]
             logits = model(**inp).logits[0, -1].float()
             probs.append(torch.softmax(logits[yes_no], -1))
+    if phases is not None:
+        phases["verification"] = time.perf_counter() - t1
+        phases["verification_prefill"] = prefill - phases["evaluation_prefill"]
     return hyps, torch.stack(probs), prefill
 
 
@@ -101,7 +114,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=16)
-    ap.add_argument("--repeats", type=int, default=1, help="rewardkit timing repeats (best of)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved naive / rewardkit rounds (median ratio)")
     args = ap.parse_args()
     torch.manual_seed(0)
     builder = tiny_qwen2_5_vl if args.model == "qwen2_5_vl" else tiny_qwen3_vl
@@ -127,24 +140,32 @@ def main() -> None:
     with torch.inference_mode(), judge.session():
         h = judge.generate(evals, n=args.k, max_new_tokens=args.max_new_tokens)
         judge.choice_probs(verify_fn(h), ["Yes", "No"])
-    counter.reset()
-    t = time.perf_counter()
-    n_hyps, n_probs, n_prefill = naive(model, proc, evals, args.k, args.max_new_tokens, verify_fn, yes_no)
-    t_naive = time.perf_counter() - t
-    n_images = counter.n
+    load_before = os.getloadavg()
+    naive_t, rk_t, naive_ph, rk_ph = [], [], [], []
+    for _ in range(max(1, args.rounds)):
+        counter.reset()
+        ph: dict = {}
+        t = time.perf_counter()
+        n_hyps, n_probs, n_prefill = naive(model, proc, evals, args.k, args.max_new_tokens, verify_fn, yes_no, ph)
+        naive_t.append(time.perf_counter() - t)
+        naive_ph.append(ph)
+        n_images = counter.n
 
-    best, rk = float("inf"), None
-    for _ in range(max(1, args.repeats)):
         counter.reset()
         judge.stats.clear()
         t = time.perf_counter()
         with torch.inference_mode(), judge.session():
             r_hyps = judge.generate(evals, n=args.k, temperature=0.0, max_new_tokens=args.max_new_tokens)
+            t_eval, pre_eval = time.perf_counter() - t, judge.stats["prefill_tokens"]
+            t1 = time.perf_counter()
             r_probs = judge.choice_probs(verify_fn(r_hyps), ["Yes", "No"])
-        dt = time.perf_counter() - t
-        if dt < best:
-            best, rk = dt, (r_hyps, r_probs, counter.n, judge.stats["prefill_tokens"],
-                            judge.stats["prefix_reused_tokens"], judge.stats["prefix_hits"])
+            t_ver = time.perf_counter() - t1
+        rk_t.append(time.perf_counter() - t)
+        rk_ph.append({"evaluation": t_eval, "verification": t_ver, "evaluation_prefill": pre_eval,
+                      "verification_prefill": judge.stats["prefill_tokens"] - pre_eval})
+        rk = (r_hyps, r_probs, counter.n, judge.stats["prefill_tokens"], judge.stats["prefix_reused_tokens"],
+              judge.stats["prefix_hits"])
+    load_after = os.getloadavg()
     r_hyps, r_probs, r_images, r_prefill, r_reused, r_hits = rk
     counter.h.remove()
 
@@ -161,7 +182,20 @@ def main() -> None:
     print(f"prefill tokens: naive {n_prefill}, rewardkit {r_prefill}, {n_prefill / max(r_prefill, 1):.1f}x")
     print(f"prefix KV kept across the evaluation and verification phases: {r_reused} tokens reused, "
           f"{r_hits} exact prefix hits")
-    print(f"wall time: naive {t_naive:.2f} s, rewardkit {best:.2f} s, {t_naive / best:.1f}x")
+    ratios = [a / b for a, b in zip(naive_t, rk_t)]
+    med = statistics.median
+
+    def phase(name: str, rows: list[dict]) -> str:
+        return f"{med(x[name] for x in rows):.2f} s ({med(x[name + '_prefill'] for x in rows):.0f} prefill tokens)"
+
+    for name in ("evaluation", "verification"):
+        print(f"{name} phase (median): naive {phase(name, naive_ph)}, rewardkit {phase(name, rk_ph)}, "
+              f"{med(x[name] for x in naive_ph) / med(x[name] for x in rk_ph):.1f}x")
+    print(f"wall time per round: naive {', '.join(f'{x:.2f}' for x in naive_t)} s; rewardkit "
+          f"{', '.join(f'{x:.3f}' for x in rk_t)} s; ratios {', '.join(f'{r:.1f}x' for r in ratios)}")
+    print(f"wall time (median of {len(ratios)} interleaved rounds): naive {med(naive_t):.2f} s, rewardkit "
+          f"{med(rk_t):.3f} s, median ratio {med(ratios):.1f}x; load average {load_before[0]:.1f} -> "
+          f"{load_after[0]:.1f} (1 min), {os.cpu_count()} CPUs")
     if same != total or not diff < 1e-3:
         print("MISMATCH between naive and rewardkit answers", file=sys.stderr)
         sys.exit(1)

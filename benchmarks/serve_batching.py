@@ -1,13 +1,15 @@
 """Reward server throughput: dynamic batching vs one model call per request, same load, same run.
 
-16 concurrent clients (threads of this process, posting pre-encoded bodies over keep-alive
-stdlib connections, so that the load generator is not the bottleneck) each send single-image /score requests (raw uint8) to a
+16 concurrent clients (threads of this process, posting pre-built requests over keep-alive
+sockets, so that the load generator is not the bottleneck) each send single-image /score requests (raw uint8) to a
 reward served by `rewardkit serve` in a separate process on 127.0.0.1; the same load runs against a server
 with ``--max-batch 1`` (no merging) and one with ``--max-batch 64`` (merging), alternating, ``--rounds``
-times. Prints requests/s (= images/s: one image per request), the mean requests merged per model call and
-the ratio.
+times, for each request body in ``--wire`` (``binary``: what ``RemoteReward`` sends, a JSON header + the raw
+pixels; ``json``: base64 pixels in JSON, what curl users send). Prints requests/s (= images/s: one image per
+request), the mean requests merged per model call, each round's ratio, the median ratio, and the machine's
+load average (a loaded machine flatters the ratio).
 
-    python benchmarks/serve_batching.py [--clients 16] [--requests 20] [--rounds 3] [--model DIR] [--device cpu]
+    python benchmarks/serve_batching.py [--clients 16] [--requests 20] [--rounds 3] [--wire binary,json]
 
 ``--model`` / ``--device`` run a real CLIP checkpoint on a GPU (see benchmarks/gpu/).
 """
@@ -34,6 +36,7 @@ def main() -> None:
     ap.add_argument("--max-batch", type=int, default=64)
     ap.add_argument("--max-wait-ms", type=float, default=5.0)
     ap.add_argument("--image-size", type=int, default=32, help="input size of the random tiny CLIP")
+    ap.add_argument("--wire", default="binary,json", help="request bodies to measure (comma-separated)")
     args = ap.parse_args()
 
     import os
@@ -78,27 +81,48 @@ def main() -> None:
 
     # The load generator must not be the bottleneck (2 cores here): each client thread posts a pre-encoded
     # single-image body over its own keep-alive connection, and every answer is checked.
-    from rewardkit.client import encode_image
+    from rewardkit._serve_binary import CONTENT_TYPE, pack_body
+    from rewardkit.client import encode_image, image_bytes
 
-    bodies = [json.dumps({"images": [encode_image(im, "raw")], "prompt": prompt}).encode() for im in images]
+    wires = [w.strip() for w in args.wire.split(",") if w.strip()]
+    bodies = {"json": [json.dumps({"images": [encode_image(im, "raw")], "prompt": prompt}).encode() for im in images],
+              "binary": [pack_body({"prompt": prompt}, {"images": [image_bytes(im, "raw")]}) for im in images]}
+    ctypes = {"json": "application/json", "binary": CONTENT_TYPE}
 
-    def load(url: str) -> float:
-        import http.client
+    def load(url: str, wire: str) -> float:
+        import re
 
         RemoteReward(url=url, timeout=300)(images[:2], prompt)  # warm up (and check the server answers)
         n = args.clients * args.requests
         host, port = url.rsplit("/", 1)[1].split(":")
 
         def one_client(c: int) -> None:
-            conn = http.client.HTTPConnection(host, int(port), timeout=300)  # keep-alive, stdlib: cheap
+            # keep-alive over a raw socket with the request pre-built: the load generator shares the cores with
+            # the server, so it does as little as it can (http.client parses every response head with the
+            # email package); every answer is still read whole and checked
+            body = bodies[wire][c]
+            request = (f"POST /score HTTP/1.1\r\nHost: {host}\r\nContent-Type: {ctypes[wire]}\r\n"
+                       f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+            sock = socket.create_connection((host, int(port)), timeout=300)
+            buf = b""
             try:
                 for _ in range(args.requests):
-                    conn.request("POST", "/score", body=bodies[c], headers={"Content-Type": "application/json"})
-                    res = conn.getresponse()
-                    data = res.read()
-                    assert res.status == 200 and b'"valid":[true]' in data.replace(b" ", b""), data[:200]
+                    sock.sendall(request)
+                    while b"\r\n\r\n" not in buf:
+                        chunk = sock.recv(65536)
+                        assert chunk and len(buf) < 1 << 20, buf[:200]
+                        buf += chunk
+                    head, _, buf = buf.partition(b"\r\n\r\n")
+                    length = int(re.search(rb"(?i)content-length:\s*(\d+)", head).group(1))
+                    while len(buf) < length:
+                        chunk = sock.recv(65536)
+                        assert chunk, "connection closed"
+                        buf += chunk
+                    data, buf = buf[:length], buf[length:]
+                    assert head.startswith(b"HTTP/1.1 200") and b'"valid":[true]' in data.replace(b" ", b""), \
+                        head[:100] + data[:200]
             finally:
-                conn.close()
+                sock.close()
 
         t0 = time.perf_counter()
         with ThreadPoolExecutor(args.clients) as pool:
@@ -108,26 +132,49 @@ def main() -> None:
     configs = {"no batching (--max-batch 1)": (1, 0.0),
                f"dynamic batching (--max-batch {args.max_batch}, {args.max_wait_ms:g} ms)":
                    (args.max_batch, args.max_wait_ms)}
-    results: dict[str, list[float]] = {k: [] for k in configs}
-    merged: dict[str, float] = {}
+    names = list(configs)
+    results: dict[tuple[str, str], list[float]] = {(w, k): [] for w in wires for k in configs}
+    merged: dict[tuple[str, str], float] = {}
+    # the server process's CPU time per request (user + system, all its threads): what each request costs the
+    # server, much less sensitive to the machine's load than requests/s
+    cpu: dict[tuple[str, str], list[float]] = {(w, k): [] for w in wires for k in configs}
+
+    def cpu_seconds(pid: int) -> float:
+        try:
+            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:  # not Linux: no figure
+            return float("nan")
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    load_before = os.getloadavg()
     for _ in range(args.rounds):
         for name, (mb, wait) in configs.items():
             proc, url = start(mb, wait)
             try:
-                results[name].append(load(url))
-                stats = httpx.get(url + "/info", timeout=10).json()["stats"]
-                merged[name] = stats["merged_requests"] / max(stats["batches"], 1)
+                for wire in wires:  # the same server answers each body in turn
+                    before = httpx.get(url + "/info", timeout=10).json()["stats"]
+                    cpu0 = cpu_seconds(proc.pid)
+                    results[(wire, name)].append(load(url, wire))
+                    cpu[(wire, name)].append((cpu_seconds(proc.pid) - cpu0) / (args.clients * args.requests))
+                    stats = httpx.get(url + "/info", timeout=10).json()["stats"]
+                    merged[(wire, name)] = (stats["merged_requests"] - before["merged_requests"]) / \
+                        max(stats["batches"] - before["batches"], 1)
             finally:
                 proc.terminate()
                 proc.wait(30)
+    load_after = os.getloadavg()
     print(f"{args.reward} ({'tiny random CLIP' if not args.model else model}), device {args.device or 'default'}, "
-          f"{args.clients} clients x {args.requests} single-image requests of {args.size}px, {args.rounds} rounds")
-    for name, vals in results.items():
-        print(f"{name:44s} {statistics.median(vals):8.1f} req/s = img/s  (rounds: "
-              f"{', '.join(f'{v:.1f}' for v in vals)}; requests per model call {merged[name]:.1f})")
-    names = list(configs)
-    print(f"ratio batching / no batching: "
-          f"{statistics.median(results[names[1]]) / statistics.median(results[names[0]]):.2f}x")
+          f"{args.clients} clients x {args.requests} single-image requests of {args.size}px, {args.rounds} rounds; "
+          f"load average {load_before[0]:.1f} -> {load_after[0]:.1f} (1 min), {os.cpu_count()} CPUs")
+    for wire in wires:
+        for name in names:
+            vals = results[(wire, name)]
+            print(f"{wire:6s} {name:44s} {statistics.median(vals):8.1f} req/s = img/s  (rounds: "
+                  f"{', '.join(f'{v:.1f}' for v in vals)}; requests per model call {merged[(wire, name)]:.1f}; "
+                  f"server CPU {1e3 * statistics.median(cpu[(wire, name)]):.2f} ms per request)")
+        per_round = [b / a for a, b in zip(results[(wire, names[0])], results[(wire, names[1])])]
+        print(f"{wire:6s} ratio batching / no batching: rounds {', '.join(f'{r:.2f}x' for r in per_round)}; "
+              f"median {statistics.median(per_round):.2f}x (of medians "
+              f"{statistics.median(results[(wire, names[1])]) / statistics.median(results[(wire, names[0])]):.2f}x)")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,9 @@
 - ``{"data": base64, "shape": [3, H, W], "dtype": "float32" | "float16" | "bfloat16"}``: a float image in
   [0, 1], channels first, little-endian, exactly the tensor an RL host holds (scored by the reward's tensor
   path, bit for bit as in-process).
+
+The binary body (:mod:`rewardkit._serve_binary`) carries the same images without base64; its images reach
+:func:`decode_image` as :class:`~rewardkit._serve_binary.BinaryImage` and come out the same.
 """
 
 from __future__ import annotations
@@ -48,8 +51,12 @@ def decode_image(obj: Any, where: str) -> Any:
     Raises :class:`HTTPError` (400) for a malformed entry; pixel-level problems (corrupt files, bombs) are
     left to the reward call, which reports them per sample.
     """
-    from . import media
+    from ._serve_binary import BinaryImage
 
+    if isinstance(obj, BinaryImage):  # a binary body's image: checked against its descriptor when parsed
+        if "encoded" in obj.desc:
+            return bytes(obj.data)
+        return from_raw(obj.data, obj.desc["shape"], obj.desc.get("dtype", "uint8"))
     if isinstance(obj, str):
         try:
             return base64.b64decode(obj, validate=True)
@@ -61,10 +68,22 @@ def decode_image(obj: Any, where: str) -> Any:
     unknown = set(obj) - {"data", "shape", "dtype"}
     if unknown:
         raise HTTPError(400, f"{where}: unknown keys {sorted(unknown)} (expected data, shape, dtype)")
-    dtype = obj.get("dtype", "uint8")
+    shape, dtype = obj.get("shape"), obj.get("dtype", "uint8")
+    expected = check_raw(shape, dtype, where)
+    raw = _b64(obj.get("data"), where)
+    if len(raw) != expected:
+        raise HTTPError(400, f"{where}: {len(raw)} bytes do not match shape {shape} and dtype {dtype} "
+                             f"({expected} bytes)")
+    return from_raw(raw, shape, dtype)
+
+
+def check_raw(shape: Any, dtype: Any, where: str) -> int:
+    """Check a raw image's ``shape`` and ``dtype`` (400) and its pixel count against :mod:`rewardkit.media`'s
+    per-image limit (413), before anything is read; returns its size in bytes."""
+    from . import media
+
     if dtype not in _ITEMSIZE:
         raise HTTPError(400, f"{where}: dtype must be one of {sorted(_ITEMSIZE)}, got {dtype!r}")
-    shape = obj.get("shape")
     if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0
                                               for s in shape):
         raise HTTPError(400, f"{where}: shape must be a list of positive ints, got {shape!r}")
@@ -78,11 +97,12 @@ def decode_image(obj: Any, where: str) -> Any:
         h, w = shape[1], shape[2]
     if h * w > media.get_max_pixels():
         raise HTTPError(413, f"{where}: {w}x{h} pixels is over the limit of {media.get_max_pixels():,}")
-    raw = _b64(obj.get("data"), where)
-    expected = math.prod(shape) * _ITEMSIZE[dtype]
-    if len(raw) != expected:
-        raise HTTPError(400, f"{where}: {len(raw)} bytes do not match shape {shape} and dtype {dtype} "
-                             f"({expected} bytes)")
+    return math.prod(shape) * _ITEMSIZE[dtype]
+
+
+def from_raw(raw: Any, shape: list[int], dtype: str) -> Any:
+    """Checked raw bytes (``bytes`` or a ``memoryview``) -> a uint8 array ``[H, W(, C)]`` (read in place) or
+    a float ``[3, H, W]`` torch tensor (copied into native byte order)."""
     if dtype == "uint8":
         return np.frombuffer(raw, dtype=np.uint8).reshape(shape)
     import torch

@@ -61,6 +61,9 @@ class RemoteRewardConfig(RewardConfig):
     max_backoff: float = 30.0
     #: "raw" (uint8 pixels, fastest on a LAN) or "png" (lossless, smaller on slow links)
     encoding: str = "raw"
+    #: request body: "binary" (a small JSON header + the images' bytes, no base64; used when the server's
+    #: /info lists it) or "json" (every image base64 in the JSON body)
+    wire: str = "binary"
     #: images per request (the base class chunks larger calls)
     batch_size: int = 64
     max_response_bytes: int = 256 * 1024 * 1024
@@ -68,6 +71,8 @@ class RemoteRewardConfig(RewardConfig):
     def __post_init__(self) -> None:
         if self.encoding not in ("raw", "png"):
             raise ValueError(f"encoding must be 'raw' or 'png', got {self.encoding!r}")
+        if self.wire not in ("binary", "json"):
+            raise ValueError(f"wire must be 'binary' or 'json', got {self.wire!r}")
         if not (isinstance(self.timeout, (int, float)) and math.isfinite(self.timeout) and self.timeout > 0):
             raise ValueError(f"timeout must be a positive number of seconds, got {self.timeout!r}")
         if not isinstance(self.max_retries, int) or self.max_retries < 0:
@@ -156,9 +161,10 @@ def _bounded_transport(httpx: Any) -> Any:
     return transport
 
 
-def encode_image(im: Any, encoding: str) -> Any:
-    """A canonical RGB PIL image, or a float ``[3, H, W]`` tensor (the tensor path), -> its wire form (see
-    :mod:`rewardkit._serve_wire`). Floats travel losslessly: little-endian bytes of their own dtype."""
+def image_bytes(im: Any, encoding: str) -> tuple[dict, bytes]:
+    """A canonical RGB PIL image, or a float ``[3, H, W]`` tensor (the tensor path), -> (descriptor, bytes)
+    of the binary body (:mod:`rewardkit._serve_binary`). Floats travel losslessly: little-endian bytes of their
+    own dtype."""
     if isinstance(im, torch.Tensor):
         t = im.detach().to("cpu").contiguous()
         if t.dtype == torch.bfloat16:
@@ -168,14 +174,23 @@ def encode_image(im: Any, encoding: str) -> Any:
         else:  # float64 and others: float32 is what every tensor path computes in at most
             t = t.float()
             raw = t.numpy().astype("<f4").tobytes()
-        return {"data": base64.b64encode(raw).decode("ascii"), "shape": list(t.shape),
-                "dtype": str(t.dtype).removeprefix("torch.")}
+        return {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}, raw
     if encoding == "png":
         buf = io.BytesIO()
         im.save(buf, format="PNG", compress_level=1)
-        return base64.b64encode(buf.getvalue()).decode("ascii")
+        raw = buf.getvalue()
+        return {"encoded": len(raw)}, raw
     arr = np.asarray(im, dtype=np.uint8)
-    return {"data": base64.b64encode(arr.tobytes()).decode("ascii"), "shape": list(arr.shape), "dtype": "uint8"}
+    return {"shape": list(arr.shape), "dtype": "uint8"}, arr.tobytes()
+
+
+def encode_image(im: Any, encoding: str) -> Any:
+    """A canonical RGB PIL image, or a float ``[3, H, W]`` tensor (the tensor path), -> its JSON wire form (see
+    :mod:`rewardkit._serve_wire`): the bytes of :func:`image_bytes`, base64-encoded."""
+    desc, raw = image_bytes(im, encoding)
+    if "encoded" in desc:
+        return base64.b64encode(raw).decode("ascii")
+    return {"data": base64.b64encode(raw).decode("ascii"), **desc}
 
 
 class RemoteReward(Reward):
@@ -204,6 +219,8 @@ class RemoteReward(Reward):
         self.batch_relative = bool(info["batch_relative"])
         self.compare_is_symmetric = bool(info.get("compare_is_symmetric", False))
         self._tensor_input = bool(info.get("supports_tensor_input", False))
+        # the binary body when asked for and the server takes it (an older server: JSON)
+        self._binary = self.config.wire == "binary" and "binary" in (info.get("wire_formats") or ())
         self.default_batch_size = self.config.batch_size
 
     @property
@@ -231,21 +248,26 @@ class RemoteReward(Reward):
         """One HTTP exchange, in a pool thread. Every socket operation is bounded by the time left until
         ``deadline``, and the response is read only until then (or until the caller gives up: ``stop``), so
         the thread ends with the call even when the server drips its answer one byte at a time."""
+        from ._serve_binary import CONTENT_TYPE
+
         client = self._client()
-        content = None if body is None else json.dumps(body, allow_nan=False).encode()
+        binary = isinstance(body, bytes)
+        content = body if binary or body is None else json.dumps(body, allow_nan=False).encode()
         left = max(deadline - time.monotonic(), 0.001)
+        ctype = CONTENT_TYPE if binary else "application/json"
         _CALL.value = (deadline, stop)  # every socket read and write of this thread stops at the deadline
         try:
-            return self._exchange(client, method, path, content, left, deadline, stop)
+            return self._exchange(client, method, path, content, left, deadline, stop, ctype)
         finally:
             _CALL.value = None
 
     def _exchange(self, client: Any, method: str, path: str, content: bytes | None, left: float,
-                  deadline: float, stop: threading.Event) -> tuple[int, dict[str, str], bytes]:
+                  deadline: float, stop: threading.Event,
+                  ctype: str = "application/json") -> tuple[int, dict[str, str], bytes]:
         import httpx
 
         with client.stream(method, path, content=content, timeout=httpx.Timeout(left),
-                           headers={"Content-Type": "application/json"} if content is not None else None) as r:
+                           headers={"Content-Type": ctype} if content is not None else None) as r:
             data, size = [], 0
             for chunk in r.iter_bytes():
                 if stop.is_set() or time.monotonic() > deadline:
@@ -303,15 +325,27 @@ class RemoteReward(Reward):
         return info
 
     # ------------------------------------------------------------------ Reward
-    def _payload(self, batch: RewardBatch) -> dict[str, Any]:
+    def _body(self, images: dict[str, Any], batch: RewardBatch) -> dict[str, Any] | bytes:
+        """The request body for ``images`` (``{"images": ...}`` or ``images_a`` / ``images_b``; a tensor: its
+        rows) with ``batch``'s prompts, sources and metadata: binary bytes or a JSON object."""
+        from ._serve_binary import pack_body
+
         enc = self.config.encoding
-        body: dict[str, Any] = {"images": [encode_image(im, enc) for im in batch.images],  # a tensor: its rows
-                                "prompt": list(batch.prompts) if self.uses_prompt else None}
+        fields: dict[str, Any] = {"prompt": list(batch.prompts) if self.uses_prompt else None}
+        if any(batch.metadata):
+            fields["metadata"] = [m or None for m in batch.metadata]
+        if self._binary:
+            srcs = None if batch.sources is None else \
+                [[image_bytes(s, enc) for s in entry] for entry in batch.sources]
+            return pack_body(fields, {k: [image_bytes(x, enc) for x in v] for k, v in images.items()}, srcs)
+        body = {k: [encode_image(x, enc) for x in v] for k, v in images.items()}
+        body.update(fields)
         if batch.sources is not None:
             body["sources"] = [[encode_image(s, enc) for s in srcs] for srcs in batch.sources]
-        if any(batch.metadata):
-            body["metadata"] = [m or None for m in batch.metadata]
         return body
+
+    def _payload(self, batch: RewardBatch) -> dict[str, Any] | bytes:
+        return self._body({"images": batch.images}, batch)
 
     def _score(self, batch: RewardBatch) -> RewardOutput:
         res = self._request("POST", "/score", self._payload(batch))
@@ -356,15 +390,7 @@ class RemoteReward(Reward):
             pos_a = {idx: j for j, idx in enumerate(canon["a"].indices)}
             pos_b = {idx: j for j, idx in enumerate(canon["b"].indices)}
             ba, bb = canon["a"].select([pos_a[i] for i in ok]), canon["b"].select([pos_b[i] for i in ok])
-            enc = self.config.encoding
-            body: dict[str, Any] = {"images_a": [encode_image(x, enc) for x in ba.images],
-                                    "images_b": [encode_image(x, enc) for x in bb.images],
-                                    "prompt": list(ba.prompts) if self.uses_prompt else None}
-            if ba.sources is not None:
-                body["sources"] = [[encode_image(s, enc) for s in srcs] for srcs in ba.sources]
-            if any(ba.metadata):
-                body["metadata"] = [m or None for m in ba.metadata]
-            res = self._request("POST", "/compare", body)
+            res = self._request("POST", "/compare", self._body({"images_a": ba.images, "images_b": bb.images}, ba))
             pair = _pair_from_json(res, len(ok))
             idx = torch.tensor(ok)
             prob[idx] = pair.prob_a

@@ -1,6 +1,8 @@
 """``rewardkit serve``: an HTTP reward server on Starlette + uvicorn, with dynamic batching.
 
-Endpoints (JSON in, JSON out; no pickle anywhere):
+Endpoints (JSON in, JSON out; no pickle anywhere; a request body may also be the binary form of
+:mod:`rewardkit._serve_binary`, ``Content-Type: application/octet-stream``: the same JSON fields in a small
+header, the images' raw bytes after it, decoded off the event loop; what ``RemoteReward`` sends):
 
 - ``POST /score``    ``{"images": [IMG, ...], "prompt": str | [str], "sources": [[IMG, ...], ...] | null,
   "metadata": [{...}, ...] | null}`` -> the fields of :meth:`RewardOutput.to_dict` (NaN -> null).
@@ -385,7 +387,7 @@ class RewardServer:
             "compare_is_symmetric": rw.compare_is_symmetric, "supports_tensor_input": self.supports_tensor_input(),
             "replicas": [str(r.reward.device) for r in self.replicas],
             "limits": {k: v for k, v in dataclasses.asdict(self.cfg).items() if k != "token"},
-            "auth": self.cfg.token is not None, "versions": versions,
+            "auth": self.cfg.token is not None, "versions": versions, "wire_formats": ["json", "binary"],
             "stats": {"requests": self.requests, "batches": sum(r.batches for r in self.replicas),
                       "merged_requests": sum(r.merged_requests for r in self.replicas)},
         })
@@ -449,6 +451,12 @@ class RewardServer:
                 job.future.cancel()
 
 
+def _is_binary(content_type: str | None) -> bool:
+    from ._serve_binary import CONTENT_TYPE
+
+    return content_type is not None and content_type.split(";", 1)[0].strip().lower() == CONTENT_TYPE
+
+
 def _jsonable(obj: Any) -> Any:
     """Config values and answers as strict JSON: non-finite floats -> None, tuples -> lists, numpy scalars and
     arrays / tensors -> numbers and lists, anything else -> str."""
@@ -478,6 +486,8 @@ def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
+    from ._serve_binary import parse_body as parse_binary
+
     server = RewardServer(rewards if isinstance(rewards, list) else [rewards], cfg)
     cfg = server.cfg
     expected = None if cfg.token is None else cfg.token.encode()
@@ -495,7 +505,7 @@ def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         return hmac.compare_digest(given.strip().encode(), expected) and scheme.lower() == "bearer"
 
-    async def read_json(request: Request) -> Any:
+    async def read_body(request: Request) -> bytes:
         length = request.headers.get("content-length")
         if length is not None:
             if not length.isdigit():
@@ -513,9 +523,11 @@ def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
             return b"".join(chunks)
 
         try:  # a client dripping its body cannot hold a slot
-            raw = await asyncio.wait_for(body(), cfg.body_timeout)
+            return await asyncio.wait_for(body(), cfg.body_timeout)
         except asyncio.TimeoutError:
             raise HTTPError(408, f"the request body took longer than {cfg.body_timeout:g} s") from None
+
+    def parse_json(raw: bytes) -> Any:
         try:
             return json.loads(raw)
         except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer over int_max_str_digits
@@ -532,7 +544,13 @@ def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
                              close=True, retry_after=1)
 
             async def process() -> dict:
-                return await server.handle(server.parse(kind, await read_json(request)))
+                raw = await read_body(request)
+                if _is_binary(request.headers.get("content-type")):  # decoded in a thread, off the event loop
+                    job = await asyncio.get_running_loop().run_in_executor(
+                        None, lambda: server.parse(kind, parse_binary(raw, kind)))
+                else:
+                    job = server.parse(kind, parse_json(raw))
+                return await server.handle(job)
 
             server.in_flight += 1
             try:  # the timeout covers the whole request: reading the body, queueing, scoring

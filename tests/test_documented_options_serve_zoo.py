@@ -639,27 +639,34 @@ def test_refine_defaults_threshold_three_and_one_iteration():
 
 
 def test_client_sends_raw_pixels_by_default_and_png_on_request(serve_mod, monkeypatch):
-    """serve.md: RemoteReward sends `{"data", "shape": [H, W, 3], "dtype": "uint8"}` by default, PNG with
-    `encoding="png"`; both decode to the same pixels."""
+    """serve.md: RemoteReward sends the binary body by default (raw uint8 pixels after a JSON header), PNG with
+    `encoding="png"`; `wire="json"` sends `{"data", "shape": [H, W, 3], "dtype": "uint8"}` / base64 PNG; all
+    decode to the same pixels."""
     import base64
     import io
 
     from PIL import Image
 
+    from rewardkit._serve_binary import parse_body
     from rewardkit.client import RemoteReward
 
     handle = serve_mod.serve_in_thread(MetaRecorder(), serve_mod.ServerConfig())
     try:
         im = random_images(1, sizes=[(20, 12)], seed=14)[0]
         bodies = []
-        for enc in (None, "png"):
-            remote = RemoteReward(url=handle.url) if enc is None else RemoteReward(url=handle.url, encoding=enc)
+        for kw in ({}, {"encoding": "png"}, {"wire": "json"}, {"wire": "json", "encoding": "png"}):
+            remote = RemoteReward(url=handle.url, **kw)
             orig = remote._request
             monkeypatch.setattr(remote, "_request", lambda m, p, b=None, _o=orig: (bodies.append(b), _o(m, p, b))[1])
             remote([im], "a")
-        raw, png = bodies[0]["images"][0], bodies[1]["images"][0]
+        pixels = np.asarray(im, dtype=np.uint8).tobytes()
+        raw, png = parse_body(bodies[0], "score")["images"][0], parse_body(bodies[1], "score")["images"][0]
+        assert raw.desc == {"shape": [12, 20, 3], "dtype": "uint8"} and bytes(raw.data) == pixels
+        decoded = Image.open(io.BytesIO(bytes(png.data)))
+        assert decoded.format == "PNG" and decoded.convert("RGB").tobytes() == im.tobytes()
+        raw, png = bodies[2]["images"][0], bodies[3]["images"][0]
         assert raw["shape"] == [12, 20, 3] and raw["dtype"] == "uint8"
-        assert base64.b64decode(raw["data"]) == np.asarray(im, dtype=np.uint8).tobytes()
+        assert base64.b64decode(raw["data"]) == pixels
         decoded = Image.open(io.BytesIO(base64.b64decode(png)))
         assert decoded.format == "PNG" and decoded.convert("RGB").tobytes() == im.tobytes()
     finally:

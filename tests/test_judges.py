@@ -93,6 +93,18 @@ def test_greedy_generate_equals_hf_generate(tiny, images):
         assert texts == [ref, ref]
 
 
+def test_greedy_samples_are_decoded_once(tiny, images):
+    """At temperature 0 the n samples of a conversation are one text: decoded once, returned n times."""
+    model, proc = tiny
+    judge = TransformersJudge(model, proc)
+    convs = batch(images)
+    one = judge.generate(convs, n=1, max_new_tokens=5, temperature=0.0)
+    tokens_one = judge.stats["decode_tokens"]
+    three = judge.generate(convs, n=3, max_new_tokens=5, temperature=0.0)
+    assert three == [t * 3 for t in one]
+    assert judge.stats["decode_tokens"] == 2 * tokens_one  # not 1 + 3 times
+
+
 def test_vision_encoder_sees_each_distinct_image_once_per_session(tiny, images):
     model, proc = tiny
     judge = TransformersJudge(model, proc)

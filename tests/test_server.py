@@ -719,3 +719,132 @@ def test_float_tensors_are_served_bit_identical(clip, served, dtype):
     bad[1] = 2.0
     out = remote(bad, prompts, on_error="nan")
     assert out.valid.tolist() == [True, False, True, True] and "[0, 1]" in out.errors[1]
+
+
+# ---------------------------------------------------------------------------------------------- binary body
+@pytest.mark.parametrize("encoding", ["raw", "png"])
+def test_binary_and_json_bodies_give_bit_identical_scores(clip, served, encoding):
+    """RemoteReward sends the binary body by default; JSON stays available; both score the very same."""
+    from rewardkit._serve_binary import CONTENT_TYPE
+
+    assert "binary" in httpx.get(served.url + "/info", timeout=10).json()["wire_formats"]
+    binary = RemoteReward(url=served.url, encoding=encoding)
+    as_json = RemoteReward(url=served.url, encoding=encoding, wire="json")
+    assert binary._binary and not as_json._binary
+    sent = []
+    orig = httpx.Client.stream
+
+    def spy(self, method, path, **kw):
+        sent.append((kw.get("headers") or {}).get("Content-Type"))
+        return orig(self, method, path, **kw)
+
+    images = random_images(6, sizes=SIZES, seed=3)
+    prompts = ["a cat", "a dog on a mat", "two birds", "a red car", "a photo", "a cat"]
+    httpx.Client.stream = spy
+    try:
+        b, j = binary(images, prompts), as_json(images, prompts)
+        pb = binary.compare(images[:3], images[3:], prompts[:3])
+        pj = as_json.compare(images[:3], images[3:], prompts[:3])
+    finally:
+        httpx.Client.stream = orig
+    assert sent == [CONTENT_TYPE, "application/json", CONTENT_TYPE, "application/json"]
+    assert torch.equal(b.scores, j.scores) and torch.equal(b.scores, clip(images, prompts).scores)
+    assert torch.equal(pb.prob_a, pj.prob_a)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_binary_float_tensors_are_bit_identical(clip, served, dtype):
+    from rewardkit._serve_binary import pack_body
+
+    x = torch.rand(3, 3, 32, 32).to(dtype)
+    prompts = ["a", "b", "c"]
+    want = clip(x, prompts).scores
+    assert torch.equal(RemoteReward(url=served.url)(x, prompts).scores, want)
+    # by hand: little-endian bytes of the tensor's own dtype after a JSON header
+    raw = x.view(torch.int16).numpy().astype("<i2").tobytes() if dtype == torch.bfloat16 else \
+        x.numpy().astype("<f4" if dtype == torch.float32 else "<f2").tobytes()
+    per = len(raw) // 3
+    dt = str(dtype).removeprefix("torch.")
+    body = pack_body({"prompt": prompts}, {"images": [({"shape": [3, 32, 32], "dtype": dt}, raw[i * per:(i + 1) * per])
+                                                       for i in range(3)]})
+    r = httpx.post(served.url + "/score", content=body, headers={"Content-Type": "application/octet-stream"},
+                   timeout=30)
+    assert r.status_code == 200 and torch.equal(torch.tensor(r.json()["scores"]), want)
+
+
+def test_malformed_binary_bodies_are_400s(served):
+    import struct
+
+    from rewardkit._serve_binary import MAGIC, pack_body
+
+    im = random_images(1, size=8)[0]
+    import numpy as np
+
+    px = np.asarray(im).tobytes()
+    good = pack_body({"prompt": "a"}, {"images": [({"shape": [8, 8, 3], "dtype": "uint8"}, px)]})
+    head = json.dumps({"images": [{"shape": [8, 8, 3], "dtype": "uint8"}], "prompt": "a"}).encode()
+
+    def framed(h: bytes, payload: bytes, n: int | None = None) -> bytes:
+        return MAGIC + struct.pack("<I", len(h) if n is None else n) + h + payload
+
+    cases = {
+        b"": 400,
+        b"RKB2" + good[4:]: 400,                                        # wrong magic / version
+        good[:6]: 400,                                                   # shorter than the fixed part
+        framed(head, px, n=10 ** 6): 400,                                # header length past the end
+        framed(b"{not json", px): 400,
+        framed(b"[1, 2]", b""): 400,                                     # header not an object
+        framed(head, px[:-1]): 400,                                      # payload one byte short
+        framed(head, px + b"x"): 400,                                    # trailing bytes
+        framed(json.dumps({"images": ["AAAA"], "prompt": "a"}).encode(), px): 400,  # base64 in a binary body
+        framed(json.dumps({"images": [{"shape": [8, 8, 5], "dtype": "uint8"}], "prompt": "a"}).encode(), px): 400,
+        framed(json.dumps({"images": [{"shape": [8, 8, 3], "dtype": "int64"}], "prompt": "a"}).encode(), px): 400,
+        framed(json.dumps({"images": [{"encoded": 0}], "prompt": "a"}).encode(), b""): 400,
+        framed(json.dumps({"images": [{"encoded": 3, "shape": [1, 1]}], "prompt": "a"}).encode(), b"abc"): 400,
+        framed(json.dumps({"images": [{"shape": [8, 8, 3]}], "prompt": "a", "evil": 1}).encode(), px): 400,
+        framed(json.dumps({"images": [], "prompt": "a"}).encode(), b""): 400,
+        # over the per-image pixel limit: refused from the header, with nothing behind it to read
+        framed(json.dumps({"images": [{"shape": [100000, 100000, 3], "dtype": "uint8"}], "prompt": "a"}).encode(),
+               b""): 413,
+    }
+    for body, status in cases.items():
+        r = httpx.post(served.url + "/score", content=body, headers={"Content-Type": "application/octet-stream"},
+                       timeout=30)
+        assert r.status_code == status, (body[:60], r.status_code, r.text)
+        assert r.json()["error"], body[:60]
+    r = httpx.post(served.url + "/score", content=good, headers={"Content-Type": "application/octet-stream"},
+                   timeout=30)
+    assert r.status_code == 200 and r.json()["valid"] == [True]
+    # a corrupt encoded file is a per-sample NaN with its reason, as in the JSON body
+    bad = pack_body({"prompt": "a"}, {"images": [({"encoded": 9}, b"\x89PNG junk")]})
+    res = httpx.post(served.url + "/score", content=bad, headers={"Content-Type": "application/octet-stream"},
+                     timeout=30).json()
+    assert res["valid"] == [False] and res["scores"] == [None] and res["errors"][0]
+
+
+def test_binary_bodies_keep_the_request_limits(clip):
+    """Body bytes, images per request and decoded pixels per request bound the binary body as the JSON one."""
+    import numpy as np
+
+    from rewardkit._serve_binary import pack_body
+
+    handle = serve_in_thread(clip, ServerConfig(max_body_bytes=20_000, max_images=4, max_request_pixels=150))
+    try:
+        def post(body):
+            return httpx.post(handle.url + "/score", content=body,
+                              headers={"Content-Type": "application/octet-stream"}, timeout=30)
+
+        small = ({"shape": [8, 8, 3], "dtype": "uint8"}, np.zeros((8, 8, 3), np.uint8).tobytes())  # 64 pixels
+        big = ({"shape": [64, 64, 3], "dtype": "uint8"}, np.zeros((64, 64, 3), np.uint8).tobytes())  # 12 KB
+        assert post(pack_body({"prompt": "a"}, {"images": [small]})).status_code == 200
+        r = post(pack_body({"prompt": "a"}, {"images": [big] * 2}))  # 24 KB: over the body limit
+        assert r.status_code == 413 and "limit" in r.json()["error"]
+        r = post(pack_body({"prompt": "a"}, {"images": [small] * 5}))  # over max_images
+        assert r.status_code == 413 and "at most 4" in r.json()["error"]
+        r = post(pack_body({"prompt": "a"}, {"images": [small] * 3}))  # 192 decoded pixels > 150
+        assert r.status_code == 413 and "pixels" in r.json()["error"]
+        wide = ({"shape": [8, 8 * 64 * 4, 3], "dtype": "uint8"}, b"")  # 4 x 64 x 64 pixels claimed, 0 bytes sent
+        r = post(pack_body({"prompt": "a"}, {"images": [wide]}))
+        assert r.status_code == 400  # the payload does not hold the claimed pixels: nothing is read
+    finally:
+        handle.stop()

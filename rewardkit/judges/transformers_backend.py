@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
+from ._prep import SegmentTokenizer, TemplateCache, lcp, positions
 from .base import ChoiceError, Conversation, JudgeBackend, check_choices, check_temperature, continues_final_message
 
 __all__ = ["TransformersJudge"]
@@ -62,14 +63,7 @@ class _Conv:
     digest: int  # stable per-content seed material
 
 
-def _lcp(seqs: Sequence[Sequence[int]]) -> int:
-    first = seqs[0]
-    n = min(len(s) for s in seqs)
-    for i in range(n):
-        t = first[i]
-        if any(s[i] != t for s in seqs[1:]):
-            return i
-    return n
+_lcp = lcp  # longest common token prefix (rewardkit.judges._prep)
 
 
 class TransformersJudge(JudgeBackend):
@@ -141,6 +135,9 @@ class TransformersJudge(JudgeBackend):
         self._session_prefixes: dict[tuple, dict[str, Any]] | None = None
         self.prefix_cache_bytes = int(prefix_cache_mb * 2 ** 20)
         self._cached_bytes = 0
+        # the chat template run once per conversation shape, each text piece tokenized once (judges._prep)
+        self._templates = TemplateCache(self._render)
+        self._segments = SegmentTokenizer(self.tokenizer)
 
     # ------------------------------------------------------------------ protocol
     def describe(self) -> dict[str, Any]:
@@ -179,6 +176,9 @@ class TransformersJudge(JudgeBackend):
         check_temperature(temperature)
         if not conversations:
             return []
+        if temperature == 0 and n > 1:  # greedy: the n samples are one text; decode each conversation once
+            once = self.generate(conversations, n=1, max_new_tokens=max_new_tokens, stop=stop, seed=seed)
+            return [texts * n for texts in once]
         import torch
 
         with self._lock, torch.inference_mode():
@@ -267,7 +267,7 @@ class TransformersJudge(JudgeBackend):
         for conv in conversations:
             if not isinstance(conv, (list, tuple)) or not conv:
                 raise ValueError("a conversation is a non-empty list of messages")
-            texts.append(self._render(conv))
+            texts.append(self._templates.render(conv))
             keys = []
             for im in conversation_images(conv):
                 h = seen.get(id(im))
@@ -280,8 +280,8 @@ class TransformersJudge(JudgeBackend):
         feats = self._encode_images(pending)
         convs = []
         img = self.image_token_id
-        for raw, keys in zip(self.tokenizer(texts, add_special_tokens=False)["input_ids"], conv_imgs):
-            pads = [i for i, t in enumerate(raw) if t == img]
+        for raw, keys in zip(self._segments.encode(texts), conv_imgs):
+            pads = positions(raw, img)
             if len(pads) != len(keys):
                 raise ValueError(f"the chat template emitted {len(pads)} image placeholders for {len(keys)} images")
             ids: list[int] = []
@@ -452,12 +452,7 @@ class TransformersJudge(JudgeBackend):
         dev = self.device
         L = max(len(p) for p, _ in prefixes)
         P = len(prefixes)
-        ids = torch.full((P, L), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((P, L), dtype=torch.long)
-        for j, (p, _) in enumerate(prefixes):
-            ids[j, L - len(p):] = torch.tensor(p)
-            mask[j, L - len(p):] = 1
-        ids, mask = ids.to(dev), mask.to(dev)
+        ids, mask = _left_padded([p for p, _ in prefixes], L, self.pad_id, dev)
         order = [h for _, keys in prefixes for h in keys]  # placeholder order, row-major
         mm_types = (ids == self.image_token_id).int()
         grid = torch.stack([feats[h].grid_thw for h in order]).to(dev) if order else None
@@ -622,12 +617,7 @@ class TransformersJudge(JudgeBackend):
         dev = self.device
         idx = torch.tensor(which, dtype=torch.long, device=dev)
         R, S = len(suffixes), max(len(s) for s in suffixes)
-        sids = torch.full((R, S), self.pad_id, dtype=torch.long)
-        smask = torch.zeros((R, S), dtype=torch.long)
-        for r, s in enumerate(suffixes):
-            sids[r, S - len(s):] = torch.tensor(s)
-            smask[r, S - len(s):] = 1
-        sids, smask = sids.to(dev), smask.to(dev)
+        sids, smask = _left_padded(suffixes, S, self.pad_id, dev)
         full_mask = torch.cat([state["mask"].index_select(0, idx), smask], dim=1)
         start = state["next_pos"].index_select(0, idx)
         spos = (start[:, None] + smask.cumsum(-1) - 1).clamp(min=0)
@@ -682,14 +672,16 @@ class TransformersJudge(JudgeBackend):
                 nxt = logits.argmax(-1)
             nxt = torch.where(done, torch.full_like(nxt, self.pad_id), nxt)
             is_eos = torch.isin(nxt, eos) & ~done
-            for r, t in enumerate(nxt.tolist()):
-                if not bool(done[r]) and not bool(is_eos[r]):
-                    tokens[r].append(t)
             done = done | is_eos
+            done_l = done.tolist()  # one transfer per step, not one per row
+            for r, t in enumerate(nxt.tolist()):
+                if not done_l[r]:
+                    tokens[r].append(t)
             if stop:
-                for r in range(R):
-                    if not bool(done[r]) and any(s in self.tokenizer.decode(tokens[r][-32:]) for s in stop):
-                        done[r] = True
+                hit = [r for r in range(R) if not done_l[r]
+                       and any(s in self.tokenizer.decode(tokens[r][-32:]) for s in stop)]
+                if hit:
+                    done[hit] = True
             self.stats["decode_tokens"] += int((~done).sum())
             if bool(done.all()) or step == max_new_tokens - 1:
                 break
@@ -704,6 +696,16 @@ class TransformersJudge(JudgeBackend):
         if stop:
             texts = [_cut_at_stop(t, stop) for t in texts]
         return texts
+
+
+def _left_padded(rows: list[list[int]], width: int, pad: int, device: Any):
+    """``(ids, mask)`` ``[len(rows), width]`` int64 on ``device``, each row left-padded: one tensor each, built
+    from Python lists (not one small tensor per row)."""
+    import torch
+
+    ids = torch.tensor([[pad] * (width - len(r)) + list(r) for r in rows], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
+    return ids.to(device), mask.to(device)
 
 
 _CACHE_KW: dict[type, str] = {}

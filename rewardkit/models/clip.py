@@ -72,6 +72,9 @@ class CLIPBackbone:
 
         #: the image processor as torch pre-processing parameters (None: float tensors take the processor path)
         self.tensor_params = clip_params(self.processor.image_processor)
+        #: PIL images: batched pixel values equal to the processor's (models/pil_pixels.py); None until the
+        #: first batch has been checked against the processor, False when it differed
+        self._fast_pixels: bool | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(vars(self))
@@ -105,10 +108,26 @@ class CLIPBackbone:
                 raise ValueError("this CLIP image processor's settings are not reproduced by the torch path")
             pix = clip_pixel_values(images.to(self.device), self.tensor_params)
         else:
-            pix = self.processor.image_processor(images=list(images), return_tensors="pt")["pixel_values"]
+            pix = self._pil_pixel_values(list(images))
         feats = self.model.get_image_features(pixel_values=pix.to(self.device, self.dtype))
         feats = getattr(feats, "pooler_output", feats)  # transformers 5 may return an output object
         return torch.nn.functional.normalize(feats.float(), dim=-1)
+
+    def _pil_pixel_values(self, images: list[Any]):
+        """The processor's ``pixel_values`` for PIL ``images``, built for the whole batch at once when the
+        batched path reproduces this processor (checked bit for bit on the first batch)."""
+        import torch
+
+        from .pil_pixels import clip_pil_pixel_values
+
+        ip = self.processor.image_processor
+        fast = None if self._fast_pixels is False else clip_pil_pixel_values(images, ip)
+        if fast is not None and self._fast_pixels:
+            return fast
+        ref = ip(images=images, return_tensors="pt")["pixel_values"]
+        if fast is not None and self._fast_pixels is None:
+            self._fast_pixels = bool(fast.shape == ref.shape and fast.dtype == ref.dtype and torch.equal(fast, ref))
+        return ref
 
     def tokenize(self, texts: Sequence[str]):
         """``texts``: T strings -> (``input_ids``, ``attention_mask``) ``[T, L]`` (truncated to the text window,

@@ -7,8 +7,10 @@ token's final hidden state, computed in fp32. The head is ``linear`` (default), 
 language-model output layer is never computed: the backbone's inner model (``vlm.model``) gives the hidden
 states.
 
-Rotary positions (``positions``, saved in the config): ``"mrope"`` (default) lets the backbone compute its own
-3-D multimodal positions (image tokens indexed by time / row / column), as in Qwen-VL pre-training;
+Rotary positions (``positions``, saved in the config): ``"mrope"`` (default) gives the backbone its own
+3-D multimodal positions (image tokens indexed by time / row / column), as in Qwen-VL pre-training; for
+Qwen2-VL / Qwen2.5-VL / Qwen3-VL they are computed for the whole batch at once (:mod:`.rope`, equal to the
+model's ``get_rope_index``), and the vision tower's layout tensors come from a cache per image grid;
 ``"sequential"`` gives every token, image tokens included, the plain 1-D index of its place among the sample's
 non-padding tokens, the same on all three rope sections. That is what HPSv3 and EditReward (Qwen2-/2.5-VL)
 were trained with: their forward builds ``inputs_embeds`` itself and calls the language model with
@@ -34,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -46,6 +47,8 @@ import torch
 from torch import nn
 
 from .._imports import require
+from .preference_heads import HEADS, LinearHead, MLPHead, RankNetHead, UncertaintyHead, build_head  # noqa: F401
+from .preference_inputs import InputEncoder  # noqa: F401  (re-exported)
 from ..calibration import apply_calibration, calibration_stats  # noqa: F401  (re-exported)
 from .._version import __version__
 
@@ -111,82 +114,6 @@ class PreferenceTemplate:
         return cls(**d)
 
 
-# ---------------------------------------------------------------------------------------------- heads
-class LinearHead(nn.Module):
-    """``[B, H] -> [B, 1]``: one linear layer (the Arena RM head)."""
-
-    out_dim = 1
-
-    def __init__(self, in_features: int, **_: Any) -> None:
-        super().__init__()
-        self.proj = nn.Linear(in_features, 1)
-        nn.init.normal_(self.proj.weight, std=1.0 / math.sqrt(in_features))
-        nn.init.zeros_(self.proj.bias)
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.proj(h)
-
-
-class MLPHead(nn.Module):
-    """``[B, H] -> [B, 1]``: Linear -> SiLU -> Linear (one hidden layer).
-
-    rewardkit's own small MLP head. Earlier docs called it "HPSv3-style"; it is not HPSv3's head (that is
-    :class:`RankNetHead`, ``head="ranknet"``). The name ``mlp`` and its saved keys are unchanged, so models
-    trained with it load as before."""
-
-    out_dim = 1
-
-    def __init__(self, in_features: int, hidden: int = 1024, **_: Any) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(in_features, hidden), nn.SiLU(), nn.Linear(hidden, 1))
-        nn.init.normal_(self.net[2].weight, std=1.0 / math.sqrt(hidden))
-        nn.init.zeros_(self.net[2].bias)
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.net(h)
-
-
-class UncertaintyHead(nn.Module):
-    """``[B, H] -> [B, 2]``: (mean, log-sigma) of a Gaussian reward."""
-
-    out_dim = 2
-
-    def __init__(self, in_features: int, **_: Any) -> None:
-        super().__init__()
-        self.proj = nn.Linear(in_features, 2)
-        nn.init.normal_(self.proj.weight, std=1.0 / math.sqrt(in_features))
-        nn.init.zeros_(self.proj.bias)
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.proj(h)
-
-
-class RankNetHead(nn.Sequential):
-    """``[B, H] -> [B, 2]`` (mu, log-sigma): HPSv3's / EditReward's ``ranknet`` head.
-
-    ``Linear(H, hidden) -> ReLU -> Dropout(0.05) -> Linear(hidden, 16) -> ReLU -> Linear(16, 2)``, a
-    ``Sequential`` so its parameter keys are HPSv3's ``rm_head.{0,3,5}.*`` without the prefix. HPSv3 reports mu;
-    sigma = exp(log-sigma) is the model's uncertainty (trained with a Gaussian / Thurstone loss).
-    """
-
-    out_dim = 2
-
-    def __init__(self, in_features: int, hidden: int = 1024, **_: Any) -> None:
-        super().__init__(nn.Linear(in_features, hidden), nn.ReLU(), nn.Dropout(0.05), nn.Linear(hidden, 16),
-                         nn.ReLU(), nn.Linear(16, 2))
-
-
-HEADS: dict[str, type[nn.Module]] = {"linear": LinearHead, "mlp": MLPHead, "uncertainty": UncertaintyHead,
-                                     "ranknet": RankNetHead}
-
-
-def build_head(kind: str, in_features: int, hidden: int = 1024) -> nn.Module:
-    if kind not in HEADS:
-        raise ValueError(f"unknown head {kind!r}; choose from {sorted(HEADS)}")
-    return HEADS[kind](in_features, hidden=hidden).float()
-
-
-# ---------------------------------------------------------------------------------------------- calibration
 # ---------------------------------------------------------------------------------------------- helpers
 def _build_tiny(spec: str):
     """``tiny:qwen2_5_vl`` / ``tiny:qwen3_vl`` -> (model, processor) from :mod:`rewardkit.testing`."""
@@ -325,160 +252,6 @@ def _write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-_SLOT = "\uE000rewardkit-prompt\uE000"  # private-use sentinel marking where the prompt goes
-
-
-@dataclasses.dataclass
-class InputEncoder:
-    """Applies the template and the processor: B samples -> processor tensors (see ``PreferenceModel.encode``).
-
-    The chat template is rendered once per number of source images with a sentinel in place of the prompt;
-    each sample then only splices its prompt in (checked once against a direct rendering; a template that
-    transforms its content falls back to rendering every sample). Token ids of each distinct text are cached
-    and image placeholders expanded at the id level (checked once against the processor's own output; any
-    difference retires the fast path for good).
-    """
-
-    processor: Any
-    template: PreferenceTemplate
-    _parts: dict = dataclasses.field(default_factory=dict, repr=False)
-    _tok_cache: dict = dataclasses.field(default_factory=dict, repr=False)
-    _fast: bool | None = dataclasses.field(default=None, repr=False)  # None: not yet verified
-    _tensor_ok: bool | None = dataclasses.field(default=None, repr=False)  # tensor path; None: not yet verified
-
-    def render(self, prompt: str, n_sources: int) -> str:
-        parts = self._parts.get(n_sources)
-        if parts is None:
-            whole = self.template.render(self.processor, _SLOT, n_sources)
-            parts = tuple(whole.split(_SLOT)) if whole.count(_SLOT) == 1 else False
-            probe = "a probe {x} prompt  "
-            if parts and parts[0] + probe + parts[1] != self.template.render(self.processor, probe, n_sources):
-                parts = False
-            self._parts[n_sources] = parts
-        if parts is False:
-            return self.template.render(self.processor, prompt, n_sources)
-        return parts[0] + prompt + parts[1]
-
-    def encode(self, images: Sequence[Any], prompts: Sequence[str],
-               sources: Sequence[Sequence[Any]] | None = None) -> dict[str, torch.Tensor]:
-        n = len(images)
-        if len(prompts) != n or (sources is not None and len(sources) != n):
-            raise ValueError("images, prompts and sources must have the same length")
-        texts, flat = [], []
-        for i in range(n):
-            srcs = list(sources[i]) if sources is not None and sources[i] is not None else []
-            texts.append(self.render(prompts[i], len(srcs)))
-            flat.extend(srcs)  # sources first, then the candidate (the template's image order)
-            flat.append(images[i])
-        if self._fast is False:
-            return dict(self.processor(text=texts, images=flat, padding=True, return_tensors="pt"))
-        fast = self._encode_fast(texts, flat)
-        if self._fast is None:  # first batch: the fast path must reproduce the processor exactly, else retire it
-            ref = dict(self.processor(text=texts, images=flat, padding=True, return_tensors="pt"))
-            same = fast is not None and set(fast) == set(ref) and all(torch.equal(fast[k], ref[k]) for k in ref)
-            self._fast = bool(same)
-            return ref
-        return fast
-
-    def _encode_fast(self, texts: list[str], flat: list[Any]) -> dict[str, torch.Tensor] | None:
-        """The processor's output built from per-text token ids cached across calls (Qwen-VL processors).
-
-        The processor tokenizes every text after expanding each image placeholder to the image's token
-        count; here each distinct text is tokenized once (with one placeholder per image) and the
-        placeholders are expanded at the id level. Verified against the processor on the first batch.
-        """
-        proc = self.processor
-        tok = proc.tokenizer
-        if getattr(proc, "image_token", None) is None or not hasattr(proc, "image_processor"):
-            return None
-        merge = int(getattr(proc.image_processor, "merge_size", 0) or 0)
-        if not merge or tok.pad_token_id is None:
-            return None
-        img = dict(proc.image_processor(images=flat, return_tensors="pt"))
-        counts = (img["image_grid_thw"].prod(-1) // merge ** 2).tolist()
-        text = self._expand_ids(texts, counts)
-        return None if text is None else {**text, **img}
-
-    def _expand_ids(self, texts: list[str], counts: list[int]) -> dict[str, torch.Tensor] | None:
-        """Token ids of ``texts`` with the k-th image placeholder (in text order) repeated ``counts[k]`` times,
-        padded on the tokenizer's side: ``input_ids``, ``attention_mask``, ``mm_token_type_ids`` ``[B, T]``.
-        None when the placeholders and ``counts`` do not line up."""
-        tok = self.processor.tokenizer
-        pad_id = tok.convert_tokens_to_ids(self.processor.image_token)
-        cache = self._tok_cache
-        rows, k = [], 0
-        for t in texts:
-            ids = cache.get(t)
-            if ids is None:
-                ids = tok(t, add_special_tokens=True)["input_ids"]
-                if len(cache) > 4096:
-                    cache.clear()
-                cache[t] = ids
-            row: list[int] = []
-            for tid in ids:
-                if tid == pad_id:
-                    if k >= len(counts):
-                        return None
-                    row.extend([pad_id] * counts[k])
-                    k += 1
-                else:
-                    row.append(tid)
-            rows.append(row)
-        if k != len(counts):
-            return None
-        width = max(len(r) for r in rows)
-        input_ids = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            sl = slice(width - len(r), width) if tok.padding_side == "left" else slice(0, len(r))
-            input_ids[i, sl] = torch.tensor(r, dtype=torch.long)
-            mask[i, sl] = 1
-        return {"input_ids": input_ids, "attention_mask": mask, "mm_token_type_ids": (input_ids == pad_id).long()}
-
-    # ---------------------------------------------------------------- tensor path (issue 12)
-    def tensor_params(self):
-        """The image processor as torch pre-processing parameters, or None when the torch path cannot
-        reproduce it (or an earlier check against the processor found a difference)."""
-        from ..preprocess import qwen_params
-
-        if self._tensor_ok is False or getattr(self.processor, "image_token", None) is None \
-                or self.processor.tokenizer.pad_token_id is None:
-            return None
-        return qwen_params(self.processor.image_processor)
-
-    def encode_tensor(self, images: torch.Tensor, prompts: Sequence[str]) -> dict[str, torch.Tensor] | None:
-        """B text-to-image samples from a float tensor ``[B, 3, H, W]`` in [0, 1] -> the processor's keys, with
-        ``pixel_values`` computed in torch on ``images``' device (differentiable) and token ids on the CPU.
-
-        The first call checks token ids, masks and ``image_grid_thw`` against the processor run on blank PIL
-        images of the same size; any difference retires the tensor path (returns None, now and later).
-        """
-        from ..preprocess import qwen_pixel_values
-
-        params = self.tensor_params()
-        if params is None:
-            return None
-        pixel_values, grid = qwen_pixel_values(images, params)
-        counts = (grid.prod(-1) // params.merge_size ** 2).tolist()
-        texts = [self.render(p, 0) for p in prompts]
-        text = self._expand_ids(texts, counts)
-        if self._tensor_ok is None:
-            from PIL import Image
-
-            h, w = int(images.shape[-2]), int(images.shape[-1])
-            blank = [Image.new("RGB", (w, h)) for _ in texts]
-            ref = dict(self.processor(text=texts, images=blank, padding=True, return_tensors="pt"))
-            ref.pop("pixel_values", None)
-            mine = {} if text is None else {**text, "image_grid_thw": grid}
-            self._tensor_ok = (text is not None and set(mine) == set(ref)
-                               and all(torch.equal(mine[k], ref[k]) for k in ref))
-            if not self._tensor_ok:
-                return None
-        if text is None:
-            return None
-        return {**text, "pixel_values": pixel_values, "image_grid_thw": grid}
-
-
 # ---------------------------------------------------------------------------------------------- the model
 class PreferenceModel(nn.Module):
     """Backbone + reward token + fp32 head. ``forward(**encoded) -> (rewards [B], log_sigma [B] | None)``.
@@ -503,6 +276,8 @@ class PreferenceModel(nn.Module):
         hidden = self.hidden_size
         self.head = head_module if head_module is not None else build_head(head, hidden, head_hidden)
         self.calibration: dict[str, Any] | None = None
+        #: pass the vision tower its layout tensors, cached per image grid (rewardkit.models.rope)
+        self.vision_layout = True
 
     # ------------------------------------------------------------------ construction
     @property
@@ -566,6 +341,16 @@ class PreferenceModel(nn.Module):
         if self.positions == "sequential" and inputs.get("position_ids") is None:
             mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
             inputs["position_ids"] = sequential_position_ids(mask)
+        elif inputs.get("position_ids") is None:  # the backbone's own 3-D positions, for the batch at once
+            from .rope import batch_position_ids
+
+            pos = batch_position_ids(_base(self.vlm).config, input_ids, attention_mask, inputs)
+            if pos is not None:
+                inputs["position_ids"] = pos
+        if self.vision_layout:
+            from .rope import vision_layout_kwargs
+
+            inputs.update(vision_layout_kwargs(_base(self.vlm), inputs))
         out = _inner_model(self.vlm)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **inputs)
         h = out.last_hidden_state  # [B, T, H]
         is_rt = input_ids == self.reward_token_id  # [B, T]

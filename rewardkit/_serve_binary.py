@@ -1,0 +1,127 @@
+"""The reward server's binary request body: the JSON request with every image's bytes moved out of the JSON.
+
+``Content-Type: application/octet-stream``::
+
+    b"RKB1"                      4 bytes, the format and its version
+    header length                uint32, little-endian
+    header                       UTF-8 JSON: the JSON request (``images`` / ``images_a`` / ``images_b``,
+                                 ``prompt``, ``sources``, ``metadata``) with each image replaced by a descriptor
+    payload                      the images' bytes, back to back, in the order of their descriptors
+
+A descriptor is ``{"shape": [H, W] | [H, W, C], "dtype": "uint8"}`` (raw pixels), ``{"shape": [3, H, W],
+"dtype": "float32" | "float16" | "bfloat16"}`` (a float image, little-endian) or ``{"encoded": N}`` (an
+encoded file of N bytes: PNG, JPEG, ...). The descriptors are read in a fixed order: ``images`` (or
+``images_a`` then ``images_b``), then ``sources`` sample by sample; each takes the next ``N`` bytes of the
+payload (raw pixels: the product of the shape times the item size), and the payload must end with the last
+one. Nothing is base64-encoded, and raw pixels are read in place from the request body.
+
+The same checks as the JSON body apply, from the header, before any pixel is read: shapes and dtypes, the
+per-image pixel limit (413), then the server's per-request limits on images and decoded pixels. A body that
+does not follow this layout is a 400.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+from ._serve_wire import HTTPError
+
+__all__ = ["MAGIC", "CONTENT_TYPE", "BinaryImage", "parse_body", "pack_body"]
+
+MAGIC = b"RKB1"
+CONTENT_TYPE = "application/octet-stream"
+_IMAGE_FIELDS = ("images", "images_a", "images_b")
+
+
+class BinaryImage:
+    """One image of a binary body: its descriptor and its bytes (a view of the request body, not a copy).
+    :func:`rewardkit._serve_wire.decode_image` turns it into what the JSON form gives."""
+
+    __slots__ = ("desc", "data")
+
+    def __init__(self, desc: dict, data: memoryview):
+        self.desc, self.data = desc, data
+
+
+def _nbytes(desc: Any, where: str) -> int:
+    """Bytes a descriptor takes in the payload, after checking it as the JSON form is checked (pixel limit
+    included: nothing is read for an image over it)."""
+    from ._serve_wire import check_raw
+
+    if not isinstance(desc, dict):
+        raise HTTPError(400, f"{where}: an image descriptor is {{'shape', 'dtype'}} or {{'encoded': N}}, "
+                             f"got {type(desc).__name__}")
+    if "encoded" in desc:
+        n = desc["encoded"]
+        if set(desc) != {"encoded"} or not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise HTTPError(400, f"{where}: 'encoded' must be the file's positive byte count, alone")
+        return n
+    unknown = set(desc) - {"shape", "dtype"}
+    if unknown:
+        raise HTTPError(400, f"{where}: unknown keys {sorted(unknown)} (expected shape, dtype or encoded)")
+    return check_raw(desc.get("shape"), desc.get("dtype", "uint8"), where)
+
+
+def parse_body(raw: bytes, kind: str) -> dict[str, Any]:
+    """A binary request body -> the JSON request's object, with each image a :class:`BinaryImage`.
+
+    Raises :class:`HTTPError` 400 for a body that does not follow the layout (and 413 for an image over the
+    pixel limit), before any image is decoded."""
+    if len(raw) < 8 or raw[:4] != MAGIC:
+        raise HTTPError(400, "a binary body starts with b'RKB1' and the header's length "
+                             "(see rewardkit._serve_binary)")
+    (hlen,) = struct.unpack_from("<I", raw, 4)
+    if hlen > len(raw) - 8:
+        raise HTTPError(400, f"the binary header claims {hlen:,} bytes; the body has {len(raw) - 8:,} after the "
+                             "length")
+    try:
+        body = json.loads(bytes(raw[8:8 + hlen]))
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer over int_max_str_digits
+        raise HTTPError(400, f"the binary body's header is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise HTTPError(400, "the binary body's header is not valid JSON: nested too deeply") from None
+    if not isinstance(body, dict):
+        raise HTTPError(400, "the binary body's header must be a JSON object")
+    view = memoryview(raw)
+    pos = 8 + hlen
+
+    def take(desc: Any, where: str) -> BinaryImage:
+        nonlocal pos
+        n = _nbytes(desc, where)
+        if pos + n > len(raw):
+            raise HTTPError(400, f"{where}: the payload ends before this image's {n:,} bytes")
+        img = BinaryImage(desc, view[pos:pos + n])
+        pos += n
+        return img
+
+    fields = ("images",) if kind == "score" else ("images_a", "images_b")
+    for key in fields:
+        value = body.get(key)
+        if isinstance(value, list):
+            body[key] = [take(d, f"{key}[{i}]") for i, d in enumerate(value)]
+    srcs = body.get("sources")
+    if isinstance(srcs, list):
+        body["sources"] = [[take(d, f"sources[{i}][{j}]") for j, d in enumerate(entry)]
+                           if isinstance(entry, list) else entry for i, entry in enumerate(srcs)]
+    if pos != len(raw):
+        raise HTTPError(400, f"the binary body has {len(raw) - pos:,} bytes after its last image")
+    return body
+
+
+def pack_body(fields: dict[str, Any], images: dict[str, list[tuple[dict, bytes]]],
+              sources: list[list[tuple[dict, bytes]]] | None = None) -> bytes:
+    """A binary body: ``fields`` (prompt, metadata, ...), ``images`` (``{"images": [(descriptor, bytes), ...]}``
+    or ``images_a`` / ``images_b``) and ``sources`` (per sample, a list of ``(descriptor, bytes)``)."""
+    header = dict(fields)
+    parts: list[bytes] = []
+    for key in _IMAGE_FIELDS:
+        if key in images:
+            header[key] = [d for d, _ in images[key]]
+            parts.extend(b for _, b in images[key])
+    if sources is not None:
+        header["sources"] = [[d for d, _ in entry] for entry in sources]
+        parts.extend(b for entry in sources for _, b in entry)
+    head = json.dumps(header, allow_nan=False, separators=(",", ":")).encode()
+    return b"".join([MAGIC, struct.pack("<I", len(head)), head, *parts])

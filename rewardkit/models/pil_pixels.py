@@ -1,0 +1,147 @@
+"""``pixel_values`` for decoded PIL images, batched and equal to the PIL image processors', bit for bit.
+
+transformers' PIL image processors (``Qwen2VLImageProcessorPil``, ``CLIPImageProcessorPil``) handle one image
+at a time: numpy array -> PIL image -> resize -> numpy -> (center crop) -> rescale in float64 -> float32 ->
+normalise (-> Qwen: patchify). Here the only step that needs PIL, the resize, is kept (the same
+``Image.resize`` call, skipped when the size does not change, as PIL itself skips it), and the rest runs for
+all images of one size at once: the rescale and normalisation of 8-bit values through a 256-entry table per
+channel computed with the processor's own float operations (so every value is the processor's, bit for bit),
+then the crop (CLIP) or the patch layout (Qwen) as slicing / one reshape.
+
+:func:`pil_pixel_values` is the Qwen-VL form, :func:`clip_pil_pixel_values` the CLIP form.
+
+Unlike :func:`rewardkit.preprocess.qwen_pixel_values` (float tensors, resized in torch, within a tolerance)
+this path is exact; ``InputEncoder`` still checks its first batch against the processor.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import functools
+
+import numpy as np
+import torch
+
+__all__ = ["pil_pixel_values", "clip_pil_pixel_values", "rescale_normalize_table"]
+
+
+def rescale_normalize_table(scale: float, mean: Sequence[float] | None, std: Sequence[float] | None) -> torch.Tensor:
+    """``[3, 256]`` float32: what the PIL processor makes of each 8-bit value of each channel.
+
+    transformers' ``rescale`` multiplies in float64 and casts to float32; ``normalize`` subtracts the float32
+    mean and divides by the float32 std in float32 (``image_transforms.rescale`` / ``normalize``)."""
+    return _table(float(scale), None if mean is None else tuple(mean), None if std is None else tuple(std)).clone()
+
+
+@functools.lru_cache(maxsize=16)
+def _table(scale: float, mean: tuple | None, std: tuple | None) -> torch.Tensor:
+    v = torch.from_numpy((np.arange(256, dtype=np.float64) * scale).astype(np.float32))
+    table = v.unsqueeze(0).expand(3, 256).clone()
+    if mean is not None:
+        m = torch.from_numpy(np.asarray(mean, dtype=np.float32)).view(3, 1)
+        s = torch.from_numpy(np.asarray(std, dtype=np.float32)).view(3, 1)
+        table = (table - m) / s
+    return table
+
+
+def pil_pixel_values(images: Sequence[Any], image_processor: Any) -> dict[str, torch.Tensor] | None:
+    """``{"pixel_values": [sum of patches, C*T*p*p] float32, "image_grid_thw": [N, 3] int64}`` for RGB PIL
+    ``images`` as ``image_processor`` (a Qwen-VL PIL image processor) computes them, or None when its
+    settings are outside what this reproduces (the caller then runs the processor)."""
+    from PIL import Image
+
+    from ..preprocess import qwen_params, smart_resize
+
+    if type(image_processor).__name__ not in ("Qwen2VLImageProcessorPil",) or not images:
+        return None
+    p = qwen_params(image_processor)
+    if p is None or getattr(image_processor, "do_convert_rgb", True) is False:
+        return None
+    resample = getattr(image_processor, "resample", None)
+    if resample is None or int(resample) not in (Image.Resampling.BILINEAR, Image.Resampling.BICUBIC):
+        return None
+    if not all(isinstance(im, Image.Image) and im.mode == "RGB" for im in images):
+        return None
+    scale = float(getattr(image_processor, "rescale_factor", 1 / 255))
+    table = _table(scale, p.mean, p.std)  # cached; read only
+    arrays, shapes = [], []
+    sizes: dict[tuple[int, int], tuple[int, int]] = {}
+    for im in images:
+        w, h = im.size
+        if (h, w) not in sizes:
+            sizes[(h, w)] = smart_resize(h, w, p.factor, p.min_pixels, p.max_pixels)
+        hh, ww = sizes[(h, w)]
+        if (hh, ww) != (h, w):
+            im = im.resize((ww, hh), resample=int(resample))
+        arrays.append(np.asarray(im))
+        shapes.append((hh, ww))
+    ps, m, t = p.patch_size, p.merge_size, p.temporal_patch_size
+    chunks: list[torch.Tensor | None] = [None] * len(images)
+    flat_table = table.reshape(-1).numpy()
+    offsets = np.array([0, 256, 512], dtype=np.int16)
+    for hw in dict.fromkeys(shapes):  # each distinct size once, in first-seen order
+        idx = [i for i, s in enumerate(shapes) if s == hw]
+        # rescale + normalise, exactly as the processor: one table look-up per value ([n, H, W, 3] -> [n, 3, H, W])
+        x = torch.from_numpy(np.take(flat_table, np.stack([arrays[i] for i in idx]).astype(np.int16) + offsets))
+        x = x.permute(0, 3, 1, 2)
+        n, c = len(idx), 3
+        gh, gw = hw[0] // ps, hw[1] // ps
+        patches = x.reshape(n, c, gh // m, m, ps, gw // m, m, ps).permute(0, 2, 5, 3, 6, 1, 4, 7)
+        patches = patches.unsqueeze(6).expand(*patches.shape[:6], t, ps, ps)
+        flat = patches.reshape(n, gh * gw, c * t * ps * ps)
+        for j, i in enumerate(idx):
+            chunks[i] = flat[j]
+    pixel_values = torch.cat(chunks) if len(chunks) > 1 else chunks[0].contiguous()
+    grid = torch.tensor([[1, h // ps, w // ps] for h, w in shapes], dtype=torch.long)
+    return {"pixel_values": pixel_values, "image_grid_thw": grid}
+
+
+def _table_lookup(arrays: list[np.ndarray], table: torch.Tensor) -> torch.Tensor:
+    """``n`` uint8 ``[H, W, 3]`` arrays of one size -> float32 ``[n, 3, H, W]`` through the per-channel table."""
+    idx = np.stack(arrays).astype(np.int16) + np.array([0, 256, 512], dtype=np.int16)
+    return torch.from_numpy(np.take(table.reshape(-1).numpy(), idx)).permute(0, 3, 1, 2)
+
+
+def clip_pil_pixel_values(images: Sequence[Any], image_processor: Any) -> torch.Tensor | None:
+    """``[B, 3, crop_h, crop_w]`` float32 ``pixel_values`` for RGB PIL ``images`` as a CLIP PIL image
+    processor (``CLIPImageProcessorPil``: resize the shortest edge, center crop, rescale, normalise) computes
+    them, or None when its settings are outside what this reproduces (the caller then runs the processor)."""
+    from PIL import Image
+
+    from ..preprocess import clip_params, clip_resize_shape
+
+    if type(image_processor).__name__ != "CLIPImageProcessorPil" or not images:
+        return None
+    p = clip_params(image_processor)
+    if p is None or getattr(image_processor, "do_convert_rgb", True) is False:
+        return None
+    resample = getattr(image_processor, "resample", None)
+    if resample is None or int(resample) not in (Image.Resampling.BILINEAR, Image.Resampling.BICUBIC):
+        return None
+    if not all(isinstance(im, Image.Image) and im.mode == "RGB" for im in images):
+        return None
+    table = _table(float(getattr(image_processor, "rescale_factor", 1 / 255)), p.mean, p.std)  # cached; read only
+    arrays = []
+    for im in images:
+        w, h = im.size
+        if p.shortest_edge is not None:
+            hh, ww = clip_resize_shape(h, w, p.shortest_edge)
+        elif p.size_hw is not None:
+            hh, ww = p.size_hw
+        else:
+            hh, ww = h, w
+        if (hh, ww) != (h, w):
+            im = im.resize((ww, hh), resample=int(resample))
+        a = np.asarray(im)
+        if p.crop_hw is not None:
+            ch, cw = p.crop_hw
+            if hh < ch or ww < cw:
+                return None  # the processor pads first: not reproduced here
+            top, left = (hh - ch) // 2, (ww - cw) // 2
+            a = a[top:top + ch, left:left + cw]
+        arrays.append(a)
+    shapes = {a.shape for a in arrays}
+    if len(shapes) != 1:
+        return None  # no crop and different sizes: the processor could not stack them either
+    return _table_lookup(arrays, table).contiguous()

@@ -1,0 +1,175 @@
+"""Template + processor -> model inputs for :class:`~rewardkit.models.preference.PreferenceModel`
+(:class:`InputEncoder`; re-exported by :mod:`rewardkit.models.preference`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, Sequence
+
+import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .preference import PreferenceTemplate
+
+__all__ = ["InputEncoder"]
+
+_SLOT = "\uE000rewardkit-prompt\uE000"  # private-use sentinel marking where the prompt goes
+
+
+@dataclasses.dataclass
+class InputEncoder:
+    """Applies the template and the processor: B samples -> processor tensors (see ``PreferenceModel.encode``).
+
+    The chat template is rendered once per number of source images with a sentinel in place of the prompt;
+    each sample then only splices its prompt in (checked once against a direct rendering; a template that
+    transforms its content falls back to rendering every sample). Token ids of each distinct text are cached
+    and image placeholders expanded at the id level (checked once against the processor's own output; any
+    difference retires the fast path for good).
+    """
+
+    processor: Any
+    template: PreferenceTemplate
+    _parts: dict = dataclasses.field(default_factory=dict, repr=False)
+    _tok_cache: dict = dataclasses.field(default_factory=dict, repr=False)
+    _fast: bool | None = dataclasses.field(default=None, repr=False)  # None: not yet verified
+    _tensor_ok: bool | None = dataclasses.field(default=None, repr=False)  # tensor path; None: not yet verified
+
+    def render(self, prompt: str, n_sources: int) -> str:
+        parts = self._parts.get(n_sources)
+        if parts is None:
+            whole = self.template.render(self.processor, _SLOT, n_sources)
+            parts = tuple(whole.split(_SLOT)) if whole.count(_SLOT) == 1 else False
+            probe = "a probe {x} prompt  "
+            if parts and parts[0] + probe + parts[1] != self.template.render(self.processor, probe, n_sources):
+                parts = False
+            self._parts[n_sources] = parts
+        if parts is False:
+            return self.template.render(self.processor, prompt, n_sources)
+        return parts[0] + prompt + parts[1]
+
+    def encode(self, images: Sequence[Any], prompts: Sequence[str],
+               sources: Sequence[Sequence[Any]] | None = None) -> dict[str, torch.Tensor]:
+        n = len(images)
+        if len(prompts) != n or (sources is not None and len(sources) != n):
+            raise ValueError("images, prompts and sources must have the same length")
+        texts, flat = [], []
+        for i in range(n):
+            srcs = list(sources[i]) if sources is not None and sources[i] is not None else []
+            texts.append(self.render(prompts[i], len(srcs)))
+            flat.extend(srcs)  # sources first, then the candidate (the template's image order)
+            flat.append(images[i])
+        if self._fast is False:
+            return dict(self.processor(text=texts, images=flat, padding=True, return_tensors="pt"))
+        fast = self._encode_fast(texts, flat)
+        if self._fast is None:  # first batch: the fast path must reproduce the processor exactly, else retire it
+            ref = dict(self.processor(text=texts, images=flat, padding=True, return_tensors="pt"))
+            same = fast is not None and set(fast) == set(ref) and all(torch.equal(fast[k], ref[k]) for k in ref)
+            self._fast = bool(same)
+            return ref
+        return fast
+
+    def _encode_fast(self, texts: list[str], flat: list[Any]) -> dict[str, torch.Tensor] | None:
+        """The processor's output built from per-text token ids cached across calls (Qwen-VL processors).
+
+        The processor tokenizes every text after expanding each image placeholder to the image's token
+        count; here each distinct text is tokenized once (with one placeholder per image) and the
+        placeholders are expanded at the id level. Verified against the processor on the first batch.
+        """
+        proc = self.processor
+        tok = proc.tokenizer
+        if getattr(proc, "image_token", None) is None or not hasattr(proc, "image_processor"):
+            return None
+        merge = int(getattr(proc.image_processor, "merge_size", 0) or 0)
+        if not merge or tok.pad_token_id is None:
+            return None
+        from .pil_pixels import pil_pixel_values
+
+        img = pil_pixel_values(flat, proc.image_processor) \
+            or dict(proc.image_processor(images=flat, return_tensors="pt"))
+        counts = (img["image_grid_thw"].prod(-1) // merge ** 2).tolist()
+        text = self._expand_ids(texts, counts)
+        return None if text is None else {**text, **img}
+
+    def _expand_ids(self, texts: list[str], counts: list[int]) -> dict[str, torch.Tensor] | None:
+        """Token ids of ``texts`` with the k-th image placeholder (in text order) repeated ``counts[k]`` times,
+        padded on the tokenizer's side: ``input_ids``, ``attention_mask``, ``mm_token_type_ids`` ``[B, T]``.
+        None when the placeholders and ``counts`` do not line up."""
+        tok = self.processor.tokenizer
+        pad_id = tok.convert_tokens_to_ids(self.processor.image_token)
+        cache = self._tok_cache
+        rows, k = [], 0
+        for t in texts:
+            hit = cache.get(t)
+            if hit is None:
+                ids = tok(t, add_special_tokens=True)["input_ids"]
+                if len(cache) > 4096:
+                    cache.clear()
+                hit = cache[t] = (ids, ids.count(pad_id), {})
+            ids, n_img, expanded = hit
+            key = tuple(counts[k:k + n_img])
+            if len(key) != n_img:
+                return None
+            k += n_img
+            row = expanded.get(key)
+            if row is None:  # each (text, image sizes) is expanded once
+                row = []
+                it = iter(key)
+                for tid in ids:
+                    row.extend([pad_id] * next(it) if tid == pad_id else (tid,))
+                if len(expanded) > 64:
+                    expanded.clear()
+                expanded[key] = row
+            rows.append(row)
+        if k != len(counts):
+            return None
+        width = max(len(r) for r in rows)
+        pad = [tok.pad_token_id]
+        left = tok.padding_side == "left"
+        input_ids = torch.tensor([pad * (width - len(r)) + r if left else r + pad * (width - len(r)) for r in rows],
+                                 dtype=torch.long)
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) if left else [1] * len(r) + [0] * (width - len(r))
+                             for r in rows], dtype=torch.long)
+        return {"input_ids": input_ids, "attention_mask": mask, "mm_token_type_ids": (input_ids == pad_id).long()}
+
+    # ---------------------------------------------------------------- tensor path (issue 12)
+    def tensor_params(self):
+        """The image processor as torch pre-processing parameters, or None when the torch path cannot
+        reproduce it (or an earlier check against the processor found a difference)."""
+        from ..preprocess import qwen_params
+
+        if self._tensor_ok is False or getattr(self.processor, "image_token", None) is None \
+                or self.processor.tokenizer.pad_token_id is None:
+            return None
+        return qwen_params(self.processor.image_processor)
+
+    def encode_tensor(self, images: torch.Tensor, prompts: Sequence[str]) -> dict[str, torch.Tensor] | None:
+        """B text-to-image samples from a float tensor ``[B, 3, H, W]`` in [0, 1] -> the processor's keys, with
+        ``pixel_values`` computed in torch on ``images``' device (differentiable) and token ids on the CPU.
+
+        The first call checks token ids, masks and ``image_grid_thw`` against the processor run on blank PIL
+        images of the same size; any difference retires the tensor path (returns None, now and later).
+        """
+        from ..preprocess import qwen_pixel_values
+
+        params = self.tensor_params()
+        if params is None:
+            return None
+        pixel_values, grid = qwen_pixel_values(images, params)
+        counts = (grid.prod(-1) // params.merge_size ** 2).tolist()
+        texts = [self.render(p, 0) for p in prompts]
+        text = self._expand_ids(texts, counts)
+        if self._tensor_ok is None:
+            from PIL import Image
+
+            h, w = int(images.shape[-2]), int(images.shape[-1])
+            blank = [Image.new("RGB", (w, h)) for _ in texts]
+            ref = dict(self.processor(text=texts, images=blank, padding=True, return_tensors="pt"))
+            ref.pop("pixel_values", None)
+            mine = {} if text is None else {**text, "image_grid_thw": grid}
+            self._tensor_ok = (text is not None and set(mine) == set(ref)
+                               and all(torch.equal(mine[k], ref[k]) for k in ref))
+            if not self._tensor_ok:
+                return None
+        if text is None:
+            return None
+        return {**text, "pixel_values": pixel_values, "image_grid_thw": grid}
