@@ -216,6 +216,8 @@ class RemoteReward(Reward):
         self.higher_is_better = bool(info["higher_is_better"])
         self.score_range = None if info["score_range"] is None else tuple(info["score_range"])
         self.uses_prompt = bool(info["uses_prompt"])
+        # the served reward's empty-prompt rule, so the client does not refuse what the server would score
+        self.scores_empty_prompt = bool(info.get("scores_empty_prompt", False))
         self.batch_relative = bool(info["batch_relative"])
         self.compare_is_symmetric = bool(info.get("compare_is_symmetric", False))
         self._tensor_input = bool(info.get("supports_tensor_input", False))

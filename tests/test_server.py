@@ -697,6 +697,15 @@ def test_client_threads_end_with_the_call_when_the_server_drips_its_headers():
 
 
 # ---------------------------------------------------------------------------------------------- float tensors
+def test_served_reward_keeps_its_empty_prompt_rule(clip, served):
+    """CLIP rewards score an empty prompt as their packages do; served, the client used to refuse it locally
+    (NaN + "prompt is empty") while the same reward in-process scored it."""
+    remote = RemoteReward(url=served.url)
+    x = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    local, got = clip(x, ["", "a cat"]), remote(x, ["", "a cat"])
+    assert got.valid.all() and torch.equal(got.scores, local.scores)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_float_tensors_are_served_bit_identical(clip, served, dtype):
     """A float [B, 3, H, W] tensor (what an RL host holds) scores the same served as in-process, bit for bit.
