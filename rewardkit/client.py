@@ -52,7 +52,10 @@ class _Deadline(Exception):
 
 @dataclass
 class RemoteRewardConfig(RewardConfig):
-    url: str = "http://127.0.0.1:8000"
+    #: the server, or several replicas of one served reward: a list or a comma-separated string. Requests go
+    #: round-robin over them, and a request that fails on one (connection error, 429/502/503/504, timeout) is
+    #: retried on the next; every replica must answer /info at start and serve the same reward and options
+    url: Any = "http://127.0.0.1:8000"
     #: bearer token; default: the ``REWARDKIT_SERVE_TOKEN`` environment variable
     token: str | None = None
     #: seconds for one whole HTTP request (connect + upload + scoring + download)
@@ -69,6 +72,7 @@ class RemoteRewardConfig(RewardConfig):
     max_response_bytes: int = 256 * 1024 * 1024
 
     def __post_init__(self) -> None:
+        parse_urls(self.url)  # refuses an empty or malformed list here, before any connection
         if self.encoding not in ("raw", "png"):
             raise ValueError(f"encoding must be 'raw' or 'png', got {self.encoding!r}")
         if self.wire not in ("binary", "json"):
@@ -79,6 +83,35 @@ class RemoteRewardConfig(RewardConfig):
             raise ValueError(f"max_retries must be an int >= 0, got {self.max_retries!r}")
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {self.batch_size!r}")
+
+
+def parse_urls(url: Any) -> list[str]:
+    """``url`` as a list of base URLs (a string, a comma-separated string or a sequence of strings)."""
+    items = url.split(",") if isinstance(url, str) else list(url) if isinstance(url, (list, tuple)) else None
+    if items is None or not all(isinstance(u, str) for u in items):
+        raise ValueError(f"url must be a URL, a comma-separated string of URLs or a list of URLs, got {url!r}")
+    urls = [u.strip().rstrip("/") for u in items if u.strip()]
+    if not urls:
+        raise ValueError(f"url names no server: {url!r}")
+    for u in urls:
+        if not u.startswith(("http://", "https://")):
+            raise ValueError(f"url {u!r} must start with http:// or https://")
+    if len(set(urls)) != len(urls):
+        raise ValueError(f"url lists a server twice: {url!r}")
+    return urls
+
+
+# /info fields every replica of one served reward must agree on (the replicas' devices may differ)
+_SAME_ON_EVERY_REPLICA = ("reward", "class", "tasks", "dimensions", "higher_is_better", "score_range", "uses_prompt",
+                          "scores_empty_prompt", "batch_relative", "compare_is_symmetric", "supports_tensor_input")
+
+
+def _replica_view(info: dict[str, Any]) -> dict[str, Any]:
+    view = {k: info.get(k) for k in _SAME_ON_EVERY_REPLICA}
+    config = dict(info.get("config") or {})
+    config.pop("device", None)
+    view["config"] = config
+    return view
 
 
 # The deadline of the request the current thread is making: (monotonic deadline, stop event), or None.
@@ -209,7 +242,11 @@ class RemoteReward(Reward):
         self._pool: ThreadPoolExecutor | None = None
         self._tls = threading.local()
         self._token = self.config.token or os.environ.get("REWARDKIT_SERVE_TOKEN") or None
+        self.urls = parse_urls(self.config.url)
+        self._next = 0  # round-robin position over self.urls
         info = self.server_info()
+        if len(self.urls) > 1:
+            self._check_replicas(info)
         self.remote_name = info["reward"]
         self.tasks = frozenset(info["tasks"])
         self.dimensions = tuple(info["dimensions"])
@@ -239,11 +276,30 @@ class RemoteReward(Reward):
             if self._http is None:
                 headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
                 # Per-operation timeouts are the whole budget; the whole-request deadline is enforced in _request.
-                self._http = httpx.Client(base_url=self.config.url.rstrip("/"), headers=headers,
+                self._http = httpx.Client(headers=headers,
                                           timeout=httpx.Timeout(self.config.timeout),
                                           transport=_bounded_transport(httpx))
                 self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="rewardkit-remote")
             return self._http
+
+    def _check_replicas(self, first: dict[str, Any]) -> None:
+        """Every replica answers /info and serves the same reward with the same options (else a call's scores
+        would depend on which replica took it)."""
+        want = _replica_view(first)
+        for url in self.urls[1:]:
+            other = self._request("GET", "/info", base=url)
+            got = _replica_view(other) if isinstance(other, dict) else None
+            if got != want:
+                diff = sorted(k for k in want if got is None or got.get(k) != want[k])
+                raise RemoteRewardError(f"{url} does not serve the same reward as {self.urls[0]} (differs in: "
+                                        f"{', '.join(diff)}); replicas must be started with the same reward and "
+                                        "options")
+
+    def _pick(self) -> int:
+        with self._http_lock:
+            i = self._next
+            self._next = (i + 1) % len(self.urls)
+        return i
 
     def _once(self, method: str, path: str, body: Any, deadline: float,
               stop: threading.Event) -> tuple[int, dict[str, str], bytes]:
@@ -280,24 +336,28 @@ class RemoteReward(Reward):
                 data.append(chunk)
             return r.status_code, dict(r.headers), b"".join(data)
 
-    def _request(self, method: str, path: str, body: Any = None) -> Any:
-        """One logical request with whole-request timeouts and bounded retries; returns the parsed JSON."""
+    def _request(self, method: str, path: str, body: Any = None, base: str | None = None) -> Any:
+        """One logical request with whole-request timeouts and bounded retries; returns the parsed JSON. With
+        several replicas, requests go round-robin and each retry goes to the next replica (``base``: this one)."""
         import httpx
 
         self._client()
         last = None
+        start = self._pick() if base is None else 0
         for attempt in range(self.config.max_retries + 1):
+            url = base or self.urls[(start + attempt) % len(self.urls)]
             stop = threading.Event()
-            fut = self._pool.submit(self._once, method, path, body, time.monotonic() + self.config.timeout, stop)
+            fut = self._pool.submit(self._once, method, url + path, body, time.monotonic() + self.config.timeout,
+                                    stop)
             try:
                 status, headers, data = fut.result(timeout=self.config.timeout)
             except (FutureTimeout, _Deadline):
                 stop.set()  # the pool thread stops reading at its next chunk
                 fut.cancel()
-                last = f"no complete answer within {self.config.timeout:g} s"
+                last = f"{url}: no complete answer within {self.config.timeout:g} s"
                 retry_after = None
             except (httpx.TransportError, ConnectionError) as exc:
-                last = f"{type(exc).__name__}: {exc}"
+                last = f"{url}: {type(exc).__name__}: {exc}"
                 retry_after = None
             else:
                 if status == 200:
@@ -308,22 +368,25 @@ class RemoteReward(Reward):
                 message = _error_message(data)
                 if status not in _RETRY_STATUS:
                     raise RemoteRewardError(f"{method} {path}: HTTP {status}: {message}")
-                last = f"HTTP {status}: {message}"
+                last = f"{url}: HTTP {status}: {message}"
                 retry_after = _retry_after(headers)
             if attempt == self.config.max_retries:
                 break
+            if base is None and (attempt + 1) % len(self.urls):
+                continue  # a replica not tried yet for this request takes the retry at once
             delay = min(self.config.max_backoff, retry_after if retry_after is not None
                         else 0.25 * 2 ** attempt * (1 + 0.25 * random.random()))
             time.sleep(delay)
-        raise RemoteRewardError(f"{method} {self.config.url}{path} failed after "
+        raise RemoteRewardError(f"{method} {path} on {base or ', '.join(self.urls)} failed after "
                                 f"{self.config.max_retries + 1} attempts: {last}")
 
     def server_info(self) -> dict[str, Any]:
-        info = self._request("GET", "/info")
+        """The first server's /info (with several replicas, ``_check_replicas`` compares the others to it)."""
+        info = self._request("GET", "/info", base=self.urls[0])
         required = ("reward", "tasks", "dimensions", "higher_is_better", "score_range", "uses_prompt",
                     "batch_relative")
         if not isinstance(info, dict) or any(k not in info for k in required):
-            raise RemoteRewardError(f"{self.config.url}/info is not a rewardkit server's answer")
+            raise RemoteRewardError(f"{self.urls[0]}/info is not a rewardkit server's answer")
         return info
 
     # ------------------------------------------------------------------ Reward

@@ -857,3 +857,42 @@ def test_binary_bodies_keep_the_request_limits(clip):
         assert r.status_code == 400  # the payload does not hold the claimed pixels: nothing is read
     finally:
         handle.stop()
+
+
+# ---------------------------------------------------------------------------------------------- several replicas
+def _requests_served(url: str) -> int:
+    return RemoteReward(url=url).server_info()["stats"]["requests"]
+
+
+def test_remote_reward_spreads_over_replicas_and_fails_over(clip, tiny_clip_dir):
+    """RemoteReward(url=[a, b]): requests go round-robin over replicas of one served reward (scores equal the
+    in-process ones whichever replica answers), a replica that goes away is skipped (the retry goes to the next
+    one at once), and replicas serving different rewards or options are refused at start."""
+    a = serve_in_thread(clip, ServerConfig(max_wait_ms=1.0))
+    b = serve_in_thread(load_reward("clipscore", model=str(tiny_clip_dir), convention="cosine"),
+                        ServerConfig(max_wait_ms=1.0))
+    other = serve_in_thread(load_reward("clipscore", model=str(tiny_clip_dir), convention="hessel"),
+                            ServerConfig(max_wait_ms=1.0))
+    try:
+        x = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+        prompts = ["a cat", "a dog"]
+        local = clip(x, prompts)
+        remote = RemoteReward(url=f"{a.url}, {b.url}", timeout=10.0, max_retries=2)
+        assert remote.urls == [a.url.rstrip("/"), b.url.rstrip("/")]
+        before = (_requests_served(a.url), _requests_served(b.url))
+        for _ in range(4):
+            assert torch.equal(remote(x, prompts).scores, local.scores)
+        after = (_requests_served(a.url), _requests_served(b.url))
+        assert (after[0] - before[0], after[1] - before[1]) == (2, 2)  # round-robin: 2 scoring requests each
+        b.stop()
+        for _ in range(3):  # every other request first meets the stopped replica, then the live one
+            assert torch.equal(remote(x, prompts).scores, local.scores)
+        with pytest.raises(RemoteRewardError, match="does not serve the same reward.*config"):
+            RemoteReward(url=[a.url, other.url])
+        with pytest.raises(ValueError, match="names no server"):
+            RemoteReward(url=" , ")
+        with pytest.raises(ValueError, match="twice"):
+            RemoteReward(url=[a.url, a.url])
+    finally:
+        for h in (a, b, other):
+            h.stop()
