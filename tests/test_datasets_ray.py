@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -19,9 +20,16 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # Byte-identical output needs the same float summation order on both sides: one torch thread in the actors
+    # (Ray's default for a 1-CPU actor unless the driver's environment sets OMP_NUM_THREADS; set explicitly
+    # here) and in this process, where the local engine runs (with 2 threads the last bits differ, as CI showed).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}})
     yield
     ray.shutdown()
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
