@@ -45,26 +45,33 @@ def _table(scale: float, mean: tuple | None, std: tuple | None) -> torch.Tensor:
     return table
 
 
-def pil_pixel_values(images: Sequence[Any], image_processor: Any) -> dict[str, torch.Tensor] | None:
-    """``{"pixel_values": [sum of patches, C*T*p*p] float32, "image_grid_thw": [N, 3] int64}`` for RGB PIL
-    ``images`` as ``image_processor`` (a Qwen-VL PIL image processor) computes them, or None when its
-    settings are outside what this reproduces (the caller then runs the processor)."""
+def _usable_table(images: Sequence[Any], image_processor: Any, params: Any) -> torch.Tensor | None:
+    """The rescale/normalise table (cached; read only) when this path reproduces ``image_processor`` on
+    ``images`` (parsed ``params``, RGB conversion on, bilinear or bicubic resize, RGB PIL images), else None."""
     from PIL import Image
 
-    from ..preprocess import qwen_params, smart_resize
-
-    if type(image_processor).__name__ not in ("Qwen2VLImageProcessorPil",) or not images:
-        return None
-    p = qwen_params(image_processor)
-    if p is None or getattr(image_processor, "do_convert_rgb", True) is False:
+    if params is None or getattr(image_processor, "do_convert_rgb", True) is False:
         return None
     resample = getattr(image_processor, "resample", None)
     if resample is None or int(resample) not in (Image.Resampling.BILINEAR, Image.Resampling.BICUBIC):
         return None
     if not all(isinstance(im, Image.Image) and im.mode == "RGB" for im in images):
         return None
-    scale = float(getattr(image_processor, "rescale_factor", 1 / 255))
-    table = _table(scale, p.mean, p.std)  # cached; read only
+    return _table(float(getattr(image_processor, "rescale_factor", 1 / 255)), params.mean, params.std)
+
+
+def pil_pixel_values(images: Sequence[Any], image_processor: Any) -> dict[str, torch.Tensor] | None:
+    """``{"pixel_values": [sum of patches, C*T*p*p] float32, "image_grid_thw": [N, 3] int64}`` for RGB PIL
+    ``images`` as ``image_processor`` (a Qwen-VL PIL image processor) computes them, or None when its
+    settings are outside what this reproduces (the caller then runs the processor)."""
+    from ..preprocess import qwen_params, smart_resize
+
+    if type(image_processor).__name__ != "Qwen2VLImageProcessorPil" or not images:
+        return None
+    p = qwen_params(image_processor)
+    table = _usable_table(images, image_processor, p)
+    if table is None:
+        return None
     arrays, shapes = [], []
     sizes: dict[tuple[int, int], tuple[int, int]] = {}
     for im in images:
@@ -73,7 +80,7 @@ def pil_pixel_values(images: Sequence[Any], image_processor: Any) -> dict[str, t
             sizes[(h, w)] = smart_resize(h, w, p.factor, p.min_pixels, p.max_pixels)
         hh, ww = sizes[(h, w)]
         if (hh, ww) != (h, w):
-            im = im.resize((ww, hh), resample=int(resample))
+            im = im.resize((ww, hh), resample=int(image_processor.resample))
         arrays.append(np.asarray(im))
         shapes.append((hh, ww))
     ps, m, t = p.patch_size, p.merge_size, p.temporal_patch_size
@@ -107,21 +114,14 @@ def clip_pil_pixel_values(images: Sequence[Any], image_processor: Any) -> torch.
     """``[B, 3, crop_h, crop_w]`` float32 ``pixel_values`` for RGB PIL ``images`` as a CLIP PIL image
     processor (``CLIPImageProcessorPil``: resize the shortest edge, center crop, rescale, normalise) computes
     them, or None when its settings are outside what this reproduces (the caller then runs the processor)."""
-    from PIL import Image
-
     from ..preprocess import clip_params, clip_resize_shape
 
     if type(image_processor).__name__ != "CLIPImageProcessorPil" or not images:
         return None
     p = clip_params(image_processor)
-    if p is None or getattr(image_processor, "do_convert_rgb", True) is False:
+    table = _usable_table(images, image_processor, p)
+    if table is None:
         return None
-    resample = getattr(image_processor, "resample", None)
-    if resample is None or int(resample) not in (Image.Resampling.BILINEAR, Image.Resampling.BICUBIC):
-        return None
-    if not all(isinstance(im, Image.Image) and im.mode == "RGB" for im in images):
-        return None
-    table = _table(float(getattr(image_processor, "rescale_factor", 1 / 255)), p.mean, p.std)  # cached; read only
     arrays = []
     for im in images:
         w, h = im.size
@@ -132,7 +132,7 @@ def clip_pil_pixel_values(images: Sequence[Any], image_processor: Any) -> torch.
         else:
             hh, ww = h, w
         if (hh, ww) != (h, w):
-            im = im.resize((ww, hh), resample=int(resample))
+            im = im.resize((ww, hh), resample=int(image_processor.resample))
         a = np.asarray(im)
         if p.crop_hw is not None:
             ch, cw = p.crop_hw
