@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,11 +29,12 @@ def state_tensors(tr: "NFTTrainer") -> dict[str, torch.Tensor]:
             out[f"{name}.{i}"] = p.detach().cpu().contiguous()
     return out
 
+
 def save_checkpoint(tr: "NFTTrainer", st: dict[str, Any] | None = None) -> Path:
     """``checkpoints/epoch-N`` after epoch N, or with ``st`` (an epoch in progress, after an optimizer step)
     ``checkpoints/epoch-N-step-S``: each process also writes its rollouts, r and training-generator state,
     so that the resumed epoch continues bitwise where it stopped."""
-    from ..train.trainer import _flatten_optimizer, _write_text_atomic
+    from ..train.checkpoint import _flatten_optimizer, _rng_states, publish_checkpoint
 
     st_mod = require("safetensors.torch", "rl")
     root = tr.out / "checkpoints"
@@ -45,10 +45,7 @@ def save_checkpoint(tr: "NFTTrainer", st: dict[str, Any] | None = None) -> Path:
             shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir(parents=True)
     tr.dist.barrier()
-    rng = {"cpu": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        rng.update({f"cuda{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
-    st_mod.save_file(rng, str(tmp / f"rng-rank{tr.dist.rank}.safetensors"))
+    st_mod.save_file(_rng_states(), str(tmp / f"rng-rank{tr.dist.rank}.safetensors"))
     if st is not None:
         b = st["buf"]
         tensors = {"x0": b["x0"].detach().cpu().contiguous(), "prompt": b["prompt"].cpu(),
@@ -68,13 +65,7 @@ def save_checkpoint(tr: "NFTTrainer", st: dict[str, Any] | None = None) -> Path:
                  "optimizer": meta, "scaler": tr.scaler.state_dict() if tr.scaler.is_enabled() else None,
                  "config": dataclasses.asdict(tr.cfg)}
         (tmp / "state.json").write_text(json.dumps(state, indent=1), encoding="utf-8")
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _write_text_atomic(root / "latest", name)
-        kept = sorted(p for p in root.glob("epoch-*") if p.is_dir() and not p.name.endswith(".tmp"))
-        for old in kept[:-max(tr.cfg.save_total_limit, 1)]:
-            shutil.rmtree(old, ignore_errors=True)
+        publish_checkpoint(root, tmp, final, "epoch-*", tr.cfg.save_total_limit)
     tr.dist.barrier()
     return final
 

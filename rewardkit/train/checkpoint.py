@@ -61,6 +61,21 @@ def _write_text_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def publish_checkpoint(root: Path, tmp: Path, final: Path, pattern: str, keep: int) -> None:
+    """Publish a fully written ``tmp`` folder as ``final`` (one rename), point ``root/latest`` at it, and keep the
+    newest ``keep`` (at least 1) folders matching ``pattern`` (``*.tmp`` leftovers never count). Main process
+    only; the trainers call it after every process has written its part."""
+    import shutil
+
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _write_text_atomic(root / "latest", final.name)
+    kept = sorted(p for p in root.glob(pattern) if p.is_dir() and not p.name.endswith(".tmp"))
+    for old in kept[:-max(keep, 1)]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def _flatten_optimizer(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Optimizer state -> (tensors for safetensors, JSON-able rest). No pickling."""
     sd = opt.state_dict()

@@ -42,7 +42,7 @@ from . import losses as L
 # stay importable from here.
 from .checkpoint import (  # noqa: F401
     _flatten_optimizer, _permutation, _replica_fingerprint, _rng_states, _unflatten_optimizer, _write_text_atomic,
-    latest_checkpoint, resume_checkpoint,
+    latest_checkpoint, publish_checkpoint, resume_checkpoint,
 )
 from .preference_config import (  # noqa: F401
     DataArgs, LoraArgs, LossArgs, ModelArgs, OptimArgs, PreferenceTrainConfig, _validate,
@@ -238,13 +238,7 @@ class PreferenceTrainer:
             (tmp / "state.json").write_text(json.dumps(state, indent=1), encoding="utf-8")
         self.acc.wait_for_everyone()
         if self.acc.is_main_process:
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-            _write_text_atomic(root / "latest", name)
-            kept = sorted(p for p in root.glob("step-*") if p.is_dir() and not p.name.endswith(".tmp"))
-            for old in kept[:-max(self.cfg.save_total_limit, 1)]:
-                shutil.rmtree(old, ignore_errors=True)
+            publish_checkpoint(root, tmp, final, "step-*", self.cfg.save_total_limit)
         self.acc.wait_for_everyone()
         self._saved_step = self.step
         return final
