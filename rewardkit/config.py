@@ -28,7 +28,7 @@ import yaml
 
 from .errors import ConfigError
 
-__all__ = ["load_config", "build_config", "parse_overrides", "config_to_dict", "save_config", "safe_load_yaml",
+__all__ = ["iter_jsonl", "load_config", "build_config", "parse_overrides", "config_to_dict", "save_config", "safe_load_yaml",
            "YAMLConfigError", "MAX_YAML_NODES"]
 
 
@@ -114,6 +114,21 @@ def safe_load_yaml(text: str, *, source: Any = None, max_nodes: int | None = Non
                               "refused") from None
 
 T = TypeVar("T")
+
+
+def iter_jsonl(path: str | Path, *, error: type[Exception] = ValueError):
+    """``(line number, value)`` for each non-blank line of a JSONL file, read as it goes; a line that is not JSON
+    raises ``error("PATH:LINE: not JSON (...)")``. Callers check the values' shape with their own messages."""
+    import json
+
+    with Path(path).open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise error(f"{path}:{lineno}: not JSON ({exc})") from None
 
 
 def parse_overrides(overrides: Sequence[str], *, patches: bool = False) -> dict[str, Any]:

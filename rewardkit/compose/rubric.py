@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from ..config import iter_jsonl
+
 __all__ = ["Question", "QuestionTree", "RubricCache", "parse_question_list", "tree_score", "answer_trees",
            "generate_trees", "classify_intents", "parse_intent", "yes_no_conversation", "unanswered"]
 
@@ -251,17 +253,10 @@ class RubricCache:
         self._records: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
         if self.path is not None and self.path.is_file():
-            with self.path.open(encoding="utf-8") as fh:
-                for lineno, line in enumerate(fh, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        rec = json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        raise ValueError(f"{self.path}:{lineno}: not JSON ({exc})") from None
-                    if not isinstance(rec, dict) or not isinstance(rec.get("prompt"), str):
-                        raise ValueError(f"{self.path}:{lineno}: each line needs a 'prompt' string")
-                    self._records[rec["prompt"]] = rec
+            for lineno, rec in iter_jsonl(self.path):
+                if not isinstance(rec, dict) or not isinstance(rec.get("prompt"), str):
+                    raise ValueError(f"{self.path}:{lineno}: each line needs a 'prompt' string")
+                self._records[rec["prompt"]] = rec
 
     def __contains__(self, prompt: str) -> bool:
         return prompt in self._records

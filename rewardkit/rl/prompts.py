@@ -7,9 +7,10 @@ evaluator reads ``metadata["prompt"]`` there)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
+
+from ..config import iter_jsonl
 
 __all__ = ["BUILTIN_PROMPTS", "load_prompts", "load_prompt_set"]
 
@@ -40,22 +41,15 @@ def load_prompt_set(spec: str) -> tuple[list[str], list[dict[str, Any]]]:
     path = Path(spec)
     if not path.is_file():
         raise FileNotFoundError(f"prompt file not found: {path}")
-    text = path.read_text(encoding="utf-8")
     prompts, metadata = [], []
     if path.suffix == ".jsonl":
-        for i, line in enumerate(text.splitlines()):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{i + 1}: not JSON ({exc})") from None
+        for lineno, rec in iter_jsonl(path):
             if not isinstance(rec, dict) or not isinstance(rec.get("prompt"), str):
-                raise ValueError(f"{path}:{i + 1}: expected an object with a string 'prompt'")
+                raise ValueError(f"{path}:{lineno}: expected an object with a string 'prompt'")
             prompts.append(rec["prompt"])
             metadata.append(dict(rec))  # the whole row, as flow_grpo / DiffusionNFT (train_nft_sd3.py:102-109)
     else:
-        prompts = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        prompts = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
         metadata = [{} for _ in prompts]
     if not prompts or any(not p.strip() for p in prompts):
         raise ValueError(f"{path}: no prompts (or an empty prompt)")

@@ -10,7 +10,6 @@ field) for the page to show as text.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -38,19 +37,14 @@ def _num(x: Any) -> float | None:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    from ..config import iter_jsonl
+
     rows = []
-    with Path(path).open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ViewInputError(f"{path}:{lineno}: not JSON ({exc})") from None
-            if not isinstance(rec, dict):
-                raise ViewInputError(f"{path}:{lineno}: a line must be a JSON object")
-            rec["_line"] = lineno
-            rows.append(rec)
+    for lineno, rec in iter_jsonl(path, error=ViewInputError):
+        if not isinstance(rec, dict):
+            raise ViewInputError(f"{path}:{lineno}: a line must be a JSON object")
+        rec["_line"] = lineno
+        rows.append(rec)
     if not rows:
         raise ViewInputError(f"{path}: no rows (the file is empty)")
     return rows
