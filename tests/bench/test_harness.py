@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from rewardkit.judges.policy import JUDGE_FAILURE_PREFIX
@@ -18,6 +17,8 @@ from rewardkit.bench.spec import get_spec, list_benchmarks
 from rewardkit.bench.synthetic import SYNTHETIC_LAYOUT, write_synthetic_benchmarks
 from rewardkit.reward import PairwiseOutput, Reward, RewardBatch, RewardOutput
 
+from tests.helpers.bench_rewards import MeanPixel, brightness as _brightness
+
 ALL = ",".join(SYNTHETIC_LAYOUT)
 
 
@@ -29,31 +30,6 @@ def data_root(tmp_path_factory) -> Path:
 
 
 # ------------------------------------------------------------------ test rewards (deterministic functions)
-def _brightness(im) -> float:
-    return float(np.asarray(im, dtype=np.float32).mean() / 255.0)
-
-
-class MeanPixel(Reward):
-    """Mean pixel value; counts the samples it scores."""
-
-    name = "test-meanpixel"
-    tasks = frozenset({"t2i", "edit"})
-    thread_safe = True
-
-    def __init__(self, *a, **k):
-        super().__init__(*a, **k)
-        self.n_scored = 0
-        self.fail_after_calls: int | None = None
-        self.calls = 0
-
-    def _score(self, batch: RewardBatch) -> RewardOutput:
-        self.calls += 1
-        if self.fail_after_calls is not None and self.calls > self.fail_after_calls:
-            raise KeyboardInterrupt  # an interrupted run
-        self.n_scored += len(batch)
-        return RewardOutput(scores=torch.tensor([_brightness(im) for im in batch.images]))
-
-
 class PromptFreeMeanPixel(MeanPixel):
     name = "test-meanpixel-noprompt"
     uses_prompt = False

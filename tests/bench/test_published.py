@@ -14,7 +14,7 @@ from rewardkit.bench.data import comparisons_from_rows
 from rewardkit.bench.harness import Predictions, compute_metrics
 from rewardkit.bench.spec import get_spec
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 FIX = SHARED / "fixtures" / "benchmarks"
 
 pytestmark = pytest.mark.skipif(not FIX.is_dir(), reason="../shared/fixtures/benchmarks is not present")

@@ -10,7 +10,7 @@ import pytest
 
 from rewardkit.cli import main
 
-IMAGES = Path(__file__).resolve().parents[1] / "examples" / "images"
+IMAGES = Path(__file__).resolve().parents[2] / "examples" / "images"
 
 
 @pytest.fixture()

@@ -177,7 +177,7 @@ WORKER = textwrap.dedent('''
     import torch
     from PIL import Image
     sys.path.insert(0, os.environ["TEST_DIR"])
-    from test_compose_rl import full_comp, META, PROMPTS, IMGS
+    from test_composite_rl import full_comp, META, PROMPTS, IMGS
     from rewardkit import distributed
 
     assert distributed.init_from_env("gloo")

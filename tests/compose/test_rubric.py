@@ -312,7 +312,7 @@ def test_composite_stage2_recipe_on_tiny_judge(tiny_judge, tiny_clip_dir, tmp_pa
     from rewardkit.compose import build_composite
     from rewardkit.testing import random_images
 
-    recipe = yaml.safe_load((Path(__file__).resolve().parents[1] / "recipes" / "arena_rubric" / "stage2.yaml").read_text())
+    recipe = yaml.safe_load((Path(__file__).resolve().parents[2] / "recipes" / "arena_rubric" / "stage2.yaml").read_text())
     section = recipe["reward"]
     prompts = ["a red apple on a table", "two birds on a branch", "a green bowl", "a blue car"]
     cache = RubricCache(tmp_path / "q.jsonl")

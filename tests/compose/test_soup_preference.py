@@ -17,7 +17,7 @@ pytest.importorskip("trl")
 from rewardkit.cli import main  # noqa: E402
 from rewardkit.compose.soup import read_adapter, soup_deltas  # noqa: E402
 
-RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "arena_rm" / "tiny.yaml"
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "arena_rm" / "tiny.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def test_soup_of_two_tiny_lora_preference_models(two_runs, tmp_path, capsys):
     reward = load_reward("preference", model=str(out), device="cpu")
     res = reward(random_images(2, size=32), ["a bright image", "a dark image"])
     assert bool(res.valid.all()) and torch.isfinite(res.scores).all()
-    assert main(["score", "-r", "preference", "-m", str(out), str(Path(__file__).resolve().parents[1] / "examples"
+    assert main(["score", "-r", "preference", "-m", str(out), str(Path(__file__).resolve().parents[2] / "examples"
                  / "images" / "t2i_red_apple.png"), "-p", "a red apple", "--no-progress"]) == 0
 
     # weights that do not sum to 1: refused for the non-LoRA tensors (they need the base to be deltas)

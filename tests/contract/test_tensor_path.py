@@ -242,7 +242,7 @@ def test_gpu_benchmark_script_dry_run(capsys):
     import runpy
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "tensor_path.py"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "tensor_path.py"
     ns = runpy.run_path(str(script), run_name="bench")
     assert ns["main"](["--dry-run"]) == 0
     out = capsys.readouterr().out

@@ -15,7 +15,7 @@ pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 pd = pytest.importorskip("pandas")
 
-from test_datasets import png_bytes, wds_set  # noqa: E402
+from tests.helpers.data_files import png_bytes, wds_set  # noqa: E402
 
 
 def _cli(*argv: str) -> int:

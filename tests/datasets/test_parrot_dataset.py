@@ -3,44 +3,15 @@ the JSONL pipeline (``Pipeline.rationalize``) on the same pairs, one Parquet fil
 
 from __future__ import annotations
 
-import io
 import json
 
-import numpy as np
 import pytest
-from PIL import Image
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 pytest.importorskip("datasets")
 
-
-def _png(level: int) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(np.full((16, 16, 3), level, dtype=np.uint8)).save(buf, "PNG")
-    return buf.getvalue()
-
-
-def write_pairs(folder, shards=2, rows=5) -> list[dict]:
-    folder.mkdir(parents=True, exist_ok=True)
-    out = []
-    for s in range(shards):
-        recs = []
-        for i in range(rows):
-            k = s * rows + i
-            recs.append({"pair_id": f"p{k}", "prompt": f"a scene {k}" + (" [garbage]" if k == 3 else ""),
-                         "image_a": _png(30 * (k % 8)), "image_b": _png(200 - 20 * (k % 5)),
-                         "label": ["A", "B", "tie"][k % 3] if k != 7 else "A"})
-        pq.write_table(pa.Table.from_pylist(recs), folder / f"part-{s}.parquet")
-        out += recs
-    return out
-
-
-def _cfg(tmp_path):
-    from rewardkit.parrot.pipeline import DataCfg, ParrotConfig, TeacherCfg
-
-    return ParrotConfig(output_dir=str(tmp_path / "work"), data=DataCfg(train=str(tmp_path / "all.parquet")),
-                        teacher=TeacherCfg(judge="scripted"), batch_size=3)
+from tests.helpers.data_files import parrot_cfg as _cfg, write_pairs  # noqa: E402
 
 
 def test_stage1_over_shards_matches_the_jsonl_pipeline_and_resumes(tmp_path):

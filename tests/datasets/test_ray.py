@@ -13,7 +13,7 @@ pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 ray = pytest.importorskip("ray")
 
-from test_datasets import png_bytes, wds_set  # noqa: E402
+from tests.helpers.data_files import png_bytes, wds_set  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -152,7 +152,7 @@ def test_ray_engine_resumes_after_sigint_with_the_local_bytes(reward, tiny_clip_
 
 def test_parrot_stage1_on_ray_writes_the_local_bytes(cluster, tmp_path):
     pytest.importorskip("datasets")
-    from test_dataset_parrot import _cfg, write_pairs
+    from tests.helpers.data_files import parrot_cfg as _cfg, write_pairs
 
     from rewardkit.datasets.parrot import rationalize_dataset
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import json
-import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -19,12 +18,7 @@ from PIL import Image
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
-
-def png_bytes(seed: int, size: int = 24) -> bytes:
-    rng = np.random.default_rng(seed)
-    buf = io.BytesIO()
-    Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(buf, "PNG")
-    return buf.getvalue()
+from tests.helpers.data_files import png_bytes, wds_set, write_tar  # noqa: E402
 
 
 def write_parquet_set(root: Path, shards: int = 2, rows: int = 5, corrupt: tuple[int, int] | None = None) -> list[dict]:
@@ -38,28 +32,6 @@ def write_parquet_set(root: Path, shards: int = 2, rows: int = 5, corrupt: tuple
             recs[2]["image"] = b"not an image at all"
         pq.write_table(pa.Table.from_pylist(recs), root / f"part-{s}.parquet")
         out += recs
-    return out
-
-
-def write_tar(path: Path, samples: list[dict[str, bytes]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(path, "w") as tf:
-        for s in samples:
-            for ext, data in s.items():
-                if ext == "__key__":
-                    continue
-                info = tarfile.TarInfo(f"{s['__key__']}.{ext}")
-                info.size = len(data)
-                tf.addfile(info, io.BytesIO(data))
-
-
-def wds_set(root: Path, shards: int = 2, rows: int = 4) -> list[dict]:
-    out = []
-    for s in range(shards):
-        samples = [{"__key__": f"s{s}/{i:04d}", "png": png_bytes(50 + 10 * s + i),
-                    "txt": f"a drawing {s} {i}".encode()} for i in range(rows)]
-        write_tar(root / f"shard-{s:03d}.tar", samples)
-        out += samples
     return out
 
 

@@ -15,18 +15,18 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 _CMD = re.compile(r"^(?:[A-Z_]+=\S+\s+)*(?:rewardkit|bash|python3?|torchrun|hf|pip|accelerate|vllm|huggingface-cli)\s")
 _NEEDS = re.compile(r"#.*\bneeds?\b")
 # run by other tests (they take minutes or are the suite itself)
 ELSEWHERE = {
-    "bash scripts/score.sh": "tests/test_main_job.py::test_demo_without_arguments_shows_t2i_edit_and_compare",
+    "bash scripts/score.sh": "tests/cli/test_score_script.py::test_demo_without_arguments_shows_t2i_edit_and_compare",
     "bash scripts/test.sh": "the test suite itself",
-    "bash scripts/docs.sh build": ".ci/run (strict site build); tests/test_docs_site.py",
+    "bash scripts/docs.sh build": ".ci/run (strict site build); tests/docs/test_site.py",
     "bash scripts/docs.sh serve": "a live server: the same build as `build`, served",
-    "bash scripts/lint-imports.sh": ".ci/run; tests/test_architecture.py::test_the_import_contracts_hold",
-    "python -m pytest tests/test_architecture.py": "the test suite itself",
+    "bash scripts/lint-imports.sh": ".ci/run; tests/project/test_architecture.py::test_the_import_contracts_hold",
+    "python -m pytest tests/project/test_architecture.py": "the test suite itself",
 }
 
 

@@ -170,7 +170,7 @@ def test_vqascore_full_is_nan_safe(value, ok):
 # ------------------------------------------------------------------------------------------ vLLM (stand-in)
 @pytest.fixture
 def vjudge(monkeypatch):
-    from vllm_standin import StrictLLM, sampling_params_class
+    from tests.helpers.vllm_standin import StrictLLM, sampling_params_class
 
     stub = types.ModuleType("vllm")
     stub.SamplingParams = sampling_params_class()
@@ -203,7 +203,7 @@ def test_vllm_raw_probs_are_the_engine_logprobs(vjudge):
 
 
 def test_vllm_raw_probs_refuse_processed_logprobs(monkeypatch):
-    from vllm_standin import StrictLLM, sampling_params_class
+    from tests.helpers.vllm_standin import StrictLLM, sampling_params_class
 
     stub = types.ModuleType("vllm")
     stub.SamplingParams = sampling_params_class()
@@ -372,7 +372,7 @@ VQA_CASES = {  # case -> (server mode or script, reason must mention (full), rea
 @pytest.fixture(scope="module")
 def misbehaving():
     pytest.importorskip("httpx")
-    from test_judge_fake_server import FakeServer
+    from tests.helpers.judge_servers import FakeServer
 
     s = FakeServer()
     yield s

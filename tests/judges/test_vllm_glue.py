@@ -21,7 +21,7 @@ from rewardkit.testing import build_tiny_tokenizer, random_images  # noqa: E402
 
 @pytest.fixture
 def judge(monkeypatch):
-    from vllm_standin import StrictLLM, sampling_params_class
+    from tests.helpers.vllm_standin import StrictLLM, sampling_params_class
 
     stub = types.ModuleType("vllm")
     stub.SamplingParams = sampling_params_class()

@@ -16,7 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "gpu"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"))
 from vllm_smoke import greedy_match  # noqa: E402
 
 pytestmark = [pytest.mark.gpu,

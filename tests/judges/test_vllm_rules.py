@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("httpx")
 
-from vllm_standin import SAMPLING_EPS, StrictLLM, StrictSamplingParams, VLLMValidationError  # noqa: E402
+from tests.helpers.vllm_standin import SAMPLING_EPS, StrictLLM, StrictSamplingParams, VLLMValidationError  # noqa: E402
 
 from rewardkit.judges import ChoiceError, load_judge  # noqa: E402
 from rewardkit.testing import build_tiny_tokenizer, random_images  # noqa: E402
@@ -31,7 +31,7 @@ def conv(ims, q):
 def vllm_stub(monkeypatch):
     """A ``vllm`` module whose ``LLM(model=..., **kw)`` records its arguments and validates ``dtype`` the way
     vLLM's ModelConfig does."""
-    from vllm_standin import sampling_params_class
+    from tests.helpers.vllm_standin import sampling_params_class
 
     stub = types.ModuleType("vllm")
     stub.SamplingParams = sampling_params_class()
@@ -70,7 +70,7 @@ def test_the_stand_in_refuses_what_vllm_refuses():
 def test_the_stand_in_does_not_depend_on_vllm_being_installed(monkeypatch):
     """In the documented GPU setup (``[all,vllm,dev]``) ``vllm`` is importable: the stand-in must not switch to
     the real ``SamplingParams`` (whose ``verify(model_config, ...)`` the stand-in engine cannot call)."""
-    import vllm_standin
+    from tests.helpers import vllm_standin
 
     real = types.ModuleType("vllm")
 

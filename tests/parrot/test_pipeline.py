@@ -238,7 +238,7 @@ def test_cli_stages_print_reports(tmp_path, pairs, capsys):
     args = ["--config", "recipes/parrot/tiny.yaml", f"data.train={pairs}", f"output_dir={out}", "--no-progress"]
     from pathlib import Path
 
-    args[1] = str(Path(__file__).resolve().parents[1] / "recipes" / "parrot" / "tiny.yaml")
+    args[1] = str(Path(__file__).resolve().parents[2] / "recipes" / "parrot" / "tiny.yaml")
     assert main(["parrot", "rationalize", *args]) == 0
     assert json.loads(capsys.readouterr().out)["status"] == {"ok": 6, "unparseable": 1, "judge_failure": 1, "skipped": 1}
     assert main(["parrot", "filter", *args]) == 0
@@ -529,7 +529,7 @@ def test_tiny_recipe_keep_rate_from_evidence():
     from rewardkit.parrot.testing import _parts, quality
     from rewardkit.train.data import load_pairs
 
-    recipe = yaml.safe_load((Path(__file__).resolve().parents[1] / "recipes" / "parrot" / "tiny.yaml").read_text())
+    recipe = yaml.safe_load((Path(__file__).resolve().parents[2] / "recipes" / "parrot" / "tiny.yaml").read_text())
     assert recipe["data"] == {"train": "synthetic:brightness", "synthetic_size": 16} and recipe["seed"] == 0
     assert recipe["teacher"]["judge"] == "scripted"
     shown = []
@@ -562,7 +562,7 @@ def test_run_no_progress_shows_no_bar_at_all(tmp_path, capfd, monkeypatch):
 
     for var in ("HF_DATASETS_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_PROGRESS_BARS"):
         monkeypatch.delenv(var, raising=False)  # restored afterwards (the command sets them)
-    recipe = str(Path(__file__).resolve().parents[1] / "recipes" / "parrot" / "tiny.yaml")
+    recipe = str(Path(__file__).resolve().parents[2] / "recipes" / "parrot" / "tiny.yaml")
     rc = main(["parrot", "run", "--config", recipe, f"output_dir={tmp_path / 'out'}", "data.synthetic_size=3",
                "sft.max_steps=1", "sft.save_steps=100", "--no-progress"])
     assert rc == 0

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / ".importlinter"
 LINT = ("import sys; from importlinter.cli import lint_imports_command; "
         "sys.argv[0] = 'lint-imports'; sys.exit(lint_imports_command())")

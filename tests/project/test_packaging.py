@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def test_sdist_carries_licence_recipes_examples_and_tests(tree, tmp_path):
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
     for need in ("LICENSE", "recipes/nft/tiny.yaml", "recipes/nft/tiny_e2po.yaml", "recipes/parrot/tiny.yaml",
                  "recipes/arena_rm/tiny.yaml", "examples/quickstart.py", "examples/images/t2i.jsonl",
-                 "examples/images/t2i_red_apple.png", "tests/conftest.py", "tests/vllm_standin.py",
+                 "examples/images/t2i_red_apple.png", "tests/conftest.py", "tests/helpers/vllm_standin.py",
                  "benchmarks/gpu/vllm_smoke.py", "scripts/score.sh"):
         assert need in names, need
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-CONFTEST = Path(__file__).with_name("conftest.py")
+CONFTEST = Path(__file__).resolve().parents[1] / "conftest.py"  # the root conftest (tests/conftest.py)
 
 BODY = """
 import time

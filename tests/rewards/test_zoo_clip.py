@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from rewardkit.testing import random_images
-from upstream_preprocess import hpsv2_eval_pixels, openai_clip_eval_pixels
+from tests.helpers.upstream_preprocess import hpsv2_eval_pixels, openai_clip_eval_pixels
 
 SIZES = [(32, 32), (48, 20), (20, 50), (33, 17), (64, 64), (31, 45)]
 

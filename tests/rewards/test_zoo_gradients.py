@@ -26,7 +26,7 @@ from rewardkit import media
 from rewardkit.errors import RewardInputError
 from rewardkit.models import zoo
 from rewardkit.preprocess import resize
-from upstream_preprocess import hpsv2_eval_pixels, openai_clip_eval_pixels
+from tests.helpers.upstream_preprocess import hpsv2_eval_pixels, openai_clip_eval_pixels
 
 PROMPTS = ["a red apple on a table", "two birds on a branch"]
 # (h, w): landscape 3:4, tall 4:1, near-square 40x44 whose centre-crop offset is a rounding case

@@ -177,7 +177,7 @@ def test_clip_family_scores_an_empty_prompt_as_upstream(zoo, name):
     reward = zoo(name)
     ims = random_images(2, sizes=[(40, 40), (64, 36)], seed=11)
     if name == "hpsv2":  # the upstream transform (transform.py ResizeMaxSize), not rewardkit's hpsv2_pixels
-        from upstream_preprocess import hpsv2_eval_pixels
+        from tests.helpers.upstream_preprocess import hpsv2_eval_pixels
 
         size = int(reward.backbone.model.config.vision_config.image_size)
         pixels = torch.stack([hpsv2_eval_pixels(im, size) for im in ims])

@@ -12,7 +12,7 @@ import torch
 
 from rewardkit.compose.composite import Composite
 from rewardkit.reward import Reward, RewardBatch, RewardOutput
-from test_rl_trainer import tiny_cfg, tiny_dirs  # noqa: F401  (the fixture, shared with the trainer tests)
+from tests.helpers.nft_runs import tiny_cfg
 
 NAN = float("nan")
 

@@ -17,8 +17,9 @@ pytest.importorskip("diffusers")
 pytest.importorskip("peft")
 
 from rewardkit.rl.config import NFTConfig  # noqa: E402
+from tests.helpers.nft_runs import tiny_cfg  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -31,31 +32,6 @@ def one_thread():
 
 
 SMALL = {"sample": {"num_steps": 2, "resolution": 32, "batch_size": 4, "num_groups": 2, "group_size": 2}}
-
-
-@pytest.fixture(scope="module")
-def tiny_dirs(tmp_path_factory):
-    from rewardkit.testing import save_tiny_checkpoint
-
-    root = tmp_path_factory.mktemp("rl_tiny")
-    return {"sd3": str(save_tiny_checkpoint("sd3", root / "sd3")), "clip": str(save_tiny_checkpoint("clip", root / "clip"))}
-
-
-def tiny_cfg(out, tiny_dirs, **over) -> NFTConfig:
-    from rewardkit.config import build_config
-
-    base = {
-        "output_dir": str(out), "seed": 3, "model": {"pretrained": tiny_dirs["sd3"], "max_sequence_length": 8},
-        "lora": {"r": 4, "alpha": 8},
-        "sample": {"num_steps": 2, "resolution": 32, "batch_size": 4, "num_groups": 2, "group_size": 4},
-        "train": {"batch_size": 4, "lr": 1e-3},
-        "rewards": {"pickscore": 1.0}, "reward_kwargs": {"pickscore": {"model": tiny_dirs["clip"], "device": "cpu"}},
-        "reward_workers": 2, "num_epochs": 2, "mixed_precision": "no", "cpu": True, "save_every": 1, "eval_every": 0,
-        "progress": False, "resume": "never",
-    }
-    from rewardkit.config import _merge
-
-    return build_config(NFTConfig, _merge(base, over, NFTConfig))  # `rewards` in `over` replaces pickscore
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ from rewardkit import Reward, RewardOutput  # noqa: E402
 from rewardkit.server import ServerConfig, serve_in_thread  # noqa: E402
 from rewardkit.testing import random_images  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class _Const(Reward):

@@ -15,7 +15,7 @@ from rewardkit.config import load_config
 from rewardkit.train.data import DataRowError, PairCollator, load_pairs, preflight_pairs
 from rewardkit.train.trainer import PreferenceTrainConfig, PreferenceTrainer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes" / "arena_rm" / "tiny.yaml"
 MISSING, BAD_HEADER, BAD_BODY = 3, 7, 9  # row indices
 

@@ -16,7 +16,7 @@ from rewardkit.config import load_config
 from rewardkit.errors import ConfigError
 from rewardkit.train.trainer import KILL_ENV, PreferenceTrainConfig, PreferenceTrainer, latest_checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes" / "arena_rm" / "tiny.yaml"
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from test_view import EXAMPLES, XSS, score_rows, write_jsonl
+from tests.helpers.view_rows import EXAMPLES, XSS, score_rows, write_jsonl
 
 from rewardkit.view import build_report
 
@@ -270,7 +270,7 @@ def test_two_rewards_side_by_side_with_ranks_and_scatter(browser, tmp_path):
 
 
 def test_bench_record_tables_and_wrong_pairs(browser, tmp_path, axe_js):
-    from test_bench_harness import MeanPixel
+    from tests.helpers.bench_rewards import MeanPixel
 
     from rewardkit.bench import evaluate
     from rewardkit.bench.synthetic import write_synthetic_benchmarks

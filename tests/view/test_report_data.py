@@ -21,37 +21,13 @@ from rewardkit.view.multi import average_ranks, rewards_section, spearman
 from rewardkit.view.rl import eval_grids
 from rewardkit.view.scores import ViewInputError
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "images"
-XSS = ['a <script>window.__xss=1</script> cat', '"><img src=x onerror="window.__xss=2">', "{{JS}} {{DATA}}"]
+from tests.helpers.view_rows import EXAMPLES, XSS, score_rows, write_jsonl
 
 
 def payload_of(html: str) -> dict:
     m = re.search(r'<script type="application/json" id="rk-data">(.*?)</script>', html, re.S)
     assert m is not None
     return json.loads(m.group(1))
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
-
-
-def score_rows(folder: Path) -> list[dict]:
-    """Rows as `rewardkit score` writes them: a judge with dimensions, rationale and details; an invalid row."""
-    for p in EXAMPLES.glob("*.png"):
-        shutil.copy(p, folder / p.name)
-    return [
-        {"image": str(folder / "t2i_red_apple.png"), "prompt": XSS[0], "score": 0.8125, "valid": True, "error": None,
-         "dimensions": {"alignment": 0.75, "quality": 4.0}, "rationale": "The apple is red.\nTable visible.",
-         "details": {"dimensions": {"alignment": {"r": 0.75, "hypotheses": [
-             {"score": 4, "rationale": "<b>red</b>", "verdict": 1.0, "raw": "Score: 4"},
-             {"score": 2, "rationale": "blurry", "verdict": 0.0, "raw": "Score: 2"}]}}}},
-        {"image": str(folder / "t2i_house_sunset.png"), "prompt": XSS[1], "score": None, "valid": False,
-         "error": "alignment: 3/3 hypotheses unparseable; last answer: '</script><script>window.__xss=3</script>'",
-         "dimensions": {"alignment": None, "quality": None}},
-        {"image": str(folder / "t2i_open_sign.png"), "prompt": XSS[2], "score": -0.00002, "valid": True,
-         "error": None, "dimensions": {"alignment": 0.25, "quality": 1.5}},
-    ]
 
 
 def test_score_rows_keep_every_field_and_embed_thumbnails(tmp_path):
