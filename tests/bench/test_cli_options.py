@@ -83,3 +83,50 @@ def test_retry_invalid_rescores_only_cached_invalid_samples(tmp_path, data_root)
     r3 = evaluate(retry, "mmrb2/t2i", retry_invalid=True, **kw)
     assert retry.n_scored == n_bad                       # only the invalid ones are asked again
     assert r3["mmrb2/t2i"].counts["n_invalid_samples"] == 0
+
+
+# ---------------------------------------------------------------------------------------------- bench --revision
+def test_bench_revision_reaches_the_hub_loader_and_the_record(tmp_path, tiny_clip_dir, monkeypatch, capsys):
+    """docs/bench.md `--revision` (pin the dataset commit): passed to datasets.load_dataset as revision=, with the
+    spec's dataset / config / split, and recorded in the result's data block. (The score cache is keyed by image
+    bytes, not by revision: the same images under another revision reuse their scores, by design.)"""
+    import datasets
+    import pyarrow.parquet as pq
+
+    from rewardkit.bench.synthetic import write_synthetic_benchmarks
+    from rewardkit.cli import main
+
+    files = write_synthetic_benchmarks(tmp_path / "data")
+    calls: list[tuple] = []
+
+    def fake_load_dataset(*args, **kwargs):
+        calls.append((args, kwargs))
+        return datasets.Dataset(pq.read_table(files["mmrb2/t2i"]))
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    out = tmp_path / "out"
+    rc = main(["bench", "--reward", "clipscore", "--model", str(tiny_clip_dir), "--benchmark", "mmrb2/t2i",
+               "--no-cache", "--output-dir", str(out), "--bootstrap", "0", "--no-progress", "--device", "cpu",
+               "--limit", "3", "--revision", "0123abc"])
+    assert rc == 0
+    assert len(calls) == 1
+    args, kwargs = calls[0]
+    assert args == ("rl-research/multimodal-rewardbench-2", "t2i")
+    assert kwargs["revision"] == "0123abc" and kwargs["split"] == "test"
+    rec = json.loads(next(out.glob("*.json")).read_text())
+    data = rec["benchmarks"]["mmrb2/t2i"]["data"]
+    assert data["source"] == "hub" and data["revision"] == "0123abc"
+    assert rec["settings"]["revision"] == "0123abc"
+    # with local data only, a revision would be silently meaningless: a usage error before any model loads
+    calls.clear()
+    assert main(["bench", "--reward", "clipscore", "--model", str(tmp_path / "unused"), "--benchmark", "mmrb2/t2i",
+                 "--data-dir", str(tmp_path / "data"), "--no-cache", "--revision", "0123abc"]) == 2
+    assert "--revision" in capsys.readouterr().err and calls == []
+    # the Python API refuses it too (it used to ignore the revision silently)
+    from rewardkit import load_reward
+    from rewardkit.bench.harness import evaluate
+
+    with pytest.raises(ValueError, match="revision"):
+        evaluate(load_reward("clipscore", model=str(tiny_clip_dir), device="cpu"), ["mmrb2/t2i"],
+                 data_dir=tmp_path / "data", revision="0123abc", cache_dir=None)
+    assert calls == []

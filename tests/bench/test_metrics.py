@@ -239,3 +239,54 @@ def test_bootstrap_ci_contains_value_and_disables():
     lo, hi = M.bootstrap_ratio_ci(num, np.ones(40), n_boot=500, seed=0)
     assert lo < 0.75 < hi and 0.5 < lo and hi < 0.95
     assert M.bootstrap_ratio_ci(num, np.ones(40), n_boot=0) is None
+
+
+# ------------------------------------------------------------------ EditReward-Bench group accuracy, human ties
+def _dense_rank(x):
+    """Dense ranking (equal values share a rank): the reference for "same weak ordering"."""
+    levels = sorted(set(x), reverse=True)
+    return [levels.index(v) for v in x]
+
+
+def _rows(gid, human, model):
+    """All C(K,2) rows of one group from per-candidate human and model scores."""
+    out = []
+    for i in range(len(human)):
+        for j in range(i + 1, len(human)):
+            out.append((gid, int(np.sign(human[i] - human[j])), float(model[i] - model[j])))
+    return out
+
+
+GROUPS = [  # (human scores, model scores, group correct by hand)
+    ([2, 1, 1], [3, 2, 1], False),     # human tie B=C, model separates them: wrong
+    ([1, 1, 0], [5, 5, 2], True),      # human tie A=B, model ties them exactly: right
+    ([0, 1, 2], [0, 2, 1], False),     # decisive order wrong on B vs C
+    ([3, 3, 3], [1, 1, 1], True),      # all tied, model all tied: right
+    ([3, 3, 3], [1, 1, 2], False),     # all tied, model breaks one tie
+    ([4, 2, 2, 1], [9, 4, 4, 0], True),  # K=4 with a tie in the middle, reproduced
+    ([2, 1, 1], [3, 1 + 1e-4, 1], False),  # a near-tie is not a tie (exact rule)
+]
+
+
+def test_group_accuracy_with_human_ties_matches_ranking_reference():
+    rows = [r for k, (hs, ms, _) in enumerate(GROUPS) for r in _rows(f"g{k}", hs, ms)]
+    g, h, m = zip(*rows)
+    res = M.group_accuracy(list(g), h, m)
+    by_hand = [ok for _, _, ok in GROUPS]
+    reference = [_dense_rank(hs) == _dense_rank(ms) for hs, ms, _ in GROUPS]
+    assert by_hand == reference                       # the hand labels agree with the ranking definition
+    assert res.n == len(GROUPS)
+    assert res.value == pytest.approx(sum(by_hand) / len(GROUPS))  # 3/7
+    # per-row: a human-tie row is right only for an exact model tie
+    row_ok = [(hh == 0 and mm == 0) or (hh != 0 and np.sign(mm) == hh) for _, hh, mm in rows]
+    assert res.extra["individual"] == pytest.approx(sum(row_ok) / len(rows))
+
+
+def test_group_accuracy_human_tie_rows_are_not_skipped():
+    # one group: decisive rows right, the tie row wrong -> 0 (skipping tie rows would give 1)
+    rows = _rows("g", [2, 1, 1], [3, 2, 1])
+    g, h, m = zip(*rows)
+    assert M.group_accuracy(list(g), h, m).value == 0.0
+    # the same group with the tie reproduced exactly -> 1
+    g, h, m = zip(*_rows("g", [2, 1, 1], [3, 1, 1]))
+    assert M.group_accuracy(list(g), h, m).value == 1.0

@@ -1,5 +1,5 @@
 """OpenAI-compatible chat-completions doubles on 127.0.0.1 for the judge tests: ``FakeServer`` misbehaves on
-request (no log-probs, malformed JSON, drips, huge bodies, ...)."""
+request (no log-probs, malformed JSON, drips, huge bodies, ...); ``Server`` answers by a script of behaviours."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import math
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 
 DRIP_SECONDS = 20.0  # a dripping response lasts at most this long (bounds the test even if the client hangs)
 
@@ -117,6 +116,70 @@ class FakeServer:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class Server:
+    """Scripted OpenAI chat-completions server. ``script`` is a list of behaviours consumed per request
+    (then ``default``): "ok", "429", "500", "slow", "garbage", "nologprobs", "400logprobs"."""
+
+    def __init__(self):
+        self.requests: list[dict] = []
+        self.script: list[str] = []
+        self.default = "ok"
+        self.top = [("Yes", math.log(0.6)), ("No", math.log(0.3)), ("Maybe", math.log(0.1))]
+        self.tokenize = {"Yes": [1], "No": [2], "A": [3], "B": [4], "Yes please": [1, 5]}
+        self.lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _send(self, code, body, headers=None):
+                raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+                self.send_response(code)
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path == "/tokenize":
+                    toks = server.tokenize.get(body["prompt"])
+                    return self._send(200, {"tokens": toks}) if toks else self._send(404, {"error": "no"})
+                with server.lock:
+                    server.requests.append({"path": self.path, "body": body, "auth": self.headers.get("Authorization")})
+                    mode = server.script.pop(0) if server.script else server.default
+                if mode == "429":
+                    return self._send(429, {"error": "slow down"}, {"Retry-After": "0"})
+                if mode == "500":
+                    return self._send(500, {"error": "boom"})
+                if mode == "slow":
+                    time.sleep(1.0)
+                if mode == "garbage":
+                    return self._send(200, b"<html>not json")
+                if mode == "400logprobs":
+                    return self._send(400, {"error": "logprobs are not supported by this model"})
+                n = body.get("n", 1)
+                choices = []
+                for i in range(n):
+                    ch = {"index": i, "message": {"role": "assistant", "content": f"Reason: ok {i}\nScore: {4 - i % 2}"}}
+                    if body.get("logprobs") and mode != "nologprobs":
+                        ch["logprobs"] = {"content": [{"token": server.top[0][0], "logprob": server.top[0][1],
+                                                       "top_logprobs": [{"token": t, "logprob": lp} for t, lp in server.top]}]}
+                    choices.append(ch)
+                self._send(200, {"id": "x", "object": "chat.completion", "choices": choices})
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self.thread.start()

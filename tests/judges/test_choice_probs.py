@@ -22,6 +22,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from rewardkit.judges import JudgeBackend  # noqa: E402
+from rewardkit.judges.policy import JUDGE_FAILURE_PREFIX  # noqa: E402
 from rewardkit.testing import build_tiny_tokenizer, random_images  # noqa: E402
 
 
@@ -439,3 +441,59 @@ def test_vqascore_template_versions_ask_the_official_question(tjudge, template):
     torch.testing.assert_close(out.scores.double(), torch.tensor(want, dtype=torch.float64), rtol=2e-4, atol=1e-7)
     version = "3.0" if template == "t2v_metrics-3.0" else "3.1"
     assert out.info["template"] == f"vqascore/{template}@vqascore-t2v_metrics-{version}"
+
+
+# --------------------------------------------------------------- vqascore yes_no: a row must be a distribution
+class Unnormed(JudgeBackend):
+    kind = "unnormed"
+
+    def __init__(self, row):
+        self.row = row
+
+    def generate(self, conversations, **kw):
+        return [[""] for _ in conversations]
+
+    def choice_probs(self, conversations, choices):
+        return torch.tensor([self.row] * len(conversations), dtype=torch.float32)
+
+
+@pytest.mark.parametrize("row, want", [([0.2, 0.2], None), ([0.7, 0.7], None), ([0.75, 0.25], 0.75),
+                                       ([1.0, 0.0], 1.0), ([float("nan"), 0.5], None)])
+def test_vqascore_yes_no_refuses_a_row_that_is_not_a_distribution(row, want):
+    """Bug: probability='yes_no' took P(Yes) from any finite row in [0, 1] ([0.2, 0.2] scored 0.2, valid),
+    against the judge policy (a row not summing to 1 is an unanswered question)."""
+    from rewardkit.rewards.vqascore import VQAScore
+
+    out = VQAScore(judge=Unnormed(row), probability="yes_no")(random_images(1, seed=2), "a cat", on_error="nan")
+    if want is None:
+        assert not bool(out.valid[0]) and math.isnan(float(out.scores[0])) and out.errors[0]
+    else:
+        assert bool(out.valid[0]) and float(out.scores[0]) == pytest.approx(want)
+
+
+# --------------------------------------------------------------- raw probabilities from a server without logprobs
+def test_vqascore_full_on_a_server_without_logprobs_is_a_judge_failure():
+    """Bug: with probability='full' a server that returns no log-probabilities at all gave NaN + a reason without
+    the failure prefix (the bench cache kept it: fixing the server did not help) and never raised with
+    on_error='raise'; probability='yes_no' (choice_probs) raises JudgeServerError for the same server."""
+    pytest.importorskip("httpx")
+    from tests.helpers.judge_servers import FakeServer
+
+    from rewardkit.judges.openai_backend import JudgeServerError, OpenAIJudge
+    from rewardkit.rewards.vqascore import VQAScore
+
+    server = FakeServer()
+    try:
+        server.mode = "nologprobs"
+        judge = OpenAIJudge(server.url, model="fake", api_key="", timeout=2.0, max_retries=0, check_tokens=False,
+                            server="openai")
+        ims = random_images(2, seed=6)
+        for probability in ("full", "yes_no"):
+            r = VQAScore(judge=judge, probability=probability)
+            out = r(ims, "a cat", on_error="nan")
+            assert not out.valid.any()
+            assert all(e.startswith(JUDGE_FAILURE_PREFIX) and "log-prob" in e for e in out.errors), out.errors
+            with pytest.raises(JudgeServerError, match="log-prob"):
+                r(ims, "a cat", on_error="raise")
+    finally:
+        server.close()

@@ -27,30 +27,6 @@ def conv(ims, q):
     return [{"role": "user", "content": [*({"type": "image", "image": i} for i in ims), {"type": "text", "text": q}]}]
 
 
-@pytest.fixture
-def vllm_stub(monkeypatch):
-    """A ``vllm`` module whose ``LLM(model=..., **kw)`` records its arguments and validates ``dtype`` the way
-    vLLM's ModelConfig does."""
-    from tests.helpers.vllm_standin import sampling_params_class
-
-    stub = types.ModuleType("vllm")
-    stub.SamplingParams = sampling_params_class()
-    stub.created = []
-
-    class LLM(StrictLLM):
-        def __init__(self, model, **kw):
-            if kw.get("dtype", "auto") not in ("auto", "half", "float16", "bfloat16", "float", "float32"):
-                raise ValueError(f"Unknown dtype: {kw['dtype']}")
-            from transformers import AutoTokenizer
-
-            super().__init__(AutoTokenizer.from_pretrained(model), {"Yes": -1.0, "No": -2.0}, **kw)
-            stub.created.append(self)
-
-    stub.LLM = LLM
-    monkeypatch.setitem(sys.modules, "vllm", stub)
-    return stub
-
-
 # ---------------------------------------------------------------------------------------------- stand-in
 def test_the_stand_in_refuses_what_vllm_refuses():
     with pytest.raises(VLLMValidationError, match="greedy"):

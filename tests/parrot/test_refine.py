@@ -149,3 +149,21 @@ def test_refine_cli_exits_3_when_a_regenerated_image_could_not_be_critiqued(tmp_
     recs = [json.loads(x) for x in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
     assert recs[0]["status"] == "refined" and recs[0]["error_after"] and recs[0]["score_after"] is None
     assert rc == 3
+
+
+def test_refine_defaults_threshold_three_and_one_iteration():
+    """docs/parrot.md: regenerate when an applicable dimension is below 3.0 (`threshold=`); one iteration."""
+    from rewardkit.parrot.testing import ScriptedTeacher
+    from rewardkit.refine import refine
+    from rewardkit.rewards.rational import RationalReward
+
+    critic = RationalReward(judge=ScriptedTeacher())
+    # "a cat" at brightness 25 * 5 = 125: q = round(2 * (1 + 3 * 125 / 255)) / 2 = 2.5 on both applicable dims
+    res = refine(BrightnessGenerator(factor=25), ["a cat"], critic=critic)
+    assert res.records[0]["status"] == "refined"                      # 2.5 < 3.0
+    res = refine(BrightnessGenerator(factor=25), ["a cat"], critic=critic, threshold=2.5)
+    assert res.records[0]["status"] == "accepted"                     # 2.5 >= 2.5
+    # factor 3: "a cat" -> q 1.0; the refined request (32 characters, brightness 96) -> q 2.0, still below 3.0,
+    # yet the default runs one iteration only
+    res = refine(BrightnessGenerator(factor=3), ["a cat"], critic=critic)
+    assert res.records[0]["iterations"] == 1 and len(res.records[0]["refined_prompts"]) == 1

@@ -5,6 +5,7 @@ template through the conformance checks on a tiny real judge."""
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
@@ -435,3 +436,78 @@ def test_templates_render_the_upstream_prompt_bytes(name, field, commit, where, 
 
     text = load_template("unifiedreward", name).render(field, prompt=PROMPT)
     assert hashlib.sha256(text.encode()).hexdigest() == sha, (name, field, commit, where)
+
+
+# --------------------------------------------------------------- unifiedreward parsers
+@pytest.mark.parametrize("digit", ["\uff14", "\u0664", "\u096a"])  # fullwidth, Arabic-Indic, Devanagari four
+def test_unifiedreward_parsers_take_ascii_digits_only(digit):
+    """Bug: the parsers used Python's Unicode-aware \\d, so 'Final Score: ４' read as 4.0 (EVR's parser, by
+    contrast, takes ASCII digits only)."""
+    from rewardkit.rewards.unifiedreward import parse_axis_scores, parse_final_score, parse_pair_axis_scores
+
+    assert parse_final_score(f"Final Score: {digit}")[0] is None
+    assert parse_final_score("Final Score: 4") == (4.0, None)
+    acs = "Alignment Score (1-5): {}\nCoherence Score (1-5): 3\nStyle Score (1-5): 5"
+    assert parse_axis_scores(acs.format(digit))[0] is None
+    assert parse_axis_scores(acs.format("4"))[0] == {"alignment": 4.0, "coherence": 3.0, "style": 5.0}
+    pair = ("Alignment Score:\n Image 1: {}\n Image 2: 0.4\n\nCoherence Score:\n Image 1: 0.5\n Image 2: 0.5\n\n"
+            "Style Score:\n Image 1: 1\n Image 2: 0")
+    assert parse_pair_axis_scores(pair.format(f"0.{digit}"))[0] is None
+    assert parse_pair_axis_scores(pair.format("0.6"))[0] == {"alignment": (0.6, 0.4), "coherence": (0.5, 0.5),
+                                                              "style": (1.0, 0.0)}
+
+
+@pytest.mark.parametrize("text", [
+    '{"sc\\u006fre": [25, 25], "score": [1, 2]}',         # a second "score" the raw-text count cannot see
+    '{"score": [1, 2], "reasoning": "a", "reasoning": "b"}',
+])
+def test_parse_edit_scores_refuses_duplicate_keys(text):
+    """Bug: json.loads keeps the last of duplicated keys silently: '{"sc\\u006fre": [25, 25], "score": [1, 2]}'
+    read as [1, 2] although the answer gives "score" twice."""
+    from rewardkit.rewards.unifiedreward import parse_edit_scores
+
+    vals, why = parse_edit_scores(text)
+    assert vals is None and "twice" in why
+
+
+def test_parse_edit_scores_adversarial_answers():
+    from rewardkit.rewards.unifiedreward import parse_edit_scores
+
+    assert parse_edit_scores('```json\n{"reasoning": "ok",\n"score" : [20, 16],\n}\n```') == ([20.0, 16.0], None)
+    for bad in ('{"score": [20, 16]} {"score2": 1}',          # two JSON objects
+                '{"reasoning": {"score": [1, 2]}}',          # nested score
+                '{"score": [NaN, 2]}', '{"score": [Infinity, 2]}', '{"score": [25.5, 2]}', '{"score": [true, 2]}',
+                '{"score": ["4", 2]}', '{"score": [4]}', '{"score": [1' + "0" * 400 + ', 2]}',
+                '{"score": [1, 2], "extra": 1}', '"score": ' + "[" * 100_000):
+        vals, why = parse_edit_scores(bad)
+        assert vals is None and why, bad[:60]
+
+
+def test_parse_think_verdict_is_linear_in_the_answer_length():
+    """Bug: the lazy <answer>(.*?)</answer> search ran before the count of opening tags: 12 000 unclosed
+    '<answer>' took ~5 s (quadratic; 8 000: 2.4 s on this machine). The count now refuses them first."""
+    from rewardkit.rewards.unifiedreward import parse_think_verdict
+
+    t0 = time.perf_counter()
+    v, why = parse_think_verdict("<think>" + "<answer>" * 12_000)
+    assert time.perf_counter() - t0 < 1.0
+    assert v is None and "12000 <answer> blocks" in why
+    v, why = parse_think_verdict("<answer>" * 3 + "<answer>Image 1 is better</answer>")
+    assert v is None and "4 <answer> blocks" in why
+    assert parse_think_verdict("<think>x</think>\n<answer>Image 2 is better.</answer>") == (0.0, None)
+    assert parse_think_verdict("<answer>Image 1 is better")[0] is None
+    assert parse_think_verdict("no tags")[1] == "no <answer>...</answer> block"
+
+
+@pytest.mark.parametrize("prompt", ["{prompt}", "a {0} b {x!r} c %s {{}}", "line 1\nline 2 }", "{__class__}"])
+def test_unifiedreward_templates_render_prompts_with_braces_verbatim(prompt):
+    from rewardkit.judges import load_template
+
+    for name in ("t2i", "2.0", "think", "edit"):
+        t = load_template("unifiedreward", name)
+        for key in ("pointwise", "pairwise", "instruction_following"):
+            if key in t.fields:
+                text = t.render(key, prompt=prompt)
+                assert prompt in text and "{{" not in text.replace(prompt, "")
+        if "quality" in t.fields:  # no placeholder: the JSON example's braces come out single
+            assert '{\n\n"reasoning"' in t.render("quality")

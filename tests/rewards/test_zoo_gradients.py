@@ -355,3 +355,28 @@ def test_ls_marks_them_differentiable():
 
     rows = {r["name"]: r for r in describe_rewards()}
     assert all(rows[n]["differentiable"] for n in ("hpsv2", "aesthetic", "imagereward", "hpsv3"))
+
+
+# ---------------------------------------------------------------------------------------------- differentiable zoo
+@pytest.fixture(scope="module")
+def hpsv2_tiny(tmp_path_factory):
+    from rewardkit.rewards.hpsv2 import HPSv2
+
+    return HPSv2.tiny(str(tmp_path_factory.mktemp("hpsv2")))
+
+
+def test_hpsv2_score_tensor_refuses_a_side_that_rounds_to_zero_as_input_error(hpsv2_tiny):
+    """The tiny HPSv2 works at 32 px: a 1 x 70 image resizes to round(32 / 70) = 0 rows (aspect ratio 70, under the
+    default bound of 200). The ordinary call makes it that sample's error; score_tensor raised a bare ValueError
+    from inside the pre-processing instead of the RewardInputError naming the sample that it documents."""
+    from rewardkit.errors import RewardInputError
+
+    x = torch.full((2, 3, 1, 70), 0.5)
+    out = hpsv2_tiny(x, "a cat", on_error="nan")
+    assert not bool(out.valid[0]) and "0 pixels" in out.errors[0]
+    with pytest.raises(RewardInputError, match="0 pixels") as exc:
+        hpsv2_tiny.score_tensor(x.requires_grad_(True), "a cat")
+    assert exc.value.index == 0
+    ok = torch.full((1, 3, 2, 70), 0.5, requires_grad=True)  # round(64 / 70) = 1 row: accepted
+    hpsv2_tiny.score_tensor(ok, "a cat").sum().backward()
+    assert ok.grad is not None and torch.isfinite(ok.grad).all()

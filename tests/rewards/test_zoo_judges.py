@@ -195,3 +195,23 @@ def test_bench_runs_unifiedreward_natively(tmp_path):
     scalar = evaluate(UnifiedReward(judge=_Deterministic()), ["mmrb2/t2i"], data_dir=tmp_path / "data",
                       cache_dir=None, n_boot=0, progress=False, mode="scalar")
     assert scalar.benchmarks["mmrb2/t2i"].counts["n_invalid_samples"] == 0
+
+
+def test_unifiedreward_decoding_defaults():
+    """zoo.md: greedy decoding, 512 new tokens (t2i; the 2.0 / edit templates: 4096), compare() asks both orders by
+    default."""
+    from rewardkit.rewards.unifiedreward import UnifiedRewardConfig
+
+    from rewardkit.rewards.unifiedreward import UnifiedReward
+
+    cfg = UnifiedRewardConfig()
+    assert cfg.max_new_tokens is None and cfg.reencode == "auto" and cfg.both_orders is True  # None: the template's
+
+    class Recording(Scripted):
+        def generate(self, conversations, **kw):
+            self.kw = kw
+            return super().generate(conversations, **kw)
+
+    judge = Recording(["Final Score: 4"])
+    UnifiedReward(judge=judge)(random_images(1), "a cat")
+    assert judge.kw["temperature"] == 0.0 and judge.kw["max_new_tokens"] == 512

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -194,3 +195,56 @@ def test_uncertainty_form_is_checked():
         L.uncertainty_loss(t(0.0), t(0.0), t(0.0), t(0.0), form="closed")
     with pytest.raises(ValueError, match="samples"):
         L.uncertainty_loss(t(0.0), t(0.0), t(0.0), t(0.0), samples=0)
+
+
+# ------------------------------------------------------------------ uncertainty loss: sign of the margin
+def _phi(x):
+    return 0.5 * (1 + math.erf(x / math.sqrt(2)))
+
+
+@pytest.mark.parametrize("margin", [0.5, -0.7, 2.0])
+def test_uncertainty_loss_margin_is_subtracted(margin):
+    t = lambda *v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+    mu_w, mu_l, ls_w, ls_l = 1.0, 0.2, math.log(0.5), math.log(1.5)
+    scale = math.sqrt(0.5 ** 2 + 1.5 ** 2)
+    want = -math.log(_phi((mu_w - mu_l - margin) / scale))
+    got = L.uncertainty_loss(t(mu_w), t(ls_w), t(mu_l), t(ls_l), margin=t(margin), form="probit")
+    assert float(got) == pytest.approx(want, rel=1e-9)
+    # a larger required gap makes the loss larger (monotone in the margin)
+    more = L.uncertainty_loss(t(mu_w), t(ls_w), t(mu_l), t(ls_l), margin=t(margin + 0.3), form="probit")
+    assert float(more) > float(got)
+
+
+def test_uncertainty_loss_weighted_margin_per_pair():
+    t = lambda *v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+    mu_w, mu_l, m, w = [1.0, 0.0], [0.0, 0.5], [0.25, -0.25], [1.0, 3.0]
+    per = [-math.log(_phi((a - b - mm) / math.sqrt(2))) for a, b, mm in zip(mu_w, mu_l, m)]
+    want = (per[0] * w[0] + per[1] * w[1]) / sum(w)
+    got = L.uncertainty_loss(t(*mu_w), t(0, 0), t(*mu_l), t(0, 0), margin=t(*m), weight=t(*w), form="probit")
+    assert float(got) == pytest.approx(want, rel=1e-9)
+
+
+# ------------------------------------------------------------------ the trainer passes the data's margin
+@pytest.mark.parametrize("kind", ["bt", "uncertainty"])
+def test_trainer_loss_uses_the_batch_margin_and_weight(kind):
+    from rewardkit.train.trainer import PreferenceTrainer
+
+    fake = SimpleNamespace(cfg=SimpleNamespace(loss=SimpleNamespace(kind=kind, center_coef=0.0, theta=2.0, nu=1.0,
+                                                                    uncertainty_form="probit",
+                                                                    uncertainty_samples=32)))
+    r = torch.tensor([1.0, 0.0, 0.3, 0.4], dtype=torch.float64)      # [a0, a1, b0, b1]
+    ls = torch.tensor([0.0, math.log(2.0), math.log(0.5), 0.0], dtype=torch.float64)
+    labels = torch.tensor([L.LABEL_A, L.LABEL_B])                       # pair 0: a wins; pair 1: b wins
+    margin = torch.tensor([0.5, -0.2], dtype=torch.float64)
+    weight = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    loss, r_a, r_b = PreferenceTrainer._loss(fake, r, ls, {"labels": labels, "margin": margin, "weight": weight})
+    # winner / loser by hand: pair 0 (a0=1.0 vs b0=0.3), pair 1 (b1=0.4 vs a1=0.0)
+    d = [1.0 - 0.3 - 0.5, 0.4 - 0.0 + 0.2]
+    if kind == "bt":
+        per = [math.log1p(math.exp(-x)) for x in d]
+    else:
+        sig = [math.sqrt(1.0 + 0.25), math.sqrt(1.0 + 4.0)]            # (sigma_w, sigma_l): (1, .5), (1, 2)
+        per = [-math.log(_phi(x / s)) for x, s in zip(d, sig)]
+    want = (per[0] * 1.0 + per[1] * 2.0) / 3.0
+    assert float(loss) == pytest.approx(want, rel=1e-9)
+    assert r_a.tolist() == [1.0, 0.0] and r_b.tolist() == [0.3, 0.4]

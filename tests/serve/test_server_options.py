@@ -1,16 +1,16 @@
-"""Documented options of docs/serve.md, docs/zoo.md and docs/parrot.md that had no test of their own (see the
-map in tests/README.md). Expected values are computed in the test, by hand or by a few lines of reference."""
+"""Documented options of docs/serve.md that had no test of their own: ``max_batch`` / ``max_wait_ms`` batching,
+metadata never merged across requests, the client's input checks, token, retries and ``Retry-After``, the serve
+command's options, the app factory's devices variable, encoded files under the bomb guard, and raw pixels vs
+PNG on the wire. Expected values are computed in the test, by hand or by a few lines of reference."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -375,204 +375,6 @@ def test_client_retry_after_is_honoured_and_capped_and_retries_are_bounded():
         s.close()
 
 
-# ============================================================================================== zoo
-ZOO_ALIASES = {"hps": "hpsv2", "hpsv2.1": "hpsv2", "laion-aesthetic": "aesthetic", "image-reward": "imagereward",
-               "edit-reward": "editreward", "unified-reward": "unifiedreward", "vqa-score": "vqascore"}
-
-
-def test_zoo_names_aliases_and_ls(capsys):
-    from rewardkit import registry
-    from rewardkit.cli import main
-
-    for alias, name in ZOO_ALIASES.items():
-        assert registry.resolve_name(alias) == name, alias
-    assert main(["ls"]) == 0
-    listed = capsys.readouterr().out
-    for name in ("hpsv2", "aesthetic", "imagereward", "hpsv3", "editreward", "unifiedreward", "vqascore"):
-        assert name in listed, name
-
-
-@pytest.fixture(scope="module")
-def zoo_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("zoo")
-
-
-def test_imagereward_normalize_option(zoo_dir):
-    from rewardkit.rewards.imagereward import ImageReward
-
-    reward = ImageReward.tiny(str(zoo_dir))
-    ims = random_images(3, seed=7)
-    prompts = ["a cat", "a red car on a road", "two birds"]
-    out = reward(ims, prompts)
-    raw = out.dimensions["raw"]
-    torch.testing.assert_close(out.scores, (raw - 0.16717) / 1.03334, atol=1e-4, rtol=1e-4)
-    plain = ImageReward(model=reward.config.model, device="cpu", normalize=False)(ims, prompts)
-    torch.testing.assert_close(plain.scores, raw, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(plain.dimensions["raw"], raw, atol=1e-5, rtol=1e-5)
-    assert out.info["model"] == reward.config.model    # the model directory is recorded
-
-
-def test_aesthetic_ignores_the_prompt(zoo_dir):
-    from rewardkit.rewards.aesthetic import Aesthetic
-
-    reward = Aesthetic.tiny(str(zoo_dir))
-    ims = random_images(3, seed=8)
-    alone = reward(ims).scores
-    assert torch.equal(reward(ims, "a cat").scores, alone)
-    assert torch.equal(reward(ims, ["x", "a long prompt about a dog", ""]).scores, alone)
-    assert len(set(alone.tolist())) == 3            # not a constant
-    assert reward.tasks == frozenset({"t2i"}) and reward(ims).info["model"] == reward.config.model
-
-
-def test_converted_directory_manifest_and_dtype(zoo_dir):
-    from rewardkit.convert import convert
-    from rewardkit.rewards.hpsv2 import HPSv2
-    from safetensors.torch import load_file
-
-    reward = HPSv2.tiny(str(zoo_dir))
-    out = Path(reward.config.model)
-    src = zoo_dir / "HPS_v2.1_compressed.pt"
-    man = json.loads((out / "rewardkit.json").read_text())
-    assert man["reward"] == "hpsv2"
-    assert man["source"] == {"file": src.name, "sha256": hashlib.sha256(src.read_bytes()).hexdigest()}
-    weights = [load_file(p) for p in out.glob("*.safetensors")]
-    assert weights and all(v.dtype == torch.float16 for w in weights for v in w.values() if v.is_floating_point())
-    f32 = convert("hpsv2", src, zoo_dir / "hpsv2-f32", tokenizer=str(zoo_dir / "tiny-clip-tokenizer"),
-                  vision_heads=2, text_heads=2, dtype="float32")
-    weights = [load_file(p) for p in Path(f32).glob("*.safetensors")]
-    assert weights and all(v.dtype == torch.float32 for w in weights for v in w.values() if v.is_floating_point())
-    # scale=100 is the leaderboard's x100 of the same cosine; compare() is sigmoid(s_a - s_b)
-    ims = random_images(4, seed=9)
-    base = reward(ims, "a cat")
-    hundred = HPSv2(model=str(out), device="cpu", scale=100)(ims, "a cat")
-    torch.testing.assert_close(hundred.scores, 100 * base.scores, atol=1e-4, rtol=1e-5)
-    torch.testing.assert_close(hundred.dimensions["cosine"], base.dimensions["cosine"])
-    pair = reward.compare(ims[:2], ims[2:], "a cat")
-    torch.testing.assert_close(pair.prob_a, torch.sigmoid(base.scores[:2] - base.scores[2:]), atol=1e-6, rtol=1e-5)
-
-
-# ============================================================================================== parrot
-def _grey(v: int):
-    from PIL import Image
-
-    return Image.fromarray(np.full((32, 32, 3), v, dtype=np.uint8), "RGB")
-
-
-@pytest.fixture
-def parrot_pairs(tmp_path) -> Path:
-    """Three t2i pairs (label A, B, A), one single-source edit, one two-source edit (skipped)."""
-    d = tmp_path / "pairs"
-    d.mkdir()
-    for name, v in (("bright", 255), ("dark", 0), ("src", 128), ("src2", 64)):
-        _grey(v).save(d / f"{name}.png")
-    rows = [("a cat", "bright", "dark", "A", []), ("a dog", "dark", "bright", "B", []),
-            ("a car", "bright", "dark", "A", []), ("add a hat", "bright", "dark", "A", ["src.png"]),
-            ("merge them", "bright", "dark", "A", ["src.png", "src2.png"])]
-    with open(d / "metadata.jsonl", "w") as f:
-        for p, a, b, lab, src in rows:
-            f.write(json.dumps({"prompt": p, "image_a": f"{a}.png", "image_b": f"{b}.png", "label": lab,
-                                "sources": src}) + "\n")
-    return d
-
-
-class RecordingTeacher:
-    """Wraps the scripted teacher: records each stage's conversations (by the template's markers) and sessions."""
-
-    def __new__(cls):
-        from rewardkit.parrot.testing import ScriptedTeacher, _parts
-
-        class _T(ScriptedTeacher):
-            def __init__(self):
-                super().__init__()
-                self.seen: dict[str, list[tuple[int, str]]] = {"rationale": [], "filter": [], "project": []}
-                self.sessions = 0
-
-            def session(self):
-                self.sessions += 1
-                return super().session()
-
-            def generate(self, conversations, **kw):
-                for c in conversations:
-                    imgs, text = _parts(c)
-                    stage = ("filter" if "--- evaluation ---" in text else "project"
-                             if "--- reference comparison ---" in text else "rationale")
-                    self.seen[stage].append((len(imgs), text))
-                return super().generate(conversations, **kw)
-
-        return _T()
-
-
-def test_parrot_stages_see_what_the_doc_says(tmp_path, parrot_pairs):
-    """Stage 1 sees the pair, the request (+ source) and the human label; stage 2 neither the label nor any
-    image, only the rationale; stage 3 one image of the pair (+ source) with the rationale as a hint.
-    Multi-reference edits are skipped."""
-    from rewardkit.parrot.pipeline import DataCfg, ParrotConfig, Pipeline
-
-    teacher = RecordingTeacher()
-    cfg = ParrotConfig(output_dir=str(tmp_path / "out"), data=DataCfg(train=str(parrot_pairs)), batch_size=2)
-    pipe = Pipeline(cfg, teacher=teacher, progress=False)
-    rep = pipe.run_stages()
-    rats = {r["row"]: r for r in pipe.rationales.records.values()}
-    assert rats[4]["status"] == "skipped" and "multi-reference" in rats[4]["reason"]
-    assert rep["counts"]["skipped"] == 1 and rep["kept"] == 4
-    seen = teacher.seen
-    # stage 1: 2 images (t2i) or 3 (source + pair), the label stated
-    assert sorted(n for n, _ in seen["rationale"]) == [2, 2, 2, 3]
-    labels = [t.split("Human annotators preferred Image", 1)[1].strip()[0] for _, t in seen["rationale"]]
-    assert sorted(labels) == ["A", "A", "A", "B"]
-    # stage 2: no image, no label, the rationale's evidence without its verdict (recorded as `evidence`)
-    from rewardkit.parrot.format import strip_verdict
-
-    assert len(seen["filter"]) == 4 and all(n == 0 for n, _ in seen["filter"])
-    assert not any("Human annotators preferred" in t or "Preferred:" in t for _, t in seen["filter"])
-    evidence = {r["row"]: r["evidence"] for r in pipe.filtered.records.values() if r["evidence"]}
-    for _, t in seen["filter"]:
-        assert any(strip_verdict(r["rationale"]) == evidence[i] and evidence[i] in t
-                   for i, r in rats.items() if r["rationale"])
-    # stage 3: each image of a kept pair alone (+ the source for the edit), the verified rationale as a hint
-    assert len(seen["project"]) == 8 and sorted(n for n, _ in seen["project"]) == [1] * 6 + [2] * 2
-    for _, t in seen["project"]:
-        assert any(r["rationale"] and r["rationale"] in t for r in rats.values())
-    # `parrot run` keeps one judge session per batch of pairs across stages 1-3 (5 pairs, batch_size 2)
-    assert teacher.sessions == 3
-
-
-def test_parrot_custom_template_is_used_and_recorded(tmp_path, parrot_pairs):
-    import yaml
-
-    from rewardkit.judges import load_template
-    from rewardkit.parrot.pipeline import DataCfg, ParrotConfig, Pipeline
-
-    data = yaml.safe_load(Path(load_template("parrot").path).read_text(encoding="utf-8"))
-    data["version"] = "9"
-    path = tmp_path / "my_parrot.yaml"
-    path.write_text(yaml.safe_dump(data), encoding="utf-8")
-    cfg = ParrotConfig(output_dir=str(tmp_path / "out"), data=DataCfg(train=str(parrot_pairs)),
-                       template=str(path), batch_size=8)
-    pipe = Pipeline(cfg, teacher=RecordingTeacher(), progress=False)
-    pipe.run_stages()
-    for name in ("rationales", "filtered", "projected"):
-        rows = [json.loads(x) for x in (tmp_path / "out" / f"{name}.jsonl").read_text().splitlines()]
-        assert rows and all(r["template"] == "parrot/my_parrot@9" for r in rows), name
-
-
-def test_rational_reward_custom_template(tmp_path):
-    import yaml
-
-    from rewardkit.judges import load_template
-    from rewardkit.parrot.testing import ScriptedTeacher
-
-    data = yaml.safe_load(Path(load_template("parrot").path).read_text(encoding="utf-8"))
-    data["version"] = "5"
-    path = tmp_path / "mine.yaml"
-    path.write_text(yaml.safe_dump(data), encoding="utf-8")
-    r = load_reward("rational", judge=ScriptedTeacher(), template=str(path))
-    out = r([_grey(255)], "a cat")
-    # scripted: text faithfulness = physical quality = 4 (bright), others N/A -> mean 4 -> (4 - 1) / 3 = 1
-    assert out.valid.all() and out.scores[0].item() == pytest.approx(1.0)
-    assert out.info["template"] == "parrot/mine@5"
-
-
 def test_server_decodes_encoded_files_with_the_bomb_guard(serve_mod):
     """An encoded file over the pixel limit is that sample's error (NaN + reason); raw pixels over it are 413."""
     import base64
@@ -605,37 +407,6 @@ def test_server_decodes_encoded_files_with_the_bomb_guard(serve_mod):
     finally:
         media.set_max_pixels(old)
         handle.stop()
-
-
-def test_hpsv3_sigma_and_log_sigma_dimensions(zoo_dir):
-    """docs/zoo.md: HPSv3's `[:, 1]` (log sigma) is `out.dimensions["sigma"].log()` or `["log_sigma"]`."""
-    from rewardkit.rewards.hpsv3 import HPSv3
-
-    reward = HPSv3.tiny(str(zoo_dir))
-    assert reward.dimensions == ("sigma", "log_sigma") and reward.tasks == frozenset({"t2i"})
-    out = reward(random_images(2, sizes=[(40, 40), (64, 36)], seed=13), ["a cat", "a red car"])
-    torch.testing.assert_close(out.dimensions["sigma"], out.dimensions["log_sigma"].exp())
-    assert out.info["model"] == reward.config.model and out.info["reward"] == "hpsv3"
-
-
-def test_refine_defaults_threshold_three_and_one_iteration():
-    """docs/parrot.md: regenerate when an applicable dimension is below 3.0 (`threshold=`); one iteration."""
-    from test_refine import BrightnessGenerator
-
-    from rewardkit.parrot.testing import ScriptedTeacher
-    from rewardkit.refine import refine
-    from rewardkit.rewards.rational import RationalReward
-
-    critic = RationalReward(judge=ScriptedTeacher())
-    # "a cat" at brightness 25 * 5 = 125: q = round(2 * (1 + 3 * 125 / 255)) / 2 = 2.5 on both applicable dims
-    res = refine(BrightnessGenerator(factor=25), ["a cat"], critic=critic)
-    assert res.records[0]["status"] == "refined"                      # 2.5 < 3.0
-    res = refine(BrightnessGenerator(factor=25), ["a cat"], critic=critic, threshold=2.5)
-    assert res.records[0]["status"] == "accepted"                     # 2.5 >= 2.5
-    # factor 3: "a cat" -> q 1.0; the refined request (32 characters, brightness 96) -> q 2.0, still below 3.0,
-    # yet the default runs one iteration only
-    res = refine(BrightnessGenerator(factor=3), ["a cat"], critic=critic)
-    assert res.records[0]["iterations"] == 1 and len(res.records[0]["refined_prompts"]) == 1
 
 
 def test_client_sends_raw_pixels_by_default_and_png_on_request(serve_mod, monkeypatch):
@@ -671,39 +442,3 @@ def test_client_sends_raw_pixels_by_default_and_png_on_request(serve_mod, monkey
         assert decoded.format == "PNG" and decoded.convert("RGB").tobytes() == im.tobytes()
     finally:
         handle.stop()
-
-
-def test_editreward_single_source_only_and_its_dimensions(zoo_dir):
-    """zoo.md: single-source edits only; dimensions instruction_following, visual_quality, log_sigma; the score
-    is the mean of the two heads' mu."""
-    from rewardkit.rewards.editreward import EditReward
-
-    reward = EditReward.tiny(str(zoo_dir))
-    ims = random_images(4, sizes=[(40, 40), (64, 36)], seed=15)
-    out = reward(ims[:2], "add a hat", sources=[[ims[2]], [ims[3]]])
-    assert set(out.dimensions) == {"instruction_following", "visual_quality", "log_sigma"}
-    torch.testing.assert_close(out.scores, (out.dimensions["instruction_following"] + out.dimensions["visual_quality"]) / 2)
-    two = reward(ims[:1], "add a hat", sources=[[ims[2], ims[3]]], on_error="nan")
-    assert not two.valid[0] and "takes one" in two.errors[0]
-
-
-def test_unifiedreward_decoding_defaults():
-    """zoo.md: greedy decoding, 512 new tokens (t2i; the 2.0 / edit templates: 4096), compare() asks both orders by
-    default."""
-    from rewardkit.rewards.unifiedreward import UnifiedRewardConfig
-
-    from test_zoo_judges import Scripted
-
-    from rewardkit.rewards.unifiedreward import UnifiedReward
-
-    cfg = UnifiedRewardConfig()
-    assert cfg.max_new_tokens is None and cfg.reencode == "auto" and cfg.both_orders is True  # None: the template's
-
-    class Recording(Scripted):
-        def generate(self, conversations, **kw):
-            self.kw = kw
-            return super().generate(conversations, **kw)
-
-    judge = Recording(["Final Score: 4"])
-    UnifiedReward(judge=judge)(random_images(1), "a cat")
-    assert judge.kw["temperature"] == 0.0 and judge.kw["max_new_tokens"] == 512
