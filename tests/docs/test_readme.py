@@ -503,3 +503,20 @@ def test_testing_kit_names_in_the_readme():
         assert callable(getattr(testing, name)) and f"{name}(" in README, name
     model, proc = testing.tiny_clip()
     assert type(model).__name__ == "CLIPModel" and hasattr(proc, "image_processor") and hasattr(proc, "tokenizer")
+
+
+@pytest.mark.slow
+def test_rewardkit_max_pixels_environment_variable():
+    """README: the decompression-bomb limit is set with REWARDKIT_MAX_PIXELS (read at import), and
+    set_max_pixels(None) restores that value, not PIL's."""
+    code = ("import numpy as np\nfrom rewardkit import media\n"
+            "print(media.get_max_pixels())\n"
+            "media.load_image(np.zeros((10, 10, 3), np.uint8))\n"
+            "media.set_max_pixels(5000); media.set_max_pixels(None); print(media.get_max_pixels())\n"
+            "try:\n    media.load_image(np.zeros((11, 10, 3), np.uint8))\nexcept Exception as e:\n    print('refused', e)\n")
+    env = dict(os.environ, REWARDKIT_MAX_PIXELS="100", PYTHONPATH=str(REPO))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "100" and lines[1] == "100"
+    assert lines[2].startswith("refused") and "100" in lines[2]
