@@ -2,7 +2,7 @@
 
 The stand-ins are used whether or not the real ``vllm`` is importable: on a GPU machine with the ``vllm`` extra
 installed the CPU tests run against exactly the same stand-ins (the real engine is exercised by
-``tests/test_judges_vllm_gpu.py`` and ``benchmarks/gpu/vllm_smoke.py``). Errors are :class:`VLLMValidationError`,
+``tests/judges/test_vllm_gpu.py`` and ``benchmarks/gpu/vllm_smoke.py``). Errors are :class:`VLLMValidationError`,
 a ``ValueError`` like the real ``vllm.exceptions.VLLMValidationError``, or a plain ``ValueError`` where vLLM
 raises one, so ``rewardkit``'s CLI maps either to exit 2.
 

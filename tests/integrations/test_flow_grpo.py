@@ -198,7 +198,7 @@ def test_names_whose_rewardkit_default_already_is_flow_grpos_scale(name):
     (hpsv2_scorer.py:127-130) is the cosine rewardkit returns at scale 1; ImageReward: ``inference_rank``'s
     ``(mlp - mean) / std`` (imagereward_scorer.py:25) is rewardkit's normalize=True; aesthetic: the raw MLP
     output (aesthetic_scorer.py:47-50). The formulas themselves are checked against the original models in
-    tests/test_zoo_clip.py (*_conversion_parity); here: the drop-in keeps them unscaled."""
+    tests/rewards/test_zoo_clip.py (*_conversion_parity); here: the drop-in keeps them unscaled."""
     import dataclasses
 
     from rewardkit.registry import get_reward_class

@@ -3,7 +3,7 @@
 - transformers: P(Yes) equals the softmax over the whole vocabulary of a plain forward's last logits, computed
   here independently (float64), with prefix reuse and one vision encode per image kept;
 - vLLM: exp of the exact log-probabilities the engine reports (stand-in engine here; the real one in
-  tests/test_judges_vllm_gpu.py);
+  tests/judges/test_vllm_gpu.py);
 - OpenAI-compatible servers: strict reading of ``top_logprobs`` (a label outside the top-k is NaN + reason,
   never 0), hand-written malformed responses, and a fake server on 127.0.0.1.
 """

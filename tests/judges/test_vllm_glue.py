@@ -1,7 +1,7 @@
 """The vLLM backend's glue (prompt rendering, per-request seeds, log-prob tables) on a stand-in engine.
 
-vLLM itself needs a GPU: the real engine runs in tests/test_judges_vllm_gpu.py. Here ``vllm`` is a stub
-module whose ``SamplingParams`` and ``LLM`` enforce vLLM's own validation rules (tests/vllm_standin.py, used
+vLLM itself needs a GPU: the real engine runs in tests/judges/test_vllm_gpu.py. Here ``vllm`` is a stub
+module whose ``SamplingParams`` and ``LLM`` enforce vLLM's own validation rules (tests/helpers/vllm_standin.py, used
 whether or not vLLM is installed), so a call the real engine refuses fails here too.
 """
 

@@ -4,7 +4,7 @@ The checkpoint is ``save_tiny_vllm_checkpoint``: head size 64, float16 weights, 
 accepts it (the CPU fixtures' fp32 head-size-16 model would leave only FlexAttention). The transformers
 reference runs the same float16 weights in float32 on the CPU.
 
-Run on a GPU machine: ``python -m pytest tests/test_judges_vllm_gpu.py -q``.
+Run on a GPU machine: ``python -m pytest tests/judges/test_vllm_gpu.py -q``.
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ def test_the_stand_in_does_not_depend_on_vllm_being_installed(monkeypatch):
 
 def test_the_stand_in_applies_vllm_0_33_rules():
     """vllm/sampling_params.py (__post_init__, _verify_num_sequences, _validate_logprobs) and the multimodal
-    input checks (validate_num_items, _validate_mm_uuids), as listed in tests/vllm_standin.py."""
+    input checks (validate_num_items, _validate_mm_uuids), as listed in tests/helpers/vllm_standin.py."""
     # temperatures in (0, 0.01) are raised to 0.01 (_MAX_TEMP); 0 stays greedy
     assert StrictSamplingParams(temperature=0.005).temperature == 0.01
     assert StrictSamplingParams(temperature=1e-6, n=3).temperature == 0.01  # no longer greedy: n > 1 is fine

@@ -86,7 +86,7 @@ class OpenCLIPRef(nn.Module):
 
 
 # HPSv2's eval transform (ToTensor, ResizeMaxSize: tensor bicubic antialias, centred zero pad, normalise),
-# transcribed from hpsv2/src/open_clip/transform.py lines 37-49 and 141-156 in tests/upstream_preprocess.py
+# transcribed from hpsv2/src/open_clip/transform.py lines 37-49 and 141-156 in tests/helpers/upstream_preprocess.py
 _hpsv2_reference_pixels = hpsv2_eval_pixels
 
 
@@ -197,7 +197,7 @@ def test_aesthetic_conversion_parity(tmp_path, tiny_clip_dir):
 
 
 # OpenAI CLIP's _transform (PIL bicubic short side, int() long side, round() centre crop, ToTensor, normalise),
-# transcribed from openai/CLIP clip/clip.py lines 79-86 in tests/upstream_preprocess.py
+# transcribed from openai/CLIP clip/clip.py lines 79-86 in tests/helpers/upstream_preprocess.py
 _openai_clip_reference = openai_clip_eval_pixels
 
 

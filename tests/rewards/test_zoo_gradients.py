@@ -8,7 +8,7 @@ tensor path. Checked here on tiny converted checkpoints (the conformance builder
 - ``score_tensor`` and the ordinary call both equal the score of the upstream pixels, within that difference,
   for three aspect ratios.
 
-The expected pixels are never rewardkit's: they come from tests/upstream_preprocess.py, a step-by-step
+The expected pixels are never rewardkit's: they come from tests/helpers/upstream_preprocess.py, a step-by-step
 transcription of HPSv2's ``ResizeMaxSize`` transform and OpenAI CLIP's ``_transform`` (upstream files and lines
 cited there), so a bug in ``rewardkit.models.zoo`` (which both the call and ``score_tensor`` run) fails here.
 - gradients reach the pixels (finite, non-zero, each sample's own), the reward weights stay frozen, finite
@@ -68,7 +68,7 @@ def pil(x: torch.Tensor) -> list:
 
 def upstream_pixels(name: str, x: torch.Tensor) -> torch.Tensor:
     """The expected pixels ``[B, 3, S, S]`` of a k / 255 batch, by the upstream recipe transcribed in
-    tests/upstream_preprocess.py (HPSv2: transform.py ResizeMaxSize; others: clip.py ``_transform`` on PIL)."""
+    tests/helpers/upstream_preprocess.py (HPSv2: transform.py ResizeMaxSize; others: clip.py ``_transform`` on PIL)."""
     if name == "hpsv2":
         return torch.stack([hpsv2_eval_pixels(im, S) for im in pil(x)])
     return torch.stack([openai_clip_eval_pixels(im, S) for im in pil(x)])
@@ -130,7 +130,7 @@ def score_from_pixels(name: str, reward, pixels: torch.Tensor, prompt: str) -> f
     lines 78-81: the diagonal of image_features @ text_features.T, both L2-normalised) and the aesthetic predictor
     (L2-normalised CLIP image embedding into the MLP) through transformers' own ``CLIPModel.get_image_features``
     / ``get_text_features``; ImageReward's BLIP forward is the reward's (checked against a reference forward in
-    tests/test_zoo_clip.py), then ``(raw - mean) / std`` (ImageReward/ImageReward.py line 134)."""
+    tests/rewards/test_zoo_clip.py), then ``(raw - mean) / std`` (ImageReward/ImageReward.py line 134)."""
     def image_embedding(model):
         feats = model.get_image_features(pixel_values=pixels)
         return F.normalize(getattr(feats, "pooler_output", feats).float(), dim=-1)
@@ -161,7 +161,7 @@ def _params(reward) -> list[torch.nn.Parameter]:
 def test_hpsv2_torch_pixels_are_its_recipe():
     """HPSv2 resizes the float tensor after ToTensor upstream: on 8-bit values both of rewardkit's paths (the
     torch recipe of score_tensor, the PIL-decoding one of calls) equal the transcribed upstream transform
-    (hpsv2/src/open_clip/transform.py ResizeMaxSize, in tests/upstream_preprocess.py), and each wrong recipe
+    (hpsv2/src/open_clip/transform.py ResizeMaxSize, in tests/helpers/upstream_preprocess.py), and each wrong recipe
     misses by a lot."""
     for k, (h, w) in enumerate(SIZES):
         for x in (natural_like(1, h, w, k), blocks(h, w, k)):
@@ -174,7 +174,7 @@ def test_hpsv2_torch_pixels_are_its_recipe():
 
 def test_openai_clip_torch_pixels_match_the_pil_recipe():
     """Aesthetic / ImageReward: against OpenAI CLIP's ``_transform`` transcribed on PIL (clip/clip.py lines 79-86,
-    in tests/upstream_preprocess.py) the torch port is within the resampling difference and rewardkit's PIL
+    in tests/helpers/upstream_preprocess.py) the torch port is within the resampling difference and rewardkit's PIL
     recipe is exact; bilinear, the pad recipe and a floor-rounded crop offset are not."""
     for k, (h, w) in enumerate(SIZES + [(64, 48), (50, 200), (33, 120), (96, 96)]):
         x = natural_like(1, h, w, k)
@@ -213,7 +213,7 @@ def test_hpsv2_refuses_a_side_that_rounds_to_zero():
 @pytest.mark.parametrize("name", ["hpsv2", "aesthetic", "imagereward"])
 def test_score_tensor_matches_the_call(zoo_rewards, name):
     """score_tensor (torch port) and the ordinary call (PIL recipe) for three aspect ratios both equal the score of
-    the upstream recipe's pixels (tests/upstream_preprocess.py; the ordinary call within float noise, score_tensor
+    the upstream recipe's pixels (tests/helpers/upstream_preprocess.py; the ordinary call within float noise, score_tensor
     within the stated tolerance); the ordinary call on a float tensor still takes the PIL recipe (identical to
     passing PIL images)."""
     reward = zoo_rewards[name]
@@ -244,7 +244,7 @@ def test_hpsv3_score_tensor_is_its_tensor_path(zoo_rewards):
     reward = zoo_rewards["hpsv3"]
     x = natural_like(2, 40, 56, 0)
     torch.testing.assert_close(reward.score_tensor(x, PROMPTS), reward(x, PROMPTS).scores, atol=1e-5, rtol=0)
-    # the processor path (PIL + the Qwen-VL processor) within the preference tolerance of tests/test_tensor_path.py
+    # the processor path (PIL + the Qwen-VL processor) within the preference tolerance of tests/contract/test_tensor_path.py
     torch.testing.assert_close(reward.score_tensor(x, PROMPTS), reward(pil(x), PROMPTS).scores, atol=5e-3, rtol=0)
 
 

@@ -199,7 +199,7 @@ def test_clip_family_scores_an_empty_prompt_as_upstream(zoo, name):
 
 @pytest.mark.parametrize("name", ["hpsv3", "imagereward"])
 def test_empty_prompt_is_scored(zoo, name):
-    """Exact values against the official forwards: tests/test_zoo_hpsv3.py (hpsv3) and tests/test_zoo_clip.py
+    """Exact values against the official forwards: tests/rewards/test_zoo_hpsv3.py (hpsv3) and tests/rewards/test_zoo_clip.py
     (imagereward) include an empty prompt in their parity batches; here: valid, finite, blank = scored too."""
     reward = zoo(name)
     ims = random_images(2, sizes=[(40, 40), (64, 36)], seed=12)

@@ -130,7 +130,7 @@ def test_vqascore_scripted():
 
 def test_vqascore_matches_a_direct_forward(tiny_qwen2_5_vl_dir):
     """probability="yes_no": P(Yes)/(P(Yes)+P(No)) at the first answer position of the same tiny model, by hand
-    (the full-vocabulary default: tests/test_vqascore_probability.py)."""
+    (the full-vocabulary default: tests/judges/test_choice_probs.py)."""
     import transformers
 
     from rewardkit.models.vlm import load_processor

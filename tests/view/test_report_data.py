@@ -1,5 +1,5 @@
 """`rewardkit view`: what the report's data holds (fast; the page itself is tested in a real browser in
-tests/test_view_browser.py)."""
+tests/view/test_browser.py)."""
 
 from __future__ import annotations
 
