@@ -456,7 +456,7 @@ def test_builtin_rewards_stored_values(name, kwargs, thresholds, data_root, tiny
     got = {b: round(r.value, 6) for b, r in res.benchmarks.items()}
     # REGRESSION PIN (self-generated, not independent): the tiny CLIP is random (seed 0), so these values were
     # produced by rewardkit itself; they detect a change in the pipeline, not correctness (the metric
-    # functions have hand-computed tests in test_bench_metrics.py / test_behaviour_killers.py)
+    # functions have hand-computed tests in bench/test_metrics.py)
     assert got == {"mmrb2/t2i": 0.583333, "mmrb2/edit": 0.416667, "genaibench/t2i": 0.416667,
                    "genaibench/edit": 0.416667, "editreward/2pair": 0.583333, "editreward/3pair": 0.0,
                    "editreward/4pair": 0.0}

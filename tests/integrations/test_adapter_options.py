@@ -116,7 +116,7 @@ def test_multi_score_builds_named_rewards_with_reward_kwargs(tiny_clip_dir):
     fn = multi_score(torch.device("cpu"), {"pickscore": 1.0, "clipscore": 0.5},
                      reward_kwargs={"pickscore": {"model": str(tiny_clip_dir)},
                                     "clipscore": {"model": str(tiny_clip_dir), "convention": "cosine"}},
-                     conventions="rewardkit")   # rewardkit's own scales (flow_grpo's: test_integrations_flow_grpo.py)
+                     conventions="rewardkit")   # rewardkit's own scales (flow_grpo's: test_flow_grpo.py)
     details, _ = fn(x, PROMPTS6, tuple({} for _ in PROMPTS6), only_strict=True)
     p = load_reward("pickscore", model=str(tiny_clip_dir), device="cpu")(x, list(PROMPTS6)).scores.numpy()
     c = load_reward("clipscore", model=str(tiny_clip_dir), convention="cosine", device="cpu")(x, list(PROMPTS6)).scores.numpy()

@@ -1,5 +1,5 @@
 """Judge-answer parsers: the exact error each malformed response gets, values kept for usable rows, and the
-documented defaults (found by mutation testing: the table tests in test_judge_parsers.py checked only the
+documented defaults (found by mutation testing: the table tests in test_parsers.py checked only the
 error type and that usable rows are finite)."""
 
 from __future__ import annotations
