@@ -31,20 +31,21 @@ if [ -n "$(git -C "$ROOT" status --porcelain -- rewardkit tests 2>/dev/null)" ];
 
 # name | files to mutate (space separated) | mutant-name globs ("*" = every function) | its test files
 # Keep slow tests out of these lists: mutmut's first (stats) run does not apply -m "not slow", and the scratch copy
-# has no examples/ (test_soup_preference.py is one; test_soup_contracts.py covers soup_preference_models fast).
+# has no examples/ (compose/test_soup_preference.py is one; compose/test_soup_contracts.py covers soup_preference_models
+# fast).
 MODULES=(
-  "metrics|rewardkit/bench/metrics.py|*|tests/test_bench_metrics.py tests/test_properties.py tests/test_behaviour_killers.py tests/test_metrics_contracts.py"
-  "functions|rewardkit/compose/functions.py|*|tests/test_compose.py tests/test_properties.py tests/test_core_contracts.py"
-  "losses|rewardkit/train/losses.py|*|tests/test_train_losses.py tests/test_behaviour_killers.py tests/test_core_contracts.py"
-  "parsers|rewardkit/rewards/evr.py rewardkit/compose/rubric.py rewardkit/judges/openai_backend.py rewardkit/judges/policy.py|*.x_parse_hypothesis__* *.x_parse_intent__* *.x_parse_question_list__* *.x_read_choice_logprobs__* *.x_usable_rows__*|tests/test_judge_parsers.py tests/test_parser_contracts.py"
-  "soup|rewardkit/compose/soup.py|*|tests/test_soup.py tests/test_soup_patterns.py tests/test_soup_contracts.py"
-  "media|rewardkit/media.py|*|tests/test_bad_inputs.py tests/test_properties.py tests/test_behaviour_killers.py tests/test_media_contracts.py"
-  "reward|rewardkit/reward.py|*|tests/test_contract.py tests/test_bad_inputs.py tests/test_properties.py tests/test_reward_contracts.py"
-  "integrations|rewardkit/integrations/_common.py|*|tests/test_integrations.py"
-  "nft|rewardkit/rl/nft.py|*|tests/test_rl_math.py"
-  "exploration|rewardkit/rl/exploration.py|*|tests/test_rl_exploration.py"
-  "server|rewardkit/server.py|*|tests/test_server.py"
-  "parrot_format|rewardkit/parrot/format.py|*|tests/test_parrot.py tests/test_rational.py"
+  "metrics|rewardkit/bench/metrics.py|*|tests/bench/test_metrics.py tests/contract/test_properties.py tests/bench/test_metrics_contracts.py"
+  "functions|rewardkit/compose/functions.py|*|tests/compose/test_composite.py tests/contract/test_properties.py tests/compose/test_functions_contracts.py"
+  "losses|rewardkit/train/losses.py|*|tests/train/test_losses.py tests/train/test_losses_contracts.py"
+  "parsers|rewardkit/rewards/evr.py rewardkit/compose/rubric.py rewardkit/judges/openai_backend.py rewardkit/judges/policy.py|*.x_parse_hypothesis__* *.x_parse_intent__* *.x_parse_question_list__* *.x_read_choice_logprobs__* *.x_usable_rows__*|tests/judges/test_parsers.py tests/judges/test_parser_contracts.py"
+  "soup|rewardkit/compose/soup.py|*|tests/compose/test_soup.py tests/compose/test_soup_patterns.py tests/compose/test_soup_contracts.py"
+  "media|rewardkit/media.py|*|tests/contract/test_bad_inputs.py tests/contract/test_properties.py tests/contract/test_exif_orientation.py tests/contract/test_media_contracts.py"
+  "reward|rewardkit/reward.py|*|tests/contract/test_reward_base.py tests/contract/test_bad_inputs.py tests/contract/test_properties.py tests/contract/test_reward_contracts.py"
+  "integrations|rewardkit/integrations/_common.py|*|tests/integrations/test_adapters.py"
+  "nft|rewardkit/rl/nft.py|*|tests/rl/test_math.py"
+  "exploration|rewardkit/rl/exploration.py|*|tests/rl/test_exploration.py"
+  "server|rewardkit/server.py|*|tests/serve/test_server.py"
+  "parrot_format|rewardkit/parrot/format.py|*|tests/parrot/test_pipeline.py tests/rewards/test_rational.py"
 )
 
 want=("$@")
@@ -60,8 +61,17 @@ for entry in "${MODULES[@]}"; do
   dir="$WORK/$name"
   rm -rf "$dir" && mkdir -p "$dir/tests"
   cp -r "$ROOT/rewardkit" "$dir/rewardkit"
-  cp "$ROOT/tests/conftest.py" "$dir/tests/"
-  for t in $tests; do [ -f "$ROOT/$t" ] && cp "$ROOT/$t" "$dir/tests/"; done
+  # the scratch tests/ keeps the suite's layout: the root conftest, tests/helpers, and each listed file at its path
+  # with its folder's __init__.py and conftest.py
+  cp "$ROOT/tests/__init__.py" "$ROOT/tests/conftest.py" "$dir/tests/"
+  cp -r "$ROOT/tests/helpers" "$dir/tests/helpers"
+  for t in $tests; do
+    [ -f "$ROOT/$t" ] || continue
+    sub="$(dirname "$t")"
+    mkdir -p "$dir/$sub"
+    cp "$ROOT/$t" "$dir/$t"
+    for f in __init__.py conftest.py; do [ -f "$ROOT/$sub/$f" ] && cp "$ROOT/$sub/$f" "$dir/$sub/"; done
+  done
   cp -r "$ROOT/recipes" "$dir/recipes" 2>/dev/null || true
   find "$dir" -name __pycache__ -prune -exec rm -rf {} +
   # mutmut reads [tool.mutmut] from pyproject.toml, else setup.cfg: give it a setup.cfg and a bare pyproject

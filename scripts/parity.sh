@@ -187,9 +187,9 @@ for m in "${MODELS[@]}"; do
     ;;
   editreward)
     # TIGER-AI-Lab/EditReward has no PyPI release (a GitHub repository only): nothing to install here. Its
-    # official forward is transcribed, with file and line, in tests/test_zoo_hpsv3.py.
-    printf 'editreward\t-\t-\t-\t-\tnot on PyPI: no official package to run (reference transcribed in tests/test_zoo_hpsv3.py)\n' >> "$SUMMARY"
-    printf '!!!!!! editreward: not on PyPI, no official package to compare against (see tests/test_zoo_hpsv3.py)\n' >&2
+    # official forward is transcribed, with file and line, in tests/rewards/test_zoo_hpsv3.py.
+    printf 'editreward\t-\t-\t-\t-\tnot on PyPI: no official package to run (reference transcribed in tests/rewards/test_zoo_hpsv3.py)\n' >> "$SUMMARY"
+    printf '!!!!!! editreward: not on PyPI, no official package to compare against (see tests/rewards/test_zoo_hpsv3.py)\n' >&2
     ;;
   *)
     echo "unknown model $m (hpsv2 imagereward aesthetic hpsv3 vqascore editreward)" >&2; exit 2 ;;

@@ -20,7 +20,7 @@ backend scores through it (label probabilities equal the offline engine's within
 it stops; (7) ``cpu-tests``: the vLLM backend's CPU tests (its stand-ins) pass with vLLM installed.
 
 In ``--dry-run`` the engine is a stand-in that runs the tiny model with transformers behind vLLM's
-``LLM.generate`` interface, with vLLM's rules enforced (tests/vllm_standin.py), and ``vllm serve`` is this
+``LLM.generate`` interface, with vLLM's rules enforced (tests/helpers/vllm_standin.py), and ``vllm serve`` is this
 script's ``--fake-serve`` (the same stand-in behind an OpenAI-compatible HTTP server): it checks this script
 and rewardkit's glue, not vLLM.
 """
@@ -50,7 +50,7 @@ CHECKS = ("label-probs", "order-independence", "seeded-sampling", "greedy-n>1", 
 #: the offline engine's settings on the GPU (small: the served copy runs beside it)
 ENGINE_KW = dict(gpu_memory_utilization=0.25, max_model_len=2048, enforce_eager=True, dtype="float16", seed=0)
 #: the CPU tests of the vLLM backend (its stand-ins must not depend on vLLM being installed)
-CPU_TESTS = ("tests/test_judges_vllm_glue.py", "tests/test_judges_vllm_rules.py", "tests/test_vqascore_probability.py")
+CPU_TESTS = ("tests/judges/test_vllm_glue.py", "tests/judges/test_vllm_rules.py", "tests/judges/test_choice_probs.py")
 BLOCK = 16  # vLLM's default KV block size on GPU: prefix-cache hits come in whole blocks
 
 
@@ -73,7 +73,7 @@ def cpu_test_command() -> list[str]:
 # ---------------------------------------------------------------------------------------------- dry-run engine
 class TransformersAsVLLM:
     """The tiny model on transformers behind ``vllm.LLM``'s ``generate`` interface (dry runs only), with the
-    engine's request checks (tests/vllm_standin.py) and a simulated prefix cache (whole blocks of a prompt's
+    engine's request checks (tests/helpers/vllm_standin.py) and a simulated prefix cache (whole blocks of a prompt's
     token ids + image ids seen before)."""
 
     def __init__(self, model_dir: str, **engine_kwargs):
@@ -142,7 +142,7 @@ class TransformersAsVLLM:
 
 
 def _install_standin() -> None:
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path.insert(0, str(ROOT / "tests" / "helpers"))
     from vllm_standin import StrictSamplingParams
 
     stub = types.ModuleType("vllm")

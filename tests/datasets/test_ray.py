@@ -1,0 +1,213 @@
+"""Scoring datasets on Ray (real Ray: a local cluster started here, no mocks): ``--engine ray`` writes the very
+bytes the local engine writes, and ``RewardScorer`` drops into a user's own Ray Data pipeline."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+ray = pytest.importorskip("ray")
+
+from tests.helpers.data_files import png_bytes, wds_set  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    # Byte-identical output needs the same float summation order on both sides: one torch thread in the actors
+    # (Ray's default for a 1-CPU actor unless the driver's environment sets OMP_NUM_THREADS; set explicitly
+    # here) and in this process, where the local engine runs (with 2 threads the last bits differ, as CI showed).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}})
+    yield
+    ray.shutdown()
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def reward(tiny_clip_dir):
+    from rewardkit import load_reward
+
+    return load_reward("pickscore", model=str(tiny_clip_dir))
+
+
+def _cli(*argv: str) -> int:
+    from rewardkit.cli import main
+
+    return main(list(argv))
+
+
+def _same_folders(a, b) -> None:
+    names = sorted(p.name for p in a.iterdir())
+    assert names == sorted(p.name for p in b.iterdir())
+    for n in names:
+        assert (a / n).read_bytes() == (b / n).read_bytes(), n
+
+
+def test_ray_engine_writes_the_local_engines_parquet_on_200_rows(cluster, reward, tiny_clip_dir, tmp_path):
+    from rewardkit.datasets import score_dataset
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for s in range(2):
+        recs = [{"uid": f"u{s}-{i}", "image": png_bytes(3000 + 100 * s + i), "prompt": f"scene {i % 7}"}
+                for i in range(100)]
+        recs[17]["image"] = b"\x89PNG truncated"
+        pq.write_table(pa.Table.from_pylist(recs), data / f"part-{s}.parquet", row_group_size=30)
+    local = score_dataset(reward, data, tmp_path / "local", id_column="uid", batch_size=16, progress=False)
+    assert (local.rows, local.invalid) == (200, 2)
+    assert _cli("score", "-r", "pickscore", "-m", str(tiny_clip_dir), "--dataset", str(data), "--output",
+                str(tmp_path / "ray"), "--id-column", "uid", "--batch-size", "16", "--engine", "ray",
+                "--concurrency", "2", "--no-progress") == 3
+    _same_folders(tmp_path / "local", tmp_path / "ray")
+    t = pq.read_table(tmp_path / "ray" / "part-1.parquet")
+    assert t.column("id").to_pylist()[:2] == ["u1-0", "u1-1"] and not t.column("valid")[17].as_py()
+    # a rerun on Ray finds every shard finished and scores nothing
+    from rewardkit.integrations.ray import RewardSpec, score_dataset_ray
+
+    again = score_dataset_ray(RewardSpec("pickscore", None, {"model": str(tiny_clip_dir)}), data,
+                              tmp_path / "ray", id_column="uid", batch_size=16, progress=False)
+    assert (again.rows, again.shards_skipped) == (0, 2)
+
+
+def test_ray_engine_on_three_webdataset_shards_matches_local(cluster, reward, tiny_clip_dir, tmp_path):
+    from rewardkit.datasets import score_dataset
+    from rewardkit.integrations.ray import score_dataset_ray
+
+    wds_set(tmp_path / "wds", shards=3, rows=7)
+    local = score_dataset(reward, tmp_path / "wds", tmp_path / "local", batch_size=4, progress=False)
+    remote = score_dataset_ray({"name": "pickscore", "kwargs": {"model": str(tiny_clip_dir)}}, tmp_path / "wds",
+                               tmp_path / "ray", batch_size=4, concurrency=2, progress=False)
+    assert (local.rows, remote.rows, remote.shards_scored) == (21, 21, 3)
+    _same_folders(tmp_path / "local", tmp_path / "ray")
+    man = json.loads((tmp_path / "ray" / "_rewardkit_scores.json").read_text())
+    assert man["shards"] == ["shard-000", "shard-001", "shard-002"] and man["format"] == "webdataset"
+
+
+def test_reward_scorer_in_a_users_ray_data_pipeline(cluster, reward, tiny_clip_dir, tmp_path):
+    from rewardkit.integrations.ray import RewardScorer
+
+    imgs = [png_bytes(5000 + i) for i in range(12)]
+    prompts = [f"thing {i}" for i in range(12)]
+    imgs[4] = b"not an image"
+    pq.write_table(pa.table({"k": list(range(12)), "image": imgs, "prompt": prompts}), tmp_path / "in.parquet")
+    ds = ray.data.read_parquet(str(tmp_path / "in.parquet"))
+    ds = ds.map_batches(RewardScorer, fn_constructor_kwargs={"reward": {"name": "pickscore", "kwargs": {
+        "model": str(tiny_clip_dir)}}}, batch_size=12, compute=ray.data.ActorPoolStrategy(size=1))
+    ds.write_parquet(str(tmp_path / "out"))
+    got = pa.concat_tables([pq.read_table(f) for f in sorted((tmp_path / "out").glob("*.parquet"))])
+    got = got.sort_by("k").to_pandas()
+    want = reward(imgs, prompts, on_error="nan")  # reference: the reward called directly, one batch of 12
+    assert got["prompt"].tolist() == prompts and got["image"].tolist() == imgs  # input columns carried through
+    np.testing.assert_array_equal(got["valid"], want.valid.numpy())
+    np.testing.assert_allclose(got["score"], want.scores.double().numpy(), rtol=1e-6)
+    assert "image" in got["error"][4].lower() and got["error"][0] == ""
+
+
+def test_ray_engine_resumes_after_sigint_with_the_local_bytes(reward, tiny_clip_dir, tmp_path):
+    """SIGINT to a `--engine ray` run once its first shard is written; the rerun redoes only the rest."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from rewardkit.datasets import score_dataset
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for s in range(6):
+        pq.write_table(pa.table({"image": [png_bytes(7000 + 50 * s + i) for i in range(40)],
+                                 "prompt": [f"p{i}" for i in range(40)]}), data / f"part-{s}.parquet")
+    score_dataset(reward, data, tmp_path / "local", batch_size=8, progress=False)
+    cmd = [sys.executable, "-m", "rewardkit.cli", "score", "-r", "pickscore", "-m", str(tiny_clip_dir), "--dataset",
+           str(data), "--output", str(tmp_path / "ray"), "--batch-size", "8", "--engine", "ray", "--no-progress"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", RAY_num_cpus="2")
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and not (tmp_path / "ray" / "part-0.parquet").exists():
+        time.sleep(0.05)
+    assert (tmp_path / "ray" / "part-0.parquet").exists(), proc.communicate(timeout=60)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    done = sorted(p.name for p in (tmp_path / "ray").glob("*.parquet"))
+    assert proc.returncode == 130, err[-2000:]
+    assert 1 <= len(done) < 6, done  # interrupted mid-run: some shards finished, not all
+    finished = {n: (tmp_path / "ray" / n).stat().st_mtime_ns for n in done}
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"{len(done)} shard(s) already done" in again.stderr
+    assert {n: (tmp_path / "ray" / n).stat().st_mtime_ns for n in done} == finished  # never rescored
+    assert not list((tmp_path / "ray").glob("*.tmp"))
+    _same_folders(tmp_path / "local", tmp_path / "ray")
+
+
+def test_parrot_stage1_on_ray_writes_the_local_bytes(cluster, tmp_path):
+    pytest.importorskip("datasets")
+    from tests.helpers.data_files import parrot_cfg as _cfg, write_pairs
+
+    from rewardkit.datasets.parrot import rationalize_dataset
+
+    write_pairs(tmp_path / "pairs", shards=3, rows=4)
+    cfg = _cfg(tmp_path)
+    local = rationalize_dataset(cfg, tmp_path / "pairs", tmp_path / "local")
+    remote = rationalize_dataset(cfg, tmp_path / "pairs", tmp_path / "ray", engine="ray", concurrency=2)
+    assert (local.rows, remote.rows, remote.shards_scored) == (12, 12, 3)
+    _same_folders(tmp_path / "local", tmp_path / "ray")
+
+
+def test_a_worker_killed_mid_run_loses_no_row_and_scores_none_twice(cluster, reward, tiny_clip_dir, tmp_path):
+    """The actor process dies (os._exit) in the middle of shard 1; Ray restarts it and retries its task. Every
+    batch of every shard reaches the driver exactly once, with the scores of an uninterrupted local run."""
+    import sys
+
+    import ray.cloudpickle
+
+    from rewardkit.datasets import score_dataset
+    from rewardkit.datasets.readers import Columns
+    from rewardkit.datasets.scoring import plan
+    from rewardkit.integrations.ray import RewardSpec, _chunks, run_on_ray
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the dying actor below, for the workers
+    data = tmp_path / "data"
+    data.mkdir()
+    for s in range(3):
+        pq.write_table(pa.table({"image": [png_bytes(9000 + 40 * s + i) for i in range(24)],
+                                 "prompt": [f"p{i}" for i in range(24)]}), data / f"part-{s}.parquet")
+    score_dataset(reward, data, tmp_path / "local", batch_size=8, progress=False)
+    ds, cols, _ = plan(data, {}, Columns())
+    marker = tmp_path / "died"
+    spec = RewardSpec("pickscore", None, {"model": str(tiny_clip_dir)})
+    seen = []
+    for res in run_on_ray([0, 1, 2], _chunks(ds, cols, 8), _DiesOnce,
+                          {"marker": str(marker), "spec": spec, "on_error": "nan", "batch_size": 8}):
+        ids, recs, _ = res["result"].value
+        seen.append((str(res["shard"]), int(res["start"]), [r["score"] for r in recs]))
+    assert marker.exists()  # the worker did die
+    assert [(s, st) for s, st, _ in seen] == [(f"part-{s}", st) for s in range(3) for st in (0, 8, 16)]
+    for s in range(3):
+        want = pq.read_table(tmp_path / "local" / f"part-{s}.parquet").column("score").to_pylist()
+        assert [x for sh, _, sc in seen if sh == f"part-{s}" for x in sc] == want
+
+
+class _DiesOnce:
+    def __init__(self, marker, **kw):
+        from rewardkit.integrations.ray import _ChunkScorer
+
+        self.inner, self.marker = _ChunkScorer(**kw), marker
+
+    def __call__(self, row):
+        import os
+
+        if str(row["shard"]) == "part-1" and int(row["start"]) == 8 and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os._exit(1)
+        return self.inner(row)
