@@ -3,7 +3,7 @@
 Each subcommand lives in ``rewardkit/commands/<name>.py`` with two functions, ``add_parser(subparsers)``
 and ``run(args) -> int``. Command modules must stay cheap to import (standard library only at module
 level; torch, transformers and the rest load inside ``run``): ``rewardkit --help`` imports all of them, and
-``tests/test_cli_fast.py`` checks that it imports no heavy module.
+``tests/cli/test_help_imports.py`` checks that it imports no heavy module.
 """
 
 from __future__ import annotations

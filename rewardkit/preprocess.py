@@ -17,7 +17,7 @@ CLIP- or Qwen-VL-based reward.
 Fidelity: PIL resamples 8-bit images and rounds the result; here resampling runs in fp32 with torch's
 antialiased bicubic / bilinear kernels (the same kernels as PIL, ``a = -0.5`` cubic) and is only clamped to
 [0, 1]. Pixel values after normalisation differ from the processor's by about 1/255 per pixel of the
-[0, 1] range; ``tests/test_tensor_path.py`` bounds the resulting score difference.
+[0, 1] range; ``tests/contract/test_tensor_path.py`` bounds the resulting score difference.
 
 The module also holds the plumbing the base class delegates to for float-tensor batches:
 :func:`check_pixels` (one vectorised range / NaN check on the device), :func:`tensor_call` (the

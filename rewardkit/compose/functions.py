@@ -1,7 +1,7 @@
 """Pure functions of reward composition: per-axis z-score, intent gate, detector veto, the combined reward.
 
 Every function takes and returns float32 tensors of shape ``[B]`` (one entry per sample in the batch) and
-has no state, so each formula is tested on hand-computed cases (``tests/test_compose.py``).
+has no state, so each formula is tested on hand-computed cases (``tests/compose/test_composite.py``).
 
 NaN marks "no value" throughout: an invalid or not-applicable raw score stays NaN after z-scoring, and the
 combination decides per sample whether a NaN matters (it does not when the axis is gated off).

@@ -54,7 +54,7 @@ class Convention:
     source: str = ""
 
 
-#: flow_grpo's scale per reward name (the table in docs/integrations.md; tests/test_integrations_flow_grpo.py
+#: flow_grpo's scale per reward name (the table in docs/integrations.md; tests/integrations/test_flow_grpo.py
 #: checks each against a transcription of flow_grpo's code). Names flow_grpo has and rewardkit has not
 #: (``geneval``, ``jpeg_compressibility``, ``deqa``, ``qwenvl``) are refused with that reason.
 FLOW_GRPO_CONVENTIONS: dict[str, Convention] = {

@@ -10,7 +10,7 @@ returns None for what it does not cover (videos, padding inside a sample, image 
 ``image_grid_thw``), in which case the caller lets the model compute its own positions.
 
 For still images the three models' ``get_rope_index`` agree (Qwen2.5-VL spaces only video frames in time;
-Qwen3-VL splits only videos into frames); ``tests/test_rope.py`` checks equality with each model's own
+Qwen3-VL splits only videos into frames); ``tests/models/test_rope.py`` checks equality with each model's own
 ``get_rope_index`` for left and right padding and several images of different sizes per sample.
 """
 
@@ -77,7 +77,7 @@ def mrope_position_ids(mm_token_type_ids: torch.Tensor, attention_mask: torch.Te
     return pos
 
 
-#: model types whose ``get_rope_index`` :func:`mrope_position_ids` reproduces for still images (tests/test_rope.py)
+#: model types whose ``get_rope_index`` :func:`mrope_position_ids` reproduces for still images (tests/models/test_rope.py)
 VERIFIED_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl"})
 
 

@@ -20,7 +20,7 @@ Differentiable: ``reward.score_tensor(images)`` runs its torch port
 Residual difference to the ordinary call (PIL's 8-bit fixed-point resampling vs fp32), on 8-bit natural-like
 images of aspect ratios 1:4 to 4:1: pre-processed pixels within 0.0042 (max; [0, 1] units) and 0.0012 (mean),
 isolated pixels up to ~0.05 on sharp-edged tall images; scores within 7e-5 on the tiny model
-(``tests/test_zoo_gradients.py`` asserts 1e-4). Ordinary calls always take the PIL route.
+(``tests/rewards/test_zoo_gradients.py`` asserts 1e-4). Ordinary calls always take the PIL route.
 """
 
 from __future__ import annotations

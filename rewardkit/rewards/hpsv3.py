@@ -54,7 +54,7 @@ class HPSv3(PreferenceReward):
     tasks = frozenset({"t2i"})
     dimensions = ("sigma", "log_sigma")
     Config = HPSv3Config
-    differentiable = True  # the Qwen-VL tensor path (tests/test_zoo_gradients.py)
+    differentiable = True  # the Qwen-VL tensor path (tests/rewards/test_zoo_gradients.py)
     scores_empty_prompt = True  # as the official package: an empty prompt is a legitimate (unconditional) input
 
     def __init__(self, config=None, /, **overrides):

@@ -10,7 +10,7 @@ Differentiable: ``reward.score_tensor(images, prompts)`` runs the torch port of 
 (:func:`rewardkit.models.zoo.openai_clip_pixel_values`: same sizes and crop, PIL's bicubic kernel in fp32);
 ordinary calls keep the PIL recipe. Residual difference (PIL's 8-bit fixed-point resampling vs fp32) on 8-bit
 natural-like images of aspect ratios 1:4 to 4:1: pre-processed pixels within 0.0042 (max; [0, 1] units) and
-0.0012 (mean); normalised scores within 2.2e-4 on the tiny model (``tests/test_zoo_gradients.py`` asserts 3e-4).
+0.0012 (mean); normalised scores within 2.2e-4 on the tiny model (``tests/rewards/test_zoo_gradients.py`` asserts 3e-4).
 
 Convert the official ``ImageReward.pt`` once (read with the weights-only unpickler)::
 
