@@ -2,7 +2,7 @@
 
 Endpoints (JSON in, JSON out; no pickle anywhere; a request body may also be the binary form of
 :mod:`rewardkit._serve_binary`, ``Content-Type: application/octet-stream``: the same JSON fields in a small
-header, the images' raw bytes after it, decoded off the event loop; what ``RemoteReward`` sends):
+header, the images' raw bytes after it, read in place; what ``RemoteReward`` sends):
 
 - ``POST /score``    ``{"images": [IMG, ...], "prompt": str | [str], "sources": [[IMG, ...], ...] | null,
   "metadata": [{...}, ...] | null}`` -> the fields of :meth:`RewardOutput.to_dict` (NaN -> null).
@@ -29,8 +29,8 @@ request, then every compatible request already waiting (up to ``max_batch`` imag
 decoded pixels; a request of another kind, e.g. with metadata when the first has none, keeps its place in line
 for the next batch), waits at most ``max_wait_ms`` for more while the batch is not full, and scores all of them
 in one reward call; outputs are split back per request. Rewards whose scores depend on the other samples of a
-call (``batch_relative``, e.g. z-scored composites) are never merged across requests. Several replicas (e.g. one per GPU) share one endpoint; a
-request goes to the replica with the fewest queued images.
+call (``batch_relative``, e.g. z-scored composites) are never merged across requests. Several replicas (e.g.
+one per GPU) share one endpoint; a request goes to the replica with the fewest queued images.
 """
 
 from __future__ import annotations
@@ -216,6 +216,7 @@ def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
+    from . import _serve_binary as binary
     from ._serve_binary import parse_body as parse_binary
 
     server = RewardServer(rewards if isinstance(rewards, list) else [rewards], cfg)
@@ -249,7 +250,8 @@ def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
                 size += len(chunk)
                 if size > cfg.max_body_bytes:
                     raise HTTPError(413, f"body is over the limit of {cfg.max_body_bytes:,} bytes")
-                chunks.append(chunk)
+                if chunk:  # Starlette ends with an empty chunk; joining one chunk returns it, uncopied
+                    chunks.append(chunk)
             return b"".join(chunks)
 
         try:  # a client dripping its body cannot hold a slot
@@ -266,6 +268,9 @@ def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
             raise HTTPError(400, "the body is not valid JSON: nested too deeply") from None
 
     def endpoint(kind: str):
+        def parse_heavy(raw: bytes, body: dict | None) -> _Job:
+            return server.parse(kind, parse_binary(raw, kind) if body is None else body)
+
         async def handler(request: Request) -> Response:
             if not authorised(request):  # its body is never read: the connection is closed after the answer
                 return error(401, "missing or wrong bearer token", close=True)
@@ -275,11 +280,17 @@ def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
 
             async def process() -> dict:
                 raw = await read_body(request)
-                if _is_binary(request.headers.get("content-type")):  # decoded in a thread, off the event loop
-                    job = await asyncio.get_running_loop().run_in_executor(
-                        None, lambda: server.parse(kind, parse_binary(raw, kind)))
-                else:
+                if not _is_binary(request.headers.get("content-type")):
                     job = server.parse(kind, parse_json(raw))
+                else:
+                    # the header parsed on the event loop when short; the images checked there too when they are
+                    # raw uint8 pixels (views of the body: less work than a hop to a thread), otherwise (encoded
+                    # files have their headers opened, float images are copied) in a thread
+                    body = parse_binary(raw, kind) if binary.light_header(raw) else None
+                    if body is not None and binary.only_raw_pixels(body):
+                        job = server.parse(kind, body)
+                    else:
+                        job = await asyncio.get_running_loop().run_in_executor(None, parse_heavy, raw, body)
                 return await server.handle(job)
 
             server.in_flight += 1
