@@ -7,9 +7,16 @@ with ``--max-batch 1`` (no merging) and one with ``--max-batch 64`` (merging), a
 times, for each request body in ``--wire`` (``binary``: what ``RemoteReward`` sends, a JSON header + the raw
 pixels; ``json``: base64 pixels in JSON, what curl users send). Prints requests/s (= images/s: one image per
 request), the mean requests merged per model call, each round's ratio, the median ratio, and the machine's
-load average (a loaded machine flatters the ratio).
+load average (a loaded machine flatters the ratio), the server's CPU time per request and the load generator's.
+
+The server process runs torch with ``--server-threads`` intra-op threads (default 1, through ``OMP_NUM_THREADS`` /
+``MKL_NUM_THREADS``; 0 leaves the environment as it is: torch then takes one thread per core). On a 2-core machine
+that the load generator shares, a second intra-op thread of a tiny model mostly spin-waits between its small ops
+and takes the cores from the event loop and the load generator: it doubled the server's CPU per request
+(benchmarks/README.md).
 
     python benchmarks/serve_batching.py [--clients 16] [--requests 20] [--rounds 3] [--wire binary,json]
+        [--server-threads 1]
 
 ``--model`` / ``--device`` run a real CLIP checkpoint on a GPU (see benchmarks/gpu/).
 """
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import tempfile
 import time
@@ -37,6 +45,8 @@ def main() -> None:
     ap.add_argument("--max-wait-ms", type=float, default=5.0)
     ap.add_argument("--image-size", type=int, default=32, help="input size of the random tiny CLIP")
     ap.add_argument("--wire", default="binary,json", help="request bodies to measure (comma-separated)")
+    ap.add_argument("--server-threads", type=int, default=1,
+                    help="torch intra-op threads of the server process (0: the environment's, torch's default)")
     args = ap.parse_args()
 
     import os
@@ -66,6 +76,8 @@ def main() -> None:
             cmd += ["--devices", args.device]
         # no auth: the token unset (set but empty is refused)
         env = {k: v for k, v in os.environ.items() if k != "REWARDKIT_SERVE_TOKEN"}
+        if args.server_threads > 0:
+            env.update(OMP_NUM_THREADS=str(args.server_threads), MKL_NUM_THREADS=str(args.server_threads))
         proc = subprocess.Popen(cmd + ["--max-in-flight", str(max(64, 2 * args.clients))], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, env=env)
         url = f"http://127.0.0.1:{port}"
@@ -124,10 +136,12 @@ def main() -> None:
             finally:
                 sock.close()
 
-        t0 = time.perf_counter()
+        ru0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         with ThreadPoolExecutor(args.clients) as pool:
             list(pool.map(one_client, range(args.clients)))
-        return n / (time.perf_counter() - t0)
+        dt, ru = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+        client_cpu.append((ru.ru_utime + ru.ru_stime - ru0.ru_utime - ru0.ru_stime) / n)
+        return n / dt
 
     configs = {"no batching (--max-batch 1)": (1, 0.0),
                f"dynamic batching (--max-batch {args.max_batch}, {args.max_wait_ms:g} ms)":
@@ -145,6 +159,7 @@ def main() -> None:
         except OSError:  # not Linux: no figure
             return float("nan")
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    client_cpu: list[float] = []  # the load generator's CPU time per request (all its threads)
     load_before = os.getloadavg()
     for _ in range(args.rounds):
         for name, (mb, wait) in configs.items():
@@ -162,9 +177,11 @@ def main() -> None:
                 proc.terminate()
                 proc.wait(30)
     load_after = os.getloadavg()
+    threads = args.server_threads or os.environ.get("OMP_NUM_THREADS", "torch's default")
     print(f"{args.reward} ({'tiny random CLIP' if not args.model else model}), device {args.device or 'default'}, "
           f"{args.clients} clients x {args.requests} single-image requests of {args.size}px, {args.rounds} rounds; "
-          f"load average {load_before[0]:.1f} -> {load_after[0]:.1f} (1 min), {os.cpu_count()} CPUs")
+          f"load average {load_before[0]:.1f} -> {load_after[0]:.1f} (1 min), {os.cpu_count()} CPUs; server torch "
+          f"threads {threads}; load generator CPU {1e3 * statistics.median(client_cpu):.2f} ms per request")
     for wire in wires:
         for name in names:
             vals = results[(wire, name)]

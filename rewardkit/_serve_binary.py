@@ -28,7 +28,7 @@ from typing import Any
 
 from ._serve_wire import HTTPError
 
-__all__ = ["MAGIC", "CONTENT_TYPE", "BinaryImage", "parse_body", "pack_body"]
+__all__ = ["MAGIC", "CONTENT_TYPE", "BinaryImage", "parse_body", "pack_body", "light_header", "only_raw_pixels"]
 
 MAGIC = b"RKB1"
 CONTENT_TYPE = "application/octet-stream"
@@ -62,6 +62,34 @@ def _nbytes(desc: Any, where: str) -> int:
     if unknown:
         raise HTTPError(400, f"{where}: unknown keys {sorted(unknown)} (expected shape, dtype or encoded)")
     return check_raw(desc.get("shape"), desc.get("dtype", "uint8"), where)
+
+
+#: a binary body whose header is at most this long and whose images are all raw uint8 pixels is parsed on the
+#: server's event loop (its pixels are neither read nor copied: less work than a hop to a thread); any other
+#: body in a thread
+LIGHT_HEADER_BYTES = 64 * 1024
+
+
+def light_header(raw: bytes) -> bool:
+    """Whether ``raw``'s header is short enough to parse on the event loop (a malformed start: True, its 400
+    comes from the first bytes)."""
+    return len(raw) < 8 or raw[:4] != MAGIC or struct.unpack_from("<I", raw, 4)[0] <= LIGHT_HEADER_BYTES
+
+
+def only_raw_pixels(body: dict[str, Any]) -> bool:
+    """Whether every image of a parsed binary body is raw uint8 pixels (read in place: nothing to decode, copy
+    or open), so that checking the request costs no more than its header."""
+    def raw_uint8(x: Any) -> bool:
+        return isinstance(x, BinaryImage) and "encoded" not in x.desc and x.desc.get("dtype", "uint8") == "uint8"
+
+    for key in _IMAGE_FIELDS:
+        value = body.get(key)
+        if isinstance(value, list) and not all(raw_uint8(x) for x in value):
+            return False
+    srcs = body.get("sources")
+    if isinstance(srcs, list):
+        return all(raw_uint8(x) for entry in srcs if isinstance(entry, list) for x in entry)
+    return True
 
 
 def parse_body(raw: bytes, kind: str) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 Endpoints (JSON in, JSON out; no pickle anywhere; a request body may also be the binary form of
 :mod:`rewardkit._serve_binary`, ``Content-Type: application/octet-stream``: the same JSON fields in a small
-header, the images' raw bytes after it, decoded off the event loop; what ``RemoteReward`` sends):
+header, the images' raw bytes after it, read in place; what ``RemoteReward`` sends):
 
 - ``POST /score``    ``{"images": [IMG, ...], "prompt": str | [str], "sources": [[IMG, ...], ...] | null,
   "metadata": [{...}, ...] | null}`` -> the fields of :meth:`RewardOutput.to_dict` (NaN -> null).
@@ -23,19 +23,19 @@ before anything is decoded. Credentials never leave the server (:mod:`rewardkit.
 A sample that cannot be decoded or scored comes back NaN with ``valid=false`` and a reason (the server always
 scores with ``on_error="nan"``); a request that is malformed as a whole gets a 4xx with ``{"error": ...}``.
 
-**Dynamic batching.** Each model replica has a queue and one worker. The worker takes the oldest request,
-then every compatible request already waiting (up to ``max_batch`` images and ``max_batch_pixels`` decoded
-pixels; a request of another kind, e.g. with metadata when the first has none, keeps its place in line for
-the next batch), waits at most ``max_wait_ms`` for more while the batch is not full, and scores all of them
-in one reward call; outputs are split back per request. Rewards whose scores depend on the other samples of a call (``batch_relative``, e.g. z-scored
-composites) are never merged across requests. Several replicas (e.g. one per GPU) share one endpoint; a
-request goes to the replica with the fewest queued images.
+**Dynamic batching** (:mod:`rewardkit._serve_batch`; its limits are :class:`ServerConfig`'s, in
+:mod:`rewardkit._serve_config`). Each model replica has a queue and one worker. The worker takes the oldest
+request, then every compatible request already waiting (up to ``max_batch`` images and ``max_batch_pixels``
+decoded pixels; a request of another kind, e.g. with metadata when the first has none, keeps its place in line
+for the next batch), waits at most ``max_wait_ms`` for more while the batch is not full, and scores all of them
+in one reward call; outputs are split back per request. Rewards whose scores depend on the other samples of a
+call (``batch_relative``, e.g. z-scored composites) are never merged across requests. Several replicas (e.g.
+one per GPU) share one endpoint; a request goes to the replica with the fewest queued images.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import hmac
 import json
@@ -43,14 +43,14 @@ import logging
 import math
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 from . import _serve_wire as wire
+from ._serve_batch import _decode, _Job, _Replica, _split_pair, _split_score  # noqa: F401 - re-exported
+from ._serve_config import ServerConfig
 from ._serve_secrets import RedactingFilter, Redactor
 from ._serve_wire import HTTPError, decode_image
-from .reward import PairwiseOutput, Reward, RewardOutput, config_dict
+from .reward import PairwiseOutput, Reward, RewardOutput, config_dict  # noqa: F401 - outputs re-exported
 
 __all__ = ["ServerConfig", "RewardServer", "create_app", "app_from_env", "load_replicas", "serve_in_thread",
            "ServerHandle", "decode_image", "uvicorn_config", "run_server", "bind_socket", "token_from_env",
@@ -61,277 +61,6 @@ log = logging.getLogger("rewardkit.server")
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
-@dataclass
-class ServerConfig:
-    """Limits and batching of a reward server (docs/serve.md, "Exposing the server").
-
-    Attributes:
-        max_batch: most images scored in one model call (merged across requests).
-        max_wait_ms: how long a non-full batch waits for more requests (0: take only what is queued).
-        max_body_bytes: largest request body accepted (413 above).
-        max_images: most images in one request (each of ``images_a`` / ``images_b`` for /compare), and most
-            source images in one request, all samples together.
-        timeout: seconds a request may take from arrival to response (504 after; the model call it joined
-            still completes for the other requests of its batch).
-        token: bearer token required on every endpoint but /health (None: no authentication).
-        header_timeout: seconds a client has to send a request's line and headers, from the connection (or
-            the previous response); then ``408`` and the connection is closed.
-        body_timeout: seconds a client has to send a request's body once its headers are in (408 after); also
-            the longest a connection's answers may stay unread (its write buffer full), then it is dropped.
-        keep_alive: seconds an idle keep-alive connection stays open (uvicorn's ``timeout_keep_alive``).
-        max_connections: most open client connections; one more is answered ``503`` and closed. Lowered at
-            startup to stay under the process's file-descriptor limit.
-        max_in_flight: most /score and /compare requests being read, queued or scored at once (503 with
-            ``Retry-After`` above).
-        max_header_bytes: most bytes of an unfinished request head held while waiting for its end (uvicorn's
-            ``h11_max_incomplete_event_size``; 400 above).
-        backlog: the listen backlog (connections the kernel holds before they are accepted).
-        max_request_pixels: most decoded pixels in one request (all images and sources, read from their
-            headers before anything is decoded; 413 above).
-        max_batch_pixels: most decoded pixels in one model call (requests merge only up to it).
-    """
-
-    max_batch: int = 32
-    max_wait_ms: float = 5.0
-    max_body_bytes: int = 64 * 1024 * 1024
-    max_images: int = 256
-    timeout: float = 120.0
-    token: str | None = None
-    header_timeout: float = 10.0
-    body_timeout: float = 60.0
-    keep_alive: float = 5.0
-    max_connections: int = 512
-    max_in_flight: int = 64
-    max_header_bytes: int = 16 * 1024
-    backlog: int = 256
-    max_request_pixels: int = 64 * 1024 * 1024
-    max_batch_pixels: int = 64 * 1024 * 1024
-
-    def __post_init__(self) -> None:
-        for name in ("max_batch", "max_body_bytes", "max_images", "max_connections", "max_in_flight",
-                     "max_header_bytes", "backlog", "max_request_pixels", "max_batch_pixels"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
-        for name in ("max_wait_ms", "timeout", "header_timeout", "body_timeout", "keep_alive"):
-            v = getattr(self, name)
-            positive = name != "max_wait_ms"
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0 \
-                    or (positive and v == 0):
-                raise ValueError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {v!r}")
-        if self.token is not None and (not isinstance(self.token, str) or not self.token.strip()):
-            raise ValueError("token must be a non-empty string or None")
-
-
-# ---------------------------------------------------------------------------------------------- batching
-@dataclass
-class _Job:
-    kind: str                      # "score" | "compare"
-    images: list[Any]              # score: B images; compare: images_a + images_b (2B)
-    prompts: list[Any]             # B
-    sources: list[list[Any]] | None
-    metadata: list[dict] | None
-    pixels: int = 0                # decoded pixels of images and sources (from their headers)
-    tensor: tuple | None = None    # float images: (C, H, W, dtype); they merge only with the same
-    future: asyncio.Future = field(repr=False, default=None)  # type: ignore[assignment]
-
-    @property
-    def n(self) -> int:
-        return len(self.prompts)
-
-    @property
-    def cost(self) -> int:  # images through the model
-        return len(self.images)
-
-    def key(self) -> tuple:
-        return (self.kind, self.sources is not None, self.metadata is not None, self.tensor)
-
-
-def _decode(x: Any) -> Any:
-    """An encoded wire image -> canonical RGB PIL (decoded here, in the replica's thread, so that a request
-    that timed out stops being decoded); anything that fails stays as it was, for the reward to report."""
-    if not isinstance(x, (bytes, bytearray)):
-        return x
-    from . import media
-
-    try:
-        return media.load_image(x)
-    except Exception:  # noqa: BLE001 - reported per sample by the reward call, with its reason
-        return x
-
-
-class _Replica:
-    """One reward instance, one queue, one worker thread for model calls."""
-
-    def __init__(self, reward: Reward, cfg: ServerConfig, index: int):
-        self.reward = reward
-        self.cfg = cfg
-        self.index = index
-        self.queue: asyncio.Queue[_Job] = asyncio.Queue()
-        self.queued_images = 0
-        self.batches = 0
-        self.merged_requests = 0
-        self._held: collections.deque[_Job] = collections.deque()  # waiting jobs a batch passed over, in order
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rewardkit-replica{index}")
-        self._task: asyncio.Task | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._worker())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-        self._executor.shutdown(wait=False, cancel_futures=True)
-
-    def submit(self, job: _Job) -> None:
-        self.queued_images += job.cost
-        self.queue.put_nowait(job)
-
-    async def _next(self) -> _Job:
-        if self._held:
-            return self._held.popleft()
-        return await self.queue.get()
-
-    async def _worker(self) -> None:
-        loop = asyncio.get_running_loop()
-        mergeable = not getattr(self.reward, "batch_relative", False)
-        while True:
-            first = await self._next()
-            jobs, cost, pixels = [first], first.cost, first.pixels
-            deadline = loop.time() + self.cfg.max_wait_ms / 1000.0
-            # every compatible job already waiting joins (jobs passed over before, then the queue); one of another
-            # kind, or one that would overflow the batch (images or decoded pixels), keeps its place in line
-            waiting = list(self._held) if mergeable else []
-            skipped: list[_Job] = []
-            if mergeable:
-                self._held.clear()
-            while mergeable and cost < self.cfg.max_batch:
-                if waiting:
-                    job = waiting.pop(0)
-                else:
-                    try:
-                        job = self.queue.get_nowait()
-                    except asyncio.QueueEmpty:
-                        remaining = deadline - loop.time()
-                        if remaining <= 0:
-                            break
-                        try:
-                            job = await asyncio.wait_for(self.queue.get(), remaining)
-                        except asyncio.TimeoutError:
-                            break
-                if job.key() != first.key():
-                    skipped.append(job)
-                    continue
-                if cost + job.cost > self.cfg.max_batch or pixels + job.pixels > self.cfg.max_batch_pixels:
-                    skipped.append(job)  # the batch is as full as it gets: score it now
-                    break
-                jobs.append(job)
-                cost += job.cost
-                pixels += job.pixels
-            if mergeable:
-                self._held.extend(skipped + waiting)  # in arrival order, ahead of the queue
-            self.queued_images -= cost
-            jobs = [j for j in jobs if not j.future.done()]  # timed out or disconnected while queued
-            if not jobs:
-                continue
-            try:
-                done = await loop.run_in_executor(self._executor, self._run, jobs)
-            except Exception:
-                # Per-sample problems come back as NaN; an exception is a call-level failure. When requests
-                # were merged, score each alone so one request's failure does not fail its neighbours.
-                log.exception("reward call failed")
-                done = None
-            if done is not None:
-                self._deliver(done)
-                continue
-            for job in jobs:
-                if job.future.done():
-                    continue
-                try:
-                    self._deliver(await loop.run_in_executor(self._executor, self._run, [job]))
-                except Exception as exc:
-                    if not job.future.done():
-                        job.future.set_exception(exc)
-
-    def _deliver(self, done: list[tuple[_Job, dict]]) -> None:
-        if not done:
-            return
-        self.batches += 1
-        self.merged_requests += len(done)
-        for j, r in done:
-            if not j.future.done():
-                j.future.set_result(r)
-
-    def _run(self, jobs: list[_Job]) -> list[tuple[_Job, dict]]:
-        """Runs in the replica's thread: decodes the jobs' images (dropping a job as soon as its request is
-        gone: timed out or disconnected), then one reward call for the rest, split back per job."""
-        live = []
-        for j in jobs:
-            images, srcs = [], None
-            for x in j.images:
-                if j.future.done():
-                    break
-                images.append(_decode(x))
-            if j.sources is not None and not j.future.done():
-                srcs = [[_decode(x) for x in entry] for entry in j.sources]
-            if j.future.done():
-                continue  # its decoded pixels are dropped here, not scored
-            j.images, j.sources = images, srcs
-            live.append(j)
-        if not live:
-            return []
-        jobs = live
-        kind = jobs[0].kind
-        prompts = [p for j in jobs for p in j.prompts]
-        sources = None if jobs[0].sources is None else [s for j in jobs for s in j.sources]
-        metadata = None if jobs[0].metadata is None else [m for j in jobs for m in j.metadata]
-        tensor = jobs[0].tensor is not None
-
-        def batch(images: list[Any]) -> Any:
-            if not tensor:
-                return images
-            import torch
-
-            return torch.stack(images)  # [B, 3, H, W]: the reward's tensor path, as in-process
-
-        if kind == "score":
-            out = self.reward(batch([x for j in jobs for x in j.images]), prompts, sources=sources,
-                              metadata=metadata, on_error="nan")
-            return list(zip(jobs, _split_score(out, [j.n for j in jobs])))
-        a = [x for j in jobs for x in j.images[:j.n]]
-        b = [x for j in jobs for x in j.images[j.n:]]
-        pair = self.reward.compare(batch(a), batch(b), prompts, sources=sources, metadata=metadata, on_error="nan")
-        return list(zip(jobs, _split_pair(pair, [j.n for j in jobs])))
-
-
-def _split_score(out: RewardOutput, sizes: list[int]) -> list[dict]:
-    full = out.to_dict()
-    res, s = [], 0
-    for n in sizes:
-        part = {k: (full[k][s:s + n] if isinstance(full[k], list) else full[k])
-                for k in ("scores", "valid", "errors", "rationales", "details")}
-        part["dimensions"] = {d: v[s:s + n] for d, v in full["dimensions"].items()}
-        part["info"] = full["info"]
-        res.append(part)
-        s += n
-    return res
-
-
-def _split_pair(out: PairwiseOutput, sizes: list[int]) -> list[dict]:
-    full = out.to_dict()
-    res, s = [], 0
-    for n in sizes:
-        part = {k: (v[s:s + n] if isinstance(v, list) else v) for k, v in full.items()}
-        res.append(part)
-        s += n
-    return res
-
-
-# ---------------------------------------------------------------------------------------------- the app
 class RewardServer:
     """The reward replicas, their queues and the request handlers (framework-independent logic)."""
 
@@ -487,6 +216,7 @@ def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
+    from . import _serve_binary as binary
     from ._serve_binary import parse_body as parse_binary
 
     server = RewardServer(rewards if isinstance(rewards, list) else [rewards], cfg)
@@ -520,7 +250,8 @@ def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
                 size += len(chunk)
                 if size > cfg.max_body_bytes:
                     raise HTTPError(413, f"body is over the limit of {cfg.max_body_bytes:,} bytes")
-                chunks.append(chunk)
+                if chunk:  # Starlette ends with an empty chunk; joining one chunk returns it, uncopied
+                    chunks.append(chunk)
             return b"".join(chunks)
 
         try:  # a client dripping its body cannot hold a slot
@@ -537,6 +268,9 @@ def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
             raise HTTPError(400, "the body is not valid JSON: nested too deeply") from None
 
     def endpoint(kind: str):
+        def parse_heavy(raw: bytes, body: dict | None) -> _Job:
+            return server.parse(kind, parse_binary(raw, kind) if body is None else body)
+
         async def handler(request: Request) -> Response:
             if not authorised(request):  # its body is never read: the connection is closed after the answer
                 return error(401, "missing or wrong bearer token", close=True)
@@ -546,11 +280,17 @@ def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
 
             async def process() -> dict:
                 raw = await read_body(request)
-                if _is_binary(request.headers.get("content-type")):  # decoded in a thread, off the event loop
-                    job = await asyncio.get_running_loop().run_in_executor(
-                        None, lambda: server.parse(kind, parse_binary(raw, kind)))
-                else:
+                if not _is_binary(request.headers.get("content-type")):
                     job = server.parse(kind, parse_json(raw))
+                else:
+                    # the header parsed on the event loop when short; the images checked there too when they are
+                    # raw uint8 pixels (views of the body: less work than a hop to a thread), otherwise (encoded
+                    # files have their headers opened, float images are copied) in a thread
+                    body = parse_binary(raw, kind) if binary.light_header(raw) else None
+                    if body is not None and binary.only_raw_pixels(body):
+                        job = server.parse(kind, body)
+                    else:
+                        job = await asyncio.get_running_loop().run_in_executor(None, parse_heavy, raw, body)
                 return await server.handle(job)
 
             server.in_flight += 1

@@ -831,6 +831,137 @@ def test_malformed_binary_bodies_are_400s(served):
     assert res["valid"] == [False] and res["scores"] == [None] and res["errors"][0]
 
 
+class _RecordingCLIP:
+    """Makes a CLIPScore subclass that records every model call the server makes (images as passed, prompts)."""
+
+    @staticmethod
+    def load(tiny_clip_dir):
+        from rewardkit.rewards.clipscore import CLIPScore
+
+        class RecordingCLIPScore(CLIPScore):
+            def __call__(self, images, prompt=None, **kw):
+                self.calls.append(list(prompt))
+                return super().__call__(images, prompt, **kw)
+
+        rec = RecordingCLIPScore(model=str(tiny_clip_dir), convention="cosine")
+        rec.calls = []
+        return rec
+
+
+def _mixed_requests():
+    """Five /score requests, each with its own prompt: binary raw pixels, binary PNG with a corrupt file, JSON raw,
+    JSON PNG with a corrupt file, binary raw. Returns [(prompt, images as the client holds them, body, type)]."""
+    from rewardkit._serve_binary import CONTENT_TYPE, pack_body
+    from rewardkit.client import encode_image, image_bytes
+
+    ims = random_images(6, sizes=SIZES, seed=11)
+    corrupt = b"\x89PNG\r\n\x1a\n not a png"
+    spec = [("req a", [ims[0], ims[1]], "binary", "raw"), ("req b", [ims[2], corrupt], "binary", "png"),
+            ("req c", [ims[3]], "json", "raw"), ("req d", [corrupt, ims[4]], "json", "png"),
+            ("req e", [ims[5]], "binary", "raw")]
+    out = []
+    for prompt, images, wire, enc in spec:
+        if wire == "binary":
+            parts = [({"encoded": len(x)}, x) if isinstance(x, bytes) else image_bytes(x, enc) for x in images]
+            out.append((prompt, images, pack_body({"prompt": prompt}, {"images": parts}), CONTENT_TYPE))
+        else:
+            wired = [base64.b64encode(x).decode() if isinstance(x, bytes) else encode_image(x, enc) for x in images]
+            out.append((prompt, images, json.dumps({"images": wired, "prompt": prompt}).encode(), "application/json"))
+    return out
+
+
+def _post_all(url: str, requests: list) -> dict[str, dict]:
+    def post(req):
+        prompt, _, body, ctype = req
+        r = httpx.post(url + "/score", content=body, headers={"Content-Type": ctype}, timeout=60)
+        assert r.status_code == 200, r.text
+        return prompt, r.json()
+
+    with ThreadPoolExecutor(len(requests)) as pool:
+        return dict(pool.map(post, requests))
+
+
+def _assert_same(got: dict, want) -> None:
+    """A request's answer equals an in-process RewardOutput: scores bit for bit (NaN where invalid), validity, and
+    each invalid sample's reason."""
+    scores = torch.tensor([float("nan") if v is None else v for v in got["scores"]], dtype=want.scores.dtype)
+    torch.testing.assert_close(scores, want.scores, rtol=0, atol=0, equal_nan=True)
+    assert got["valid"] == want.valid.tolist()
+    assert [e or None for e in got["errors"]] == [e or None for e in want.errors]
+
+
+def test_merged_requests_score_as_the_in_process_call(tiny_clip_dir):
+    """Requests merged into one model call -- binary raw pixels (checked on the event loop), binary and JSON with
+    encoded files (checked in a thread), with corrupt files among them -- get exactly what the in-process reward
+    gives for that same call, split per request: scores bit for bit, and each invalid sample NaN with its own
+    reason in its own request. Unmerged (max_batch=1), each request gets exactly the in-process score of its
+    images alone; merged and alone differ only by the model's float rounding across batch sizes."""
+    from rewardkit.rewards.clipscore import CLIPScore
+
+    rec = _RecordingCLIP.load(tiny_clip_dir)
+    reqs = _mixed_requests()
+    n_images = sum(len(images) for _, images, _, _ in reqs)
+    holds = {prompt: images for prompt, images, _, _ in reqs}
+    # the batch closes when all 8 images are in (max_batch); the long wait only bounds a slow machine
+    handle = serve_in_thread(rec, ServerConfig(max_batch=n_images, max_wait_ms=5000.0))
+    try:
+        merged = _post_all(handle.url, reqs)
+    finally:
+        handle.stop()
+    assert len(rec.calls) == 1 and len(rec.calls[0]) == n_images, rec.calls  # one model call for all five
+    order = list(dict.fromkeys(rec.calls[0]))  # the requests in the order the batch took them
+    call_images = [im for p in order for im in holds[p]]
+    want = CLIPScore.__call__(rec, call_images, rec.calls[0], on_error="nan")  # in-process, same call
+    start = 0
+    for p in order:
+        k = len(holds[p])
+        part = type(want)(scores=want.scores[start:start + k], valid=want.valid[start:start + k],
+                          errors=want.errors[start:start + k])
+        _assert_same(merged[p], part)
+        start += k
+    assert merged["req b"]["valid"] == [True, False] and merged["req d"]["valid"] == [False, True]
+
+    rec.calls.clear()
+    handle = serve_in_thread(rec, ServerConfig(max_batch=1, max_wait_ms=0.0))
+    try:
+        alone = _post_all(handle.url, reqs)
+    finally:
+        handle.stop()
+    assert sorted(len(c) for c in rec.calls) == sorted(len(i) for i in holds.values())  # one call per request
+    for p, images in holds.items():
+        want_alone = CLIPScore.__call__(rec, images, p, on_error="nan")
+        _assert_same(alone[p], want_alone)
+        a = torch.tensor([float("nan") if v is None else v for v in merged[p]["scores"]])
+        torch.testing.assert_close(a, want_alone.scores, rtol=0, atol=1e-5, equal_nan=True)
+
+
+def test_binary_bodies_checked_on_the_event_loop_are_those_with_raw_pixels_only():
+    """Which binary bodies are parsed on the event loop: a short header and raw uint8 images only (the pixels
+    stay views of the body). Encoded files, float images (also as sources) and long headers go to a thread."""
+    import numpy as np
+
+    from rewardkit._serve_binary import LIGHT_HEADER_BYTES, light_header, only_raw_pixels, pack_body, parse_body
+
+    px = ({"shape": [4, 4, 3], "dtype": "uint8"}, np.zeros((4, 4, 3), np.uint8).tobytes())
+    gray = ({"shape": [4, 4]}, bytes(16))  # uint8 by default
+    png = ({"encoded": 3}, b"abc")
+    flt = ({"shape": [3, 2, 2], "dtype": "float32"}, bytes(48))
+
+    def light(images, sources=None, kind="score", **fields):
+        body = pack_body({"prompt": "a", **fields}, images, sources)
+        return light_header(body) and only_raw_pixels(parse_body(body, kind))
+
+    assert light({"images": [px, gray]})
+    assert light({"images": [px]}, sources=[[px, gray]])
+    assert light({"images_a": [px], "images_b": [gray]}, kind="compare")
+    assert not light({"images": [px, png]})
+    assert not light({"images": [flt]})
+    assert not light({"images_a": [px], "images_b": [png]}, kind="compare")
+    assert not light({"images": [px]}, sources=[[px, png]])
+    assert not light({"images": [px]}, metadata=[{"note": "x" * LIGHT_HEADER_BYTES}])  # a header over 64 KiB
+    assert light_header(b"RKB")  # too short to hold a header: refused (400) from its first bytes
+
+
 def test_binary_bodies_keep_the_request_limits(clip):
     """Body bytes, images per request and decoded pixels per request bound the binary body as the JSON one."""
     import numpy as np

@@ -339,17 +339,17 @@ def test_a_timed_out_request_stops_being_decoded(monkeypatch):
     """A request of 6 images, each taking 0.15 s to decode, with a server timeout of 0.3 s: the client gets its
     504 and the replica stops decoding at the next image (before: every image was decoded and scored after
     the client was gone)."""
-    import rewardkit.server as srv
+    import rewardkit._serve_batch as batcher
 
     decoded = []
-    real = srv._decode
+    real = batcher._decode
 
     def slow_decode(x):
         time.sleep(0.15)
         decoded.append(1)
         return real(x)
 
-    monkeypatch.setattr(srv, "_decode", slow_decode)
+    monkeypatch.setattr(batcher, "_decode", slow_decode)
     rec = _Const()
     calls = []
     monkeypatch.setattr(rec, "_score",
