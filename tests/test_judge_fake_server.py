@@ -267,7 +267,9 @@ CASES = {  # case -> (server mode or script, what a NaN's reason must mention)
 @pytest.mark.parametrize("kind", KINDS)
 def test_reward_through_misbehaving_server(fresh, tmp_path, kind, case):
     mode, must_mention = CASES[case]
-    r = build(kind, judge(fresh, timeout=0.5 if case == "slow_drip" else 1.0), tmp_path)
+    # slow_drip: a 0.25 s deadline, below the drip's 0.5 s between bytes (the total deadline against a drip that
+    # keeps every read alive is test_total_timeout_bounds_a_body_drip's); each stage waits 2 x the deadline
+    r = build(kind, judge(fresh, timeout=0.25 if case == "slow_drip" else 1.0), tmp_path)
     if isinstance(mode, list):
         fresh.script = list(mode)
     else:
