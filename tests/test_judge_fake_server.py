@@ -167,16 +167,16 @@ def test_total_timeout_bounds_a_body_drip(fresh):
     fresh.mode = "drip"
     t = time.monotonic()
     with pytest.raises(JudgeServerError, match="Timeout"):
-        judge(fresh, timeout=2.0, max_retries=0).generate([[{"role": "user", "content": "q"}]])
-    assert time.monotonic() - t < 3.5   # before: one byte every 0.5 s kept every read alive for the whole drip
+        judge(fresh, timeout=1.0, max_retries=0).generate([[{"role": "user", "content": "q"}]])
+    assert time.monotonic() - t < 2.5   # before: one byte every 0.5 s kept every read alive for the whole drip
 
 
 def test_total_timeout_bounds_a_header_drip(fresh):
     fresh.mode = "header_drip"
     t = time.monotonic()
     with pytest.raises(JudgeServerError, match="Timeout"):
-        judge(fresh, timeout=1.5, max_retries=0).generate([[{"role": "user", "content": "q"}]])
-    assert time.monotonic() - t < 3.0
+        judge(fresh, timeout=1.0, max_retries=0).generate([[{"role": "user", "content": "q"}]])
+    assert time.monotonic() - t < 2.5
 
 
 @pytest.mark.parametrize("mode", ["huge", "huge_nolength"])
