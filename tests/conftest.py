@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,22 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+# One torch (OpenMP / MKL) thread, here and in the subprocesses tests start (they inherit the environment):
+# the tiny models' ops are too small to split, and on a shared 2-core machine two OpenMP threads spin-wait on
+# each other. Measured on the tiny EditReward (2 samples per call, load average 11): 0.69 s CPU and 3.4 s wall
+# per call with 2 threads, 0.08 s CPU and 0.45 s wall with 1. A test that needs more threads sets them itself;
+# an exported OMP_NUM_THREADS wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 EDIT_EXAMPLE = SHARED / "fixtures" / "edit_example"
+
+
+def pytest_configure(config):
+    torch = sys.modules.get("torch")  # imported before this file (by a plugin): the variable came too late
+    if torch is not None:
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture(scope="session")
