@@ -167,6 +167,27 @@ def _left_padded(rows: list[list[int]], width: int, pad: int, device: Any):
     return ids.to(device), mask.to(device)
 
 
+def _additive_mask(mask: Any, offset: int, n_queries: int, dtype: Any):
+    """The 4-D additive attention mask ``[R, 1, n_queries, W]`` (0: attend, -inf: not) of ``n_queries`` queries
+    in columns ``offset ..`` of a batch whose 2-D key mask is ``mask`` ``[R, W]``: query i sees the unmasked keys
+    up to its own column. The same mask transformers builds as booleans from the 2-D mask (``sdpa_mask``:
+    padding and causality) and torch's SDPA turns into this float form (``where(~mask, -inf, 0)``) on every
+    call; built here from a key row and a causal block in one broadcast add.
+
+    Only for queries that each see at least one key (continuations after a prefix): a fully masked row would
+    give NaN where the boolean form gives it to the kernel's own handling."""
+    import torch
+
+    R, W = mask.shape
+    inf = float("-inf")
+    keys = torch.zeros((R, W), dtype=dtype, device=mask.device).masked_fill_(mask == 0, inf)
+    cols = torch.arange(W, device=mask.device)
+    rows = torch.arange(offset, offset + n_queries, device=mask.device)
+    causal = torch.zeros((n_queries, W), dtype=dtype, device=mask.device).masked_fill_(cols[None, :] > rows[:, None],
+                                                                                      inf)
+    return keys[:, None, None, :] + causal[None, None]
+
+
 _CACHE_KW: dict[type, str] = {}
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._transformers_cache import _cache_arg, _cache_of
+from ._transformers_cache import _additive_mask, _cache_arg, _cache_of
 
 if TYPE_CHECKING:
     from .transformers_backend import _Conv
@@ -44,6 +44,12 @@ class DecodeMixin:
                 g.manual_seed((seed * 1_000_003 + c.digest * 31 + k) % (2 ** 63))
                 gens.append(g)
         eos = torch.tensor(self.eos_ids or [-1], device=dev)
+        attn = None
+        first = mask.shape[1] - extra  # cache column of the first decoded token (static cache)
+        if extra and self._attn_impl() == "sdpa":
+            # the additive mask of one query, opened by one column per step (instead of building it from the
+            # 2-D mask in every step's forward)
+            attn = _additive_mask(mask, first - 1, 1, self.model.dtype)
         tokens: list[list[int]] = [[] for _ in range(R)]
         done = torch.zeros(R, dtype=torch.bool, device=dev)
         for step in range(max_new_tokens):
@@ -73,7 +79,9 @@ class DecodeMixin:
             if not extra:
                 mask = torch.cat([mask, torch.ones((R, 1), dtype=mask.dtype, device=dev)], dim=1)
             last_pos = last_pos + 1
-            out = self.model(input_ids=nxt[:, None], attention_mask=mask,
+            if attn is not None:
+                attn[:, :, :, first + step] = 0.0
+            out = self.model(input_ids=nxt[:, None], attention_mask=mask if attn is None else attn,
                              position_ids=last_pos.view(1, R, 1).expand(3, R, 1), use_cache=True,
                              logits_to_keep=1, **_cache_arg(self.model, cache))
             logits, cache = out.logits[:, -1], _cache_of(out)

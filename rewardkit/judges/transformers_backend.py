@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 from ._prep import SegmentTokenizer, TemplateCache, lcp, positions
-from ._transformers_cache import PrefixCacheMixin, _cache_arg, _cache_of, _left_padded
+from ._transformers_cache import PrefixCacheMixin, _additive_mask, _cache_arg, _cache_of, _left_padded
 from ._transformers_decode import DecodeMixin
 from ._transformers_packed import PackedScoringMixin
 from .base import ChoiceError, Conversation, JudgeBackend, check_choices, check_temperature, continues_final_message
@@ -71,6 +71,24 @@ class _Conv:
 
 
 _lcp = lcp  # longest common token prefix (rewardkit.judges._prep)
+
+
+def _unique(convs: list[_Conv]) -> tuple[list[_Conv], list[int] | None]:
+    """``(distinct conversations, index of each conversation among them)``; the index is None when all are
+    distinct. Equal token ids and images: the model sees the same input, so it is run once and the answer copied."""
+    seen: dict[int, list[int]] = {}
+    uniq: list[_Conv] = []
+    back: list[int] = []
+    for c in convs:
+        for u in seen.get(c.digest, ()):
+            if uniq[u].ids == c.ids and uniq[u].images == c.images:
+                back.append(u)
+                break
+        else:
+            seen.setdefault(c.digest, []).append(len(uniq))
+            back.append(len(uniq))
+            uniq.append(c)
+    return uniq, (back if len(uniq) < len(convs) else None)
 
 
 class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, JudgeBackend):
@@ -190,6 +208,11 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
 
         with self._lock, torch.inference_mode():
             convs, images = self._prepare(conversations)
+            back = None
+            if temperature == 0 or seed is not None:
+                # a repeated conversation decodes to the same texts (greedy, or sampled with the per-row seed
+                # of its content): decode it once; unseeded samples stay independent
+                convs, back = _unique(convs)
             out: list[list[str]] = [[""] * n for _ in convs]
             rows = [(c, 0) for c in range(len(convs))]
             # each conversation's suffix is prefilled once, then its cache row is repeated for the n samples
@@ -200,7 +223,7 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
                                      stop=list(stop or []), seed=seed)
                 for j, (c, _) in enumerate(chunk):
                     out[c] = texts[j * n:(j + 1) * n]
-            return out
+            return out if back is None else [list(out[u]) for u in back]
 
     def choice_probs(self, conversations: Sequence[Conversation], choices: Sequence[str]):
         import torch
@@ -233,16 +256,17 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
             return torch.zeros(0, len(ids))
         with self._lock, torch.inference_mode():
             convs, images = self._prepare(conversations)
+            convs, back = _unique(convs)  # a repeated question is asked once (EVR: K equal greedy claims)
             probs = torch.zeros(len(convs), len(ids))
             if self.packed_scoring and self._attn_impl() in ("sdpa", "eager"):
                 for members, logits in self._packed_logits(convs, images):
                     probs[members] = fn(logits.float(), ids).cpu()
-                return probs
-            rows = [(c, 0) for c in range(len(convs))]
-            for chunk, run in self._row_chunks(convs, images, rows):
-                logits, _, _ = run()  # [R, V]
-                probs[[c for c, _ in chunk]] = fn(logits.float(), ids).cpu()
-            return probs
+            else:
+                rows = [(c, 0) for c in range(len(convs))]
+                for chunk, run in self._row_chunks(convs, images, rows):
+                    logits, _, _ = run()  # [R, V]
+                    probs[[c for c, _ in chunk]] = fn(logits.float(), ids).cpu()
+            return probs if back is None else probs[torch.tensor(back, dtype=torch.long)]
 
     def choice_token_ids(self, choices: Sequence[str]) -> list[int]:
         """Token id of each choice; :class:`ChoiceError` when one is not exactly one token."""
@@ -420,7 +444,10 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
             cache = self._fork(state["cache"], idx, max_len=full_mask.shape[1])
         else:
             cache = self._fork(state["cache"], idx)
-        out = self.model(input_ids=sids, attention_mask=full_mask, position_ids=spos[None].expand(3, R, S),
+        attn = full_mask
+        if self._attn_impl() == "sdpa":  # the float mask SDPA would convert the boolean one to, built once
+            attn = _additive_mask(full_mask, state["mask"].shape[1], S, self.model.dtype)
+        out = self.model(input_ids=sids, attention_mask=attn, position_ids=spos[None].expand(3, R, S),
                          use_cache=True, logits_to_keep=1, **_cache_arg(self.model, cache))
         self.stats["prefill_tokens"] += int(smask.sum())
         return out.logits[:, -1], _cache_of(out), (full_mask, spos[:, -1])
