@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 
 __all__ = ["PrefixCacheMixin"]
 
+#: the largest reused CPU attention-mask buffer (:meth:`PrefixCacheMixin._mask_buffer`)
+_MASK_BUFFER_BYTES = 64 * 2 ** 20
+
 
 class PrefixCacheMixin:
     """The session prefix cache and cache forking of :class:`TransformersJudge`."""
@@ -63,11 +66,16 @@ class PrefixCacheMixin:
                 ext.append((j, parent, n))
         if fresh:
             st = self._prefill([prefixes[j] for j in fresh], feats)
+            L = st["mask"].shape[1]
+            next_pos = st["next_pos"].tolist()
             for r, j in enumerate(fresh):
-                valid = st["mask"][r].bool()
-                kv = [(layer.keys[r][:, valid], layer.values[r][:, valid]) for layer in st["cache"].layers]
-                entries[j] = self._keep(*prefixes[j], {"kv": kv, "pos": st["pos"][:, r, valid],
-                                                       "next": int(st["next_pos"][r])})
+                a = L - len(prefixes[j][0])  # a prefilled row is left-padded: its tokens are the last columns
+                kv = [(layer.keys[r, :, a:].clone(), layer.values[r, :, a:].clone()) for layer in st["cache"].layers]
+                entries[j] = self._keep(*prefixes[j], {"kv": kv, "pos": st["pos"][:, r, a:], "next": next_pos[r]})
+            if len(fresh) == len(prefixes):
+                # nothing came from the cache: the prefill's own batch is the state (the same rows in the same
+                # order and columns; _assemble would copy it back with zeros in the masked padding)
+                return st
         if ext:
             parents = [self._slice(p, n) for _, p, n in ext]
             st = self._assemble(parents)
@@ -136,6 +144,20 @@ class PrefixCacheMixin:
         nxt = torch.tensor([e["next"] for e in entries], dtype=torch.long, device=dev)
         return {"cache": DynamicCache(ddp_cache_data=data, config=self.model.config), "mask": mask, "next_pos": nxt}
 
+    def _mask_buffer(self, numel: int, dtype: Any) -> Any:
+        """A reused flat CPU buffer for a continuation's 4-D attention mask, or None (on an accelerator, or above
+        ``_MASK_BUFFER_BYTES``). A fresh tensor of tens of MiB costs the kernel's zero-filled pages at every
+        call on CPU (with the tiny EVR benchmark model more than building the mask itself); on a GPU the
+        caching allocator already reuses memory."""
+        import torch
+
+        if self.device.type != "cpu" or numel * torch.empty((), dtype=dtype).element_size() > _MASK_BUFFER_BYTES:
+            return None
+        buf = self._mask_buf
+        if buf is None or buf.dtype != dtype or buf.numel() < numel:
+            buf = self._mask_buf = torch.empty(numel, dtype=dtype)
+        return buf
+
     def _fork(self, cache: Any, idx: Any, max_len: int | None = None) -> Any:
         """A new cache holding rows ``idx`` of ``cache`` (never reuse a cache a forward has extended).
 
@@ -167,7 +189,7 @@ def _left_padded(rows: list[list[int]], width: int, pad: int, device: Any):
     return ids.to(device), mask.to(device)
 
 
-def _additive_mask(mask: Any, offset: int, n_queries: int, dtype: Any):
+def _additive_mask(mask: Any, offset: int, n_queries: int, dtype: Any, out: Any = None):
     """The 4-D additive attention mask ``[R, 1, n_queries, W]`` (0: attend, -inf: not) of ``n_queries`` queries
     in columns ``offset ..`` of a batch whose 2-D key mask is ``mask`` ``[R, W]``: query i sees the unmasked keys
     up to its own column. The same mask transformers builds as booleans from the 2-D mask (``sdpa_mask``:
@@ -175,7 +197,8 @@ def _additive_mask(mask: Any, offset: int, n_queries: int, dtype: Any):
     call; built here from a key row and a causal block in one broadcast add.
 
     Only for queries that each see at least one key (continuations after a prefix): a fully masked row would
-    give NaN where the boolean form gives it to the kernel's own handling."""
+    give NaN where the boolean form gives it to the kernel's own handling. ``out``: a flat buffer of at least
+    ``R * n_queries * W`` elements of ``dtype`` to write it into (see :meth:`PrefixCacheMixin._mask_buffer`)."""
     import torch
 
     R, W = mask.shape
@@ -185,7 +208,9 @@ def _additive_mask(mask: Any, offset: int, n_queries: int, dtype: Any):
     rows = torch.arange(offset, offset + n_queries, device=mask.device)
     causal = torch.zeros((n_queries, W), dtype=dtype, device=mask.device).masked_fill_(cols[None, :] > rows[:, None],
                                                                                       inf)
-    return keys[:, None, None, :] + causal[None, None]
+    if out is None:
+        return keys[:, None, None, :] + causal[None, None]
+    return torch.add(keys[:, None, None, :], causal[None, None], out=out[:R * n_queries * W].view(R, 1, n_queries, W))
 
 
 _CACHE_KW: dict[type, str] = {}

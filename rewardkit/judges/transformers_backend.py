@@ -160,6 +160,7 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
         self._session_prefixes: dict[tuple, dict[str, Any]] | None = None
         self.prefix_cache_bytes = int(prefix_cache_mb * 2 ** 20)
         self._cached_bytes = 0
+        self._mask_buf = None  # reused CPU attention-mask buffer (_transformers_cache.PrefixCacheMixin._mask_buffer)
         # the chat template run once per conversation shape, each text piece tokenized once (judges._prep)
         self._templates = TemplateCache(self._render)
         self._segments = SegmentTokenizer(self.tokenizer)
@@ -446,7 +447,9 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
             cache = self._fork(state["cache"], idx)
         attn = full_mask
         if self._attn_impl() == "sdpa":  # the float mask SDPA would convert the boolean one to, built once
-            attn = _additive_mask(full_mask, state["mask"].shape[1], S, self.model.dtype)
+            W = full_mask.shape[1]
+            attn = _additive_mask(full_mask, state["mask"].shape[1], S, self.model.dtype,
+                                  out=self._mask_buffer(R * S * W, self.model.dtype))
         out = self.model(input_ids=sids, attention_mask=attn, position_ids=spos[None].expand(3, R, S),
                          use_cache=True, logits_to_keep=1, **_cache_arg(self.model, cache))
         self.stats["prefill_tokens"] += int(smask.sum())
