@@ -16,7 +16,7 @@ import copy
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+pytest.importorskip("transformers.masking_utils")  # imported at collection: its first import is slow
 
 from rewardkit.judges import _transformers_cache  # noqa: E402
 from rewardkit.judges._transformers_cache import _additive_mask  # noqa: E402
@@ -218,3 +218,29 @@ def test_fresh_prefill_state_equals_the_assembled_cache_state(tiny, images):
         got = judge._continue(state, which, suffixes)[0]
         want = judge._continue(assembled, which, suffixes)[0]
     assert torch.equal(got, want)
+
+
+def test_a_repeated_conversation_is_prepared_once(images, monkeypatch):
+    from rewardkit.judges.transformers_backend import _repeat_key
+
+    model, proc = tiny_qwen2_5_vl()
+    judge = TransformersJudge(model, proc)
+    a, b = questions(images)[:2]
+    rebuilt = [dict(m) if isinstance(m["content"], str) else {"role": m["role"], "content": [dict(i) for i in m["content"]]}
+               for m in a]  # new dicts, same texts and image objects
+    other_objects = copy.deepcopy(a)  # equal pixels in new image objects: prepared again, equal by content
+    assert _repeat_key(rebuilt) == _repeat_key(a) != _repeat_key(b)
+    assert _repeat_key(other_objects) != _repeat_key(a)
+    assert _repeat_key([{"role": "user", "content": "x", "extra": ["unhashable"]}]) is None
+    rendered = []
+    render = judge._templates.render
+    monkeypatch.setattr(judge._templates, "render", lambda c: rendered.append(c) or render(c))
+    with torch.inference_mode():
+        convs, _ = judge._prepare([a, b, rebuilt, other_objects, a])
+        alone, _ = judge._prepare([a, b])
+    assert len(rendered) == 3 + 2  # a, b, other_objects; then a, b
+    assert convs[0] is convs[2] is convs[4] and convs[3] is not convs[0]
+    for c in (convs[0], convs[3]):
+        assert (c.ids, c.images, c.image_end, c.digest) == (alone[0].ids, alone[0].images, alone[0].image_end,
+                                                            alone[0].digest)
+    assert convs[1].ids == alone[1].ids

@@ -73,6 +73,32 @@ class _Conv:
 _lcp = lcp  # longest common token prefix (rewardkit.judges._prep)
 
 
+def _repeat_key(conv: Conversation) -> tuple | None:
+    """A key equal for two conversations whose messages hold the same keys and values in the same order, images
+    being the same objects (by identity); None when a value is not hashable. Equal keys: the same prompt."""
+    out = []
+    for msg in conv:
+        if type(msg) is not dict:
+            return None
+        fields = []
+        for k, v in msg.items():
+            if k == "content" and type(v) is list:
+                items = []
+                for item in v:
+                    if type(item) is not dict:
+                        return None
+                    items.append(tuple((ik, ("id", id(iv)) if ik == "image" else iv) for ik, iv in item.items()))
+                v = tuple(items)
+            fields.append((k, v))
+        out.append(tuple(fields))
+    key = tuple(out)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
 def _unique(convs: list[_Conv]) -> tuple[list[_Conv], list[int] | None]:
     """``(distinct conversations, index of each conversation among them)``; the index is None when all are
     distinct. Equal token ids and images: the model sees the same input, so it is run once and the answer copied."""
@@ -296,9 +322,19 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
         texts, conv_imgs = [], []
         pending: dict[str, Any] = {}
         seen: dict[int, str] = {}  # id(image object) -> content hash: the same object is hashed once per call
+        first: dict[tuple, int] = {}  # a repeated conversation (same texts, same image objects) is prepared once
+        which: list[int] = []
         for conv in conversations:
             if not isinstance(conv, (list, tuple)) or not conv:
                 raise ValueError("a conversation is a non-empty list of messages")
+            key = _repeat_key(conv)
+            if key is not None:
+                j = first.setdefault(key, len(texts))
+                which.append(j)
+                if j < len(texts):
+                    continue
+            else:
+                which.append(len(texts))
             texts.append(self._templates.render(conv))
             keys = []
             for im in conversation_images(conv):
@@ -327,7 +363,7 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
             h.update(array("q", ids).tobytes())
             h.update("".join(keys).encode())
             convs.append(_Conv(ids=ids, images=keys, image_end=end, digest=int.from_bytes(h.digest(), "little")))
-        return convs, feats
+        return (convs if len(convs) == len(which) else [convs[j] for j in which]), feats
 
     def _encode_images(self, pending: dict[str, Any]) -> dict[str, _Img]:
         """Features of every image in ``pending`` (hash -> PIL), running the vision tower only on new ones."""
