@@ -244,3 +244,21 @@ def test_a_repeated_conversation_is_prepared_once(images, monkeypatch):
         assert (c.ids, c.images, c.image_end, c.digest) == (alone[0].ids, alone[0].images, alone[0].image_end,
                                                             alone[0].digest)
     assert convs[1].ids == alone[1].ids
+
+
+def test_prefill_positions_are_the_models_get_rope_index(tiny, images):
+    model, proc = tiny
+    judge = TransformersJudge(model, proc)
+    with torch.inference_mode():
+        cs, feats = judge._prepare(questions(images))  # several images per row, a text-only row, left padding
+        prefixes, _, _ = judge._plan(cs)
+        st = judge._prefill(prefixes, feats)
+        ids, mask = st["ids"], st["mask"]
+        grid = torch.stack([feats[h].grid_thw for _, keys in prefixes for h in keys])
+        types = (ids == judge.image_token_id).int()
+        assert judge._rope_positions(types, mask, grid) is not None  # the vectorised path was taken
+        ref, deltas = model.model.get_rope_index(ids, types, image_grid_thw=grid, attention_mask=mask)
+    valid = mask.bool()
+    assert len(set(mask.sum(-1).tolist())) > 1
+    assert torch.equal(st["pos"][:, valid], ref[:, valid])
+    assert torch.equal(st["next_pos"], mask.sum(-1) + deltas.reshape(-1))

@@ -442,7 +442,12 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
         order = [h for _, keys in prefixes for h in keys]  # placeholder order, row-major
         mm_types = (ids == self.image_token_id).int()
         grid = torch.stack([feats[h].grid_thw for h in order]).to(dev) if order else None
-        pos, deltas = self.model.model.get_rope_index(ids, mm_types, image_grid_thw=grid, attention_mask=mask)
+        pos = self._rope_positions(mm_types, mask, grid)
+        if pos is None:  # the model's own (a Python loop over rows and runs); next position from its deltas
+            pos, deltas = self.model.model.get_rope_index(ids, mm_types, image_grid_thw=grid, attention_mask=mask)
+            next_pos = mask.sum(-1) + deltas.reshape(-1).to(dev)
+        else:  # the same positions in a few vectorised operations; the next one follows the largest
+            next_pos = pos.amax(dim=(0, 2)) + 1
         kwargs: dict[str, Any] = {}
         if order:
             fk: dict[str, Any] = {"pooler_output": tuple(feats[h].embeds for h in order)}
@@ -455,9 +460,17 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
         valid = mask.sum(-1)
         self.stats["prefixes"] += P
         self.stats["prefill_tokens"] += int(valid.sum())
-        # next text position after row j's prefix: its valid length shifted by the M-RoPE delta
-        return {"cache": _cache_of(out), "ids": ids, "mask": mask, "next_pos": valid + deltas.reshape(-1).to(dev),
-                "pos": pos}
+        return {"cache": _cache_of(out), "ids": ids, "mask": mask, "next_pos": next_pos, "pos": pos}
+
+    def _rope_positions(self, mm_types: Any, mask: Any, grid: Any):
+        """``[3, P, L]`` M-RoPE positions of left-padded prefixes with images, computed by
+        :func:`rewardkit.models.rope.mrope_position_ids` (equal to ``get_rope_index`` for still images of the
+        Qwen-VL models it is verified on, ``tests/test_rope.py``), or None: the model computes them."""
+        from ..models.rope import VERIFIED_MODEL_TYPES, mrope_position_ids
+
+        if grid is None or getattr(self.model.config, "model_type", None) not in VERIFIED_MODEL_TYPES:
+            return None
+        return mrope_position_ids(mm_types, mask, grid, self.merge)
 
     def _continue(self, state: dict[str, Any], which: list[int], suffixes: list[list[int]], extra: int = 0):
         """Forward the suffixes over forked prefix caches -> (last logits [R, V], cache, decode state).
