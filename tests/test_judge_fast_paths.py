@@ -94,7 +94,7 @@ def test_additive_mask_is_transformers_sdpa_mask_in_float(offset_from_end):
 
 def _boolean_masks(judge):
     """The same judge on the 2-D mask path (what it did before the additive masks)."""
-    judge._attn_impl = lambda: "sdpa (2-D mask path)"
+    judge._additive_masks = lambda: False
     return judge
 
 
@@ -103,7 +103,7 @@ def test_additive_masks_give_the_boolean_mask_answers(tiny, images):
     convs = questions(images)
     fast = TransformersJudge(model, proc)
     slow = _boolean_masks(TransformersJudge(model, proc))
-    assert fast._attn_impl() == "sdpa"
+    assert fast._additive_masks() and fast._attn_impl() == "sdpa"
     for judge in (fast, slow):
         judge.out = {
             "greedy": judge.generate(convs, max_new_tokens=7),
@@ -262,3 +262,17 @@ def test_prefill_positions_are_the_models_get_rope_index(tiny, images):
     assert len(set(mask.sum(-1).tolist())) > 1
     assert torch.equal(st["pos"][:, valid], ref[:, valid])
     assert torch.equal(st["next_pos"], mask.sum(-1) + deltas.reshape(-1))
+
+
+def test_sliding_window_layers_keep_the_boolean_masks():
+    """transformers passes a ready 4-D mask to every layer unchanged: a sliding-window layer would lose its window,
+    so a model with one keeps the 2-D mask transformers turns into per-layer masks."""
+    model, proc = tiny_qwen2_5_vl()
+    assert TransformersJudge(model, proc)._additive_masks()
+    cfg = copy.deepcopy(model.config)
+    text = cfg.text_config
+    text.use_sliding_window, text.sliding_window, text.max_window_layers = True, 6, 0
+    text.layer_types = ["sliding_attention"] * text.num_hidden_layers
+    windowed = type(model)(cfg).eval()
+    judge = TransformersJudge(windowed, proc)
+    assert judge._attn_impl() == "sdpa" and not judge._additive_masks()

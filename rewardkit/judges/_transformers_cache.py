@@ -144,6 +144,12 @@ class PrefixCacheMixin:
         nxt = torch.tensor([e["next"] for e in entries], dtype=torch.long, device=dev)
         return {"cache": DynamicCache(ddp_cache_data=data, config=self.model.config), "mask": mask, "next_pos": nxt}
 
+    def _additive_masks(self) -> bool:
+        """Whether continuations and decode steps get a ready 4-D additive mask (:func:`_additive_mask`): sdpa
+        attention with full attention in every layer. transformers passes a 4-D mask through unchanged to every
+        layer, so a sliding-window layer would lose its window."""
+        return self._attn_impl() == "sdpa" and self._sliceable()
+
     def _mask_buffer(self, numel: int, dtype: Any) -> Any:
         """A reused flat CPU buffer for a continuation's 4-D attention mask, or None (on an accelerator, or above
         ``_MASK_BUFFER_BYTES``). A fresh tensor of tens of MiB costs the kernel's zero-filled pages at every

@@ -46,7 +46,7 @@ class DecodeMixin:
         eos = torch.tensor(self.eos_ids or [-1], device=dev)
         attn = None
         first = mask.shape[1] - extra  # cache column of the first decoded token (static cache)
-        if extra and self._attn_impl() == "sdpa":
+        if extra and self._additive_masks():
             # the additive mask of one query, opened by one column per step (instead of building it from the
             # 2-D mask in every step's forward)
             attn = _additive_mask(mask, first - 1, 1, self.model.dtype)

@@ -495,7 +495,7 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
         else:
             cache = self._fork(state["cache"], idx)
         attn = full_mask
-        if self._attn_impl() == "sdpa":  # the float mask SDPA would convert the boolean one to, built once
+        if self._additive_masks():  # the float mask SDPA would convert the boolean one to, built once
             W = full_mask.shape[1]
             attn = _additive_mask(full_mask, state["mask"].shape[1], S, self.model.dtype,
                                   out=self._mask_buffer(R * S * W, self.model.dtype))
