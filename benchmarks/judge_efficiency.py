@@ -23,7 +23,8 @@ each phase (evaluation = the K hypotheses per dimension, verification = the Yes/
 machine's load average. Both run on the same model, prompts and token budgets.
 
 Checks that both produce identical greedy hypotheses and Yes/No probabilities (max abs diff printed), then
-prints one line per figure: ``<figure>: naive X, rewardkit Y, ratio``.
+prints one line per figure: ``<figure>: naive X, rewardkit Y, ratio``. ``--profile N`` adds the top N functions
+of one more rewardkit run under cProfile (where its own time goes).
 """
 
 from __future__ import annotations
@@ -115,6 +116,8 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved naive / rewardkit rounds (median ratio)")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="after the rounds, profile one more rewardkit run (cProfile) and print its top N functions")
     args = ap.parse_args()
     torch.manual_seed(0)
     builder = tiny_qwen2_5_vl if args.model == "qwen2_5_vl" else tiny_qwen3_vl
@@ -196,6 +199,18 @@ def main() -> None:
     print(f"wall time (median of {len(ratios)} interleaved rounds): naive {med(naive_t):.2f} s, rewardkit "
           f"{med(rk_t):.3f} s, median ratio {med(ratios):.1f}x; load average {load_before[0]:.1f} -> "
           f"{load_after[0]:.1f} (1 min), {os.cpu_count()} CPUs")
+    if args.profile:
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        with torch.inference_mode(), judge.session():
+            prof.enable()
+            judge.choice_probs(verify_fn(judge.generate(evals, n=args.k, max_new_tokens=args.max_new_tokens)),
+                               ["Yes", "No"])
+            prof.disable()
+        print(f"rewardkit, one run under cProfile (top {args.profile} by own time):")
+        pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(args.profile)
     if same != total or not diff < 1e-3:
         print("MISMATCH between naive and rewardkit answers", file=sys.stderr)
         sys.exit(1)

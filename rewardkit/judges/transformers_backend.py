@@ -15,6 +15,10 @@ vision tower and re-prefills the image + instruction prefix for every question. 
 
 Tensor layout of a continuation row: ``[left pad | prefix | suffix pad | suffix]``; the pads are masked
 and the suffix positions continue from the prefix's last position.
+
+This module holds the judge's protocol, prompt preparation, prefix planning, prefill and continuation; the
+session prefix cache and cache forking are in ``_transformers_cache.py``, the decoding loop in
+``_transformers_decode.py`` and packed scoring in ``_transformers_packed.py`` (mixins of the one class).
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 from ._prep import SegmentTokenizer, TemplateCache, lcp, positions
+from ._transformers_cache import PrefixCacheMixin, _additive_mask, _cache_arg, _cache_of, _left_padded
+from ._transformers_decode import DecodeMixin
+from ._transformers_packed import PackedScoringMixin
 from .base import ChoiceError, Conversation, JudgeBackend, check_choices, check_temperature, continues_final_message
 
 __all__ = ["TransformersJudge"]
@@ -66,7 +73,51 @@ class _Conv:
 _lcp = lcp  # longest common token prefix (rewardkit.judges._prep)
 
 
-class TransformersJudge(JudgeBackend):
+def _repeat_key(conv: Conversation) -> tuple | None:
+    """A key equal for two conversations whose messages hold the same keys and values in the same order, images
+    being the same objects (by identity); None when a value is not hashable. Equal keys: the same prompt."""
+    out = []
+    for msg in conv:
+        if type(msg) is not dict:
+            return None
+        fields = []
+        for k, v in msg.items():
+            if k == "content" and type(v) is list:
+                items = []
+                for item in v:
+                    if type(item) is not dict:
+                        return None
+                    items.append(tuple((ik, ("id", id(iv)) if ik == "image" else iv) for ik, iv in item.items()))
+                v = tuple(items)
+            fields.append((k, v))
+        out.append(tuple(fields))
+    key = tuple(out)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _unique(convs: list[_Conv]) -> tuple[list[_Conv], list[int] | None]:
+    """``(distinct conversations, index of each conversation among them)``; the index is None when all are
+    distinct. Equal token ids and images: the model sees the same input, so it is run once and the answer copied."""
+    seen: dict[int, list[int]] = {}
+    uniq: list[_Conv] = []
+    back: list[int] = []
+    for c in convs:
+        for u in seen.get(c.digest, ()):
+            if uniq[u].ids == c.ids and uniq[u].images == c.images:
+                back.append(u)
+                break
+        else:
+            seen.setdefault(c.digest, []).append(len(uniq))
+            back.append(len(uniq))
+            uniq.append(c)
+    return uniq, (back if len(uniq) < len(convs) else None)
+
+
+class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, JudgeBackend):
     """A judge on any local ``AutoModelForImageTextToText`` checkpoint of the Qwen-VL family.
 
     Args:
@@ -135,6 +186,7 @@ class TransformersJudge(JudgeBackend):
         self._session_prefixes: dict[tuple, dict[str, Any]] | None = None
         self.prefix_cache_bytes = int(prefix_cache_mb * 2 ** 20)
         self._cached_bytes = 0
+        self._mask_buf = None  # reused CPU attention-mask buffer (_transformers_cache.PrefixCacheMixin._mask_buffer)
         # the chat template run once per conversation shape, each text piece tokenized once (judges._prep)
         self._templates = TemplateCache(self._render)
         self._segments = SegmentTokenizer(self.tokenizer)
@@ -183,6 +235,11 @@ class TransformersJudge(JudgeBackend):
 
         with self._lock, torch.inference_mode():
             convs, images = self._prepare(conversations)
+            back = None
+            if temperature == 0 or seed is not None:
+                # a repeated conversation decodes to the same texts (greedy, or sampled with the per-row seed
+                # of its content): decode it once; unseeded samples stay independent
+                convs, back = _unique(convs)
             out: list[list[str]] = [[""] * n for _ in convs]
             rows = [(c, 0) for c in range(len(convs))]
             # each conversation's suffix is prefilled once, then its cache row is repeated for the n samples
@@ -193,7 +250,7 @@ class TransformersJudge(JudgeBackend):
                                      stop=list(stop or []), seed=seed)
                 for j, (c, _) in enumerate(chunk):
                     out[c] = texts[j * n:(j + 1) * n]
-            return out
+            return out if back is None else [list(out[u]) for u in back]
 
     def choice_probs(self, conversations: Sequence[Conversation], choices: Sequence[str]):
         import torch
@@ -226,16 +283,17 @@ class TransformersJudge(JudgeBackend):
             return torch.zeros(0, len(ids))
         with self._lock, torch.inference_mode():
             convs, images = self._prepare(conversations)
+            convs, back = _unique(convs)  # a repeated question is asked once (EVR: K equal greedy claims)
             probs = torch.zeros(len(convs), len(ids))
             if self.packed_scoring and self._attn_impl() in ("sdpa", "eager"):
                 for members, logits in self._packed_logits(convs, images):
                     probs[members] = fn(logits.float(), ids).cpu()
-                return probs
-            rows = [(c, 0) for c in range(len(convs))]
-            for chunk, run in self._row_chunks(convs, images, rows):
-                logits, _, _ = run()  # [R, V]
-                probs[[c for c, _ in chunk]] = fn(logits.float(), ids).cpu()
-            return probs
+            else:
+                rows = [(c, 0) for c in range(len(convs))]
+                for chunk, run in self._row_chunks(convs, images, rows):
+                    logits, _, _ = run()  # [R, V]
+                    probs[[c for c, _ in chunk]] = fn(logits.float(), ids).cpu()
+            return probs if back is None else probs[torch.tensor(back, dtype=torch.long)]
 
     def choice_token_ids(self, choices: Sequence[str]) -> list[int]:
         """Token id of each choice; :class:`ChoiceError` when one is not exactly one token."""
@@ -264,9 +322,19 @@ class TransformersJudge(JudgeBackend):
         texts, conv_imgs = [], []
         pending: dict[str, Any] = {}
         seen: dict[int, str] = {}  # id(image object) -> content hash: the same object is hashed once per call
+        first: dict[tuple, int] = {}  # a repeated conversation (same texts, same image objects) is prepared once
+        which: list[int] = []
         for conv in conversations:
             if not isinstance(conv, (list, tuple)) or not conv:
                 raise ValueError("a conversation is a non-empty list of messages")
+            key = _repeat_key(conv)
+            if key is not None:
+                j = first.setdefault(key, len(texts))
+                which.append(j)
+                if j < len(texts):
+                    continue
+            else:
+                which.append(len(texts))
             texts.append(self._templates.render(conv))
             keys = []
             for im in conversation_images(conv):
@@ -295,7 +363,7 @@ class TransformersJudge(JudgeBackend):
             h.update(array("q", ids).tobytes())
             h.update("".join(keys).encode())
             convs.append(_Conv(ids=ids, images=keys, image_end=end, digest=int.from_bytes(h.digest(), "little")))
-        return convs, feats
+        return (convs if len(convs) == len(which) else [convs[j] for j in which]), feats
 
     def _encode_images(self, pending: dict[str, Any]) -> dict[str, _Img]:
         """Features of every image in ``pending`` (hash -> PIL), running the vision tower only on new ones."""
@@ -363,88 +431,6 @@ class TransformersJudge(JudgeBackend):
                 which = [local[prefix_of[c]] for c, _ in chunk]
                 yield chunk, (lambda extra=0, st=state, w=which, sf=suffixes: self._continue(st, w, sf, extra))
 
-    def _attn_impl(self) -> str | None:
-        cfg = self.model.config
-        text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-        return getattr(text, "_attn_implementation", None) or getattr(cfg, "_attn_implementation", None)
-
-    def _packed_logits(self, convs: list[_Conv], feats: dict[str, _Img]):
-        """Next-token logits of every conversation, suffixes packed per prefix ("tree" attention).
-
-        Suffixes that share a prefix go into rows of up to ``pack_tokens`` tokens after a single copy of the prefix KV cache; a 4-D
-        mask lets each suffix token see the prefix and the earlier tokens of its own suffix only, and each
-        suffix's positions restart at the prefix's next position. Yields ``(conversation indices, logits [m, V])``.
-        """
-        prefixes, split, prefix_of = self._plan(convs)
-        members: dict[int, list[int]] = {}
-        for c in range(len(convs)):
-            members.setdefault(prefix_of[c], []).append(c)
-        order = sorted(members)
-        for s in range(0, len(order), self.max_prefixes):
-            pids = order[s:s + self.max_prefixes]
-            state = self._prefix_state([prefixes[p] for p in pids], feats)
-            rows: list[tuple[int, list[int]]] = []  # (local prefix index, conversations packed in the row)
-            for j, p in enumerate(pids):
-                cur: list[int] = []
-                n_tok = 0
-                for c in members[p]:
-                    L = len(convs[c].ids) - split[c]
-                    if cur and n_tok + L > self.pack_tokens:
-                        rows.append((j, cur))
-                        cur, n_tok = [], 0
-                    cur.append(c)
-                    n_tok += L
-                rows.append((j, cur))
-            for t in range(0, len(rows), self.max_prefixes):
-                chunk = rows[t:t + self.max_prefixes]
-                suffixes = [[convs[c].ids[split[c]:] for c in cs] for _, cs in chunk]
-                logits = self._forward_packed(state, [j for j, _ in chunk], suffixes)
-                yield [c for _, cs in chunk for c in cs], logits
-
-    def _forward_packed(self, state: dict[str, Any], which: list[int], suffixes: list[list[list[int]]]):
-        """Rows of packed suffixes over forked prefixes -> logits ``[sum of suffixes, V]`` at each suffix end."""
-        import torch
-
-        dev = self.device
-        R = len(which)
-        T = max(sum(len(x) for x in sf) for sf in suffixes)
-        ids = torch.full((R, T), self.pad_id, dtype=torch.long)
-        seg = torch.full((R, T), -1, dtype=torch.long)
-        pos = torch.zeros((R, T), dtype=torch.long)
-        next_pos = state["next_pos"].tolist()
-        rr, tt = [], []
-        for r, (p, sf) in enumerate(zip(which, suffixes)):
-            t = T - sum(len(x) for x in sf)  # left padding
-            for j, x in enumerate(sf):
-                L = len(x)
-                ids[r, t:t + L] = torch.tensor(x)
-                seg[r, t:t + L] = j
-                pos[r, t:t + L] = torch.arange(next_pos[p], next_pos[p] + L)
-                t += L
-                rr.append(r)
-                tt.append(t - 1)
-        if (ids == self.image_token_id).any():
-            raise ValueError("image tokens in a continuation: conversations with shared images must share the text before them")
-        real = seg >= 0
-        same = (seg[:, :, None] == seg[:, None, :]) & real[:, :, None]
-        own = same & torch.ones(T, T, dtype=torch.bool).tril()
-        own |= torch.eye(T, dtype=torch.bool)  # a pad query sees itself: no fully masked row, no NaN
-        idx = torch.tensor(which, dtype=torch.long, device=dev)
-        pmask = state["mask"].index_select(0, idx).bool().cpu()
-        allow = torch.cat([pmask[:, None, :] & real[:, :, None], own], dim=-1)[:, None].to(dev)  # [R, 1, T, Lp+T]
-        if self._attn_impl() == "eager":
-            dtype = self.model.dtype
-            mask = torch.zeros(allow.shape, dtype=dtype, device=dev).masked_fill(~allow, torch.finfo(dtype).min)
-        else:
-            mask = allow
-        cache = self._fork(state["cache"], idx)
-        out = self.model.model(input_ids=ids.to(dev), attention_mask=mask,
-                               position_ids=pos.to(dev)[None].expand(3, R, T), use_cache=True,
-                               **_cache_arg(self.model.model, cache))
-        self.stats["prefill_tokens"] += int(real.sum())
-        hidden = out.last_hidden_state[torch.tensor(rr, device=dev), torch.tensor(tt, device=dev)]
-        return self.model.lm_head(hidden)
-
     def _prefill(self, prefixes: list[tuple[list[int], list[str]]], feats: dict[str, _Img]) -> dict[str, Any]:
         """One batched forward over left-padded prefixes. Returns the cache and per-row position bookkeeping."""
         import torch
@@ -456,7 +442,12 @@ class TransformersJudge(JudgeBackend):
         order = [h for _, keys in prefixes for h in keys]  # placeholder order, row-major
         mm_types = (ids == self.image_token_id).int()
         grid = torch.stack([feats[h].grid_thw for h in order]).to(dev) if order else None
-        pos, deltas = self.model.model.get_rope_index(ids, mm_types, image_grid_thw=grid, attention_mask=mask)
+        pos = self._rope_positions(mm_types, mask, grid)
+        if pos is None:  # the model's own (a Python loop over rows and runs); next position from its deltas
+            pos, deltas = self.model.model.get_rope_index(ids, mm_types, image_grid_thw=grid, attention_mask=mask)
+            next_pos = mask.sum(-1) + deltas.reshape(-1).to(dev)
+        else:  # the same positions in a few vectorised operations; the next one follows the largest
+            next_pos = pos.amax(dim=(0, 2)) + 1
         kwargs: dict[str, Any] = {}
         if order:
             fk: dict[str, Any] = {"pooler_output": tuple(feats[h].embeds for h in order)}
@@ -469,142 +460,17 @@ class TransformersJudge(JudgeBackend):
         valid = mask.sum(-1)
         self.stats["prefixes"] += P
         self.stats["prefill_tokens"] += int(valid.sum())
-        # next text position after row j's prefix: its valid length shifted by the M-RoPE delta
-        return {"cache": _cache_of(out), "ids": ids, "mask": mask, "next_pos": valid + deltas.reshape(-1).to(dev),
-                "pos": pos}
+        return {"cache": _cache_of(out), "ids": ids, "mask": mask, "next_pos": next_pos, "pos": pos}
 
-    # ------------------------------------------------------------------ session prefix cache
-    def _sliceable(self) -> bool:
-        """Full-attention KV only: a cached prefix's first n positions are then exactly the KV a fresh prefill
-        of those n tokens gives (hybrid linear-attention caches are not sliceable)."""
-        cfg = self.model.config
-        text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-        types = getattr(text, "layer_types", None)
-        return not types or all(t == "full_attention" for t in types)
+    def _rope_positions(self, mm_types: Any, mask: Any, grid: Any):
+        """``[3, P, L]`` M-RoPE positions of left-padded prefixes with images, computed by
+        :func:`rewardkit.models.rope.mrope_position_ids` (equal to ``get_rope_index`` for still images of the
+        Qwen-VL models it is verified on, ``tests/test_rope.py``), or None: the model computes them."""
+        from ..models.rope import VERIFIED_MODEL_TYPES, mrope_position_ids
 
-    def _prefix_state(self, prefixes: list[tuple[list[int], list[str]]], feats: dict[str, _Img]) -> dict[str, Any]:
-        """A batched prefix state like :meth:`_prefill`'s, reusing the session's cached prefixes.
-
-        Per prefix: an exact hit is used as is; else the cached prefix with the longest shared token prefix
-        that holds all of this prefix's images (same images, same order) and ends on a text token is sliced
-        to the shared part and only the remaining text is run (positions continue from the shared part);
-        else it is prefilled. New prefixes are kept (bounded, oldest dropped first).
-        """
-        cache = self._session_prefixes
-        if cache is None:
-            return self._prefill(prefixes, feats)
-        import torch
-
-        entries: list[dict[str, Any] | None] = [None] * len(prefixes)
-        fresh: list[int] = []
-        ext: list[tuple[int, dict[str, Any], int]] = []
-        for j, (ids, keys) in enumerate(prefixes):
-            hit = cache.get((tuple(ids), tuple(keys)))
-            if hit is not None:
-                entries[j] = hit
-                self.stats["prefix_hits"] += 1
-                continue
-            parent, n = self._best_parent(ids, keys)
-            if parent is None:
-                fresh.append(j)
-            elif n == len(ids):
-                entries[j] = self._keep(ids, keys, self._slice(parent, n))
-                self.stats["prefix_reused_tokens"] += n
-            else:
-                ext.append((j, parent, n))
-        if fresh:
-            st = self._prefill([prefixes[j] for j in fresh], feats)
-            for r, j in enumerate(fresh):
-                valid = st["mask"][r].bool()
-                kv = [(layer.keys[r][:, valid], layer.values[r][:, valid]) for layer in st["cache"].layers]
-                entries[j] = self._keep(*prefixes[j], {"kv": kv, "pos": st["pos"][:, r, valid],
-                                                       "next": int(st["next_pos"][r])})
-        if ext:
-            parents = [self._slice(p, n) for _, p, n in ext]
-            st = self._assemble(parents)
-            rems = [prefixes[j][0][n:] for j, _, n in ext]
-            _, out_cache, (mask, _) = self._continue(st, list(range(len(ext))), rems)
-            for r, ((j, _, n), par, rem) in enumerate(zip(ext, parents, rems)):
-                valid = mask[r].bool()
-                kv = [(layer.keys[r][:, valid], layer.values[r][:, valid]) for layer in out_cache.layers]
-                tail = torch.arange(par["next"], par["next"] + len(rem), device=par["pos"].device)
-                entries[j] = self._keep(*prefixes[j], {"kv": kv, "pos": torch.cat([par["pos"], tail.expand(3, -1)], 1),
-                                                       "next": par["next"] + len(rem)})
-                self.stats["prefix_reused_tokens"] += n
-        return self._assemble(entries)
-
-    def _best_parent(self, ids: list[int], keys: list[str]) -> tuple[dict[str, Any] | None, int]:
-        img = self.image_token_id
-        img_end = max((i + 1 for i, t in enumerate(ids) if t == img), default=0)
-        best, best_n = None, 0
-        for (cids, ckeys), e in self._session_prefixes.items():
-            if tuple(ckeys[:len(keys)]) != tuple(keys):
-                continue
-            n = _lcp([cids, ids])
-            while n > 0 and ids[n - 1] == img:  # cut on a text token: its next position is known
-                n -= 1
-            if n > best_n and n >= max(img_end, 1) and (keys or n >= 32):
-                best, best_n = e, n
-        return best, best_n
-
-    def _slice(self, e: dict[str, Any], n: int) -> dict[str, Any]:
-        """The first ``n`` positions of a cached prefix (``n`` ends on a text token)."""
-        pos = e["pos"][:, :n]
-        return {"kv": [(k[:, :n], v[:, :n]) for k, v in e["kv"]], "pos": pos, "next": int(pos[0, -1]) + 1}
-
-    def _keep(self, ids: list[int], keys: list[str], entry: dict[str, Any]) -> dict[str, Any]:
-        cache = self._session_prefixes
-        key = (tuple(ids), tuple(keys))
-        entry["bytes"] = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in entry["kv"])
-        if key in cache:
-            self._cached_bytes -= cache.pop(key)["bytes"]
-        cache[key] = entry
-        self._cached_bytes += entry["bytes"]
-        while self._cached_bytes > self.prefix_cache_bytes and cache:
-            self._cached_bytes -= cache.pop(next(iter(cache)))["bytes"]
-        return entry
-
-    def _assemble(self, entries: list[dict[str, Any]]) -> dict[str, Any]:
-        """Left-padded batch state (cache, mask, next_pos) from unpadded per-prefix entries."""
-        import torch
-        from transformers import DynamicCache
-
-        dev = self.device
-        P, L = len(entries), max(e["pos"].shape[1] for e in entries)
-        mask = torch.zeros((P, L), dtype=torch.long, device=dev)
-        data = []
-        for li in range(len(entries[0]["kv"])):
-            k0 = entries[0]["kv"][li][0]
-            K = k0.new_zeros((P, k0.shape[0], L, k0.shape[2]))
-            V = k0.new_zeros((P, k0.shape[0], L, entries[0]["kv"][li][1].shape[2]))
-            for r, e in enumerate(entries):
-                k, v = e["kv"][li]
-                K[r, :, L - k.shape[1]:] = k
-                V[r, :, L - v.shape[1]:] = v
-            data.append((K, V))
-        for r, e in enumerate(entries):
-            mask[r, L - e["pos"].shape[1]:] = 1
-        nxt = torch.tensor([e["next"] for e in entries], dtype=torch.long, device=dev)
-        return {"cache": DynamicCache(ddp_cache_data=data, config=self.model.config), "mask": mask, "next_pos": nxt}
-
-    def _fork(self, cache: Any, idx: Any, max_len: int | None = None) -> Any:
-        """A new cache holding rows ``idx`` of ``cache`` (never reuse a cache a forward has extended).
-
-        ``max_len`` set: a preallocated ``StaticCache`` of that length (decoding then writes in place instead of
-        concatenating the whole cache at every step); otherwise a ``DynamicCache``.
-        """
-        from transformers import DynamicCache, StaticCache
-
-        data = []
-        for layer in cache.layers:
-            n = int(layer.get_seq_length())
-            data.append((layer.keys[:, :, :n].index_select(0, idx), layer.values[:, :, :n].index_select(0, idx)))
-        if max_len is None:
-            return DynamicCache(ddp_cache_data=data, config=self.model.config)
-        new = StaticCache(config=self.model.config, max_cache_len=max_len)
-        for layer, (k, v) in zip(new.layers, data):
-            layer.update(k, v)
-        return new
+        if grid is None or getattr(self.model.config, "model_type", None) not in VERIFIED_MODEL_TYPES:
+            return None
+        return mrope_position_ids(mm_types, mask, grid, self.merge)
 
     def _continue(self, state: dict[str, Any], which: list[int], suffixes: list[list[int]], extra: int = 0):
         """Forward the suffixes over forked prefix caches -> (last logits [R, V], cache, decode state).
@@ -628,110 +494,12 @@ class TransformersJudge(JudgeBackend):
             cache = self._fork(state["cache"], idx, max_len=full_mask.shape[1])
         else:
             cache = self._fork(state["cache"], idx)
-        out = self.model(input_ids=sids, attention_mask=full_mask, position_ids=spos[None].expand(3, R, S),
+        attn = full_mask
+        if self._additive_masks():  # the float mask SDPA would convert the boolean one to, built once
+            W = full_mask.shape[1]
+            attn = _additive_mask(full_mask, state["mask"].shape[1], S, self.model.dtype,
+                                  out=self._mask_buffer(R * S * W, self.model.dtype))
+        out = self.model(input_ids=sids, attention_mask=attn, position_ids=spos[None].expand(3, R, S),
                          use_cache=True, logits_to_keep=1, **_cache_arg(self.model, cache))
         self.stats["prefill_tokens"] += int(smask.sum())
         return out.logits[:, -1], _cache_of(out), (full_mask, spos[:, -1])
-
-    # ------------------------------------------------------------------ decoding
-    def _decode(self, run, convs: list[_Conv], n: int, *, temperature: float, max_new_tokens: int,
-                stop: list[str], seed: int | None) -> list[str]:
-        """Decode ``n`` continuations per conversation -> ``len(convs) * n`` texts (conversation-major)."""
-        import torch
-
-        extra = max(max_new_tokens - 1, 0)
-        logits, cache, (mask, last_pos) = run(extra)
-        dev = logits.device
-        if n > 1:  # fork every row n times (sample k of conversation c is row c * n + k)
-            rep = torch.arange(len(convs), device=dev).repeat_interleave(n)
-            logits, mask, last_pos = logits[rep], mask[rep], last_pos[rep]
-            cache = self._fork(cache, rep, max_len=mask.shape[1] if extra else None)
-        R = logits.shape[0]
-        sample_idx = [k for _ in convs for k in range(n)]
-        convs = [c for c in convs for _ in range(n)]
-        gens = None
-        if temperature > 0 and seed is not None:
-            # one generator per row, seeded by (seed, conversation content, sample index): a row's sample
-            # does not depend on what else is in the batch (chunked == whole batch)
-            gens = []
-            for c, k in zip(convs, sample_idx):
-                g = torch.Generator(device=dev)
-                g.manual_seed((seed * 1_000_003 + c.digest * 31 + k) % (2 ** 63))
-                gens.append(g)
-        eos = torch.tensor(self.eos_ids or [-1], device=dev)
-        tokens: list[list[int]] = [[] for _ in range(R)]
-        done = torch.zeros(R, dtype=torch.bool, device=dev)
-        for step in range(max_new_tokens):
-            if temperature > 0:
-                probs = torch.softmax(logits.float() / temperature, dim=-1)
-                if gens is None:
-                    nxt = torch.multinomial(probs, 1).squeeze(1)
-                else:
-                    nxt = torch.cat([torch.multinomial(probs[r], 1, generator=gens[r]) for r in range(R)])
-            else:
-                nxt = logits.argmax(-1)
-            nxt = torch.where(done, torch.full_like(nxt, self.pad_id), nxt)
-            is_eos = torch.isin(nxt, eos) & ~done
-            done = done | is_eos
-            done_l = done.tolist()  # one transfer per step, not one per row
-            for r, t in enumerate(nxt.tolist()):
-                if not done_l[r]:
-                    tokens[r].append(t)
-            if stop:
-                hit = [r for r in range(R) if not done_l[r]
-                       and any(s in self.tokenizer.decode(tokens[r][-32:]) for s in stop)]
-                if hit:
-                    done[hit] = True
-            self.stats["decode_tokens"] += int((~done).sum())
-            if bool(done.all()) or step == max_new_tokens - 1:
-                break
-            if not extra:
-                mask = torch.cat([mask, torch.ones((R, 1), dtype=mask.dtype, device=dev)], dim=1)
-            last_pos = last_pos + 1
-            out = self.model(input_ids=nxt[:, None], attention_mask=mask,
-                             position_ids=last_pos.view(1, R, 1).expand(3, R, 1), use_cache=True,
-                             logits_to_keep=1, **_cache_arg(self.model, cache))
-            logits, cache = out.logits[:, -1], _cache_of(out)
-        texts = [self.tokenizer.decode(t, skip_special_tokens=True) for t in tokens]
-        if stop:
-            texts = [_cut_at_stop(t, stop) for t in texts]
-        return texts
-
-
-def _left_padded(rows: list[list[int]], width: int, pad: int, device: Any):
-    """``(ids, mask)`` ``[len(rows), width]`` int64 on ``device``, each row left-padded: one tensor each, built
-    from Python lists (not one small tensor per row)."""
-    import torch
-
-    ids = torch.tensor([[pad] * (width - len(r)) + list(r) for r in rows], dtype=torch.long)
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
-    return ids.to(device), mask.to(device)
-
-
-_CACHE_KW: dict[type, str] = {}
-
-
-def _cache_arg(module: Any, cache: Any) -> dict[str, Any]:
-    """The KV-cache keyword of ``module.forward``: ``cache`` (transformers >= 5.24) or ``past_key_values``
-    (earlier 5.x, e.g. the 5.20 that vLLM 0.33 pins)."""
-    cls = type(module)
-    if cls not in _CACHE_KW:
-        import inspect
-
-        _CACHE_KW[cls] = "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
-    return {_CACHE_KW[cls]: cache}
-
-
-def _cache_of(out: Any) -> Any:
-    """The KV cache a forward returned, under either name (see :func:`_cache_arg`)."""
-    cache = out.get("cache") if hasattr(out, "get") else getattr(out, "cache", None)
-    return cache if cache is not None else out.past_key_values
-
-
-def _cut_at_stop(text: str, stop: list[str]) -> str:
-    cut = len(text)
-    for s in stop:
-        i = text.find(s)
-        if i >= 0:
-            cut = min(cut, i)
-    return text[:cut]

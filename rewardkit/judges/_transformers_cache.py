@@ -1,0 +1,240 @@
+"""KV-cache plumbing of the transformers judge (:class:`~rewardkit.judges.transformers_backend.TransformersJudge`).
+
+The session prefix cache (a later call reuses the KV of an earlier call's prefix, sliced to the shared part),
+the left-padded batch state built from unpadded per-prefix entries, forking a cache's rows for continuations,
+and the cache keyword of the model's ``forward`` across transformers 5.x versions. :class:`PrefixCacheMixin`
+holds the judge's methods for it; it reads the judge's ``model``, ``image_token_id``, ``stats`` and
+``_session_prefixes`` and calls its ``_prefill`` / ``_continue``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._prep import lcp as _lcp
+
+if TYPE_CHECKING:
+    from .transformers_backend import _Img
+
+__all__ = ["PrefixCacheMixin"]
+
+#: the largest reused CPU attention-mask buffer (:meth:`PrefixCacheMixin._mask_buffer`)
+_MASK_BUFFER_BYTES = 64 * 2 ** 20
+
+
+class PrefixCacheMixin:
+    """The session prefix cache and cache forking of :class:`TransformersJudge`."""
+
+    # ------------------------------------------------------------------ session prefix cache
+    def _sliceable(self) -> bool:
+        """Full-attention KV only: a cached prefix's first n positions are then exactly the KV a fresh prefill
+        of those n tokens gives (hybrid linear-attention caches are not sliceable)."""
+        cfg = self.model.config
+        text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        types = getattr(text, "layer_types", None)
+        return not types or all(t == "full_attention" for t in types)
+
+    def _prefix_state(self, prefixes: list[tuple[list[int], list[str]]], feats: dict[str, _Img]) -> dict[str, Any]:
+        """A batched prefix state like :meth:`_prefill`'s, reusing the session's cached prefixes.
+
+        Per prefix: an exact hit is used as is; else the cached prefix with the longest shared token prefix
+        that holds all of this prefix's images (same images, same order) and ends on a text token is sliced
+        to the shared part and only the remaining text is run (positions continue from the shared part);
+        else it is prefilled. New prefixes are kept (bounded, oldest dropped first).
+        """
+        cache = self._session_prefixes
+        if cache is None:
+            return self._prefill(prefixes, feats)
+        import torch
+
+        entries: list[dict[str, Any] | None] = [None] * len(prefixes)
+        fresh: list[int] = []
+        ext: list[tuple[int, dict[str, Any], int]] = []
+        for j, (ids, keys) in enumerate(prefixes):
+            hit = cache.get((tuple(ids), tuple(keys)))
+            if hit is not None:
+                entries[j] = hit
+                self.stats["prefix_hits"] += 1
+                continue
+            parent, n = self._best_parent(ids, keys)
+            if parent is None:
+                fresh.append(j)
+            elif n == len(ids):
+                entries[j] = self._keep(ids, keys, self._slice(parent, n))
+                self.stats["prefix_reused_tokens"] += n
+            else:
+                ext.append((j, parent, n))
+        if fresh:
+            st = self._prefill([prefixes[j] for j in fresh], feats)
+            L = st["mask"].shape[1]
+            next_pos = st["next_pos"].tolist()
+            for r, j in enumerate(fresh):
+                a = L - len(prefixes[j][0])  # a prefilled row is left-padded: its tokens are the last columns
+                kv = [(layer.keys[r, :, a:].clone(), layer.values[r, :, a:].clone()) for layer in st["cache"].layers]
+                entries[j] = self._keep(*prefixes[j], {"kv": kv, "pos": st["pos"][:, r, a:], "next": next_pos[r]})
+            if len(fresh) == len(prefixes):
+                # nothing came from the cache: the prefill's own batch is the state (the same rows in the same
+                # order and columns; _assemble would copy it back with zeros in the masked padding)
+                return st
+        if ext:
+            parents = [self._slice(p, n) for _, p, n in ext]
+            st = self._assemble(parents)
+            rems = [prefixes[j][0][n:] for j, _, n in ext]
+            _, out_cache, (mask, _) = self._continue(st, list(range(len(ext))), rems)
+            for r, ((j, _, n), par, rem) in enumerate(zip(ext, parents, rems)):
+                valid = mask[r].bool()
+                kv = [(layer.keys[r][:, valid], layer.values[r][:, valid]) for layer in out_cache.layers]
+                tail = torch.arange(par["next"], par["next"] + len(rem), device=par["pos"].device)
+                entries[j] = self._keep(*prefixes[j], {"kv": kv, "pos": torch.cat([par["pos"], tail.expand(3, -1)], 1),
+                                                       "next": par["next"] + len(rem)})
+                self.stats["prefix_reused_tokens"] += n
+        return self._assemble(entries)
+
+    def _best_parent(self, ids: list[int], keys: list[str]) -> tuple[dict[str, Any] | None, int]:
+        img = self.image_token_id
+        img_end = max((i + 1 for i, t in enumerate(ids) if t == img), default=0)
+        best, best_n = None, 0
+        for (cids, ckeys), e in self._session_prefixes.items():
+            if tuple(ckeys[:len(keys)]) != tuple(keys):
+                continue
+            n = _lcp([cids, ids])
+            while n > 0 and ids[n - 1] == img:  # cut on a text token: its next position is known
+                n -= 1
+            if n > best_n and n >= max(img_end, 1) and (keys or n >= 32):
+                best, best_n = e, n
+        return best, best_n
+
+    def _slice(self, e: dict[str, Any], n: int) -> dict[str, Any]:
+        """The first ``n`` positions of a cached prefix (``n`` ends on a text token)."""
+        pos = e["pos"][:, :n]
+        return {"kv": [(k[:, :n], v[:, :n]) for k, v in e["kv"]], "pos": pos, "next": int(pos[0, -1]) + 1}
+
+    def _keep(self, ids: list[int], keys: list[str], entry: dict[str, Any]) -> dict[str, Any]:
+        cache = self._session_prefixes
+        key = (tuple(ids), tuple(keys))
+        entry["bytes"] = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in entry["kv"])
+        if key in cache:
+            self._cached_bytes -= cache.pop(key)["bytes"]
+        cache[key] = entry
+        self._cached_bytes += entry["bytes"]
+        while self._cached_bytes > self.prefix_cache_bytes and cache:
+            self._cached_bytes -= cache.pop(next(iter(cache)))["bytes"]
+        return entry
+
+    def _assemble(self, entries: list[dict[str, Any]]) -> dict[str, Any]:
+        """Left-padded batch state (cache, mask, next_pos) from unpadded per-prefix entries."""
+        import torch
+        from transformers import DynamicCache
+
+        dev = self.device
+        P, L = len(entries), max(e["pos"].shape[1] for e in entries)
+        mask = torch.zeros((P, L), dtype=torch.long, device=dev)
+        data = []
+        for li in range(len(entries[0]["kv"])):
+            k0 = entries[0]["kv"][li][0]
+            K = k0.new_zeros((P, k0.shape[0], L, k0.shape[2]))
+            V = k0.new_zeros((P, k0.shape[0], L, entries[0]["kv"][li][1].shape[2]))
+            for r, e in enumerate(entries):
+                k, v = e["kv"][li]
+                K[r, :, L - k.shape[1]:] = k
+                V[r, :, L - v.shape[1]:] = v
+            data.append((K, V))
+        for r, e in enumerate(entries):
+            mask[r, L - e["pos"].shape[1]:] = 1
+        nxt = torch.tensor([e["next"] for e in entries], dtype=torch.long, device=dev)
+        return {"cache": DynamicCache(ddp_cache_data=data, config=self.model.config), "mask": mask, "next_pos": nxt}
+
+    def _additive_masks(self) -> bool:
+        """Whether continuations and decode steps get a ready 4-D additive mask (:func:`_additive_mask`): sdpa
+        attention with full attention in every layer. transformers passes a 4-D mask through unchanged to every
+        layer, so a sliding-window layer would lose its window."""
+        return self._attn_impl() == "sdpa" and self._sliceable()
+
+    def _mask_buffer(self, numel: int, dtype: Any) -> Any:
+        """A reused flat CPU buffer for a continuation's 4-D attention mask, or None (on an accelerator, or above
+        ``_MASK_BUFFER_BYTES``). A fresh tensor of tens of MiB costs the kernel's zero-filled pages at every
+        call on CPU (with the tiny EVR benchmark model more than building the mask itself); on a GPU the
+        caching allocator already reuses memory."""
+        import torch
+
+        if self.device.type != "cpu" or numel * torch.empty((), dtype=dtype).element_size() > _MASK_BUFFER_BYTES:
+            return None
+        buf = self._mask_buf
+        if buf is None or buf.dtype != dtype or buf.numel() < numel:
+            buf = self._mask_buf = torch.empty(numel, dtype=dtype)
+        return buf
+
+    def _fork(self, cache: Any, idx: Any, max_len: int | None = None) -> Any:
+        """A new cache holding rows ``idx`` of ``cache`` (never reuse a cache a forward has extended).
+
+        ``max_len`` set: a preallocated ``StaticCache`` of that length (decoding then writes in place instead of
+        concatenating the whole cache at every step); otherwise a ``DynamicCache``.
+        """
+        from transformers import DynamicCache, StaticCache
+
+        data = []
+        for layer in cache.layers:
+            n = int(layer.get_seq_length())
+            data.append((layer.keys[:, :, :n].index_select(0, idx), layer.values[:, :, :n].index_select(0, idx)))
+        if max_len is None:
+            return DynamicCache(ddp_cache_data=data, config=self.model.config)
+        new = StaticCache(config=self.model.config, max_cache_len=max_len)
+        for layer, (k, v) in zip(new.layers, data):
+            layer.update(k, v)
+        return new
+
+
+
+def _left_padded(rows: list[list[int]], width: int, pad: int, device: Any):
+    """``(ids, mask)`` ``[len(rows), width]`` int64 on ``device``, each row left-padded: one tensor each, built
+    from Python lists (not one small tensor per row)."""
+    import torch
+
+    ids = torch.tensor([[pad] * (width - len(r)) + list(r) for r in rows], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
+    return ids.to(device), mask.to(device)
+
+
+def _additive_mask(mask: Any, offset: int, n_queries: int, dtype: Any, out: Any = None):
+    """The 4-D additive attention mask ``[R, 1, n_queries, W]`` (0: attend, -inf: not) of ``n_queries`` queries
+    in columns ``offset ..`` of a batch whose 2-D key mask is ``mask`` ``[R, W]``: query i sees the unmasked keys
+    up to its own column. The same mask transformers builds as booleans from the 2-D mask (``sdpa_mask``:
+    padding and causality) and torch's SDPA turns into this float form (``where(~mask, -inf, 0)``) on every
+    call; built here from a key row and a causal block in one broadcast add.
+
+    Only for queries that each see at least one key (continuations after a prefix): a fully masked row would
+    give NaN where the boolean form gives it to the kernel's own handling. ``out``: a flat buffer of at least
+    ``R * n_queries * W`` elements of ``dtype`` to write it into (see :meth:`PrefixCacheMixin._mask_buffer`)."""
+    import torch
+
+    R, W = mask.shape
+    inf = float("-inf")
+    keys = torch.zeros((R, W), dtype=dtype, device=mask.device).masked_fill_(mask == 0, inf)
+    cols = torch.arange(W, device=mask.device)
+    rows = torch.arange(offset, offset + n_queries, device=mask.device)
+    causal = torch.zeros((n_queries, W), dtype=dtype, device=mask.device).masked_fill_(cols[None, :] > rows[:, None],
+                                                                                      inf)
+    if out is None:
+        return keys[:, None, None, :] + causal[None, None]
+    return torch.add(keys[:, None, None, :], causal[None, None], out=out[:R * n_queries * W].view(R, 1, n_queries, W))
+
+
+_CACHE_KW: dict[type, str] = {}
+
+
+def _cache_arg(module: Any, cache: Any) -> dict[str, Any]:
+    """The KV-cache keyword of ``module.forward``: ``cache`` (transformers >= 5.24) or ``past_key_values``
+    (earlier 5.x, e.g. the 5.20 that vLLM 0.33 pins)."""
+    cls = type(module)
+    if cls not in _CACHE_KW:
+        import inspect
+
+        _CACHE_KW[cls] = "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+    return {_CACHE_KW[cls]: cache}
+
+
+def _cache_of(out: Any) -> Any:
+    """The KV cache a forward returned, under either name (see :func:`_cache_arg`)."""
+    cache = out.get("cache") if hasattr(out, "get") else getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
