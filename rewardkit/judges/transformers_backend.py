@@ -465,7 +465,7 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
     def _rope_positions(self, mm_types: Any, mask: Any, grid: Any):
         """``[3, P, L]`` M-RoPE positions of left-padded prefixes with images, computed by
         :func:`rewardkit.models.rope.mrope_position_ids` (equal to ``get_rope_index`` for still images of the
-        Qwen-VL models it is verified on, ``tests/test_rope.py``), or None: the model computes them."""
+        Qwen-VL models it is verified on, ``tests/models/test_rope.py``), or None: the model computes them."""
         from ..models.rope import VERIFIED_MODEL_TYPES, mrope_position_ids
 
         if grid is None or getattr(self.model.config, "model_type", None) not in VERIFIED_MODEL_TYPES:
