@@ -7,7 +7,11 @@ Workload (the EVR paper's): B candidate edits sharing N=2 reference images; per 
 hypotheses generated greedily (``max_new_tokens`` each), then one Yes/No verification question per
 hypothesis. The prompts are EVR's own (``EVR._eval_conv`` / ``EVR._verify_conv`` from the versioned
 template). A randomly initialised model never answers in the "Reason/Score" format, so the verification
-claims are the raw hypotheses (EVR itself would mark them unparseable and skip verification).
+claims are the raw hypotheses (EVR itself would mark them unparseable and skip verification). Greedy
+hypotheses of one dimension are one text: the naive loop still sends its K requests, rewardkit decodes the
+conversation once (EVR's default temperature 0.7 samples K different texts and gets no such shortcut). The
+verification claims are made distinct (the k-th at score k + 1, ``--claims distinct``, the default) so that
+rewardkit's answer-each-repeat-once shortcut does not apply there; ``--claims repeated`` shows it.
 
 - naive: for every question, ``processor(text, images)`` then ``model.generate`` / ``model(...)``: the vision
   tower and the whole prompt run once per question.
@@ -67,13 +71,19 @@ def build_workload(evr: EVR, cands, refs, instruction, k):
     return evals
 
 
-def verify_convs(evr: EVR, cands, refs, instruction, hyps, k):
+def verify_convs(evr: EVR, cands, refs, instruction, hyps, k, claims="distinct"):
+    """One Yes/No question per hypothesis. Greedy hypotheses of one dimension are one text, so with
+    ``claims="repeated"`` (every claim at score 3) K - 1 of every K questions repeat one another and rewardkit
+    answers each repeat once. EVR samples its K hypotheses (temperature 0.7), which differ: ``"distinct"`` (the
+    default) gives the k-th claim the score k + 1, so no two questions are the same and that shortcut does not
+    apply: the workload the paper runs."""
     D = len(DIMENSIONS)
     out = []
     for c_i, c in enumerate(cands):
         for d_i, d in enumerate(DIMENSIONS):
-            for text in hyps[c_i * D + d_i]:
-                out.append(evr._verify_conv(instruction, refs, c, {}, d, 3.0, text.strip() or "(empty)"))
+            for k_i, text in enumerate(hyps[c_i * D + d_i]):
+                score = 3.0 if claims == "repeated" else float(k_i % 5 + 1)
+                out.append(evr._verify_conv(instruction, refs, c, {}, d, score, text.strip() or "(empty)"))
     return out
 
 
@@ -116,6 +126,9 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved naive / rewardkit rounds (median ratio)")
+    ap.add_argument("--claims", choices=["distinct", "repeated"], default="distinct",
+                    help="verification claims: distinct per hypothesis (default; as EVR's sampled hypotheses are) "
+                         "or repeated (greedy hypotheses at one score: rewardkit answers each repeat once)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="after the rounds, profile one more rewardkit run (cProfile) and print its top N functions")
     args = ap.parse_args()
@@ -132,7 +145,7 @@ def main() -> None:
     counter = VisionCounter(model)
 
     def verify_fn(hyps):
-        return verify_convs(evr, cands, refs, instruction, hyps, args.k)
+        return verify_convs(evr, cands, refs, instruction, hyps, args.k, args.claims)
 
     # warm-up of both paths (allocator, kernels) on one candidate's questions, then measure
     D = len(DIMENSIONS)
@@ -179,7 +192,7 @@ def main() -> None:
     print(f"judge efficiency: {args.model} {args.size} (hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers), "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads; B={args.batch}, N=2 references, "
           f"{len(DIMENSIONS)} dimensions x K={args.k}, {args.max_new_tokens} new tokens, "
-          f"{len(n_probs)} verification questions")
+          f"{len(n_probs)} verification questions ({args.claims} claims)")
     print(f"identical greedy hypotheses: {same}/{total}; Yes/No probabilities max abs diff {diff:.2e}")
     print(f"vision-encoder images: naive {n_images}, rewardkit {r_images}, {n_images / max(r_images, 1):.1f}x")
     print(f"prefill tokens: naive {n_prefill}, rewardkit {r_prefill}, {n_prefill / max(r_prefill, 1):.1f}x")
