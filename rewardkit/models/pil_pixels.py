@@ -92,20 +92,21 @@ def pil_pixel_values(images: Sequence[Any], image_processor: Any) -> dict[str, t
     for hw in dict.fromkeys(shapes):  # each distinct size once, in first-seen order
         idx = [i for i, s in enumerate(shapes) if s == hw]
         n, (hh, ww) = len(idx), hw
-        # the 8-bit RGB values of the n images ([n, H*W, 3], what np.asarray gives, without a copy per image)
-        u8 = np.frombuffer(b"".join(resized[i].tobytes() for i in idx), dtype=np.uint8).reshape(n, hh * ww * 3)
-        # rescale + normalise, exactly as the processor: one table look-up per value (channel c at c * 256)
-        x = np.take(flat_table, u8 + np.tile(_CHANNEL_OFFSETS, hh * ww))
-        # patch layout (merge-block order, then channel, time, row, column): [n, bh, bw, mh, mw, c, 1, ph, pw];
-        # the one strided copy into `out` repeats the frame `t` times, as the processor repeats a still image
         gh, gw = hh // ps, ww // ps
-        v = x.reshape(n, gh // m, m, ps, gw // m, m, ps, 3).transpose(0, 1, 4, 2, 5, 7, 3, 6)[:, :, :, :, :, :, None]
-        block = (gh // m, gw // m, m, m, 3, t, ps, ps)
+        # the 8-bit RGB values of the n images (what np.asarray gives, without an array per image), moved into
+        # the patch layout while still 8-bit: [n, bh, bw, mh, mw, c, ph, pw] (merge-block order, channel, row,
+        # column), i.e. one row of c * ph * pw values per patch
+        u8 = np.frombuffer(b"".join(resized[i].tobytes() for i in idx), dtype=np.uint8)
+        u8 = np.ascontiguousarray(u8.reshape(n, gh // m, m, ps, gw // m, m, ps, 3).transpose(0, 1, 4, 2, 5, 7, 3, 6))
+        # rescale + normalise, exactly as the processor: one table look-up per value (channel c's at c * 256)
+        offsets = np.tile(np.repeat(_CHANNEL_OFFSETS, ps * ps), gh * gw)  # one image's, for every image
+        x = np.take(flat_table, u8.reshape(n, -1) + offsets).reshape(n, gh * gw, 3, 1, ps * ps)
+        # the frame repeated `t` times per patch, as the processor repeats a still image: [.., c, t, ph * pw]
         if idx == list(range(idx[0], idx[0] + n)):  # consecutive images (e.g. all of one size): one copy
-            out[starts[idx[0]]:starts[idx[0] + n]].reshape(n, *block)[...] = v
+            out[starts[idx[0]]:starts[idx[0] + n]].reshape(n, gh * gw, 3, t, ps * ps)[...] = x
         else:
             for j, i in enumerate(idx):
-                out[starts[i]:starts[i + 1]].reshape(block)[...] = v[j]
+                out[starts[i]:starts[i + 1]].reshape(gh * gw, 3, t, ps * ps)[...] = x[j]
     pixel_values = torch.from_numpy(out)
     grid = torch.tensor([[1, h // ps, w // ps] for h, w in shapes], dtype=torch.long)
     return {"pixel_values": pixel_values, "image_grid_thw": grid}
