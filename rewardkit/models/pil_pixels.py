@@ -6,7 +6,9 @@ normalise (-> Qwen: patchify). Here the only step that needs PIL, the resize, is
 ``Image.resize`` call, skipped when the size does not change, as PIL itself skips it), and the rest runs for
 all images of one size at once: the rescale and normalisation of 8-bit values through a 256-entry table per
 channel computed with the processor's own float operations (so every value is the processor's, bit for bit),
-then the crop (CLIP) or the patch layout (Qwen) as slicing / one reshape.
+then the crop (CLIP) as slicing. Qwen: the patch layout is made while the values are still 8-bit (one
+transpose of bytes), then one table look-up in that layout and one block copy, which repeats the frame
+``temporal_patch_size`` times, into the single output array (no array per image, no concatenation).
 
 :func:`pil_pixel_values` is the Qwen-VL form, :func:`clip_pil_pixel_values` the CLIP form.
 
