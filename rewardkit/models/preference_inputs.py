@@ -122,17 +122,18 @@ class InputEncoder:
             rows.append(row)
         if k != len(counts):
             return None
-        lens = torch.tensor([len(r) for r in rows])
-        width = int(lens.max())
-        left = tok.padding_side == "left"
-        if bool((lens == width).all()):  # no padding: the rows as they are
+        lens = [int(r.shape[0]) for r in rows]
+        width = max(lens)
+        if min(lens) == width:  # no padding: the rows as they are
             input_ids = torch.stack(rows)
+            mask = torch.ones((len(rows), width), dtype=torch.long)
         else:
+            left = tok.padding_side == "left"
             input_ids = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)
             for i, r in enumerate(rows):
                 (input_ids[i, width - len(r):] if left else input_ids[i, :len(r)]).copy_(r)
-        col = torch.arange(width).unsqueeze(0)
-        mask = ((col >= (width - lens).unsqueeze(1)) if left else (col < lens.unsqueeze(1))).long()
+            col, n_tok = torch.arange(width).unsqueeze(0), torch.tensor(lens).unsqueeze(1)
+            mask = ((col >= width - n_tok) if left else (col < n_tok)).long()
         return {"input_ids": input_ids, "attention_mask": mask, "mm_token_type_ids": (input_ids == pad_id).long()}
 
     # ---------------------------------------------------------------- tensor path (issue 12)
