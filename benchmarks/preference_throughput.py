@@ -6,7 +6,9 @@ Prints one JSON object. Batched and one-by-one runs are interleaved (same proces
 round is discarded and the median of ``--repeats`` rounds is reported, with each round's ratio, their median
 and the machine's load average (a loaded machine slows the one-by-one loop more and flatters the ratio).
 ``--threads 1`` (default) pins torch to one intra-op thread: on a shared machine, spinning OpenMP threads make
-timings swing by 5x. Targets: batched >= 6x the one-by-one loop at batch 16 (issue 28; was 4x); one backbone
+timings swing by 5x. ``--profile`` adds where the time of one call goes, stage by stage, for one image and for
+a batch (CPU time of this thread, lower quartile of 40 calls, so other processes on the machine count less;
+measured after the rounds, which it does not change). Targets: batched >= 6x the one-by-one loop at batch 16 (issue 28; was 4x); one backbone
 forward per training micro-batch (chosen and rejected together).
 """
 
@@ -34,6 +36,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: leave torch's default)")
     ap.add_argument("--size", type=int, default=56, help="image side in pixels")
     ap.add_argument("--train-steps", type=int, default=12)
+    ap.add_argument("--profile", action="store_true", help="add a per-stage breakdown of one call (see above)")
     args = ap.parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -68,6 +71,8 @@ def main() -> int:
     max_diff = float((out_b.scores - torch.cat(out_s)).abs().max())
     b_ips = args.images / statistics.median(batched_t)
     s_ips = args.images / statistics.median(single_t)
+
+    profile = stage_profile(reward, images[:args.batch_size], prompt) if args.profile else None
 
     # training: the tiny recipe (12 steps of 8 pairs); count backbone forwards per micro-batch, measure pairs/s,
     # wall time and held-out accuracy
@@ -106,8 +111,68 @@ def main() -> int:
         "backbone_forwards_per_micro_batch": (len(calls) - eval_forwards) / micro_batches,
         "tiny_recipe_eval_accuracy": summary["eval_accuracy"],
         "tiny_recipe_wall_s": round(train_wall, 1),
+        **({"profile_ms_per_call": profile} if profile else {}),
     }, indent=1))
     return 0
+
+
+def stage_profile(reward, images, prompt, reps: int = 40) -> dict:
+    """Thread CPU ms (lower quartile of ``reps``) of each stage of a call for 1 image and for ``len(images)``, and the cost each
+    further image adds (``(batched - one) / (n - 1)``): what batching can amortise is the difference."""
+    from rewardkit.models.pil_pixels import pil_pixel_values
+    from rewardkit.models.preference import _base, _inner_model
+    from rewardkit.models.rope import batch_position_ids, vision_layout_kwargs
+
+    m = reward.model
+    inner, base = _inner_model(m.vlm), _base(m.vlm)
+    enc_obj = m._input_encoder()
+
+    def stages(ims):
+        n = len(ims)
+        dec = [reward._decode_sample(x, None)[0] for x in ims]
+        enc = m.encode(dec, [prompt] * n)
+        layout = {k: v for k, v in vision_layout_kwargs(base, enc).items()}
+        pos = batch_position_ids(base.config, enc["input_ids"], enc["attention_mask"], enc)
+        rest = {k: v for k, v in enc.items() if k not in ("input_ids", "attention_mask")}
+        texts = [enc_obj.render(prompt, 0)] * n
+        counts = [int(c) for c in (enc["image_grid_thw"].prod(-1) // 4)]
+        return {
+            "whole call": lambda: reward(ims, prompt, batch_size=n),
+            "input checks + decoding": lambda: [(reward._precheck(prompt, x, None), reward._decode_sample(x, None))
+                                                for x in ims],
+            "encode (pixels + token rows)": lambda: m.encode(dec, [prompt] * n),
+            "pixel values": lambda: pil_pixel_values(dec, m.processor.image_processor),
+            "token rows": lambda: enc_obj._expand_ids(texts, counts),
+            "3-D positions": lambda: batch_position_ids(base.config, enc["input_ids"], enc["attention_mask"], enc),
+            "model forward (positions, backbone, head)": lambda: m(**enc),
+            "backbone (vision + language)": lambda: inner(input_ids=enc["input_ids"],
+                                                          attention_mask=enc["attention_mask"], use_cache=False,
+                                                          position_ids=pos, **rest, **layout),
+            "vision tower": lambda: inner.get_image_features(
+                pixel_values=enc["pixel_values"], image_grid_thw=enc["image_grid_thw"],
+                **{k: v for k, v in layout.items() if k != "image_grid_thw"}),
+        }
+
+    one, many = stages(images[:1]), stages(images)
+    times = {k: ([], []) for k in one}
+    with torch.inference_mode():
+        for _ in range(reps):
+            for fs, side in ((one, 0), (many, 1)):
+                for k, f in fs.items():
+                    t0 = time.thread_time()
+                    f()
+                    times[k][side].append(time.thread_time() - t0)
+    n = len(images)
+    out = {}
+    for k, (a, b) in times.items():
+        a, b = 1000 * _lower_quartile(a), 1000 * _lower_quartile(b)
+        out[k] = {"one_image": round(a, 3), f"batch_of_{n}": round(b, 3),
+                  "each_further_image": round((b - a) / max(n - 1, 1), 4)}
+    return out
+
+
+def _lower_quartile(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 4]
 
 
 if __name__ == "__main__":

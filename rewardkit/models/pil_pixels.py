@@ -6,7 +6,9 @@ normalise (-> Qwen: patchify). Here the only step that needs PIL, the resize, is
 ``Image.resize`` call, skipped when the size does not change, as PIL itself skips it), and the rest runs for
 all images of one size at once: the rescale and normalisation of 8-bit values through a 256-entry table per
 channel computed with the processor's own float operations (so every value is the processor's, bit for bit),
-then the crop (CLIP) or the patch layout (Qwen) as slicing / one reshape.
+then the crop (CLIP) as slicing. Qwen: the patch layout is made while the values are still 8-bit (one
+transpose of bytes), then one table look-up in that layout and one block copy, which repeats the frame
+``temporal_patch_size`` times, into the single output array (no array per image, no concatenation).
 
 :func:`pil_pixel_values` is the Qwen-VL form, :func:`clip_pil_pixel_values` the CLIP form.
 
@@ -72,7 +74,7 @@ def pil_pixel_values(images: Sequence[Any], image_processor: Any) -> dict[str, t
     table = _usable_table(images, image_processor, p)
     if table is None:
         return None
-    arrays, shapes = [], []
+    resized, shapes = [], []
     sizes: dict[tuple[int, int], tuple[int, int]] = {}
     for im in images:
         w, h = im.size
@@ -81,33 +83,46 @@ def pil_pixel_values(images: Sequence[Any], image_processor: Any) -> dict[str, t
         hh, ww = sizes[(h, w)]
         if (hh, ww) != (h, w):
             im = im.resize((ww, hh), resample=int(image_processor.resample))
-        arrays.append(np.asarray(im))
+        resized.append(im)
         shapes.append((hh, ww))
     ps, m, t = p.patch_size, p.merge_size, p.temporal_patch_size
-    chunks: list[torch.Tensor | None] = [None] * len(images)
+    counts = [(hh // ps) * (ww // ps) for hh, ww in shapes]
+    starts = np.concatenate([[0], np.cumsum(counts)]).tolist()
+    # one output array, each image's patches written straight into its rows (no per-image tensors, no cat)
+    out = np.empty((starts[-1], 3 * t * ps * ps), dtype=np.float32)
     flat_table = table.reshape(-1).numpy()
-    offsets = np.array([0, 256, 512], dtype=np.int16)
     for hw in dict.fromkeys(shapes):  # each distinct size once, in first-seen order
         idx = [i for i, s in enumerate(shapes) if s == hw]
-        # rescale + normalise, exactly as the processor: one table look-up per value ([n, H, W, 3] -> [n, 3, H, W])
-        x = torch.from_numpy(np.take(flat_table, np.stack([arrays[i] for i in idx]).astype(np.int16) + offsets))
-        x = x.permute(0, 3, 1, 2)
-        n, c = len(idx), 3
-        gh, gw = hw[0] // ps, hw[1] // ps
-        patches = x.reshape(n, c, gh // m, m, ps, gw // m, m, ps).permute(0, 2, 5, 3, 6, 1, 4, 7)
-        patches = patches.unsqueeze(6).expand(*patches.shape[:6], t, ps, ps)
-        flat = patches.reshape(n, gh * gw, c * t * ps * ps)
-        for j, i in enumerate(idx):
-            chunks[i] = flat[j]
-    pixel_values = torch.cat(chunks) if len(chunks) > 1 else chunks[0].contiguous()
+        n, (hh, ww) = len(idx), hw
+        gh, gw = hh // ps, ww // ps
+        # the 8-bit RGB values of the n images (what np.asarray gives, without an array per image), moved into
+        # the patch layout while still 8-bit: [n, bh, bw, mh, mw, c, ph, pw] (merge-block order, channel, row,
+        # column), i.e. one row of c * ph * pw values per patch
+        u8 = np.frombuffer(b"".join(resized[i].tobytes() for i in idx), dtype=np.uint8)
+        u8 = np.ascontiguousarray(u8.reshape(n, gh // m, m, ps, gw // m, m, ps, 3).transpose(0, 1, 4, 2, 5, 7, 3, 6))
+        # rescale + normalise, exactly as the processor: one table look-up per value (channel c's at c * 256)
+        offsets = np.tile(np.repeat(_CHANNEL_OFFSETS, ps * ps), gh * gw)  # one image's, for every image
+        x = np.take(flat_table, u8.reshape(n, -1) + offsets).reshape(n, gh * gw, 3, 1, ps * ps)
+        # the frame repeated `t` times per patch, as the processor repeats a still image: [.., c, t, ph * pw]
+        if idx == list(range(idx[0], idx[0] + n)):  # consecutive images (e.g. all of one size): one copy
+            out[starts[idx[0]]:starts[idx[0] + n]].reshape(n, gh * gw, 3, t, ps * ps)[...] = x
+        else:
+            for j, i in enumerate(idx):
+                out[starts[i]:starts[i + 1]].reshape(gh * gw, 3, t, ps * ps)[...] = x[j]
+    pixel_values = torch.from_numpy(out)
     grid = torch.tensor([[1, h // ps, w // ps] for h, w in shapes], dtype=torch.long)
     return {"pixel_values": pixel_values, "image_grid_thw": grid}
 
 
+_CHANNEL_OFFSETS = np.array([0, 256, 512], dtype=np.int16)  # row of each channel in the flattened [3, 256] table
+
+
 def _table_lookup(arrays: list[np.ndarray], table: torch.Tensor) -> torch.Tensor:
     """``n`` uint8 ``[H, W, 3]`` arrays of one size -> float32 ``[n, 3, H, W]`` through the per-channel table."""
-    idx = np.stack(arrays).astype(np.int16) + np.array([0, 256, 512], dtype=np.int16)
-    return torch.from_numpy(np.take(table.reshape(-1).numpy(), idx)).permute(0, 3, 1, 2)
+    h, w = arrays[0].shape[:2]
+    idx = np.stack(arrays).reshape(len(arrays), h * w * 3) + np.tile(_CHANNEL_OFFSETS, h * w)
+    x = np.take(table.reshape(-1).numpy(), idx).reshape(len(arrays), h, w, 3)
+    return torch.from_numpy(x).permute(0, 3, 1, 2)
 
 
 def clip_pil_pixel_values(images: Sequence[Any], image_processor: Any) -> torch.Tensor | None:

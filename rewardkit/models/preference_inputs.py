@@ -111,24 +111,29 @@ class InputEncoder:
                 return None
             k += n_img
             row = expanded.get(key)
-            if row is None:  # each (text, image sizes) is expanded once
-                row = []
+            if row is None:  # each (text, image sizes) is expanded once, and kept as a tensor
+                ids_row: list[int] = []
                 it = iter(key)
                 for tid in ids:
-                    row.extend([pad_id] * next(it) if tid == pad_id else (tid,))
+                    ids_row.extend([pad_id] * next(it) if tid == pad_id else (tid,))
                 if len(expanded) > 64:
                     expanded.clear()
-                expanded[key] = row
+                row = expanded[key] = torch.tensor(ids_row, dtype=torch.long)
             rows.append(row)
         if k != len(counts):
             return None
-        width = max(len(r) for r in rows)
-        pad = [tok.pad_token_id]
-        left = tok.padding_side == "left"
-        input_ids = torch.tensor([pad * (width - len(r)) + r if left else r + pad * (width - len(r)) for r in rows],
-                                 dtype=torch.long)
-        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) if left else [1] * len(r) + [0] * (width - len(r))
-                             for r in rows], dtype=torch.long)
+        lens = [int(r.shape[0]) for r in rows]
+        width = max(lens)
+        if min(lens) == width:  # no padding: the rows as they are
+            input_ids = torch.stack(rows)
+            mask = torch.ones((len(rows), width), dtype=torch.long)
+        else:
+            left = tok.padding_side == "left"
+            input_ids = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)
+            for i, r in enumerate(rows):
+                (input_ids[i, width - len(r):] if left else input_ids[i, :len(r)]).copy_(r)
+            col, n_tok = torch.arange(width).unsqueeze(0), torch.tensor(lens).unsqueeze(1)
+            mask = ((col >= width - n_tok) if left else (col < n_tok)).long()
         return {"input_ids": input_ids, "attention_mask": mask, "mm_token_type_ids": (input_ids == pad_id).long()}
 
     # ---------------------------------------------------------------- tensor path (issue 12)

@@ -105,6 +105,60 @@ def test_reward_registry_alias_compare_and_calibration(saved, images):
     (saved / "calibration.json").unlink()
 
 
+def _own_forward_scores(model, rgb_images, prompts):
+    """The reference: transformers' processor on the RGB images and the template's own rendering, then the
+    backbone's own forward (its ``get_rope_index`` positions and its own vision layout)."""
+    from rewardkit.models import rope
+
+    texts = [model.template.render(model.processor, p, 0) for p in prompts]
+    ref = dict(model.processor(text=texts, images=rgb_images, padding=True, return_tensors="pt"))
+    model.vision_layout = False
+    saved_fn = rope.batch_position_ids
+    rope.batch_position_ids = lambda *a, **k: None
+    try:
+        with torch.no_grad():
+            return model(**ref)[0]
+    finally:
+        rope.batch_position_ids = saved_fn
+        model.vision_layout = True
+
+
+def test_reward_fast_path_equals_the_processor_and_the_models_own_forward(saved):
+    """A batched reward call (decoding, table pixel values, cached token rows, batched 3-D positions, cached
+    vision layout) gives bit for bit the scores of transformers' processor + the backbone's own forward on the
+    same RGB images, converted here by hand: RGBA over white, L, P and a float CHW tensor, mixed sizes (rows of
+    different lengths, padded) and one sample that fails to decode; and a batch of one size and one prompt
+    (rows of one length, no padding)."""
+    import numpy as np
+    from PIL import Image
+
+    from rewardkit.models.pil_pixels import pil_pixel_values
+
+    r = load_reward("preference", model=str(saved), device="cpu")
+    rng = np.random.default_rng(5)
+    px = lambda h, w, c: rng.integers(0, 256, (h, w, c), dtype=np.uint8)  # noqa: E731
+    rgb = [Image.fromarray(px(56, 56, 3)) for _ in range(3)]
+    rgba, gray, fl = Image.fromarray(px(40, 64, 4), "RGBA"), Image.fromarray(px(64, 40, 1)[..., 0], "L"), px(56, 56, 3)
+    pal = Image.fromarray(px(33, 47, 3)).convert("P")  # a palette image without transparency
+    white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+    inputs = [rgb[0], rgba, torch.full((3, 56, 56), float("nan")), gray, pal,
+              torch.from_numpy(fl).permute(2, 0, 1).double() / 255, rgb[1]]
+    by_hand = [rgb[0], Image.alpha_composite(white, rgba).convert("RGB"), gray.convert("RGB"), pal.convert("RGB"),
+               Image.fromarray(fl), rgb[1]]
+    prompts = ["a cat", "a red car on a long road at night", "bad", "x", "two birds on a branch", "a bowl", "a dog"]
+    assert pil_pixel_values(by_hand, r.model.processor.image_processor) is not None  # the table path applies
+    r(inputs, prompts, on_error="nan")  # first call: the encoder checks itself against the processor
+    for side in ("left", "right"):
+        r.model.processor.tokenizer.padding_side = side
+        out = r(inputs, prompts, on_error="nan")
+        assert r.model._input_encoder()._fast is True
+        assert out.valid.tolist() == [True, True, False, True, True, True, True] and "NaN" in out.errors[2]
+        ref = _own_forward_scores(r.model, by_hand, prompts[:2] + prompts[3:])
+        assert torch.equal(out.scores[[0, 1, 3, 4, 5, 6]], ref), (side, (out.scores[[0, 1, 3, 4, 5, 6]] - ref).abs().max())
+        same = r(rgb, "a photo of a cat sitting on a mat").scores
+        assert torch.equal(same, _own_forward_scores(r.model, rgb, ["a photo of a cat sitting on a mat"] * 3))
+
+
 def test_reward_edit_task(saved, images):
     r = load_reward("preference", model=str(saved))
     out = r(images[:2], "make it blue", sources=[[images[3]], [images[4]]])
