@@ -41,8 +41,8 @@ MODULES=(
   "media|rewardkit/media.py|*|tests/test_bad_inputs.py tests/test_properties.py tests/test_behaviour_killers.py tests/test_media_contracts.py"
   "reward|rewardkit/reward.py|*|tests/test_contract.py tests/test_bad_inputs.py tests/test_properties.py tests/test_reward_contracts.py"
   "integrations|rewardkit/integrations/_common.py|*|tests/test_integrations.py"
-  "nft|rewardkit/rl/nft.py|*|tests/test_rl_math.py"
-  "exploration|rewardkit/rl/exploration.py|*|tests/test_rl_exploration.py"
+  "nft|rewardkit/rl/nft.py|*|tests/test_rl_math.py tests/test_rl_nft_float64.py"
+  "exploration|rewardkit/rl/exploration.py|*|tests/test_rl_exploration.py tests/test_rl_math.py"
   "server|rewardkit/server.py|*|tests/test_server.py"
   "parrot_format|rewardkit/parrot/format.py|*|tests/test_parrot.py tests/test_rational.py"
 )
