@@ -80,8 +80,9 @@ for entry in "${MODULES[@]}"; do
   export REWARDKIT_PROPERTY_EXAMPLES="${REWARDKIT_PROPERTY_EXAMPLES:-10}"  # per mutant
   set -f  # the globs are mutmut's, not the shell's
   if [ "$SAMPLE" -gt 0 ] || [ "$globs" != "*" ]; then
-    # generate every mutant (and test only the first of each function), then pick the names to test
-    (cd "$dir" && timeout "$TIMEOUT" nice -n 19 "$PY" -m mutmut run --max-children "$JOBS" "*__mutmut_1" >"$dir/gen.log" 2>&1)
+    # generate every mutant and collect the test statistics (the name matches no mutant: mutmut stops before
+    # testing any), then pick the names to test; only those are tested, in the run below
+    (cd "$dir" && timeout "$TIMEOUT" nice -n 19 "$PY" -m mutmut run --max-children "$JOBS" "generate-only__mutmut_0" >"$dir/gen.log" 2>&1)
     names=$("$PY" - "$dir" "$SAMPLE" "$SEED" $globs <<'PYEOF'
 import fnmatch, json, pathlib, random, sys
 d, n, seed, globs = pathlib.Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
