@@ -463,3 +463,33 @@ def test_no_adapter_hands_nan_to_the_host_by_default():
     for call in calls:
         with pytest.raises(NonFiniteRewardError):
             call()
+
+
+def test_nan_policy_error_counts_and_mask_overrides_the_fill():
+    from rewardkit.integrations._common import apply_nan_policy
+
+    out = RewardOutput(scores=torch.tensor([0.5, float("nan"), 0.25]), errors=[None, "too dark to score", None])
+    # catches the batch size dropped from the message ("1 of None samples"): 1 invalid sample of 3
+    with pytest.raises(NonFiniteRewardError, match=r"could not score 1 of 3 samples") as exc:
+        apply_nan_policy(out, host="TRL", name="d", nan_policy="raise", fill_value=None)
+    assert exc.value.indices == [1] and exc.value.reasons == ["too dark to score"]
+    # catches "mask" not recognised in the fill loop: a masked sample is None even when a fill value is passed
+    values, report = apply_nan_policy(out, host="TRL", name="d", nan_policy="mask", fill_value=0.0)
+    assert values == [0.5, None, 0.25] and report["invalid"] == {1: "too dark to score"}
+
+
+def test_batch_relative_refusal_for_duck_typed_rewards():
+    from types import SimpleNamespace
+
+    from rewardkit.integrations._common import refuse_batch_relative
+
+    # catches getattr(reward, "batch_relative") without its default: an object without the flag is accepted
+    assert refuse_batch_relative(SimpleNamespace(), "TRL", False) is None
+
+    class ZScored:        # no `name`: the message names the class
+        batch_relative = True
+        config = SimpleNamespace(normalize="batch")
+
+    # catches the class-name fallback replaced (None / 'NoneType'): the error names 'ZScored'
+    with pytest.raises(ConfigError, match=r"reward 'ZScored' normalises over the call \(normalize='batch'\)"):
+        refuse_batch_relative(ZScored(), "TRL", False)

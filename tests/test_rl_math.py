@@ -123,6 +123,13 @@ def test_group_advantages_nan_is_left_out():
     assert torch.isnan(nft.group_advantages(torch.full((3,), float("nan")), torch.zeros(3))).all()
 
 
+def test_group_advantages_with_a_single_scored_sample():
+    # catches a broken zero-std branch (`new_zeros(None)`): one valid reward has std 0, so its advantage is
+    # (3 - 3) / (0 + eps) = 0 and the unscored one stays NaN
+    a = nft.group_advantages(torch.tensor([float("nan"), 3.0]), torch.tensor([0, 1]))
+    assert math.isnan(a[0]) and a[1].item() == 0.0
+
+
 def test_optimality_probability():
     a = torch.tensor([-7.0, -5.0, -2.5, 0.0, 1.0, 5.0, 9.0, float("nan")])
     r = nft.optimality_probability(a, 5.0)
