@@ -72,6 +72,9 @@ for entry in "${MODULES[@]}"; do
     echo "only_mutate ="
     for f in $module; do echo "    $f"; done
     echo "process_isolation = forkserver"
+    # mutmut stops a mutant's tests after (their clean time + 1 s) x this, and counts it killed ("timeout"); its
+    # default 15 stops message-only mutants on the loaded shared machine (nice 19), which inflates the score
+    echo "timeout_multiplier = ${MUTATION_TIMEOUT_MULTIPLIER:-60}"
     echo "pytest_add_cli_args = -p no:cacheprovider -q -m \"not slow and not gpu\""
   } >"$dir/setup.cfg"
   echo "[mutation] $name: $module ($globs) against: $tests (limit ${TIMEOUT}s, sample ${SAMPLE:-all})"
