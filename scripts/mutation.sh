@@ -72,9 +72,11 @@ for entry in "${MODULES[@]}"; do
     echo "only_mutate ="
     for f in $module; do echo "    $f"; done
     echo "process_isolation = forkserver"
-    # mutmut stops a mutant's tests after (their clean time + 1 s) x this, and counts it killed ("timeout"); its
-    # default 15 stops message-only mutants on the loaded shared machine (nice 19), which inflates the score
+    # mutmut stops a mutant's tests after (their clean time + constant) x multiplier and counts it killed
+    # ("timeout"). Its defaults (1 s, 15) stopped message-only mutants on the loaded shared machine (nice 19),
+    # where rebuilding a session fixture such as tiny_clip_dir in each mutant's process alone took ~100 s
     echo "timeout_multiplier = ${MUTATION_TIMEOUT_MULTIPLIER:-60}"
+    echo "timeout_constant = ${MUTATION_TIMEOUT_CONSTANT:-10}"
     echo "pytest_add_cli_args = -p no:cacheprovider -q -m \"not slow and not gpu\""
   } >"$dir/setup.cfg"
   echo "[mutation] $name: $module ($globs) against: $tests (limit ${TIMEOUT}s, sample ${SAMPLE:-all})"
