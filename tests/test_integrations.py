@@ -493,3 +493,33 @@ def test_batch_relative_refusal_for_duck_typed_rewards():
     # catches the class-name fallback replaced (None / 'NoneType'): the error names 'ZScored'
     with pytest.raises(ConfigError, match=r"reward 'ZScored' normalises over the call \(normalize='batch'\)"):
         refuse_batch_relative(ZScored(), "TRL", False)
+
+
+def test_non_finite_reward_error_message_in_full():
+    # catches any change to the refusal's text: the count of unlisted samples ("... and 2 more" for 12 invalid,
+    # 10 listed), the fix it suggests, and the mask hint that only TRL gets
+    head = ("reward 'd' could not score 12 of 20 samples, so the {} adapter refuses to hand NaN rewards to the "
+            "trainer (they would make every advantage of the step non-finite):\n")
+    listed = "".join(f"  sample {i}: non-finite score\n" for i in range(10)) + "  ... and 2 more\n"
+    fix = "Fix the inputs, or choose nan_policy='fill' (a fixed value, the valid fraction is reported)"
+    trl = NonFiniteRewardError("TRL", "d", list(range(12)), [None] * 12, 20)
+    assert str(trl) == (head.format("TRL") + listed + fix
+                        + " or nan_policy='mask' (None: TRL leaves the sample out of its NaN-aware sums).")
+    verl = NonFiniteRewardError("verl", "d", list(range(12)), [None] * 12, 20)
+    assert str(verl) == head.format("verl") + listed + fix + "."
+    assert trl.reasons == ["non-finite score"] * 12
+    # exactly 10 invalid: every one listed, no "... and 0 more" line
+    ten = NonFiniteRewardError("verl", "d", list(range(10)), ["dark"] * 10, 10)
+    assert "more" not in str(ten) and str(ten).count("  sample ") == 10
+
+
+def test_batch_relative_refusal_without_a_normalize_field():
+    from types import SimpleNamespace
+
+    from rewardkit.integrations._common import refuse_batch_relative
+
+    # catches the '?' placeholder replaced: a config without `normalize` is named as normalize='?'
+    bare = SimpleNamespace(name="z", batch_relative=True, config=SimpleNamespace())
+    with pytest.raises(ConfigError, match=r"reward 'z' normalises over the call \(normalize='\?'\), but TRL calls"):
+        refuse_batch_relative(bare, "TRL", False)
+    refuse_batch_relative(bare, "TRL", True)   # allow_batch_relative: accepted
