@@ -72,6 +72,7 @@ for entry in "${MODULES[@]}"; do
     echo "only_mutate ="
     for f in $module; do echo "    $f"; done
     echo "process_isolation = forkserver"
+    echo "also_copy = recipes"   # mutmut runs the tests in mutants/: test_parrot.py reads recipes/parrot/tiny.yaml
     # mutmut stops a mutant's tests after (their clean time + constant) x multiplier and counts it killed
     # ("timeout"). Its defaults (1 s, 15) stopped message-only mutants on the loaded shared machine (nice 19),
     # where rebuilding a session fixture such as tiny_clip_dir in each mutant's process alone took ~100 s
