@@ -523,3 +523,19 @@ def test_batch_relative_refusal_without_a_normalize_field():
     with pytest.raises(ConfigError, match=r"reward 'z' normalises over the call \(normalize='\?'\), but TRL calls"):
         refuse_batch_relative(bare, "TRL", False)
     refuse_batch_relative(bare, "TRL", True)   # allow_batch_relative: accepted
+
+
+def test_lazy_loading_turns_only_hub_failures_into_the_hub_error(tmp_path, monkeypatch):
+    from rewardkit.models.zoo import HubModelUnavailableError
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    # catches the hub check inverted (`err is not None`): a hub id that cannot be fetched is the error naming it
+    with pytest.raises(HubModelUnavailableError, match=r"could not load 'someorg/not-downloaded' from the Hugging"):
+        LazyReward("clipscore", kwargs={"model": "someorg/not-downloaded"}).get()
+    # ... and a local folder without a checkpoint is transformers' own OSError, re-raised unchanged
+    bad = tmp_path / "ckpt"
+    bad.mkdir()
+    with pytest.raises(OSError) as info:
+        LazyReward("clipscore", kwargs={"model": str(bad)}).get()
+    assert not isinstance(info.value, HubModelUnavailableError) and "HF_HUB_OFFLINE" not in str(info.value)
