@@ -539,3 +539,28 @@ def test_lazy_loading_turns_only_hub_failures_into_the_hub_error(tmp_path, monke
     with pytest.raises(OSError) as info:
         LazyReward("clipscore", kwargs={"model": str(bad)}).get()
     assert not isinstance(info.value, HubModelUnavailableError) and "HF_HUB_OFFLINE" not in str(info.value)
+
+
+def test_adapter_argument_errors_in_full():
+    from types import SimpleNamespace
+
+    from rewardkit.integrations._common import refuse_batch_relative
+
+    # catches any change to the batch-relative refusal's text (its three ways out)
+    comp = SimpleNamespace(name="c", batch_relative=True, config=SimpleNamespace(normalize="group"))
+    with pytest.raises(ConfigError) as info:
+        refuse_batch_relative(comp, "verl", False)
+    assert str(info.value) == (
+        "reward 'c' normalises over the call (normalize='group'), but verl calls its reward on one process's slice "
+        "of the batch (and partial prompt groups), so the z-scores would differ from those over the whole batch. "
+        "Either\n"
+        "  - score per rank with comp.axis_scores(images, prompts, metadata=...) and combine after gathering every "
+        "rank: rewardkit.distributed.gather_combine(comp, axes) (see docs/integrations.md, 'Composites across "
+        "ranks'), or\n"
+        "  - use a per-sample normalisation (normalize='fixed' with calibrated mean/std, or 'none'), or\n"
+        "  - pass allow_batch_relative=True if every call really holds whole groups on a single process.")
+    # catches the bool-device and reward-type errors losing their text
+    with pytest.raises(TypeError, match=r"^device must be an int, a string or a torch.device, got True$"):
+        as_device(True)
+    with pytest.raises(TypeError, match=r"^reward must be a rewardkit Reward or a registry name, got int$"):
+        LazyReward(3)
