@@ -207,3 +207,15 @@ def test_t2i_note_and_a_labelled_bare_verdict():
     # filler nor a verdict word, so only the split finds it)
     assert is_verdict("Result: B") and is_verdict("Outcome: Image A")
     assert not is_verdict("Result: the spokes of the wheel are sharp")
+
+
+def test_pairwise_reasons_and_the_na_refusal_message():
+    t = ("Text Faithfulness: A follows it.\nScores: A = 4, B = 2.5\nImage Faithfulness: none.\nScores: A = N/A, B = N/A\n"
+         "Physical and Visual Quality: same.\nScores: A=3, B=3\nText Rendering: n/a\nScores: N/A\n"
+         "Summary: A wins.\nPreferred: Image A")
+    # catches the per-dimension reasoning dropped from the parse (each section without its Scores line)
+    assert parse_pairwise(t).reasons == {"text_faithfulness": "A follows it.", "image_faithfulness": "none.",
+                                         "physical_quality": "same.", "text_rendering": "n/a"}
+    # catches the N/A refusal losing its message
+    with pytest.raises(ParseError, match=r"^N/A is not allowed here$"):
+        parse_score("N/A", allow_na=False)

@@ -959,3 +959,41 @@ def test_an_ipv6_loopback_server_url_has_brackets():
         assert httpx.get(handle.url + "/health", timeout=10).status_code == 200
     finally:
         handle.stop()
+
+
+def test_the_sources_of_a_request_reach_the_reward():
+    import asyncio
+
+    import numpy as np
+    from PIL import Image
+
+    from rewardkit.server import RewardServer
+
+    class EditGap(Reward):
+        """Score = (mean of the image - mean of its first source) / 255."""
+
+        name = "edit-gap"
+        tasks = frozenset({"edit"})
+        thread_safe = True
+
+        def _score(self, batch):
+            return RewardOutput(scores=torch.tensor(
+                [(float(np.asarray(im).mean()) - float(np.asarray(src[0]).mean())) / 255.0
+                 for im, src in zip(batch.images, batch.sources)]))
+
+    def grey(v):
+        return Image.fromarray(np.full((8, 8, 3), v, dtype=np.uint8))
+
+    # catches the parsed sources left out of the queued job: (200 - 50) / 255 needs the source
+    server = RewardServer([EditGap()], ServerConfig())
+
+    async def main():
+        job = server.parse("score", {"images": [_png(grey(200))], "prompt": "make it lighter",
+                                     "sources": [[_png(grey(50))]]})
+        await server.startup()
+        try:
+            return await asyncio.wait_for(server.handle(job), 60)
+        finally:
+            await server.shutdown()
+
+    assert asyncio.run(main())["scores"] == [pytest.approx(150 / 255)]
