@@ -219,3 +219,23 @@ def test_pairwise_reasons_and_the_na_refusal_message():
     # catches the N/A refusal losing its message
     with pytest.raises(ParseError, match=r"^N/A is not allowed here$"):
         parse_score("N/A", allow_na=False)
+
+
+def test_parse_errors_name_their_dimension_and_the_summary_is_read():
+    t = ("Text Faithfulness: A follows it.\nScores: A = 4, B = 2.5\nImage Faithfulness: none.\nScores: A = N/A, B = N/A\n"
+         "Physical and Visual Quality: same.\nScores: A=3, B=3\nText Rendering: n/a\nScores: N/A\n"
+         "Summary: A wins.\nPreferred: Image A")
+    # catches the summary looked up under another name
+    assert parse_pairwise(t).summary == "A wins."
+    # catches the N/A-for-one-image error losing its dimension
+    with pytest.raises(ParseError, match="one image only") as info:
+        parse_pairwise(t.replace("A=3, B=3", "A = 3, B = N/A"))
+    assert info.value.dimension == "physical_quality"
+    # catches the missing-section error losing its text
+    with pytest.raises(ParseError, match=r"^no 'Text Rendering:' section$") as info:
+        parse_pairwise(t.replace("Text Rendering: n/a\n", ""))
+    assert info.value.dimension == "text_rendering"
+    # catches `and` for `or` in the empty-answer check: blank text and a non-string are both "empty answer"
+    for empty in ("  \n", None):
+        with pytest.raises(ParseError, match=r"^empty answer$"):
+            parse_pointwise(empty)
