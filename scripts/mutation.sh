@@ -42,9 +42,9 @@ MODULES=(
   "media|rewardkit/media.py|*|tests/contract/test_bad_inputs.py tests/contract/test_properties.py tests/contract/test_exif_orientation.py tests/contract/test_media_contracts.py"
   "reward|rewardkit/reward.py|*|tests/contract/test_reward_base.py tests/contract/test_bad_inputs.py tests/contract/test_properties.py tests/contract/test_reward_contracts.py"
   "integrations|rewardkit/integrations/_common.py|*|tests/integrations/test_adapters.py"
-  "nft|rewardkit/rl/nft.py|*|tests/rl/test_math.py"
-  "exploration|rewardkit/rl/exploration.py|*|tests/rl/test_exploration.py"
-  "server|rewardkit/server.py|*|tests/serve/test_server.py"
+  "nft|rewardkit/rl/nft.py|*|tests/rl/test_math.py tests/rl/test_nft_float64.py"
+  "exploration|rewardkit/rl/exploration.py|*|tests/rl/test_exploration.py tests/rl/test_math.py"
+  "server|rewardkit/server.py rewardkit/_serve_batch.py|*|tests/serve/test_server.py"
   "parrot_format|rewardkit/parrot/format.py|*|tests/parrot/test_pipeline.py tests/rewards/test_rational.py"
 )
 
@@ -82,6 +82,12 @@ for entry in "${MODULES[@]}"; do
     echo "only_mutate ="
     for f in $module; do echo "    $f"; done
     echo "process_isolation = forkserver"
+    echo "also_copy = recipes"   # mutmut runs the tests in mutants/: test_parrot.py reads recipes/parrot/tiny.yaml
+    # mutmut stops a mutant's tests after (their clean time + constant) x multiplier and counts it killed
+    # ("timeout"). Its defaults (1 s, 15) stopped message-only mutants on the loaded shared machine (nice 19),
+    # where rebuilding a session fixture such as tiny_clip_dir in each mutant's process alone took ~100 s
+    echo "timeout_multiplier = ${MUTATION_TIMEOUT_MULTIPLIER:-60}"
+    echo "timeout_constant = ${MUTATION_TIMEOUT_CONSTANT:-10}"
     echo "pytest_add_cli_args = -p no:cacheprovider -q -m \"not slow and not gpu\""
   } >"$dir/setup.cfg"
   echo "[mutation] $name: $module ($globs) against: $tests (limit ${TIMEOUT}s, sample ${SAMPLE:-all})"
@@ -90,8 +96,9 @@ for entry in "${MODULES[@]}"; do
   export REWARDKIT_PROPERTY_EXAMPLES="${REWARDKIT_PROPERTY_EXAMPLES:-10}"  # per mutant
   set -f  # the globs are mutmut's, not the shell's
   if [ "$SAMPLE" -gt 0 ] || [ "$globs" != "*" ]; then
-    # generate every mutant (and test only the first of each function), then pick the names to test
-    (cd "$dir" && timeout "$TIMEOUT" nice -n 19 "$PY" -m mutmut run --max-children "$JOBS" "*__mutmut_1" >"$dir/gen.log" 2>&1)
+    # generate every mutant and collect the test statistics (the name matches no mutant: mutmut stops before
+    # testing any), then pick the names to test; only those are tested, in the run below
+    (cd "$dir" && timeout "$TIMEOUT" nice -n 19 "$PY" -m mutmut run --max-children "$JOBS" "generate-only__mutmut_0" >"$dir/gen.log" 2>&1)
     names=$("$PY" - "$dir" "$SAMPLE" "$SEED" $globs <<'PYEOF'
 import fnmatch, json, pathlib, random, sys
 d, n, seed, globs = pathlib.Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]

@@ -61,7 +61,7 @@ def zscore(x: torch.Tensor, mask: torch.Tensor | None = None, eps: float | None 
     std = vals.std(unbiased=False) if n > 1 else vals.new_zeros(())
     if mode == "rl":
         out[keep] = ((vals - mean) / (std + eps)).float()
-    elif float(std) < eps:
+    elif float(std) < eps or float(std) == 0.0:  # eps = 0 is allowed: a constant axis is still 0, not 0 / 0
         out[keep] = 0.0
     else:
         out[keep] = ((vals - mean) / std).float()

@@ -299,3 +299,17 @@ def test_empty_prompt_follows_the_sub_rewards():
                       rewards={"r": EmptyPromptChannelMean(channel=0), "b": EmptyPromptChannelMean(channel=2)},
                       judge=object())
     assert not gated.scores_empty_prompt
+
+
+def test_zscore_eps_bounds_and_messages():
+    x = torch.tensor([1.0, 2.0, 4.0])
+    # catches `eps > 0` in cutoff mode: eps = 0 is allowed there (an exactly constant axis still gives 0)
+    assert zscore(x, eps=0.0).tolist() == pytest.approx(((x - x.mean()) / x.std(unbiased=False)).tolist())
+    assert zscore(torch.tensor([3.0, 3.0]), eps=0.0).tolist() == [0.0, 0.0]
+    # catches `eps <= inf` and the rl-mode check dropped, and each message's wording
+    with pytest.raises(ValueError, match=r"^eps must be finite and >= 0, got inf$"):
+        zscore(x, eps=float("inf"))
+    with pytest.raises(ValueError, match=r"^eps must be finite and > 0, got 0.0$"):
+        zscore(x, eps=0.0, mode="rl")
+    with pytest.raises(ValueError, match=r"^eps must be finite and >= 0, got -1.0$"):
+        zscore(x, eps=-1.0)

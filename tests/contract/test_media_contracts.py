@@ -404,3 +404,9 @@ def test_pil_tensors_and_hash():
     assert media.image_hash(im.convert("RGBA")) != want                             # the mode is part of it
     flat = Image.frombytes("RGB", (1, 2), im.tobytes())
     assert media.image_hash(flat) != want                                           # so is the size
+
+
+def test_big_endian_16_bit_greys_are_scaled_not_clipped():
+    # catches "I;16B" left out of the 16-bit modes: PIL's own convert clips 32896 to 255; 32896 / 257 = 128
+    im = Image.frombytes("I;16B", (2, 1), bytes([0x80, 0x80, 0xFF, 0xFF]))
+    assert np.asarray(media.load_image(im)).tolist() == [[[128, 128, 128], [255, 255, 255]]]

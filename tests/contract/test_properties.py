@@ -25,9 +25,10 @@ from rewardkit.compose.functions import combine, group_zscore, intent_gate, veto
 from rewardkit.reward import Reward, RewardBatch, RewardOutput  # noqa: E402
 
 # REWARDKIT_PROPERTY_EXAMPLES caps the examples (scripts/mutation.sh runs these tests once per mutant)
+# and, when set, fixes the examples (derandomize), so that a recorded mutation run gives the same verdicts again
 _CAP = int(os.environ.get("REWARDKIT_PROPERTY_EXAMPLES", "0")) or None
-FAST = settings(max_examples=min(60, _CAP or 60), deadline=None, database=None)
-SLOWER = settings(max_examples=min(25, _CAP or 25), deadline=None, database=None)
+FAST = settings(max_examples=min(60, _CAP or 60), deadline=None, database=None, derandomize=_CAP is not None)
+SLOWER = settings(max_examples=min(25, _CAP or 25), deadline=None, database=None, derandomize=_CAP is not None)
 
 labels = st.sampled_from([-1, 0, 1])
 # margins on a coarse grid so exact ties and equal |m| occur often

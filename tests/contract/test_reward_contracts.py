@@ -637,3 +637,16 @@ def test_score_tensor_hands_over_to_preprocess(monkeypatch):
     r, x = Red(), torch.rand(1, 3, 2, 2)
     assert r.score_tensor(x, ["p"], batch_size=4) == "scores"
     assert seen == [(r, x, ["p"], {"batch_size": 4})]
+
+
+def test_compare_keeps_the_calls_info():
+    class Noted(Red):
+        def _score(self, batch):
+            out = super()._score(batch)
+            return RewardOutput(scores=out.scores, info={"judge": "v1", "seen": len(batch)})
+
+    r = Noted()
+    # catches compare dropping `info`: the pairwise output carries what the underlying call reported
+    pair = r.compare([img(200)], [img(100)], "p")
+    assert pair.info == r([img(200), img(100)], ["p", "p"]).info
+    assert pair.info["judge"] == "v1" and pair.info["seen"] == 2

@@ -463,3 +463,104 @@ def test_no_adapter_hands_nan_to_the_host_by_default():
     for call in calls:
         with pytest.raises(NonFiniteRewardError):
             call()
+
+
+def test_nan_policy_error_counts_and_mask_overrides_the_fill():
+    from rewardkit.integrations._common import apply_nan_policy
+
+    out = RewardOutput(scores=torch.tensor([0.5, float("nan"), 0.25]), errors=[None, "too dark to score", None])
+    # catches the batch size dropped from the message ("1 of None samples"): 1 invalid sample of 3
+    with pytest.raises(NonFiniteRewardError, match=r"could not score 1 of 3 samples") as exc:
+        apply_nan_policy(out, host="TRL", name="d", nan_policy="raise", fill_value=None)
+    assert exc.value.indices == [1] and exc.value.reasons == ["too dark to score"]
+    # catches "mask" not recognised in the fill loop: a masked sample is None even when a fill value is passed
+    values, report = apply_nan_policy(out, host="TRL", name="d", nan_policy="mask", fill_value=0.0)
+    assert values == [0.5, None, 0.25] and report["invalid"] == {1: "too dark to score"}
+
+
+def test_batch_relative_refusal_for_duck_typed_rewards():
+    from types import SimpleNamespace
+
+    from rewardkit.integrations._common import refuse_batch_relative
+
+    # catches getattr(reward, "batch_relative") without its default: an object without the flag is accepted
+    assert refuse_batch_relative(SimpleNamespace(), "TRL", False) is None
+
+    class ZScored:        # no `name`: the message names the class
+        batch_relative = True
+        config = SimpleNamespace(normalize="batch")
+
+    # catches the class-name fallback replaced (None / 'NoneType'): the error names 'ZScored'
+    with pytest.raises(ConfigError, match=r"reward 'ZScored' normalises over the call \(normalize='batch'\)"):
+        refuse_batch_relative(ZScored(), "TRL", False)
+
+
+def test_non_finite_reward_error_message_in_full():
+    # catches any change to the refusal's text: the count of unlisted samples ("... and 2 more" for 12 invalid,
+    # 10 listed), the fix it suggests, and the mask hint that only TRL gets
+    head = ("reward 'd' could not score 12 of 20 samples, so the {} adapter refuses to hand NaN rewards to the "
+            "trainer (they would make every advantage of the step non-finite):\n")
+    listed = "".join(f"  sample {i}: non-finite score\n" for i in range(10)) + "  ... and 2 more\n"
+    fix = "Fix the inputs, or choose nan_policy='fill' (a fixed value, the valid fraction is reported)"
+    trl = NonFiniteRewardError("TRL", "d", list(range(12)), [None] * 12, 20)
+    assert str(trl) == (head.format("TRL") + listed + fix
+                        + " or nan_policy='mask' (None: TRL leaves the sample out of its NaN-aware sums).")
+    verl = NonFiniteRewardError("verl", "d", list(range(12)), [None] * 12, 20)
+    assert str(verl) == head.format("verl") + listed + fix + "."
+    assert trl.reasons == ["non-finite score"] * 12
+    # exactly 10 invalid: every one listed, no "... and 0 more" line
+    ten = NonFiniteRewardError("verl", "d", list(range(10)), ["dark"] * 10, 10)
+    assert "more" not in str(ten) and str(ten).count("  sample ") == 10
+
+
+def test_batch_relative_refusal_without_a_normalize_field():
+    from types import SimpleNamespace
+
+    from rewardkit.integrations._common import refuse_batch_relative
+
+    # catches the '?' placeholder replaced: a config without `normalize` is named as normalize='?'
+    bare = SimpleNamespace(name="z", batch_relative=True, config=SimpleNamespace())
+    with pytest.raises(ConfigError, match=r"reward 'z' normalises over the call \(normalize='\?'\), but TRL calls"):
+        refuse_batch_relative(bare, "TRL", False)
+    refuse_batch_relative(bare, "TRL", True)   # allow_batch_relative: accepted
+
+
+def test_lazy_loading_turns_only_hub_failures_into_the_hub_error(tmp_path, monkeypatch):
+    from rewardkit.models.zoo import HubModelUnavailableError
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    # catches the hub check inverted (`err is not None`): a hub id that cannot be fetched is the error naming it
+    with pytest.raises(HubModelUnavailableError, match=r"could not load 'someorg/not-downloaded' from the Hugging"):
+        LazyReward("clipscore", kwargs={"model": "someorg/not-downloaded"}).get()
+    # ... and a local folder without a checkpoint is transformers' own OSError, re-raised unchanged
+    bad = tmp_path / "ckpt"
+    bad.mkdir()
+    with pytest.raises(OSError) as info:
+        LazyReward("clipscore", kwargs={"model": str(bad)}).get()
+    assert not isinstance(info.value, HubModelUnavailableError) and "HF_HUB_OFFLINE" not in str(info.value)
+
+
+def test_adapter_argument_errors_in_full():
+    from types import SimpleNamespace
+
+    from rewardkit.integrations._common import refuse_batch_relative
+
+    # catches any change to the batch-relative refusal's text (its three ways out)
+    comp = SimpleNamespace(name="c", batch_relative=True, config=SimpleNamespace(normalize="group"))
+    with pytest.raises(ConfigError) as info:
+        refuse_batch_relative(comp, "verl", False)
+    assert str(info.value) == (
+        "reward 'c' normalises over the call (normalize='group'), but verl calls its reward on one process's slice "
+        "of the batch (and partial prompt groups), so the z-scores would differ from those over the whole batch. "
+        "Either\n"
+        "  - score per rank with comp.axis_scores(images, prompts, metadata=...) and combine after gathering every "
+        "rank: rewardkit.distributed.gather_combine(comp, axes) (see docs/integrations.md, 'Composites across "
+        "ranks'), or\n"
+        "  - use a per-sample normalisation (normalize='fixed' with calibrated mean/std, or 'none'), or\n"
+        "  - pass allow_batch_relative=True if every call really holds whole groups on a single process.")
+    # catches the bool-device and reward-type errors losing their text
+    with pytest.raises(TypeError, match=r"^device must be an int, a string or a torch.device, got True$"):
+        as_device(True)
+    with pytest.raises(TypeError, match=r"^reward must be a rewardkit Reward or a registry name, got int$"):
+        LazyReward(3)

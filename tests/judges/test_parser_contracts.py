@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from rewardkit.compose.rubric import parse_intent
 from rewardkit.judges.openai_backend import JudgeServerError, read_choice_logprobs
 from rewardkit.judges.policy import usable_rows
 from rewardkit.rewards.evr import parse_hypothesis
@@ -53,6 +54,26 @@ def test_usable_rows_keeps_values_and_clamps_within_tolerance():
     assert torch.isnan(p[3]).all()
     # atol is a parameter: a tighter tolerance refuses the second row
     assert usable_rows(rows, 4, 2, atol=1e-4)[1].tolist() == [True, False, True, False]
+
+
+def test_usable_rows_bounds_are_inclusive_and_float64_comes_back_float32():
+    import numpy as np
+
+    # catches `p < 1 + atol`: an entry exactly at 1 + atol is inside the tolerance (the row sums to 1)
+    p, ok = usable_rows([[1.001, -0.001]], 1, 2, atol=1e-3)
+    assert ok.tolist() == [True] and p.tolist() == [[1.0, 0.0]]
+    # catches a dropped dtype: a float64 array (what numpy gives) still comes back float32, as documented
+    p, ok = usable_rows(np.array([[0.25, 0.75]], dtype=np.float64), 1, 2)
+    assert p.dtype == torch.float32 and ok.tolist() == [True]
+
+
+def test_parse_intent_short_answer_with_a_capitalised_label_and_non_text():
+    # catches a lower-case-only word pattern: "Neutral" mid-sentence is the one label of a short answer
+    assert parse_intent("The prompt is Neutral.") == "neutral"
+    assert parse_intent("I would call this prompt Strict.") == "strict"
+    # catches a bare error: a non-string answer says what it got
+    with pytest.raises(ValueError, match=r"the intent answer is not text: int"):
+        parse_intent(3)
 
 
 def test_parse_hypothesis_default_requires_a_reason():

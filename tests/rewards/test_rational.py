@@ -195,3 +195,47 @@ def test_bench_rational_native_pairwise(tmp_path):
     d = res.to_dict()["benchmarks"]
     assert sorted(d) == ["genaibench/edit", "mmrb2/t2i"] and not any(b["skipped"] for b in d.values())
     assert d["mmrb2/t2i"]["metrics"]["accuracy_with_ties"]["n_invalid"] == 0
+
+
+def test_t2i_note_and_a_labelled_bare_verdict():
+    from rewardkit.parrot.format import is_verdict
+
+    # catches the note's text lost: it says which score was ignored and why
+    c = parse_pointwise(GOOD.replace("Score: N/A", "Score: 4", 1), t2i=True)
+    assert c.notes == ["image_faithfulness score 4 ignored: text-to-image request (N/A)"]
+    # catches the split at the last colon lost: "Result: B" is a bare answer after its label ("result" is neither a
+    # filler nor a verdict word, so only the split finds it)
+    assert is_verdict("Result: B") and is_verdict("Outcome: Image A")
+    assert not is_verdict("Result: the spokes of the wheel are sharp")
+
+
+def test_pairwise_reasons_and_the_na_refusal_message():
+    t = ("Text Faithfulness: A follows it.\nScores: A = 4, B = 2.5\nImage Faithfulness: none.\nScores: A = N/A, B = N/A\n"
+         "Physical and Visual Quality: same.\nScores: A=3, B=3\nText Rendering: n/a\nScores: N/A\n"
+         "Summary: A wins.\nPreferred: Image A")
+    # catches the per-dimension reasoning dropped from the parse (each section without its Scores line)
+    assert parse_pairwise(t).reasons == {"text_faithfulness": "A follows it.", "image_faithfulness": "none.",
+                                         "physical_quality": "same.", "text_rendering": "n/a"}
+    # catches the N/A refusal losing its message
+    with pytest.raises(ParseError, match=r"^N/A is not allowed here$"):
+        parse_score("N/A", allow_na=False)
+
+
+def test_parse_errors_name_their_dimension_and_the_summary_is_read():
+    t = ("Text Faithfulness: A follows it.\nScores: A = 4, B = 2.5\nImage Faithfulness: none.\nScores: A = N/A, B = N/A\n"
+         "Physical and Visual Quality: same.\nScores: A=3, B=3\nText Rendering: n/a\nScores: N/A\n"
+         "Summary: A wins.\nPreferred: Image A")
+    # catches the summary looked up under another name
+    assert parse_pairwise(t).summary == "A wins."
+    # catches the N/A-for-one-image error losing its dimension
+    with pytest.raises(ParseError, match="one image only") as info:
+        parse_pairwise(t.replace("A=3, B=3", "A = 3, B = N/A"))
+    assert info.value.dimension == "physical_quality"
+    # catches the missing-section error losing its text
+    with pytest.raises(ParseError, match=r"^no 'Text Rendering:' section$") as info:
+        parse_pairwise(t.replace("Text Rendering: n/a\n", ""))
+    assert info.value.dimension == "text_rendering"
+    # catches `and` for `or` in the empty-answer check: blank text and a non-string are both "empty answer"
+    for empty in ("  \n", None):
+        with pytest.raises(ParseError, match=r"^empty answer$"):
+            parse_pointwise(empty)

@@ -61,6 +61,7 @@ def test_perturbation_respects_mask_and_clamp(encoder):
     assert float(d.abs().amax(dim=(1, 3))[~mask].max()) == 0.0  # BOS / EOS / padding never perturbed
     assert float(d.abs().amax(dim=(1, 3))[mask].min()) > 0.0
     assert res.anchor_sim.shape == (3, 2) and res.pairwise_sim.shape == (3,) and len(res.history) == 2
+    assert [h["step"] for h in res.history] == [0, 5]   # catches `step % log_every == 1` (steps 1 and 6)
     # per-prompt generators: a prompt's result does not depend on its batch mates
     gens = lambda: [torch.Generator().manual_seed(10 + i) for i in range(3)]  # noqa: E731
     allp = X.optimize_perturbations(enc, ids, mask, cfg, generator=gens(), eos_token_id=tok.eos_token_id)
@@ -77,3 +78,22 @@ def test_embedding_offset_hook_is_removed(encoder):
     moved = X.pooled_embeddings(enc, ids, off)
     assert not torch.allclose(base, moved)
     assert torch.equal(X.pooled_embeddings(enc, ids), base)
+
+
+def test_pooled_embeddings_falls_back_to_pooler_output_then_refuses():
+    from types import SimpleNamespace
+
+    class Encoder(torch.nn.Module):
+        def __init__(self, **fields):
+            super().__init__()
+            self.fields = fields
+
+        def forward(self, input_ids):
+            return SimpleNamespace(last_hidden_state=torch.zeros(1, 2, 3), **self.fields)
+
+    pooled = torch.tensor([[1.0, 2.0]])
+    assert torch.equal(X.pooled_embeddings(Encoder(pooler_output=pooled), torch.zeros(1, 2, dtype=torch.long)), pooled)
+    # catches getattr(out, "pooler_output") without its default: an output with neither field is this TypeError,
+    # not an AttributeError from inside
+    with pytest.raises(TypeError, match=r"Encoder returns no pooled output \(text_embeds / pooler_output\)"):
+        X.pooled_embeddings(Encoder(), torch.zeros(1, 2, dtype=torch.long))

@@ -123,6 +123,13 @@ def test_group_advantages_nan_is_left_out():
     assert torch.isnan(nft.group_advantages(torch.full((3,), float("nan")), torch.zeros(3))).all()
 
 
+def test_group_advantages_with_a_single_scored_sample():
+    # catches a broken zero-std branch (`new_zeros(None)`): one valid reward has std 0, so its advantage is
+    # (3 - 3) / (0 + eps) = 0 and the unscored one stays NaN
+    a = nft.group_advantages(torch.tensor([float("nan"), 3.0]), torch.tensor([0, 1]))
+    assert math.isnan(a[0]) and a[1].item() == 0.0
+
+
 def test_optimality_probability():
     a = torch.tensor([-7.0, -5.0, -2.5, 0.0, 1.0, 5.0, 9.0, float("nan")])
     r = nft.optimality_probability(a, 5.0)
@@ -341,3 +348,31 @@ def test_anchor_band_warning():
         assert not X.check_anchor_band(0.2, cfg)
     with pytest.warns(UserWarning):
         assert not X.check_anchor_band(float("nan"), cfg)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("num_variants", 1, r"e2po.num_variants \(K\) must be >= 2, got 1"),
+    ("steps", -1, r"e2po.steps >= 0, e2po.lr > 0, e2po.sigma_init >= 0 and e2po.delta_max > 0 required"),
+    ("lr", 0.0, r"e2po.lr > 0"),
+    ("sigma_init", -1e-9, r"e2po.sigma_init >= 0"),
+    ("sigma_init", float("nan"), r"e2po.sigma_init >= 0"),
+    ("delta_max", 0.0, r"e2po.delta_max > 0"),
+    ("rho", 0.0, r"e2po.rho must be in \(0, 1\], got 0.0"),
+    ("rho", 1.5, r"e2po.rho must be in \(0, 1\], got 1.5"),
+    ("mu", 1.01, r"e2po.mu must be a cosine in \[-1, 1\] and eps >= 0, got 1.01, 0.01"),
+    ("mu", -1.01, r"e2po.mu must be a cosine"),
+    ("eps", -0.001, r"and eps >= 0, got 0.8, -0.001"),
+    ("encoders", ["t5"], r"e2po.encoders must be a non-empty subset of \[clip_l, clip_g\], got \['t5'\]"),
+    ("encoders", [], r"e2po.encoders must be a non-empty subset of \[clip_l, clip_g\], got \[\]"),
+])
+def test_e2po_config_refuses_each_bad_knob(field, value, message):
+    # catches a widened bound (rho = 0 accepted: gamma would divide by 0) or an error without its message
+    with pytest.raises(ValueError, match=message):
+        X.E2POConfig(**{field: value}).validate()
+
+
+def test_e2po_config_accepts_each_bound():
+    # catches a narrowed bound: every edge of the documented ranges is valid
+    for kw in ({"num_variants": 2}, {"steps": 0}, {"sigma_init": 0.0}, {"rho": 1.0}, {"rho": 1e-6}, {"mu": 1.0},
+               {"mu": -1.0}, {"eps": 0.0}, {"encoders": ["clip_l", "clip_g"]}, {"encoders": ["clip_g"]}):
+        X.E2POConfig(**kw).validate()

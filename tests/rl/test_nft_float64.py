@@ -66,3 +66,17 @@ def test_nft_loss_low_precision_inputs_still_computed_in_float32():
     loss, _ = nft_loss(v_theta, v_old, v_ref, x0, xt, t, r.float())
     ref_loss, _ = _numpy_reference(*(a.float().numpy() for a in (v_theta, v_old, v_ref, x0, xt, t, r)))
     assert torch.isfinite(loss) and float(loss) == pytest.approx(ref_loss, rel=1e-5)
+
+
+def test_nft_loss_float32_inputs_use_float32_arithmetic():
+    # catches float64 arithmetic for float32 inputs (`is not None or ...`): with xt = x0 = 2**24, t = 1 and
+    # v = 0.5, x0(v) - x0 = 2**24 - 0.5 - 2**24 rounds to 0 in float32 (half-way, to even) but is -0.5 in
+    # float64, where L = 0.25 / 0.5 = 0.5 and the policy loss 0.5 * 5 = 2.5 (beta 1, r = 0.5, no KL term)
+    def loss(dtype):
+        v = torch.full((1, 1, 1, 1), 0.5, dtype=dtype)
+        x = torch.full((1, 1, 1, 1), 2.0 ** 24, dtype=dtype)
+        out, _ = nft_loss(v, v, None, x, x, torch.ones(1, dtype=dtype), torch.full((1,), 0.5, dtype=dtype))
+        return float(out)
+
+    assert loss(torch.float32) == 0.0
+    assert loss(torch.float64) == 2.5

@@ -1027,3 +1027,104 @@ def test_remote_reward_spreads_over_replicas_and_fails_over(clip, tiny_clip_dir)
     finally:
         for h in (a, b, other):
             h.stop()
+
+
+def test_env_factory_errors_name_the_variable(monkeypatch):
+    from rewardkit.server import app_from_env, token_from_env
+
+    # catches the empty-token error's text changed: it names the variable and both ways out
+    with pytest.raises(ValueError, match=r"^REWARDKIT_SERVE_TOKEN is set but empty: set a token, or unset it to "
+                                         r"serve without authentication$"):
+        token_from_env({"REWARDKIT_SERVE_TOKEN": "  "})
+    assert token_from_env({}) is None and token_from_env({"REWARDKIT_SERVE_TOKEN": " t "}) == "t"
+    # catches the missing-reward error's text changed (checked before any model is loaded)
+    monkeypatch.delenv("REWARDKIT_SERVE_TOKEN", raising=False)
+    monkeypatch.delenv("REWARDKIT_SERVE_REWARD", raising=False)
+    with pytest.raises(RuntimeError, match=r"^set REWARDKIT_SERVE_REWARD to the reward's registry name$"):
+        app_from_env()
+
+
+def test_a_batch_fills_to_exactly_max_batch():
+    import asyncio
+
+    from rewardkit.server import RewardServer
+
+    # catches `>=` at the batch limit: five one-image requests already waiting with max_batch 4 are scored as
+    # 4 + 1 model calls (a request that brings the batch to exactly max_batch joins it), not 3 + 2
+    rec = _Recorder()
+    server = RewardServer([rec], ServerConfig(max_batch=4, max_wait_ms=50.0))
+    images = random_images(5, seed=7)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        jobs = [server.parse("score", {"images": [_png(im)], "prompt": f"p{i}"}) for i, im in enumerate(images)]
+        for job in jobs:   # all queued before the worker starts: the batches do not depend on timing
+            job.future = loop.create_future()
+            server.replicas[0].submit(job)
+        await server.startup()
+        try:
+            return await asyncio.wait_for(asyncio.gather(*(j.future for j in jobs)), 60)
+        finally:
+            await server.shutdown()
+
+    results = asyncio.run(main())
+    assert rec.calls == [4, 1]
+    expected = rec(images, [f"p{i}" for i in range(5)]).scores.tolist()
+    assert [r["scores"][0] for r in results] == expected
+
+
+def test_an_ipv6_loopback_server_url_has_brackets():
+    # catches the bracketing of an IPv6 host dropped: "http://::1:port" is not a URL a client can use
+    try:
+        socket.socket(socket.AF_INET6).close()
+    except OSError:
+        pytest.skip("no IPv6 on this machine")
+    rec = _Recorder()
+    try:
+        handle = serve_in_thread(rec, ServerConfig(), host="::1")
+    except OSError:
+        pytest.skip("cannot bind ::1 here")
+    try:
+        port = int(handle.url.rsplit(":", 1)[1])
+        assert handle.url == f"http://[::1]:{port}"
+        assert httpx.get(handle.url + "/health", timeout=10).status_code == 200
+    finally:
+        handle.stop()
+
+
+def test_the_sources_of_a_request_reach_the_reward():
+    import asyncio
+
+    import numpy as np
+    from PIL import Image
+
+    from rewardkit.server import RewardServer
+
+    class EditGap(Reward):
+        """Score = (mean of the image - mean of its first source) / 255."""
+
+        name = "edit-gap"
+        tasks = frozenset({"edit"})
+        thread_safe = True
+
+        def _score(self, batch):
+            return RewardOutput(scores=torch.tensor(
+                [(float(np.asarray(im).mean()) - float(np.asarray(src[0]).mean())) / 255.0
+                 for im, src in zip(batch.images, batch.sources)]))
+
+    def grey(v):
+        return Image.fromarray(np.full((8, 8, 3), v, dtype=np.uint8))
+
+    # catches the parsed sources left out of the queued job: (200 - 50) / 255 needs the source
+    server = RewardServer([EditGap()], ServerConfig())
+
+    async def main():
+        job = server.parse("score", {"images": [_png(grey(200))], "prompt": "make it lighter",
+                                     "sources": [[_png(grey(50))]]})
+        await server.startup()
+        try:
+            return await asyncio.wait_for(server.handle(job), 60)
+        finally:
+            await server.shutdown()
+
+    assert asyncio.run(main())["scores"] == [pytest.approx(150 / 255)]

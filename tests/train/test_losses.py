@@ -248,3 +248,22 @@ def test_trainer_loss_uses_the_batch_margin_and_weight(kind):
     want = (per[0] * 1.0 + per[1] * 2.0) / 3.0
     assert float(loss) == pytest.approx(want, rel=1e-9)
     assert r_a.tolist() == [1.0, 0.0] and r_b.tolist() == [0.3, 0.4]
+
+
+def test_hpsv3_loss_is_its_formula_on_the_documented_draws_with_weights():
+    # reference: the docstring's formula on its draws, float64 N(0, 1) [B, samples] from Generator().manual_seed
+    # (seed), with -log sigmoid(z) = log(1 + exp(-z)), written out here
+    f64 = dict(dtype=torch.float64)
+    mu_w, ls_w = torch.tensor([0.3, -0.2], **f64), torch.tensor([-0.5, 0.1], **f64)
+    mu_l, ls_l = torch.tensor([0.1, 0.4], **f64), torch.tensor([0.2, -1.0], **f64)
+    w = torch.tensor([1.0, 3.0], **f64)
+    eps = torch.randn((2, 8), generator=torch.Generator().manual_seed(5), **f64)
+    scale = torch.sqrt(torch.exp(2 * ls_w) + torch.exp(2 * ls_l))
+    per_pair = torch.log1p(torch.exp(-((mu_w - mu_l)[:, None] + scale[:, None] * eps))).mean(-1)
+    expected = float((per_pair * w).sum() / w.sum())
+    # catches float32 draws (another sequence) and a dropped weight
+    got = L.uncertainty_hpsv3_loss(mu_w, ls_w, mu_l, ls_l, weight=w, samples=8, seed=5)
+    assert float(got) == pytest.approx(expected, rel=1e-12)
+    # catches uncertainty_loss not forwarding `weight` to the HPSv3 form (its default)
+    assert float(L.uncertainty_loss(mu_w, ls_w, mu_l, ls_l, weight=w, samples=8, seed=5)) == pytest.approx(expected, rel=1e-12)
+    assert float((per_pair * w).sum() / w.sum()) != pytest.approx(float(per_pair.mean()), rel=1e-3)  # the weights matter
