@@ -75,14 +75,14 @@ def verify_convs(evr: EVR, cands, refs, instruction, hyps, k, claims="distinct")
     """One Yes/No question per hypothesis. Greedy hypotheses of one dimension are one text, so with
     ``claims="repeated"`` (every claim at score 3) K - 1 of every K questions repeat one another and rewardkit
     answers each repeat once. EVR samples its K hypotheses (temperature 0.7), which differ: ``"distinct"`` (the
-    default) gives the k-th claim the score k + 1, so no two questions are the same and that shortcut does not
-    apply: the workload the paper runs."""
+    default; K <= 5, the length of EVR's scale) gives the k-th claim the score k + 1, so no two questions are the
+    same and that shortcut does not apply: the workload the paper runs."""
     D = len(DIMENSIONS)
     out = []
     for c_i, c in enumerate(cands):
         for d_i, d in enumerate(DIMENSIONS):
             for k_i, text in enumerate(hyps[c_i * D + d_i]):
-                score = 3.0 if claims == "repeated" else float(k_i % 5 + 1)
+                score = 3.0 if claims == "repeated" else float(k_i + 1)
                 out.append(evr._verify_conv(instruction, refs, c, {}, d, score, text.strip() or "(empty)"))
     return out
 
@@ -132,6 +132,9 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="after the rounds, profile one more rewardkit run (cProfile) and print its top N functions")
     args = ap.parse_args()
+    if args.claims == "distinct" and args.k > 5:
+        ap.error("--claims distinct gives the k-th claim the score k + 1 on EVR's 1-5 scale: --k 5 at most "
+                 "(or --claims repeated)")
     torch.manual_seed(0)
     builder = tiny_qwen2_5_vl if args.model == "qwen2_5_vl" else tiny_qwen3_vl
     model, proc = builder(**SIZES[args.size])
