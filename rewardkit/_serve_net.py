@@ -13,6 +13,7 @@ byte every few seconds hold a socket each, forever, until the process runs out o
 - a request whose line and headers are not complete ``header_timeout`` seconds after the connection opened
   (or after the previous response) is answered ``408`` and its connection closed; so is a connection still
   sending the body of a request answered without reading it (e.g. a 401);
+- every connection has Nagle's algorithm off (:func:`set_nodelay`), whatever socket the server was given;
 - a connection whose answers stay unread for ``send_timeout`` seconds (its write buffer full: a client that
   pipelines requests and never reads) is dropped; uvicorn would wait for it forever.
 """
@@ -76,6 +77,22 @@ def connection_cap(max_connections: int, backlog: int) -> tuple[int, int]:
     return new_cap, new_backlog
 
 
+def set_nodelay(transport: Any) -> None:
+    """Turn Nagle's algorithm off on a TCP connection. asyncio does it only for sockets whose ``proto`` is
+    ``IPPROTO_TCP``; a socket made with ``socket.socket(AF_INET, SOCK_STREAM)`` (proto 0: what uvicorn gets
+    through ``sockets=`` / ``--fd``) is skipped, and then an answer's body, written after its head, waits for
+    the client's delayed ACK of the head: about 40 ms added to every request on a keep-alive connection."""
+    import socket
+
+    sock = transport.get_extra_info("socket")
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return  # a Unix socket: no Nagle
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except OSError:  # the connection is already gone
+        pass
+
+
 def protocol_class(max_connections: int, header_timeout: float, send_timeout: float | None = None) -> type:
     """uvicorn's h11 protocol with a connection cap, a header-read timeout and a timeout on unread answers
     (``send_timeout``, default ``header_timeout``; see the module doc)."""
@@ -93,6 +110,7 @@ def protocol_class(max_connections: int, header_timeout: float, send_timeout: fl
 
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            set_nodelay(transport)
             if len(self.connections) > max_connections:
                 transport.write(busy)
                 transport.close()
