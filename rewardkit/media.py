@@ -234,6 +234,9 @@ def _open_encoded(data: bytes | None, path: Path | None) -> Image.Image:
     return im
 
 
+_ORIENTATION = 0x0112  # the EXIF Orientation tag
+
+
 def _pil_to_rgb(im: Image.Image, owned: bool = False) -> Image.Image:
     """Canonical RGB copy of ``im``; ``owned=True`` when ``im`` was decoded here (no defensive copy needed).
 
@@ -256,8 +259,11 @@ def _pil_to_rgb(im: Image.Image, owned: bool = False) -> Image.Image:
 def _pil_to_rgb_unchecked(im: Image.Image, owned: bool) -> Image.Image:
     if getattr(im, "is_animated", False) and im.tell() != 0:
         im.seek(0)
+    src = im
     try:
-        im = ImageOps.exif_transpose(im) or im
+        # exif_transpose returns a copy even when there is nothing to turn: asked only when there is
+        if im.getexif().get(_ORIENTATION, 1) not in (None, 1):
+            im = ImageOps.exif_transpose(im) or im
     except Exception:  # a malformed EXIF block must not make the pixels unusable
         pass
     mode = im.mode
@@ -280,8 +286,8 @@ def _pil_to_rgb_unchecked(im: Image.Image, owned: bool) -> Image.Image:
         out = Image.fromarray(np.clip(np.round(arr), 0, 255).astype(np.uint8), "L").convert("RGB")
     else:  # 1, L, P, CMYK, YCbCr, LAB, HSV
         out = im.convert("RGB")
-    if out is im and not owned:
-        out = im.copy()  # never hand out the caller's object: rewards may resize it in place
+    if out is src and not owned:
+        out = src.copy()  # never hand out the caller's object (one copy): rewards may resize it in place
     out.load()
     return out
 

@@ -3,7 +3,8 @@
 transformers' PIL image processors (``Qwen2VLImageProcessorPil``, ``CLIPImageProcessorPil``) handle one image
 at a time: numpy array -> PIL image -> resize -> numpy -> (center crop) -> rescale in float64 -> float32 ->
 normalise (-> Qwen: patchify). Here the only step that needs PIL, the resize, is kept (the same
-``Image.resize`` call, skipped when the size does not change, as PIL itself skips it), and the rest runs for
+``Image.resize`` call, skipped when the size does not change, as PIL itself skips it; the images of a batch
+are resized side by side on :mod:`rewardkit._threads`' pool, PIL releasing the GIL), and the rest runs for
 all images of one size at once: the rescale and normalisation of 8-bit values through a 256-entry table per
 channel computed with the processor's own float operations (so every value is the processor's, bit for bit),
 then the crop (CLIP) as slicing. Qwen: the patch layout is made while the values are still 8-bit (one
@@ -24,6 +25,8 @@ import functools
 
 import numpy as np
 import torch
+
+from .._threads import map_images
 
 __all__ = ["pil_pixel_values", "clip_pil_pixel_values", "rescale_normalize_table"]
 
@@ -68,23 +71,27 @@ def pil_pixel_values(images: Sequence[Any], image_processor: Any) -> dict[str, t
     settings are outside what this reproduces (the caller then runs the processor)."""
     from ..preprocess import qwen_params, smart_resize
 
+    images = list(images)
     if type(image_processor).__name__ != "Qwen2VLImageProcessorPil" or not images:
         return None
     p = qwen_params(image_processor)
     table = _usable_table(images, image_processor, p)
     if table is None:
         return None
-    resized, shapes = [], []
     sizes: dict[tuple[int, int], tuple[int, int]] = {}
+    shapes = []
     for im in images:
         w, h = im.size
         if (h, w) not in sizes:
             sizes[(h, w)] = smart_resize(h, w, p.factor, p.min_pixels, p.max_pixels)
-        hh, ww = sizes[(h, w)]
-        if (hh, ww) != (h, w):
-            im = im.resize((ww, hh), resample=int(image_processor.resample))
-        resized.append(im)
-        shapes.append((hh, ww))
+        shapes.append(sizes[(h, w)])
+    resample = int(image_processor.resample)
+
+    def resize(i: int) -> Any:
+        (hh, ww), im = shapes[i], images[i]
+        return im if (hh, ww) == (im.height, im.width) else im.resize((ww, hh), resample=resample)
+
+    resized = map_images(resize, range(len(images)))  # the resizes side by side (PIL releases the GIL)
     ps, m, t = p.patch_size, p.merge_size, p.temporal_patch_size
     counts = [(hh // ps) * (ww // ps) for hh, ww in shapes]
     starts = np.concatenate([[0], np.cumsum(counts)]).tolist()
@@ -131,13 +138,14 @@ def clip_pil_pixel_values(images: Sequence[Any], image_processor: Any) -> torch.
     them, or None when its settings are outside what this reproduces (the caller then runs the processor)."""
     from ..preprocess import clip_params, clip_resize_shape
 
+    images = list(images)
     if type(image_processor).__name__ != "CLIPImageProcessorPil" or not images:
         return None
     p = clip_params(image_processor)
     table = _usable_table(images, image_processor, p)
     if table is None:
         return None
-    arrays = []
+    targets = []
     for im in images:
         w, h = im.size
         if p.shortest_edge is not None:
@@ -146,16 +154,23 @@ def clip_pil_pixel_values(images: Sequence[Any], image_processor: Any) -> torch.
             hh, ww = p.size_hw
         else:
             hh, ww = h, w
-        if (hh, ww) != (h, w):
-            im = im.resize((ww, hh), resample=int(image_processor.resample))
+        if p.crop_hw is not None and (hh < p.crop_hw[0] or ww < p.crop_hw[1]):
+            return None  # the processor pads first: not reproduced here
+        targets.append((hh, ww))
+    resample = int(image_processor.resample)
+
+    def resize(i: int) -> np.ndarray:
+        (hh, ww), im = targets[i], images[i]
+        if (hh, ww) != (im.height, im.width):
+            im = im.resize((ww, hh), resample=resample)
         a = np.asarray(im)
         if p.crop_hw is not None:
             ch, cw = p.crop_hw
-            if hh < ch or ww < cw:
-                return None  # the processor pads first: not reproduced here
             top, left = (hh - ch) // 2, (ww - cw) // 2
             a = a[top:top + ch, left:left + cw]
-        arrays.append(a)
+        return a
+
+    arrays = map_images(resize, range(len(images)))  # the resizes side by side (PIL releases the GIL)
     shapes = {a.shape for a in arrays}
     if len(shapes) != 1:
         return None  # no crop and different sizes: the processor could not stack them either

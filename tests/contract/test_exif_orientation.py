@@ -75,3 +75,29 @@ def test_exif_orientation_exact_pixels(orientation, tmp_path):
 def _write(path, data):
     path.write_bytes(data)
     return path
+
+
+def test_one_copy_of_a_callers_image_none_of_a_decoded_one(monkeypatch):
+    """Decoding copies no more than it must: a caller's RGB PIL image is copied once (never handed out: rewards
+    may resize in place), an image decoded here not at all, and an upright image does not go through
+    ``exif_transpose`` (which returns a copy even when there is nothing to turn). A 1024-px image is 3 MB a copy."""
+    copies = []
+    real_copy = Image.Image.copy
+
+    def counting_copy(self):
+        copies.append(self.size)
+        return real_copy(self)
+
+    monkeypatch.setattr(Image.Image, "copy", counting_copy)
+    mine = Image.fromarray(_asymmetric(), "RGB")
+    out = media.load_image(mine)
+    assert out is not mine and np.array_equal(np.asarray(out), np.asarray(mine)) and len(copies) == 1
+    out.putpixel((0, 0), (1, 2, 3))
+    assert mine.getpixel((0, 0)) != (1, 2, 3)  # the caller's image is untouched
+    copies.clear()
+    buf = io.BytesIO()
+    Image.fromarray(_asymmetric(), "RGB").save(buf, format="PNG")
+    media.load_image(buf.getvalue())
+    assert copies == []
+    rotated = media.load_image(_png_with_orientation(_asymmetric(), 6))  # turned: a new image, still no copy
+    assert np.array_equal(np.asarray(rotated), EXIF_TO_UPRIGHT[6](_asymmetric())) and copies == []

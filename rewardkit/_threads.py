@@ -1,0 +1,59 @@
+"""A few threads for the per-image work of a batch that releases the GIL (PIL's resize): the images of one
+call are resized side by side instead of one after the other.
+
+The pool is shared by the whole process, made on first use and again in a forked child (a pool's threads do
+not survive ``fork``: a DataLoader worker would otherwise wait forever). Its size is
+``REWARDKIT_PREPROCESS_THREADS`` when set (1: everything on the calling thread), else the CPUs this process may
+run on, at most 8. The work and its order are the same as on one thread, so the results are identical.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Sequence
+
+__all__ = ["preprocess_threads", "map_images"]
+
+_MAX_DEFAULT = 8
+_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+_pool_key: tuple[int, int] | None = None  # (pid, size) it was made for
+
+
+def preprocess_threads() -> int:
+    """Threads for per-image pre-processing: ``REWARDKIT_PREPROCESS_THREADS`` (a positive integer) or the
+    usable CPUs, at most 8."""
+    env = os.environ.get("REWARDKIT_PREPROCESS_THREADS", "").strip()
+    if env:
+        if not env.isdigit() or int(env) < 1:
+            raise ValueError(f"REWARDKIT_PREPROCESS_THREADS must be a positive integer, got {env!r}")
+        return int(env)
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(_MAX_DEFAULT, cpus))
+
+
+def _get_pool(size: int) -> ThreadPoolExecutor:
+    global _pool, _pool_key
+    key = (os.getpid(), size)
+    with _lock:
+        if _pool_key != key:
+            if _pool is not None and _pool_key is not None and _pool_key[0] == key[0]:
+                _pool.shutdown(wait=False)  # resized in this process; a forked child's copy has no threads
+            _pool = ThreadPoolExecutor(max_workers=size, thread_name_prefix="rewardkit-preprocess")
+            _pool_key = key
+        return _pool
+
+
+def map_images(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+    """``[fn(x) for x in items]``, on the shared pool when there are two items or more and more than one thread;
+    the first exception is raised, as in the loop."""
+    items = list(items)
+    size = preprocess_threads()
+    if len(items) < 2 or size < 2 or threading.current_thread().name.startswith("rewardkit-preprocess"):
+        return [fn(x) for x in items]  # (a pool thread never waits on its own pool)
+    return list(_get_pool(size).map(fn, items))
