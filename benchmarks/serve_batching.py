@@ -15,7 +15,7 @@ that the load generator shares, a second intra-op thread of a tiny model mostly 
 and takes the cores from the event loop and the load generator: it doubled the server's CPU per request
 (benchmarks/README.md).
 
-    python benchmarks/serve_batching.py [--clients 16] [--requests 20] [--rounds 3] [--wire binary,json]
+    python benchmarks/serve_batching.py [--clients 16] [--requests 60] [--rounds 5] [--wire binary,json]
         [--server-threads 1]
 
 ``--model`` / ``--device`` run a real CLIP checkpoint on a GPU (see benchmarks/gpu/).
@@ -35,8 +35,10 @@ from concurrent.futures import ThreadPoolExecutor
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, default=16)
-    ap.add_argument("--requests", type=int, default=20, help="requests per client per round")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=60,
+                    help="requests per client per round (60: a round of the unmerged server lasts about 5 s; "
+                         "the host's noise moved 1-s rounds by up to 2x)")
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--reward", default="clipscore")
     ap.add_argument("--model", default=None, help="checkpoint dir (default: a tiny random CLIP)")
