@@ -16,10 +16,47 @@ from ._prep import lcp as _lcp
 if TYPE_CHECKING:
     from .transformers_backend import _Img
 
-__all__ = ["PrefixCacheMixin"]
+__all__ = ["PrefixCacheMixin", "unsupported_attention"]
 
 #: the largest reused CPU attention-mask buffer (:meth:`PrefixCacheMixin._mask_buffer`)
 _MASK_BUFFER_BYTES = 64 * 2 ** 20
+
+
+def unsupported_attention(config: Any) -> str | None:
+    """Why the transformers judge cannot run this model's text attention exactly, or None (full attention in
+    every layer).
+
+    Read from the text config's ``layer_types``, the list transformers itself builds its per-layer masks and
+    cache layers from: Qwen2-VL / Qwen2.5-VL's config sets it from ``use_sliding_window``, ``sliding_window``
+    and ``max_window_layers`` (layer ``i`` is ``"sliding_attention"`` when the window is on and
+    ``i >= max_window_layers``), so ``use_sliding_window: true`` with ``max_window_layers >= num_hidden_layers``
+    windows no layer and is accepted. A windowed layer would lose its window in the ready 4-D masks the judge
+    passes (transformers hands a 4-D mask to every layer unchanged; sdpa and eager take the window only from
+    the mask) and its cache would keep only the window, so prefix slices and forks would not be a fresh
+    prefill's; a linear-attention layer (hybrid models such as Qwen3.5) keeps a recurrent state that cannot be
+    sliced or forked by keys / values.
+    """
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    types = list(getattr(text, "layer_types", None) or [])
+    other = [t for t in types if t != "full_attention"]
+    if not other:
+        return None
+    fields = {k: getattr(text, k, None) for k in ("use_sliding_window", "sliding_window", "max_window_layers",
+                                                   "num_hidden_layers")}
+    windowed = [i for i, t in enumerate(types) if t == "sliding_attention"]
+    if windowed:
+        set_ = ", ".join(f"{k}={v!r}" for k, v in fields.items())
+        return (f"its text config uses sliding-window attention in {len(windowed)} of {len(types)} layers "
+                f"(text_config.layer_types has 'sliding_attention' from layer {windowed[0]}; {set_}). The judge's "
+                "shared-prefix KV caches and ready 4-D attention masks would drop or cut the window, giving "
+                "answers that differ from the model's own forward. Use a config without a window "
+                "(use_sliding_window: false, or max_window_layers >= num_hidden_layers, and no "
+                "'sliding_attention' in layer_types; when every prompt plus its answer is at most sliding_window "
+                "tokens the window masks nothing, so the answers are the same), or the vllm / openai backend")
+    kinds = sorted(set(other))
+    return (f"its text config has {', '.join(map(repr, kinds))} layers (text_config.layer_types = {types}): "
+            "a hybrid model whose non-full-attention layers keep state the judge cannot slice or fork by "
+            "keys / values. Use the vllm or openai backend")
 
 
 class PrefixCacheMixin:
@@ -28,7 +65,8 @@ class PrefixCacheMixin:
     # ------------------------------------------------------------------ session prefix cache
     def _sliceable(self) -> bool:
         """Full-attention KV only: a cached prefix's first n positions are then exactly the KV a fresh prefill
-        of those n tokens gives (hybrid linear-attention caches are not sliceable)."""
+        of those n tokens gives (hybrid linear-attention and sliding-window caches are not sliceable; the
+        constructor refuses such models, :func:`unsupported_attention`)."""
         cfg = self.model.config
         text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
         types = getattr(text, "layer_types", None)

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 from ._prep import SegmentTokenizer, TemplateCache, lcp, positions
-from ._transformers_cache import PrefixCacheMixin, _additive_mask, _cache_arg, _cache_of, _left_padded
+from ._transformers_cache import (PrefixCacheMixin, _additive_mask, _cache_arg, _cache_of, _left_padded,
+                                  unsupported_attention)
 from ._transformers_decode import DecodeMixin
 from ._transformers_packed import PackedScoringMixin
 from .base import ChoiceError, Conversation, JudgeBackend, check_choices, check_temperature, continues_final_message
@@ -117,8 +118,32 @@ def _unique(convs: list[_Conv]) -> tuple[list[_Conv], list[int] | None]:
     return uniq, (back if len(uniq) < len(convs) else None)
 
 
+def _config_only(path: str, trust_remote_code: bool) -> Any:
+    """The checkpoint's config alone (a small JSON file), or None when it cannot be read that way (the model is
+    then checked after loading)."""
+    try:
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except Exception:  # noqa: BLE001 - load_vlm reports the real problem
+        return None
+
+
+def _refuse_attention(config: Any, name: str) -> None:
+    """A TypeError when the model's text attention is not full attention in every layer
+    (:func:`~rewardkit.judges._transformers_cache.unsupported_attention`)."""
+    why = None if config is None else unsupported_attention(config)
+    if why is not None:
+        raise TypeError(f"{name} is not supported by the transformers judge backend: {why}")
+
+
 class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, JudgeBackend):
     """A judge on any local ``AutoModelForImageTextToText`` checkpoint of the Qwen-VL family.
+
+    The text model must use full attention in every layer: a checkpoint whose config windows some layers
+    (``use_sliding_window`` with ``max_window_layers`` below ``num_hidden_layers``, or ``"sliding_attention"``
+    in ``layer_types``) or has linear-attention layers is refused with a ``TypeError`` before its weights are
+    loaded (see ``docs/judges.md``).
 
     Args:
         model: a checkpoint path / hub id, or an already loaded model (then pass ``processor``).
@@ -149,6 +174,7 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
             from ..models.vlm import load_vlm
 
             self.model_id = model
+            _refuse_attention(_config_only(model, trust_remote_code), model)  # before loading the weights
             model, processor = load_vlm(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
                                         attn_implementation=attn_implementation)
         else:
@@ -163,6 +189,7 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
             raise TypeError(f"{type(model).__name__} is not supported by the transformers judge backend: it needs a "
                             "Qwen-VL-family model with M-RoPE (Qwen2-VL, Qwen2.5-VL, Qwen3-VL); use the vllm or "
                             "openai backend for other architectures")
+        _refuse_attention(model.config, type(model).__name__)
         self.model = model.eval()
         self.processor = processor
         self.tokenizer = processor.tokenizer

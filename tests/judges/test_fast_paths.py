@@ -262,17 +262,3 @@ def test_prefill_positions_are_the_models_get_rope_index(tiny, images):
     assert len(set(mask.sum(-1).tolist())) > 1
     assert torch.equal(st["pos"][:, valid], ref[:, valid])
     assert torch.equal(st["next_pos"], mask.sum(-1) + deltas.reshape(-1))
-
-
-def test_sliding_window_layers_keep_the_boolean_masks():
-    """transformers passes a ready 4-D mask to every layer unchanged: a sliding-window layer would lose its window,
-    so a model with one keeps the 2-D mask transformers turns into per-layer masks."""
-    model, proc = tiny_qwen2_5_vl()
-    assert TransformersJudge(model, proc)._additive_masks()
-    cfg = copy.deepcopy(model.config)
-    text = cfg.text_config
-    text.use_sliding_window, text.sliding_window, text.max_window_layers = True, 6, 0
-    text.layer_types = ["sliding_attention"] * text.num_hidden_layers
-    windowed = type(model)(cfg).eval()
-    judge = TransformersJudge(windowed, proc)
-    assert judge._attn_impl() == "sdpa" and not judge._additive_masks()

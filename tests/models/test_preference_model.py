@@ -404,3 +404,41 @@ def test_positions_saved_and_old_configs_mean_mrope(saved, images, tmp_path):
     assert c.positions == "sequential" and c.config_dict()["positions"] == "sequential"
     with pytest.raises(ValueError, match="positions must be one of"):
         PreferenceModel.from_pretrained(saved, positions="1d")
+
+
+def test_sliding_window_backbone_keeps_its_window(tiny_qwen2_5_vl_dir, tmp_path):
+    """A Qwen2.5-VL backbone whose config windows its layer (``use_sliding_window``, ``max_window_layers=0``):
+    PreferenceModel runs the backbone's own forward with a 2-D mask and no cache, so transformers applies the
+    window itself (unlike the transformers judge, which refuses such checkpoints). Each score is the
+    backbone's forward with nothing passed but the processor's tensors (the model computes its positions and
+    masks) read at the reward token through the head; batches equal one by one; and the window really masks
+    (the same weights without it score differently)."""
+    import shutil
+
+    win = tmp_path / "windowed"
+    shutil.copytree(tiny_qwen2_5_vl_dir, win)
+    cfg = json.loads((win / "config.json").read_text())
+    cfg["text_config"].pop("layer_types", None)
+    cfg["text_config"].update(use_sliding_window=True, sliding_window=8, max_window_layers=0)
+    (win / "config.json").write_text(json.dumps(cfg))
+
+    def build(path):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            return PreferenceModel.from_backbone(str(path)).eval()
+
+    m, full = build(win), build(tiny_qwen2_5_vl_dir)
+    assert m.vlm.config.text_config.layer_types == ["sliding_attention"]
+    imgs = random_images(3, sizes=[(32, 32), (64, 48), (40, 70)])
+    b, _ = m.score(imgs, PROMPTS[:3])
+    enc = m.encode(imgs, PROMPTS[:3])
+    assert int(enc["attention_mask"].sum(1).min()) > 8  # longer than the window: it masks something
+    with torch.no_grad():
+        h = m.vlm.model(**enc, use_cache=False).last_hidden_state
+        is_rt = enc["input_ids"] == m.reward_token_id
+        at = (is_rt.shape[1] - 1) - is_rt.flip(1).to(torch.int8).argmax(1)
+        ref = m.head(h[torch.arange(len(imgs)), at].float())[:, 0]
+    torch.testing.assert_close(b, ref, atol=1e-5, rtol=0)
+    s = torch.cat([m.score([im], [p])[0] for im, p in zip(imgs, PROMPTS[:3])])
+    torch.testing.assert_close(b, s, atol=1e-5, rtol=0)
+    assert (b - full.score(imgs, PROMPTS[:3])[0]).abs().min() > 1e-4
