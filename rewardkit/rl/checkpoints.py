@@ -64,7 +64,9 @@ def save_checkpoint(tr: "NFTTrainer", st: dict[str, Any] | None = None) -> Path:
         state = {"epoch": tr.epoch, "global_step": tr.global_step, "world_size": tr.dist.world,
                  "mid_epoch": st is not None,
                  "optimizer": meta, "scaler": tr.scaler.state_dict() if tr.scaler.is_enabled() else None,
-                 "config": dataclasses.asdict(tr.cfg)}
+                 "config": dataclasses.asdict(tr.cfg),
+                 # the wandb run to continue on resume (kept through a run without report_to: wandb)
+                 "wandb_run_id": tr.wandb_run_id}
         (tmp / "state.json").write_text(json.dumps(state, indent=1), encoding="utf-8")
         publish_checkpoint(root, tmp, final, "epoch-*", tr.cfg.save_total_limit)
     tr.dist.barrier()
@@ -179,6 +181,7 @@ def load_checkpoint(tr: "NFTTrainer", path: Path) -> None:
         torch.set_rng_state(st.load_file(str(rng_file))["cpu"])
     tr.epoch = int(state["epoch"])
     tr.global_step = int(state["global_step"])
+    tr.wandb_run_id = state.get("wandb_run_id")  # None: written without wandb, or before the id was saved
     if state.get("mid_epoch"):
         f = path / f"epoch-state-rank{tr.dist.rank}.safetensors"
         from safetensors import safe_open
