@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +20,7 @@ from .._imports import require
 if TYPE_CHECKING:  # pragma: no cover
     from .trainer import NFTTrainer
 
-__all__ = ["save_checkpoint", "load_checkpoint", "save_lora"]
+__all__ = ["save_checkpoint", "load_checkpoint", "save_lora", "check_saved_config"]
 
 
 def state_tensors(tr: "NFTTrainer") -> dict[str, torch.Tensor]:
@@ -63,7 +64,9 @@ def save_checkpoint(tr: "NFTTrainer", st: dict[str, Any] | None = None) -> Path:
         state = {"epoch": tr.epoch, "global_step": tr.global_step, "world_size": tr.dist.world,
                  "mid_epoch": st is not None,
                  "optimizer": meta, "scaler": tr.scaler.state_dict() if tr.scaler.is_enabled() else None,
-                 "config": dataclasses.asdict(tr.cfg)}
+                 "config": dataclasses.asdict(tr.cfg),
+                 # the wandb run to continue on resume (kept through a run without report_to: wandb)
+                 "wandb_run_id": tr.wandb_run_id}
         (tmp / "state.json").write_text(json.dumps(state, indent=1), encoding="utf-8")
         publish_checkpoint(root, tmp, final, "epoch-*", tr.cfg.save_total_limit)
     tr.dist.barrier()
@@ -87,6 +90,61 @@ def save_lora(tr: "NFTTrainer", directory: Path) -> None:
             for p, b in zip(tr.trainable, backup):
                 p.copy_(b)
 
+def _short(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def check_saved_config(saved: dict[str, Any], cfg: Any, keys: tuple[str, ...], path: Path) -> list[str]:
+    """Compare the config a checkpoint was written with (``state.json``'s ``config``) with this run's ``cfg`` on
+    ``keys`` (the options the results depend on); return the dotted names of the fields the checkpoint lacks.
+
+    A checkpoint written before a field existed lacks it: it ran with that field's default (the default of the
+    config dataclass of this code), so it resumes when this run leaves the field at its default, and is refused
+    when this run sets it otherwise. A saved field this code does not know (written by a newer version) cannot be
+    checked and is refused; so is a changed value of a field both know. Raises ``ValueError`` naming them all."""
+    defaults, now = type(cfg)(), dataclasses.asdict(cfg)
+    filled: list[str] = []
+    lacking: list[str] = []   # missing in the checkpoint, set otherwise in this run
+    changed: list[str] = []
+    unknown: list[str] = []
+
+    def missing(name: str, default: Any, current: Any) -> None:
+        if default == current:
+            filled.append(name)
+        else:
+            lacking.append(f"{name} (not in the checkpoint, which ran with the default {_short(default)}; "
+                           f"this run sets {_short(current)})")
+
+    def field_(name: str, saved_v: Any, current: Any, default: Any, present: bool) -> None:
+        dflt = dataclasses.asdict(default) if dataclasses.is_dataclass(default) else default
+        if not present:
+            missing(name, dflt, current)
+        elif dataclasses.is_dataclass(default) and isinstance(saved_v, dict) and isinstance(current, dict):
+            known = [f.name for f in dataclasses.fields(default)]
+            unknown.extend(f"{name}.{k}" for k in saved_v if k not in known)
+            for k in known:
+                field_(f"{name}.{k}", saved_v.get(k), current[k], getattr(default, k), k in saved_v)
+        elif saved_v != current:
+            changed.append(f"{name} ({_short(saved_v)} in the checkpoint, now {_short(current)})")
+
+    for k in keys:
+        field_(k, saved.get(k), now.get(k), getattr(defaults, k), k in saved)
+    problems = []
+    if unknown:
+        problems.append(f"{', '.join(unknown)} unknown to this version of rewardkit (the checkpoint was written by "
+                        "a newer one: resume it with that version)")
+    if changed:
+        problems.append(f"{', '.join(changed)} changed since it was written")
+    if lacking:
+        problems.append(f"{', '.join(lacking)}: leave {'it' if len(lacking) == 1 else 'them'} at the default to "
+                        "resume")
+    if problems:
+        raise ValueError(f"cannot resume from {path}: {'; '.join(problems)}; or use a new output_dir or "
+                         "resume=never")
+    return filled
+
+
 def load_checkpoint(tr: "NFTTrainer", path: Path) -> None:
     from ..train.trainer import _unflatten_optimizer
 
@@ -96,14 +154,16 @@ def load_checkpoint(tr: "NFTTrainer", path: Path) -> None:
         raise ValueError(f"checkpoint {path} was written by {state['world_size']} processes, this run has "
                          f"{tr.dist.world}; the sample plan would differ: use a new output_dir (or "
                          "--output-dir), or resume=never to start over in this one")
-    saved, now = state.get("config", {}), dataclasses.asdict(tr.cfg)
     keys = ("seed", "prompts", "sample", "lora", "e2po", "rewards")
     if state.get("mid_epoch"):  # the rest of the epoch follows the saved micro-batch split and generator
         keys += ("train",)
-    changed = [k for k in keys if saved.get(k) != now.get(k)]
-    if changed:
-        raise ValueError(f"cannot resume from {path}: {', '.join(changed)} changed since it was written; use a "
-                         "new output_dir or resume=never")
+    if not isinstance(state.get("config"), dict):
+        raise ValueError(f"cannot resume from {path}: its state.json holds no config to check this run against; use "
+                         "a new output_dir or resume=never")
+    filled = check_saved_config(state["config"], tr.cfg, keys, path)
+    if filled and tr.dist.main:
+        print(f"rewardkit rl nft: resuming from {path}, written before {', '.join(filled)} existed: filled in "
+              "with the defaults, which this run also uses", file=sys.stderr)
     tensors = st.load_file(str(path / "adapters.safetensors"))
     with torch.no_grad():
         for name, params in (("default", tr.trainable), ("old", tr.old_params), ("ema", tr.ema or [])):
@@ -121,6 +181,7 @@ def load_checkpoint(tr: "NFTTrainer", path: Path) -> None:
         torch.set_rng_state(st.load_file(str(rng_file))["cpu"])
     tr.epoch = int(state["epoch"])
     tr.global_step = int(state["global_step"])
+    tr.wandb_run_id = state.get("wandb_run_id")  # None: written without wandb, or before the id was saved
     if state.get("mid_epoch"):
         f = path / f"epoch-state-rank{tr.dist.rank}.safetensors"
         from safetensors import safe_open

@@ -86,10 +86,13 @@ class Trackers:
 
     ``resume_step``: the optimizer step a resumed run restarts after; TensorBoard drops the killed run's events
     logged after it (``SummaryWriter(purge_step=...)``), so a resumed run's curves have each step once.
+    ``wandb_id``: the wandb run id saved in that checkpoint; the resumed run continues that run
+    (``wandb.init(id=..., resume="allow")``) instead of starting a new one.
     """
 
     def __init__(self, report_to: list[str], out: Path, *, main: bool, run_name: str = "",
-                 config: dict[str, Any] | None = None, resume_step: int | None = None):
+                 config: dict[str, Any] | None = None, resume_step: int | None = None,
+                 wandb_id: str | None = None):
         self.tb = None
         self.wandb = None
         if not main:
@@ -104,7 +107,7 @@ class Trackers:
 
             self.wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "rewardkit-nft"),
                                     name=run_name or out.resolve().name, config=config, dir=str(out),
-                                    mode=_wandb_mode(), resume="allow")
+                                    mode=_wandb_mode(), id=wandb_id, resume="allow")
 
     def log(self, values: dict[str, Any], step: int) -> None:
         """Finite scalars only (a NaN would break TensorBoard's plots; it is in ``metrics.jsonl`` as null)."""

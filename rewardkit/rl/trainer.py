@@ -174,6 +174,7 @@ class NFTTrainer:
         self._resume_state: dict[str, Any] | None = None  # an epoch a mid-epoch checkpoint stopped in
         self._kill_after_step = int(os.environ.get(KILL_STEP_ENV, "0") or 0)
         self.trackers = Trackers([], self.out, main=False)  # the real ones open in train()
+        self.wandb_run_id: str | None = None  # the wandb run a resumed run continues (saved in each checkpoint)
 
     # ------------------------------------------------------------------ helpers
     def _autocast(self):
@@ -558,7 +559,10 @@ class NFTTrainer:
             else:
                 self._truncate_metrics()
         self.trackers = Trackers(cfg.report_to, self.out, main=self.dist.main, run_name=cfg.run_name,
-                                 config=dataclasses.asdict(cfg), resume_step=None if ckpt is None else self.global_step)
+                                 config=dataclasses.asdict(cfg), resume_step=None if ckpt is None else self.global_step,
+                                 wandb_id=None if ckpt is None else self.wandb_run_id)
+        if self.trackers.wandb is not None:
+            self.wandb_run_id = self.trackers.wandb.id
         self.dist.barrier()
         kill_after = int(os.environ.get(KILL_ENV, "0") or 0)
         from tqdm.auto import tqdm

@@ -586,6 +586,95 @@ def test_resuming_with_another_world_size_says_how_to_start_over(trainer, tmp_pa
         trainer.load_checkpoint(ck)
 
 
+@pytest.fixture(scope="module")
+def saved_checkpoint(trainer):
+    """A checkpoint written by the real trainer path (``NFTTrainer.save_checkpoint``) of the module's trainer."""
+    return trainer.save_checkpoint()
+
+
+def _as_written(saved_checkpoint, tmp_path, edit) -> Path:
+    """A copy of the saved checkpoint whose stored config ``edit`` changed (as another version would write it)."""
+    import shutil
+
+    ck = tmp_path / "checkpoints" / saved_checkpoint.name
+    shutil.copytree(saved_checkpoint, ck)
+    state = json.loads((ck / "state.json").read_text())
+    edit(state["config"])
+    (ck / "state.json").write_text(json.dumps(state, indent=1))
+    return ck
+
+
+def test_an_older_checkpoint_without_a_later_option_resumes_when_the_run_keeps_its_default(
+        trainer, saved_checkpoint, tmp_path, capsys):
+    """Bug: a checkpoint written before `sample.eval_guidance_scale` existed (its saved `sample` section lacks it)
+    was refused ("sample changed since it was written") although the run left that option at its default. The
+    missing fields are filled in from the current defaults and named on stderr; the weights are loaded."""
+    assert trainer.cfg.sample.eval_guidance_scale is None  # the default
+    ck = _as_written(saved_checkpoint, tmp_path, lambda c: (c["sample"].pop("eval_guidance_scale"),
+                                                            c["e2po"].pop("warn_band")))
+    before = [p.detach().clone() for p in trainer.trainable]
+    with torch.no_grad():
+        for p in trainer.trainable:
+            p.add_(1.0)  # so that the load is seen to restore the saved weights
+    trainer.epoch, trainer.global_step = 7, 7
+    trainer.load_checkpoint(ck)
+    assert all(torch.equal(p, b) for p, b in zip(trainer.trainable, before))
+    assert (trainer.epoch, trainer.global_step) == (0, 0)
+    err = capsys.readouterr().err
+    assert "sample.eval_guidance_scale" in err and "e2po.warn_band" in err and "default" in err, err
+
+
+def test_an_older_checkpoint_is_refused_when_the_run_sets_an_option_it_lacks(trainer, saved_checkpoint, tmp_path,
+                                                                             monkeypatch):
+    """A field the checkpoint lacks ran at its default then; a run that sets it otherwise would not continue
+    the same run, so it is refused, naming the field, both values and the way out."""
+    ck = _as_written(saved_checkpoint, tmp_path, lambda c: c["sample"].pop("eval_guidance_scale"))
+    monkeypatch.setattr(trainer.cfg.sample, "eval_guidance_scale", 4.5)
+    with pytest.raises(ValueError, match=r"sample\.eval_guidance_scale(.|\n)*4\.5(.|\n)*new output_dir"):
+        trainer.load_checkpoint(ck)
+
+
+def test_a_checkpoint_with_options_this_version_does_not_know_is_refused(trainer, saved_checkpoint, tmp_path):
+    """A saved section with a field the current code lacks (written by a newer rewardkit) cannot be checked:
+    refused, naming the field."""
+    ck = _as_written(saved_checkpoint, tmp_path, lambda c: c["sample"].update(future_knob=3))
+    with pytest.raises(ValueError, match=r"sample\.future_knob(.|\n)*newer"):
+        trainer.load_checkpoint(ck)
+
+
+def test_a_checkpoint_whose_option_had_another_value_is_still_refused(trainer, saved_checkpoint, tmp_path):
+    """The refusal that protects results stays: a changed value of a field both versions know, named."""
+    ck = _as_written(saved_checkpoint, tmp_path, lambda c: (c["sample"].update(num_steps=99),
+                                                            c["sample"].pop("eval_guidance_scale")))
+    with pytest.raises(ValueError, match=r"sample\.num_steps(.|\n)*changed since it was written"):
+        trainer.load_checkpoint(ck)
+    ck2 = _as_written(saved_checkpoint, tmp_path / "2", lambda c: c.update(seed=4))
+    with pytest.raises(ValueError, match=r"seed(.|\n)*changed since it was written"):
+        trainer.load_checkpoint(ck2)
+
+
+def test_saved_config_check_fills_whole_sections_and_nested_fields_from_the_current_defaults():
+    """The check itself on dicts as ``state.json`` holds them: a whole section added later (all defaults) is
+    filled in; a list or mapping value is compared whole (``rewards`` is a set, not a section of fields)."""
+    import dataclasses
+
+    from rewardkit.rl.checkpoints import check_saved_config
+
+    keys = ("seed", "prompts", "sample", "lora", "e2po", "rewards", "train")
+    cfg = NFTConfig(seed=5)
+    saved = json.loads(json.dumps(dataclasses.asdict(cfg)))
+    assert check_saved_config(saved, cfg, keys, Path("ck")) == []
+    del saved["e2po"], saved["train"]["ema_decay"]
+    assert check_saved_config(saved, cfg, keys, Path("ck")) == ["e2po", "train.ema_decay"]
+    cfg.e2po.enabled = True
+    with pytest.raises(ValueError, match=r"e2po \(not in the checkpoint"):
+        check_saved_config(saved, cfg, keys, Path("ck"))
+    cfg.e2po.enabled = False
+    saved["rewards"] = {"pickscore": 1.0, "hpsv2": 1.0}
+    with pytest.raises(ValueError, match=r"rewards \(\{'pickscore': 1.0, 'hpsv2': 1.0\} in the checkpoint"):
+        check_saved_config(saved, cfg, keys, Path("ck"))
+
+
 def test_documented_single_and_multi_process_tiny_commands_use_separate_folders():
     """README / docs/rl.md / the recipe headers / `rl nft --help`: a single-process and a torchrun command on
     the same recipe shared one output_dir, so the second resumed a checkpoint of another world size and failed."""

@@ -1,6 +1,7 @@
 """The claims of docs/rl.md that had no test that could fail: the documented defaults and presets, start checks
 before any model loads, ``resume: auto``, fp16 epochs (autocast, fp32 VAE, AdamW, clipping, logged keys), the
-reward scorer's weighted sum, the side-by-side table's option names, and ``report_to``'s library checks."""
+reward scorer's weighted sum, the side-by-side table's option names, ``report_to``'s library checks, and the
+wandb run a resume continues."""
 
 from __future__ import annotations
 
@@ -122,6 +123,96 @@ def test_rl_resume_auto_continues_and_never_starts_over(tmp_path, rl_tiny_dirs):
             NFTTrainer(_rl_cfg(tmp_path, rl_tiny_dirs, resume=str(tmp_path / "nope"))).train()
     finally:
         torch.set_num_threads(n_threads)
+
+
+class _RecordingWandb:
+    """A stand-in for the ``wandb`` module (not a rewardkit dependency) that records each ``wandb.init``'s keyword
+    arguments and each run's ``log`` steps; a run's id is the one passed, else a new one, as wandb does."""
+
+    def __init__(self):
+        self.inits: list[dict] = []
+        self.steps: list[list[int]] = []
+
+    def init(self, **kw):
+        from types import SimpleNamespace
+
+        self.inits.append(kw)
+        steps: list[int] = []
+        self.steps.append(steps)
+        return SimpleNamespace(id=kw.get("id") or f"new-{len(self.inits)}",
+                               log=lambda values, step=None: steps.append(step), finish=lambda: None)
+
+
+@pytest.mark.slow
+def test_rl_resume_continues_the_wandb_run_it_was_saved_with(tmp_path, rl_tiny_dirs, monkeypatch):
+    """Bug: a resumed run with report_to: wandb started a new wandb run (no run id was saved). The checkpoint
+    keeps the run id; the resumed run passes it back (``wandb.init(id=..., resume="allow")``), and a resume
+    without wandb keeps it for the next one. ``wandb`` is a recording double here (it is not installed)."""
+    import sys
+
+    from rewardkit.rl.trainer import NFTTrainer, latest_checkpoint
+
+    wandb = _RecordingWandb()
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
+
+    def saved_id():
+        return json.loads((latest_checkpoint(tmp_path) / "state.json").read_text()).get("wandb_run_id")
+
+    n_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        def run(**over):
+            return NFTTrainer(_rl_cfg(tmp_path, rl_tiny_dirs, log_images_every=0, **over)).train()
+
+        run(num_epochs=1, report_to=["wandb"])
+        assert wandb.inits[0]["id"] is None and wandb.inits[0]["resume"] == "allow"
+        assert saved_id() == "new-1" and wandb.steps[0] == [1, 1]  # the step's terms, the epoch's record
+        run(num_epochs=2, resume="auto", report_to=["wandb"])
+        assert wandb.inits[1]["id"] == "new-1" and wandb.inits[1]["resume"] == "allow"
+        assert saved_id() == "new-1" and wandb.steps[1] == [2, 2]
+        run(num_epochs=3, resume="auto", report_to=["none"])
+        assert len(wandb.inits) == 2 and saved_id() == "new-1"  # kept for a later resume with wandb
+    finally:
+        torch.set_num_threads(n_threads)
+
+
+def test_rl_trackers_pass_a_saved_wandb_run_id_back(tmp_path, monkeypatch):
+    """The tracker opens wandb with the saved run id and ``resume="allow"`` (the wandb docs' "Resume a run"),
+    and with no id on a fresh start (wandb makes one). ``wandb`` is a recording double here."""
+    import sys
+
+    from rewardkit.rl.tracking import Trackers
+
+    wandb = _RecordingWandb()
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
+    assert Trackers(["wandb"], tmp_path, main=True).wandb.id == "new-1"
+    assert Trackers(["wandb"], tmp_path, main=True, resume_step=3, wandb_id="abc123").wandb.id == "abc123"
+    assert [(kw["id"], kw["resume"], kw["dir"]) for kw in wandb.inits] == [(None, "allow", str(tmp_path)),
+                                                                          ("abc123", "allow", str(tmp_path))]
+    Trackers(["wandb"], tmp_path, main=False, wandb_id="abc123")  # other processes open no tracker
+    assert len(wandb.inits) == 2
+
+
+@pytest.mark.slow
+def test_rl_trackers_continue_the_same_wandb_run_with_real_wandb_offline(tmp_path, monkeypatch):
+    """With wandb installed (it is in no rewardkit extra; skipped without it): offline, the resumed tracker's
+    run has the id of the first one (checked with wandb 0.31.0)."""
+    pytest.importorskip("wandb")
+    from rewardkit.rl.tracking import Trackers
+
+    for var, sub in (("WANDB_DIR", ""), ("WANDB_CONFIG_DIR", "config"), ("WANDB_CACHE_DIR", "cache")):
+        monkeypatch.setenv(var, str(tmp_path / "wandb-home" / sub))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    first = Trackers(["wandb"], tmp_path, main=True, config={"seed": 1})
+    run_id = first.wandb.id
+    first.log({"x": 1.0}, 1)
+    first.close()
+    again = Trackers(["wandb"], tmp_path, main=True, config={"seed": 1}, resume_step=1, wandb_id=run_id)
+    assert again.wandb.id == run_id
+    again.log({"x": 2.0}, 2)
+    again.close()
+    assert len(list((tmp_path / "wandb").glob(f"offline-run-*-{run_id}"))) == 2
 
 
 def test_rl_fp16_epoch_autocast_fp32_vae_adamw_clipping_and_logged_keys(tmp_path, rl_tiny_dirs):
