@@ -88,10 +88,13 @@ def pil_pixel_values(images: Sequence[Any], image_processor: Any) -> dict[str, t
     resample = int(image_processor.resample)
 
     def resize(i: int) -> Any:
-        (hh, ww), im = shapes[i], images[i]
-        return im if (hh, ww) == (im.height, im.width) else im.resize((ww, hh), resample=resample)
+        hh, ww = shapes[i]
+        return images[i].resize((ww, hh), resample=resample)
 
-    resized = map_images(resize, range(len(images)))  # the resizes side by side (PIL releases the GIL)
+    resized = list(images)
+    todo = [i for i, im in enumerate(images) if shapes[i] != (im.height, im.width)]
+    for i, im in zip(todo, map_images(resize, todo)):  # the resizes side by side (PIL releases the GIL)
+        resized[i] = im
     ps, m, t = p.patch_size, p.merge_size, p.temporal_patch_size
     counts = [(hh // ps) * (ww // ps) for hh, ww in shapes]
     starts = np.concatenate([[0], np.cumsum(counts)]).tolist()
@@ -159,18 +162,22 @@ def clip_pil_pixel_values(images: Sequence[Any], image_processor: Any) -> torch.
         targets.append((hh, ww))
     resample = int(image_processor.resample)
 
-    def resize(i: int) -> np.ndarray:
-        (hh, ww), im = targets[i], images[i]
-        if (hh, ww) != (im.height, im.width):
-            im = im.resize((ww, hh), resample=resample)
+    def resize(i: int) -> Any:
+        hh, ww = targets[i]
+        return images[i].resize((ww, hh), resample=resample)
+
+    resized = list(images)
+    todo = [i for i, im in enumerate(images) if targets[i] != (im.height, im.width)]
+    for i, im in zip(todo, map_images(resize, todo)):  # the resizes side by side (PIL releases the GIL)
+        resized[i] = im
+    arrays = []
+    for (hh, ww), im in zip(targets, resized):
         a = np.asarray(im)
         if p.crop_hw is not None:
             ch, cw = p.crop_hw
             top, left = (hh - ch) // 2, (ww - cw) // 2
             a = a[top:top + ch, left:left + cw]
-        return a
-
-    arrays = map_images(resize, range(len(images)))  # the resizes side by side (PIL releases the GIL)
+        arrays.append(a)
     shapes = {a.shape for a in arrays}
     if len(shapes) != 1:
         return None  # no crop and different sizes: the processor could not stack them either

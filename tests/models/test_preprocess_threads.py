@@ -8,6 +8,7 @@ import multiprocessing
 import os
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -21,10 +22,13 @@ def test_results_in_order_on_the_pool(monkeypatch):
 
     def f(x):
         names.add(threading.current_thread().name)
+        time.sleep(0.001)  # the runs overlap (a pool thread done already would take the next run)
         return x * x
 
     assert _threads.map_images(f, range(50)) == [x * x for x in range(50)]
-    assert names and all(n.startswith("rewardkit-preprocess") for n in names)
+    # one contiguous run per thread: the caller's and two of the pool's
+    assert threading.current_thread().name in names
+    assert len([n for n in names if n.startswith("rewardkit-preprocess")]) == 2
     names.clear()
     assert _threads.map_images(f, [7]) == [49]  # one item: on the calling thread
     assert names == {threading.current_thread().name}
@@ -37,16 +41,28 @@ def test_one_thread_runs_on_the_caller(monkeypatch):
     assert set(seen) == {threading.current_thread().name}
 
 
-def test_the_first_error_is_raised(monkeypatch):
-    monkeypatch.setenv("REWARDKIT_PREPROCESS_THREADS", "2")
+def test_the_first_error_in_item_order_is_raised_after_every_run_ends(monkeypatch):
+    monkeypatch.setenv("REWARDKIT_PREPROCESS_THREADS", "3")
+    done = []
 
     def f(x):
-        if x == 3:
-            raise KeyError("three")
+        if x in (4, 8):  # one error in the pool's first run, one in its second
+            raise KeyError(f"item {x}")
+        done.append(x)
         return x
 
-    with pytest.raises(KeyError, match="three"):
-        _threads.map_images(f, range(6))
+    with pytest.raises(KeyError, match="item 4"):
+        _threads.map_images(f, range(9))
+    # runs [0, 1, 2], [3, 4, 5], [6, 7, 8]: each stops at its error, and all have stopped when it is raised
+    assert sorted(done) == [0, 1, 2, 3, 6, 7]
+
+    def g(x):
+        if x == 1:
+            raise ValueError("caller's run")
+        return x
+
+    with pytest.raises(ValueError, match="caller's run"):
+        _threads.map_images(g, range(9))
 
 
 @pytest.mark.parametrize("bad", ["0", "-1", "two", "1.5"])
