@@ -191,9 +191,11 @@ def main() -> None:
                   f"{', '.join(f'{v:.1f}' for v in vals)}; requests per model call {merged[(wire, name)]:.1f}; "
                   f"server CPU {1e3 * statistics.median(cpu[(wire, name)]):.2f} ms per request)")
         per_round = [b / a for a, b in zip(results[(wire, names[0])], results[(wire, names[1])])]
+        cpu_rounds = [a / b for a, b in zip(cpu[(wire, names[0])], cpu[(wire, names[1])])]
         print(f"{wire:6s} ratio batching / no batching: rounds {', '.join(f'{r:.2f}x' for r in per_round)}; "
               f"median {statistics.median(per_round):.2f}x (of medians "
-              f"{statistics.median(results[(wire, names[1])]) / statistics.median(results[(wire, names[0])]):.2f}x)")
+              f"{statistics.median(results[(wire, names[1])]) / statistics.median(results[(wire, names[0])]):.2f}x); "
+              f"server CPU per request, no batching / batching: median {statistics.median(cpu_rounds):.2f}x")
 
 
 if __name__ == "__main__":
