@@ -86,7 +86,8 @@ def nginx_conf(tmp: Path, server_block: str) -> Path:
         f"{user}worker_processes 1;\npid {tmp}/nginx.pid;\nerror_log {tmp}/error.log warn;\n"
         "events { worker_connections 64; }\n"
         "http {\n"
-        f"    access_log {tmp}/access.log;\n"
+        "    log_format passes '$request_uri $status \"$upstream_addr\" \"$upstream_status\"';\n"
+        f"    access_log {tmp}/access.log passes;\n"
         + "".join(f"    {d}_temp_path {tmp}/{d};\n" for d in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
         + textwrap.indent(server_block, "    ") + "\n}\n")
     return conf
@@ -104,6 +105,24 @@ def wait_listening(proc: subprocess.Popen, port: int, errlog: Path, timeout: flo
         except OSError:
             time.sleep(0.02)
     raise RuntimeError(f"nginx did not listen on 127.0.0.1:{port} within {timeout} s")
+
+
+def port_of(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+def addr(handle) -> str:
+    return handle.url.removeprefix("http://")
+
+
+def passes(tmp: Path) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
+    """Per proxied POST /score, in order: the upstreams nginx tried and what each answered (the access log)."""
+    out = []
+    for line in (tmp / "access.log").read_text().splitlines():
+        uri, _status, upstreams, statuses = re.fullmatch(r'(\S+) (\d+) "([^"]*)" "([^"]*)"', line).groups()
+        if uri == "/score" and upstreams != "-":
+            out.append((tuple(upstreams.split(", ")), tuple(statuses.split(", "))))
+    return out
 
 
 def requests_served(url: str) -> int:
@@ -129,16 +148,16 @@ def test_documented_nginx_load_balancer_serves_both_replicas(tiny_clip_dir, tmp_
     (`proxy_next_upstream`); (d) a body over `client_max_body_size` is refused by nginx with 413 before any
     replica sees it."""
     local_reward = load_reward("clipscore", model=str(tiny_clip_dir))
-    a = serve_in_thread(load_reward("clipscore", model=str(tiny_clip_dir)), ServerConfig(max_wait_ms=1.0))
-    b = serve_in_thread(load_reward("clipscore", model=str(tiny_clip_dir)), 
-                        ServerConfig(max_wait_ms=1.0, max_in_flight=1))
+    cfg = ServerConfig(max_wait_ms=1.0, max_in_flight=1)  # the same options on both replicas
+    a = serve_in_thread(load_reward("clipscore", model=str(tiny_clip_dir)), cfg)
+    b = serve_in_thread(load_reward("clipscore", model=str(tiny_clip_dir)), cfg)
     proc = None
     try:
         crt, key = self_signed_cert(tmp_path)
         port = free_port()
         block = substitute(documented_nginx_block(), {
-            "10.0.0.1:8000": a.url.removeprefix("http://"),
-            "10.0.0.2:8000": b.url.removeprefix("http://"),
+            "10.0.0.1:8000": addr(a),
+            "10.0.0.2:8000": addr(b),
             "listen 443 ssl;": f"listen 127.0.0.1:{port} ssl;",
             "/etc/nginx/rewards.crt": str(crt),
             "/etc/nginx/rewards.key": str(key),
@@ -170,27 +189,36 @@ def test_documented_nginx_load_balancer_serves_both_replicas(tiny_clip_dir, tmp_
         limit = int(re.search(r"client_max_body_size (\d+)m;", block).group(1)) * 2**20
         assert refused_status(port, crt, limit + 1).startswith(b"HTTP/1.1 413")
         assert (requests_served(a.url), requests_served(b.url)) == after
+        seen = len(passes(tmp_path))
+        remote = RemoteReward(url=url, timeout=10.0, max_retries=0)
 
-        # (e) one replica full (503 at --max-in-flight, here 1: held by a request whose body never comes):
-        # nginx passes the POST on to the other one (`proxy_next_upstream ... http_503 non_idempotent`)
-        with socket.create_connection(("127.0.0.1", int(b.url.rsplit(":", 1)[1])), timeout=5) as hold:
-            hold.sendall(b"POST /score HTTP/1.1\r\nHost: b\r\nContent-Type: application/json\r\n"
+        # (e) replica a full (503 at --max-in-flight 1, held by a request whose body never comes): nginx passes
+        # the POST on to b (`http_503 non_idempotent`; a 503 sent before the body is read may reach nginx as a
+        # broken pipe: `error`). Two requests, one per replica: a's one failure stays under its max_fails=2.
+        with socket.create_connection(("127.0.0.1", port_of(a.url)), timeout=5) as hold:
+            hold.sendall(b"POST /score HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"
                          b"Content-Length: 100\r\n\r\n")
             deadline = time.monotonic() + 5
-            while httpx.post(b.url + "/score", json={}, timeout=5).status_code != 503:  # b is full
-                assert time.monotonic() < deadline
+            while httpx.post(a.url + "/score", json={}, timeout=5).status_code != 503:  # until a is full
+                assert time.monotonic() < deadline, "the held request never filled replica a"
                 time.sleep(0.01)
-            full = RemoteReward(url=url, timeout=10.0, max_retries=0)
-            for _ in range(4):
-                assert torch.equal(full(x, prompts).scores, local)
-        after = (requests_served(a.url), requests_served(b.url))
+            b_before = requests_served(b.url)
+            for _ in range(2):
+                assert torch.equal(remote(x, prompts).scores, local)
+            assert requests_served(b.url) - b_before == 2
+        log = passes(tmp_path)[seen:]
+        passed_on = [(up, "passed on" if st[0] in ("502", "503") and st[1:] == ("200",) else st) for up, st in log]
+        assert sorted(passed_on) == sorted([((addr(a), addr(b)), "passed on"), ((addr(b),), ("200",))]), log
+        seen += len(log)
 
-        # (c) one replica gone: nginx passes each request on to the live one (max_retries=0: no client retry)
+        # (c) replica b gone: nginx passes each request on to a (max_retries=0: no client retry)
+        a_before = requests_served(a.url)
         b.stop()
-        remote = RemoteReward(url=url, timeout=10.0, max_retries=0)
         for _ in range(4):
             assert torch.equal(remote(x, prompts).scores, local)
-        assert requests_served(a.url) - after[0] == 4
+        assert requests_served(a.url) - a_before == 4
+        log = passes(tmp_path)[seen:]
+        assert len(log) == 4 and ((addr(b), addr(a)), ("502", "200")) in log, log
     finally:
         if proc is not None:
             proc.terminate()
