@@ -187,6 +187,7 @@ def test_documented_nginx_load_balancer_serves_both_replicas(tiny_clip_dir, tmp_
 
         # (d) nginx refuses a body over client_max_body_size from its Content-Length: no replica sees it
         limit = int(re.search(r"client_max_body_size (\d+)m;", block).group(1)) * 2**20
+        assert limit == cfg.max_body_bytes  # "the same body limit as --max-body-mb" (its default)
         assert refused_status(port, crt, limit + 1).startswith(b"HTTP/1.1 413")
         assert (requests_served(a.url), requests_served(b.url)) == after
         seen = len(passes(tmp_path))
