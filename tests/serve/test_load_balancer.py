@@ -10,9 +10,9 @@ Needs the ``nginx`` and ``openssl`` executables (``.ci/install-system-deps.sh`` 
 
 from __future__ import annotations
 
+import grp
 import os
 import pwd
-import grp
 import re
 import shutil
 import socket
@@ -141,12 +141,13 @@ def refused_status(port: int, cert: Path, content_length: int) -> bytes:
         return s.recv(4096).split(b"\r\n", 1)[0]
 
 
-@pytest.mark.slow
 def test_documented_nginx_load_balancer_serves_both_replicas(tiny_clip_dir, tmp_path, monkeypatch):
     """Through the documented nginx block: (a) scores equal the in-process ones bit for bit, binary and JSON
     wire; (b) both replicas take requests; (c) with one replica stopped every request still succeeds
-    (`proxy_next_upstream`); (d) a body over `client_max_body_size` is refused by nginx with 413 before any
-    replica sees it."""
+    (`proxy_next_upstream error`); (d) a body over `client_max_body_size` (the replicas' own default limit) is
+    refused by nginx with 413 before any replica sees it; (e) a replica at its `--max-in-flight` (503) is passed
+    over (`http_503 non_idempotent`). The access log (`$upstream_addr`, `$upstream_status`) shows which replicas
+    nginx tried for each request. About 1 s after the session's tiny CLIP checkpoint: not marked slow."""
     local_reward = load_reward("clipscore", model=str(tiny_clip_dir))
     cfg = ServerConfig(max_wait_ms=1.0, max_in_flight=1)  # the same options on both replicas
     a = serve_in_thread(load_reward("clipscore", model=str(tiny_clip_dir)), cfg)
