@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# System packages rewardkit's tests need: tesseract-ocr (the OCR reward) and chromium (the browser tests of
-# `rewardkit view`, driven by Playwright; never `playwright install`). Idempotent and quiet.
+# System packages rewardkit's tests need: tesseract-ocr (the OCR reward), chromium (the browser tests of
+# `rewardkit view`, driven by Playwright; never `playwright install`) and nginx (the load balancer of
+# docs/serve.md, run by tests/serve/test_load_balancer.py as the current user; the distribution's own nginx
+# service is not needed). Idempotent and quiet.
 set -euo pipefail
+
+# Debian installs nginx in /usr/sbin, which is not on a non-root user's PATH
+have_nginx() { command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ]; }
 
 PKGS=()
 command -v tesseract >/dev/null 2>&1 || PKGS+=(tesseract-ocr tesseract-ocr-eng)
 command -v chromium >/dev/null 2>&1 || PKGS+=(chromium)
+have_nginx || PKGS+=(nginx)
 if [ "${#PKGS[@]}" -gt 0 ]; then
     SUDO=""
     if [ "$(id -u)" -ne 0 ]; then
@@ -24,3 +30,4 @@ if [ "${#PKGS[@]}" -gt 0 ]; then
 fi
 command -v tesseract >/dev/null 2>&1 || { echo "install-system-deps: tesseract still missing after install" >&2; exit 1; }
 command -v chromium >/dev/null 2>&1 || { echo "install-system-deps: chromium still missing after install" >&2; exit 1; }
+have_nginx || { echo "install-system-deps: nginx still missing after install" >&2; exit 1; }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test suite: creates / reuses .venv, installs rewardkit with every extra but vllm and docs (ray included), installs the system
-# tools the tests need (tesseract, chromium), runs pytest. Extra arguments go to pytest.
+# tools the tests need (tesseract, chromium, nginx), runs pytest. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -f .ci/install-system-deps.sh ]; then
