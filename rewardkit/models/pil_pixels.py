@@ -65,6 +65,22 @@ def _usable_table(images: Sequence[Any], image_processor: Any, params: Any) -> t
     return _table(float(getattr(image_processor, "rescale_factor", 1 / 255)), params.mean, params.std)
 
 
+def _resized(images: list[Any], sizes: list[tuple[int, int]], resample: int) -> list[Any]:
+    """``images`` resized to their ``(height, width)`` in ``sizes`` with PIL's ``resize`` (the processor's own
+    call; skipped where the size does not change), the resizes side by side on the pre-processing pool (PIL
+    releases the GIL)."""
+    out = list(images)
+    todo = [i for i, im in enumerate(images) if sizes[i] != (im.height, im.width)]
+
+    def resize(i: int) -> Any:
+        hh, ww = sizes[i]
+        return images[i].resize((ww, hh), resample=resample)
+
+    for i, im in zip(todo, map_images(resize, todo)):
+        out[i] = im
+    return out
+
+
 def pil_pixel_values(images: Sequence[Any], image_processor: Any) -> dict[str, torch.Tensor] | None:
     """``{"pixel_values": [sum of patches, C*T*p*p] float32, "image_grid_thw": [N, 3] int64}`` for RGB PIL
     ``images`` as ``image_processor`` (a Qwen-VL PIL image processor) computes them, or None when its
@@ -85,16 +101,7 @@ def pil_pixel_values(images: Sequence[Any], image_processor: Any) -> dict[str, t
         if (h, w) not in sizes:
             sizes[(h, w)] = smart_resize(h, w, p.factor, p.min_pixels, p.max_pixels)
         shapes.append(sizes[(h, w)])
-    resample = int(image_processor.resample)
-
-    def resize(i: int) -> Any:
-        hh, ww = shapes[i]
-        return images[i].resize((ww, hh), resample=resample)
-
-    resized = list(images)
-    todo = [i for i, im in enumerate(images) if shapes[i] != (im.height, im.width)]
-    for i, im in zip(todo, map_images(resize, todo)):  # the resizes side by side (PIL releases the GIL)
-        resized[i] = im
+    resized = _resized(images, shapes, int(image_processor.resample))
     ps, m, t = p.patch_size, p.merge_size, p.temporal_patch_size
     counts = [(hh // ps) * (ww // ps) for hh, ww in shapes]
     starts = np.concatenate([[0], np.cumsum(counts)]).tolist()
@@ -160,16 +167,7 @@ def clip_pil_pixel_values(images: Sequence[Any], image_processor: Any) -> torch.
         if p.crop_hw is not None and (hh < p.crop_hw[0] or ww < p.crop_hw[1]):
             return None  # the processor pads first: not reproduced here
         targets.append((hh, ww))
-    resample = int(image_processor.resample)
-
-    def resize(i: int) -> Any:
-        hh, ww = targets[i]
-        return images[i].resize((ww, hh), resample=resample)
-
-    resized = list(images)
-    todo = [i for i, im in enumerate(images) if targets[i] != (im.height, im.width)]
-    for i, im in zip(todo, map_images(resize, todo)):  # the resizes side by side (PIL releases the GIL)
-        resized[i] = im
+    resized = _resized(images, targets, int(image_processor.resample))
     arrays = []
     for (hh, ww), im in zip(targets, resized):
         a = np.asarray(im)
