@@ -63,15 +63,8 @@ class PrefixCacheMixin:
     """The session prefix cache and cache forking of :class:`TransformersJudge`."""
 
     # ------------------------------------------------------------------ session prefix cache
-    def _sliceable(self) -> bool:
-        """Full-attention KV only: a cached prefix's first n positions are then exactly the KV a fresh prefill
-        of those n tokens gives (hybrid linear-attention and sliding-window caches are not sliceable; the
-        constructor refuses such models, :func:`unsupported_attention`)."""
-        cfg = self.model.config
-        text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-        types = getattr(text, "layer_types", None)
-        return not types or all(t == "full_attention" for t in types)
-
+    # (Full-attention KV only, which the constructor guarantees (:func:`unsupported_attention`): a cached
+    # prefix's first n positions are then exactly the KV a fresh prefill of those n tokens gives.)
     def _prefix_state(self, prefixes: list[tuple[list[int], list[str]]], feats: dict[str, _Img]) -> dict[str, Any]:
         """A batched prefix state like :meth:`_prefill`'s, reusing the session's cached prefixes.
 
@@ -184,9 +177,9 @@ class PrefixCacheMixin:
 
     def _additive_masks(self) -> bool:
         """Whether continuations and decode steps get a ready 4-D additive mask (:func:`_additive_mask`): sdpa
-        attention with full attention in every layer. transformers passes a 4-D mask through unchanged to every
-        layer, so a sliding-window layer would lose its window."""
-        return self._attn_impl() == "sdpa" and self._sliceable()
+        attention (every layer is full attention: the constructor refuses windowed models, whose window a 4-D
+        mask, passed unchanged to every layer, would drop)."""
+        return self._attn_impl() == "sdpa"
 
     def _mask_buffer(self, numel: int, dtype: Any) -> Any:
         """A reused flat CPU buffer for a continuation's 4-D attention mask, or None (on an accelerator, or above

@@ -238,7 +238,7 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
             outer = self._session_images is not None
             if not outer:
                 self._session_images = {}
-                self._session_prefixes = {} if self.prefix_cache_bytes > 0 and self._sliceable() else None
+                self._session_prefixes = {} if self.prefix_cache_bytes > 0 else None
                 self._cached_bytes = 0
             try:
                 yield self

@@ -90,6 +90,7 @@ def save_lora(tr: "NFTTrainer", directory: Path) -> None:
             for p, b in zip(tr.trainable, backup):
                 p.copy_(b)
 
+
 def _short(v: Any) -> str:
     r = repr(v)
     return r if len(r) <= 60 else r[:57] + "..."
