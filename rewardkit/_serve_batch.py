@@ -7,6 +7,15 @@ another kind, e.g. with metadata when the first has none, keeps its place in lin
 most ``max_wait_ms`` for more while the batch is not full, and scores all of them in one reward call; outputs
 are split back per request. Rewards whose scores depend on the other samples of a call (``batch_relative``,
 e.g. z-scored composites) are never merged across requests.
+
+**Closing a batch before its wait is over** (:class:`Connections`). When the server runs on its own protocol
+(:func:`rewardkit.server.uvicorn_config`), it knows its open connections, and which of them have been answered a
+scoring request before ("known"). A batch stops waiting once every request in it came on a known connection and
+no known connection is left without a request in the server: every client the server knows of is in, and what
+would still come is a new connection, which the wait would not have been sure to catch either. One client calling
+in a loop, or a fixed set of trainer workers, then never waits ``max_wait_ms``; a request on a new connection
+(the first call of a client, or a pooled client opening one for a concurrent call) still holds its batch open
+for late requests, and so does any known client that has not sent its next request yet.
 """
 
 from __future__ import annotations
@@ -24,6 +33,47 @@ from .reward import PairwiseOutput, Reward, RewardOutput
 log = logging.getLogger("rewardkit.server")  # the server's logger: its redacting filter covers these records
 
 
+#: where the server's protocol puts a request's :class:`Connection`: a key of the ASGI scope's ``state``
+CONNECTION_KEY = "rewardkit.connection"
+
+
+class Connection:
+    """One open client connection, as batching sees it (made by :meth:`Connections.opened`)."""
+
+    __slots__ = ("_idle", "open", "known", "busy")
+
+    def __init__(self, idle: set):
+        self._idle, self.open, self.known, self.busy = idle, True, False, False
+
+    def submitted(self) -> bool:
+        """A scoring request of this connection is queued; returns whether the connection was known before it."""
+        was_known, self.busy = self.known, True
+        self._idle.discard(self)
+        return was_known
+
+    def answered(self) -> None:
+        """Its scoring request has its answer (or failed): the client may send the next one."""
+        self.busy, self.known = False, True
+        if self.open:
+            self._idle.add(self)
+
+    def lost(self) -> None:
+        self.open = False
+        self._idle.discard(self)
+
+
+class Connections:
+    """The server's open connections: ``idle`` holds the known ones (answered a scoring request before) that have
+    no request in the server now. Fed by the connection protocol (opened / lost) and the request handlers
+    (submitted / answered); read by the replicas' workers (see the module doc)."""
+
+    def __init__(self) -> None:
+        self.idle: set[Connection] = set()
+
+    def opened(self) -> Connection:
+        return Connection(self.idle)
+
+
 @dataclass
 class _Job:
     kind: str                      # "score" | "compare"
@@ -33,6 +83,7 @@ class _Job:
     metadata: list[dict] | None
     pixels: int = 0                # decoded pixels of images and sources (from their headers)
     tensor: tuple | None = None    # float images: (C, H, W, dtype); they merge only with the same
+    known: bool = False            # came on a connection answered before (see Connections)
     future: asyncio.Future = field(repr=False, default=None)  # type: ignore[assignment]
 
     @property
@@ -63,8 +114,9 @@ def _decode(x: Any) -> Any:
 class _Replica:
     """One reward instance, one queue, one worker thread for model calls."""
 
-    def __init__(self, reward: Reward, cfg: ServerConfig, index: int):
+    def __init__(self, reward: Reward, cfg: ServerConfig, index: int, connections: Connections | None = None):
         self.reward = reward
+        self.connections = connections
         self.cfg = cfg
         self.index = index
         self.queue: asyncio.Queue[_Job] = asyncio.Queue()
@@ -107,6 +159,8 @@ class _Replica:
             # kind, or one that would overflow the batch (images or decoded pixels), keeps its place in line
             waiting = list(self._held) if mergeable else []
             skipped: list[_Job] = []
+            # every request of the batch on a known connection: the batch may close once no known one is left idle
+            all_known = first.known and self.connections is not None
             if mergeable:
                 self._held.clear()
             while mergeable and cost < self.cfg.max_batch:
@@ -116,6 +170,8 @@ class _Replica:
                     try:
                         job = self.queue.get_nowait()
                     except asyncio.QueueEmpty:
+                        if all_known and not self.connections.idle:  # type: ignore[union-attr]
+                            break  # every client the server knows of is in: nobody known is still to come
                         remaining = deadline - loop.time()
                         if remaining <= 0:
                             break
@@ -130,6 +186,7 @@ class _Replica:
                     skipped.append(job)  # the batch is as full as it gets: score it now
                     break
                 jobs.append(job)
+                all_known = all_known and job.known
                 cost += job.cost
                 pixels += job.pixels
             if mergeable:

@@ -15,7 +15,8 @@ class ServerConfig:
 
     Attributes:
         max_batch: most images scored in one model call (merged across requests).
-        max_wait_ms: how long a non-full batch waits for more requests (0: take only what is queued).
+        max_wait_ms: the longest a non-full batch waits for more requests (0: take only what is queued); it
+            closes sooner once every client the server knows of is in (docs/serve.md, "Dynamic batching").
         max_body_bytes: largest request body accepted (413 above).
         max_images: most images in one request (each of ``images_a`` / ``images_b`` for /compare), and most
             source images in one request, all samples together.

@@ -15,7 +15,9 @@ byte every few seconds hold a socket each, forever, until the process runs out o
   sending the body of a request answered without reading it (e.g. a 401);
 - every connection has Nagle's algorithm off (:func:`set_nodelay`), whatever socket the server was given;
 - a connection whose answers stay unread for ``send_timeout`` seconds (its write buffer full: a client that
-  pipelines requests and never reads) is dropped; uvicorn would wait for it forever.
+  pipelines requests and never reads) is dropped; uvicorn would wait for it forever;
+- with ``connections`` (a :class:`rewardkit._serve_batch.Connections`), each connection is registered there for
+  as long as it is open, and its requests carry it in the ASGI scope's ``state`` (dynamic batching reads it).
 """
 
 from __future__ import annotations
@@ -93,9 +95,11 @@ def set_nodelay(transport: Any) -> None:
         pass
 
 
-def protocol_class(max_connections: int, header_timeout: float, send_timeout: float | None = None) -> type:
-    """uvicorn's h11 protocol with a connection cap, a header-read timeout and a timeout on unread answers
-    (``send_timeout``, default ``header_timeout``; see the module doc)."""
+def protocol_class(max_connections: int, header_timeout: float, send_timeout: float | None = None,
+                   connections: Any = None) -> type:
+    """uvicorn's h11 protocol with a connection cap, a header-read timeout, a timeout on unread answers
+    (``send_timeout``, default ``header_timeout``) and, with ``connections``, connection tracking (see the
+    module doc)."""
     send_timeout = header_timeout if send_timeout is None else send_timeout
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -107,6 +111,7 @@ def protocol_class(max_connections: int, header_timeout: float, send_timeout: fl
     class BoundedH11Protocol(H11Protocol):
         _header_timer: Any = None
         _write_timer: Any = None
+        _tracked: Any = None
 
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -115,9 +120,17 @@ def protocol_class(max_connections: int, header_timeout: float, send_timeout: fl
                 transport.write(busy)
                 transport.close()
                 return
+            if connections is not None:
+                from ._serve_batch import CONNECTION_KEY
+
+                # every request's scope["state"] is a copy of this dict: its own, with this connection in it
+                self._tracked = connections.opened()
+                self.app_state = {**self.app_state, CONNECTION_KEY: self._tracked}
             self._arm_header_timer()
 
         def connection_lost(self, exc: Exception | None) -> None:
+            if self._tracked is not None:
+                self._tracked.lost()
             self._cancel_header_timer()
             self._cancel_write_timer()
             super().connection_lost(exc)
@@ -171,13 +184,14 @@ def protocol_class(max_connections: int, header_timeout: float, send_timeout: fl
     return BoundedH11Protocol
 
 
-def uvicorn_config(app: Any, cfg: Any, **kw: Any) -> Any:
-    """A ``uvicorn.Config`` for ``app`` with ``cfg``'s (a ``ServerConfig``) connection bounds."""
+def uvicorn_config(app: Any, cfg: Any, connections: Any = None, **kw: Any) -> Any:
+    """A ``uvicorn.Config`` for ``app`` with ``cfg``'s (a ``ServerConfig``) connection bounds, tracking its
+    connections in ``connections`` when given (see :func:`protocol_class`)."""
     from ._imports import require
 
     uvicorn = require("uvicorn", "serve")
     cap, backlog = connection_cap(cfg.max_connections, cfg.backlog)
-    return uvicorn.Config(app, http=protocol_class(cap, cfg.header_timeout, cfg.body_timeout),
+    return uvicorn.Config(app, http=protocol_class(cap, cfg.header_timeout, cfg.body_timeout, connections),
                           timeout_keep_alive=cfg.keep_alive,
                           h11_max_incomplete_event_size=cfg.max_header_bytes, backlog=backlog,
                           log_level=kw.pop("log_level", "warning"), lifespan="on", **kw)

@@ -46,7 +46,8 @@ import time
 from typing import Any
 
 from . import _serve_wire as wire
-from ._serve_batch import _decode, _Job, _Replica, _split_pair, _split_score  # noqa: F401 - re-exported
+from ._serve_batch import CONNECTION_KEY, Connection, Connections, _Job, _Replica
+from ._serve_batch import _decode, _split_pair, _split_score  # noqa: F401 - re-exported
 from ._serve_config import ServerConfig
 from ._serve_secrets import RedactingFilter, Redactor
 from ._serve_wire import HTTPError, decode_image
@@ -72,7 +73,10 @@ class RewardServer:
             raise ValueError("all replicas must be the same reward")
         self.cfg = cfg or ServerConfig()
         self.reward = rewards[0]
-        self.replicas = [_Replica(r, self.cfg, i) for i, r in enumerate(rewards)]
+        # the open connections, when the server runs on its own protocol (uvicorn_config): lets a batch close
+        # before its wait is over once every known client is in (see _serve_batch)
+        self.connections = Connections()
+        self.replicas = [_Replica(r, self.cfg, i, self.connections) for i, r in enumerate(rewards)]
         self.started = time.time()
         self.requests = 0
         self.in_flight = 0
@@ -166,19 +170,23 @@ class RewardServer:
         return _Job(kind, images, wire.prompts(body, n, self.reward.uses_prompt), sources,
                     wire.metadata(body, n), pixels=pixels, tensor=tensor)
 
-    async def handle(self, job: _Job) -> dict:
-        """Queue ``job`` on the least-loaded replica and wait for its result. If the caller is cancelled
-        (timeout, client gone), a queued job is dropped by the worker; a running one finishes for the other
-        requests of its batch."""
+    async def handle(self, job: _Job, connection: Connection | None = None) -> dict:
+        """Queue ``job`` (sent on ``connection``, when the server's protocol tracks it) on the least-loaded
+        replica and wait for its result. If the caller is cancelled (timeout, client gone), a queued job is
+        dropped by the worker; a running one finishes for the other requests of its batch."""
         job.future = asyncio.get_running_loop().create_future()
         replica = min(self.replicas, key=lambda r: r.queued_images)
         self.requests += 1
+        if connection is not None:
+            job.known = connection.submitted()
         replica.submit(job)
         try:
             return await asyncio.shield(job.future)
         finally:
             if not job.future.done():
                 job.future.cancel()
+            if connection is not None:
+                connection.answered()
 
 
 def _is_binary(content_type: str | None) -> bool:
@@ -291,7 +299,7 @@ def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
                         job = server.parse(kind, body)
                     else:
                         job = await asyncio.get_running_loop().run_in_executor(None, parse_heavy, raw, body)
-                return await server.handle(job)
+                return await server.handle(job, request.scope.get("state", {}).get(CONNECTION_KEY))
 
             server.in_flight += 1
             try:  # the timeout covers the whole request: reading the body, queueing, scoring
@@ -344,7 +352,8 @@ def uvicorn_config(app: Any, cfg: ServerConfig | None = None, **kw: Any) -> Any:
     :mod:`rewardkit._serve_net`). ``kw`` goes to ``uvicorn.Config`` (``host``, ``port``, ``log_level``...)."""
     from ._serve_net import uvicorn_config as _config
 
-    return _config(app, cfg or app.state.rewardkit.cfg, **kw)
+    server = app.state.rewardkit
+    return _config(app, cfg or server.cfg, connections=server.connections, **kw)
 
 
 class ServerHandle:

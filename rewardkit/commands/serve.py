@@ -40,7 +40,8 @@ def add_parser(sub) -> None:
                    help="serve without a token even on another --host than 127.0.0.1 (behind your own auth)")
     p.add_argument("--max-batch", type=int, default=32, help="most images per model call (default 32)")
     p.add_argument("--max-wait-ms", type=float, default=5.0,
-                   help="how long a non-full batch waits for more requests (default 5)")
+                   help="the longest a non-full batch waits for more requests (default 5); it closes sooner "
+                        "once every client the server knows of has a request in")
     p.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body in MB (default 64)")
     p.add_argument("--max-images", type=int, default=256,
                    help="most images per request, and most source images per request (default 256)")
