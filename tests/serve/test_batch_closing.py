@@ -6,6 +6,7 @@ keep-alive connections (``http.client``: one socket each) against a server with 
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import threading
@@ -75,6 +76,17 @@ class Client:
         self.conn.close()
 
 
+@contextlib.contextmanager
+def clients(url: str, n: int):
+    """``n`` keep-alive connections to ``url``, closed at the end."""
+    out = [Client(url) for _ in range(n)]
+    try:
+        yield out
+    finally:
+        for c in out:
+            c.close()
+
+
 @pytest.fixture()
 def server():
     from rewardkit.server import ServerConfig, serve_in_thread
@@ -102,15 +114,12 @@ def together(*calls):
 def test_a_client_calling_in_a_loop_waits_only_on_its_first_call(server):
     rec, url = server
     ims = random_images(4, seed=11)
-    c = Client(url)
-    try:
-        times = []
+    times = []
+    with clients(url, 1) as (c,):
         for i, im in enumerate(ims):
             dt, score = c.score(im, f"p{i}")
             assert score == pytest.approx(Recorder.expected(im, f"p{i}"), rel=1e-6)
             times.append(dt)
-    finally:
-        c.close()
     # the first request came on a new connection: its batch held open for late requests, the whole wait
     assert times[0] >= 0.9 * WAIT, times
     # then the connection is known, and it is the only one: nobody known is still to come
@@ -121,8 +130,7 @@ def test_a_client_calling_in_a_loop_waits_only_on_its_first_call(server):
 def test_a_known_connection_without_a_request_in_holds_the_batch_open(server):
     rec, url = server
     ims = random_images(2, seed=12)
-    a, b = Client(url), Client(url)
-    try:
+    with clients(url, 2) as (a, b):
         together(lambda: a.score(ims[0], "a"), lambda: b.score(ims[1], "b"))  # both connections become known
         rec.calls.clear()
 
@@ -146,33 +154,24 @@ def test_a_known_connection_without_a_request_in_holds_the_batch_open(server):
         time.sleep(0.2)  # the server sees the close
         dt, _ = a.score(ims[0], "a")
         assert dt < EARLY, dt
-    finally:
-        a.close()
-        b.close()
 
 
 def test_a_connection_that_only_checked_health_is_not_waited_for(server):
     rec, url = server
     ims = random_images(1, seed=13)
-    a, probe = Client(url), Client(url)
-    try:
+    with clients(url, 2) as (a, probe):
         a.score(ims[0], "a")                # A becomes known (this one waits: its connection was new)
         assert probe.get("/health") == 200  # an open keep-alive connection that never scored
         assert probe.get("/info") == 200
         dt, _ = a.score(ims[0], "a")
         assert dt < EARLY, dt
-    finally:
-        a.close()
-        probe.close()
 
 
 def test_a_new_connection_holds_a_known_clients_batch_open_for_late_requests(server):
     """A request on a new connection makes its batch wait as before, even when it joins known clients' requests."""
     rec, url = server
     ims = random_images(2, seed=14)
-    a = Client(url)
-    fresh = Client(url)
-    try:
+    with clients(url, 2) as (a, fresh):
         a.score(ims[0], "a")
         rec.calls.clear()
 
@@ -182,9 +181,6 @@ def test_a_new_connection_holds_a_known_clients_batch_open_for_late_requests(ser
         (dt_new, _), _ = together(lambda: fresh.score(ims[1], "new"), late_a)
         assert rec.calls == [2], rec.calls  # the new connection's batch waited for A
         assert dt_new >= 0.25, dt_new
-    finally:
-        a.close()
-        fresh.close()
 
 
 def test_without_the_servers_protocol_a_batch_always_waits():
@@ -207,12 +203,10 @@ def test_without_the_servers_protocol_a_batch_always_waits():
     while not server.started:
         assert time.monotonic() < deadline and thread.is_alive(), "stock uvicorn did not start"
         time.sleep(0.01)
-    c = Client(f"http://127.0.0.1:{sock.getsockname()[1]}")
     try:
-        ims = random_images(2, seed=15)
-        times = [c.score(im, "p")[0] for im in ims]
+        with clients(f"http://127.0.0.1:{sock.getsockname()[1]}", 1) as (c,):
+            times = [c.score(im, "p")[0] for im in random_images(2, seed=15)]
         assert min(times) >= 0.9 * WAIT / 2, times
     finally:
-        c.close()
         server.should_exit = True
         thread.join(10)
