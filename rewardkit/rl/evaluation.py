@@ -1,7 +1,7 @@
 """Evaluation of the NFT trainer: held-out prompts (``eval_prompts``), the EMA weights, its own sampler
-(``sample.eval_solver`` / ``sample.eval_num_steps``), the same starting noise per prompt every time (and
-whatever the number of processes; an SDE eval solver's step noise follows the batch split), per-reward means
-and a PNG grid of the first ``eval_grid`` images.
+(``sample.eval_solver`` / ``sample.eval_num_steps``), the same noise per prompt every time, whatever the number
+of processes and the batch size (the starting noise, and an SDE eval solver's step noise: one generator per
+prompt), per-reward means and a PNG grid of the first ``eval_grid`` images.
 
 Called before the first epoch (the baseline: the starting model; the base model unless ``model.init_lora`` /
 ``model.transformer`` give another), every
@@ -47,7 +47,8 @@ def evaluate(tr: "NFTTrainer") -> tuple[dict[str, float], torch.Tensor, list[str
             cond = tr.policy.encode(texts)
             shape = tr.policy.latent_shape(1, s.resolution)
             noise = torch.cat([torch.randn(shape, generator=_gen(cfg.seed, _EVAL, i)) for i in ids]).to(tr.device)
-            x0 = tr._rollout(cond, cond, noise, _gen(cfg.seed, _EVAL, n + ids[0]), steps=s.eval_num_steps,
+            steps_noise = [_gen(cfg.seed, _EVAL, n + i) for i in ids]  # an SDE solver's, per prompt
+            x0 = tr._rollout(cond, cond, noise, steps_noise, steps=s.eval_num_steps,
                              solver=s.eval_solver, use_old=False, guidance_scale=s.eval_guidance_scale)
             images = tr.policy.decode(x0).float().cpu()
             results.append(tr.scorer(images, texts, [tr.eval_metadata[i] for i in ids]))

@@ -13,6 +13,10 @@ updated in float32 whatever the model's dtype.
 - :func:`ddim`: DiffusionNFT's ``ddim`` solver (``ddim_step`` / ``ddim_update`` of its
   ``flow_grpo/diffusers_patch/solver.py``): ``eta = 0`` (``"ddim"``, the official ``deterministic=True``) is
   exactly an Euler step for a flow-matching model; ``eta > 0`` (``"ddim_sde"``) adds DDIM's noise.
+
+The stochastic solvers take ``generator``: one ``torch.Generator`` for the whole batch (each step draws the
+batch's noise from it, so a sample's noise depends on the batch it is in), or a sequence of them, one per row
+of ``x`` (row ``i``'s noise from generator ``i``: a sample gets the same noise whatever batch it is in).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import torch
 __all__ = ["euler_ode", "flow_sde", "dpm2", "ddim", "sample", "SOLVERS"]
 
 VelocityFn = Callable[[torch.Tensor, float, int], torch.Tensor]
+Generators = torch.Generator | Sequence[torch.Generator] | None
 
 
 def _sig(sigmas: Sequence[float] | torch.Tensor) -> list[float]:
@@ -44,7 +49,7 @@ def euler_ode(velocity: VelocityFn, x: torch.Tensor, sigmas) -> torch.Tensor:
 
 
 def flow_sde(velocity: VelocityFn, x: torch.Tensor, sigmas, eta: float = 0.7,
-             generator: torch.Generator | None = None) -> torch.Tensor:
+             generator: Generators = None) -> torch.Tensor:
     """Flow-GRPO's SDE sampler: per step, with ``dt = sigma' - sigma < 0`` and
     ``std = eta * sqrt(sigma / (1 - sigma))`` (at sigma = 1 the denominator uses ``1 - sigmas[1]``),
     ``mean = x (1 + std^2 dt / (2 sigma)) + v (1 + std^2 (1 - sigma) / (2 sigma)) dt``,
@@ -60,10 +65,7 @@ def flow_sde(velocity: VelocityFn, x: torch.Tensor, sigmas, eta: float = 0.7,
         std = eta * math.sqrt(sig / denom) if eta > 0 else 0.0
         mean = x * (1 + std ** 2 / (2 * sig) * dt) + v * (1 + std ** 2 * (1 - sig) / (2 * sig)) * dt
         if std > 0:
-            z = torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device) \
-                if generator is None or generator.device == x.device else \
-                torch.randn(x.shape, generator=generator, dtype=x.dtype).to(x.device)
-            mean = mean + std * math.sqrt(-dt) * z
+            mean = mean + std * math.sqrt(-dt) * _randn(x, generator)
         x = mean
     return x
 
@@ -107,14 +109,21 @@ def dpm2(velocity: VelocityFn, x: torch.Tensor, sigmas) -> torch.Tensor:
     return x
 
 
-def _randn(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    if generator is None or generator.device == x.device:
-        return torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device)
-    return torch.randn(x.shape, generator=generator, dtype=x.dtype).to(x.device)
+def _randn(x: torch.Tensor, generator: Generators) -> torch.Tensor:
+    """Standard normal noise shaped like ``x``, from ``generator`` (see the module doc: one for the batch, or one
+    per row), drawn on the generator's device and moved to ``x``'s."""
+    if generator is None or isinstance(generator, torch.Generator):
+        if generator is None or generator.device == x.device:
+            return torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device)
+        return torch.randn(x.shape, generator=generator, dtype=x.dtype).to(x.device)
+    gens = list(generator)
+    if len(gens) != x.shape[0]:
+        raise ValueError(f"one generator per row: got {len(gens)} generators for {x.shape[0]} rows")
+    return torch.cat([_randn(x[i:i + 1], g) for i, g in enumerate(gens)])
 
 
 def ddim(velocity: VelocityFn, x: torch.Tensor, sigmas, eta: float = 0.0,
-         generator: torch.Generator | None = None) -> torch.Tensor:
+         generator: Generators = None) -> torch.Tensor:
     """DDIM for flow matching (``x = (1 - sigma) x0 + sigma eps``). Per step ``s -> t`` (``s = sigma``,
     ``t = sigma'``): ``x0 = x - s v``, ``eps_hat = (x - (1 - s) x0) / s``, ``std = eta t``,
     ``rho = std sqrt(1 - t^2 (1 - s)^2 / (s^2 (1 - t)^2))``,
@@ -143,7 +152,7 @@ SOLVERS = {"euler": euler_ode, "flow_sde": flow_sde, "dpm2": dpm2, "ddim": ddim,
 
 
 def sample(solver: str, velocity: VelocityFn, x: torch.Tensor, sigmas, *, eta: float = 0.7,
-           generator: torch.Generator | None = None) -> torch.Tensor:
+           generator: Generators = None) -> torch.Tensor:
     """Dispatch by name: ``"dpm2"`` | ``"euler"`` | ``"ddim"`` (deterministic) | ``"flow_sde"`` | ``"ddim_sde"``
     (the two stochastic ones use ``eta`` / ``generator``)."""
     if solver == "flow_sde":

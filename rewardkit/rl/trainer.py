@@ -256,10 +256,11 @@ class NFTTrainer:
 
     # ------------------------------------------------------------------ rollouts
     @torch.no_grad()
-    def _rollout(self, c_orig: Cond, c_opt: Cond, noise: torch.Tensor, gen: torch.Generator,
+    def _rollout(self, c_orig: Cond, c_opt: Cond, noise: torch.Tensor, gen: solvers.Generators,
                  steps: int | None = None, solver: str | None = None, use_old: bool = True,
                  guidance_scale: float | None = None) -> torch.Tensor:
-        """Latents at sigma = 0 from ``noise`` ``[B, C, h, w]``; E²PO members follow the noise-aware condition."""
+        """Latents at sigma = 0 from ``noise`` ``[B, C, h, w]``; E²PO members follow the noise-aware condition.
+        ``gen``: a stochastic solver's step noise, one generator for the batch or one per row (``solvers``)."""
         s, e = self.cfg.sample, self.cfg.e2po
         sigmas = self.sigmas if steps is None else S.flow_sigmas(steps, s.shift)
         perturbed = c_opt is not c_orig

@@ -78,6 +78,32 @@ def test_ddim_by_hand_and_against_the_official_step():
         solvers.ddim(lambda x, s, i: x, x, [1.0, 0.5, 0.0], eta=3.0)
 
 
+def test_stochastic_solvers_take_one_generator_per_row():
+    """A sequence of generators, one per row: each row's step noise comes from its own generator, so a sample gets
+    the same trajectory alone as in any batch; a wrong count is refused."""
+    from rewardkit.rl import solvers
+    from rewardkit.rl.schedule import flow_sigmas
+
+    sig = [float(v) for v in flow_sigmas(6, 3.0)]
+    w = torch.randn(4, 4, generator=torch.Generator().manual_seed(1))
+    field = lambda x, s, i: torch.tanh(x @ w) * (1 + s)  # noqa: E731
+    x = torch.randn(3, 1, 4, 4, generator=torch.Generator().manual_seed(2))
+    for name in ("flow_sde", "ddim_sde"):
+        gens = lambda: [torch.Generator().manual_seed(10 + i) for i in range(3)]  # noqa: E731
+        batch = solvers.sample(name, field, x, sig, eta=0.7, generator=gens())
+        alone = torch.cat([solvers.sample(name, field, x[i:i + 1], sig, eta=0.7, generator=[g])
+                           for i, g in enumerate(gens())])
+        torch.testing.assert_close(batch, alone, rtol=0, atol=0)
+        # row i with generator i is the row alone with that one generator (the single-generator path)
+        one = solvers.sample(name, field, x[1:2], sig, eta=0.7, generator=torch.Generator().manual_seed(11))
+        torch.testing.assert_close(batch[1:2], one, rtol=0, atol=0)
+        # one shared generator: the batch's noise is drawn as one tensor, so a row's depends on its batch
+        shared = solvers.sample(name, field, x, sig, eta=0.7, generator=torch.Generator().manual_seed(10))
+        assert float((shared[1:] - batch[1:]).abs().max()) > 1e-3
+        with pytest.raises(ValueError, match="one generator per row"):
+            solvers.sample(name, field, x, sig, eta=0.7, generator=gens()[:2])
+
+
 def test_config_accepts_the_new_solvers_and_options():
     from rewardkit.config import build_config
     from rewardkit.rl.config import NFTConfig
@@ -370,3 +396,32 @@ def test_evaluation_has_its_own_guidance_scale(sd3_dir, tmp_path, tiny_clip_dir)
     for bad in ("x", float("inf")):
         with pytest.raises(ValueError, match="eval_guidance_scale"):
             build_config(NFTConfig, {**cfg, "sample": {**cfg["sample"], "eval_guidance_scale": bad}}).validate()
+
+
+@pytest.mark.slow
+def test_evaluation_with_an_sde_solver_is_the_same_whatever_the_batch_size(sd3_dir, tmp_path, tiny_clip_dir):
+    """Evaluation draws each prompt's starting noise and an SDE solver's step noise from that prompt's own
+    generators: batch sizes 1 and 3 (the same split as one process vs three) give the same images and means."""
+    from rewardkit.config import build_config
+    from rewardkit.rl.config import NFTConfig
+    from rewardkit.rl.evaluation import evaluate
+    from rewardkit.rl.trainer import NFTTrainer
+
+    prompts = tmp_path / "eval.txt"
+    prompts.write_text("a red cube\na blue ball\na green cone\n")
+    out = []
+    for bs in (1, 3):
+        cfg = {"output_dir": str(tmp_path / f"run{bs}"), "seed": 3,
+               "model": {"pretrained": sd3_dir, "max_sequence_length": 8}, "lora": {"r": 4, "alpha": 8},
+               "sample": {"num_steps": 2, "resolution": 32, "batch_size": bs, "num_groups": 1, "group_size": 3,
+                          "eval_num_steps": 3, "eval_solver": "flow_sde", "eta": 0.9},
+               "train": {"batch_size": 3}, "rewards": {"pickscore": 1.0},
+               "reward_kwargs": {"pickscore": {"model": str(tiny_clip_dir), "device": "cpu"}},
+               "eval_prompts": str(prompts), "eval_grid": 3, "reward_workers": 1, "num_epochs": 1,
+               "mixed_precision": "no", "cpu": True, "save_every": 0, "eval_every": 1, "progress": False,
+               "resume": "never"}
+        out.append(evaluate(NFTTrainer(build_config(NFTConfig, cfg))))
+    (m1, g1, _), (m3, g3, _) = out
+    torch.testing.assert_close(g1, g3, rtol=0, atol=1e-6)
+    assert m1.keys() == m3.keys() and all(m1[k] == pytest.approx(m3[k], rel=1e-5) for k in m1)
+    assert float(g1.std()) > 0
