@@ -371,33 +371,29 @@ class ScoreCache:
     # --------------------------------------------------------------------------- scalar scores
     def get_scores(self, keys: list[str]) -> dict[str, tuple[float, bool, str | None]]:
         """``{key: (score, valid, error)}`` for the keys present."""
-        out: dict[str, tuple[float, bool, str | None]] = {}
         lo, hi = self._range or (-_MAX_ABS, _MAX_ABS)
-        bad = 0
-        with self._lock:
-            for k, score, valid, err in self._select("scores", "key, score, valid, error", keys):
-                row = self._row(score, valid, err, max(lo, -_MAX_ABS), min(hi, _MAX_ABS))
-                if row is None:
-                    bad += 1
-                else:
-                    out[k] = row
-        self._flag_bad(bad)
-        return out
+        return self._get_values("scores", "score", keys, max(lo, -_MAX_ABS), min(hi, _MAX_ABS))
 
     def put_scores(self, rows: list[tuple[str, float, bool, str | None]]) -> None:
-        with self._lock:
-            self._db.executemany(
-                "INSERT OR REPLACE INTO scores VALUES (?, ?, ?, ?)",
-                [(k, s if (v and math.isfinite(s)) else None, int(bool(v)), e) for k, s, v, e in rows])
-            self._db.commit()
+        self._put_values("scores", rows)
 
     # --------------------------------------------------------------------------- pairwise judgements
     def get_pairs(self, keys: list[str]) -> dict[str, tuple[float, bool, str | None]]:
+        """``{key: (P(a preferred), valid, error)}`` for the keys present."""
+        return self._get_values("pairs", "prob_a", keys, 0.0, 1.0)
+
+    def put_pairs(self, rows: list[tuple[str, float, bool, str | None]]) -> None:
+        self._put_values("pairs", rows)
+
+    def _get_values(self, table: str, column: str, keys: list[str], lo: float,
+                    hi: float) -> dict[str, tuple[float, bool, str | None]]:
+        """Rows of a (key, value, valid, error) table; a row that fails :meth:`_row`'s checks is left out and
+        counted (:meth:`_flag_bad`)."""
         out: dict[str, tuple[float, bool, str | None]] = {}
         bad = 0
         with self._lock:
-            for k, p, valid, err in self._select("pairs", "key, prob_a, valid, error", keys):
-                row = self._row(p, valid, err, 0.0, 1.0)
+            for k, x, valid, err in self._select(table, f"key, {column}, valid, error", keys):
+                row = self._row(x, valid, err, lo, hi)
                 if row is None:
                     bad += 1
                 else:
@@ -405,11 +401,12 @@ class ScoreCache:
         self._flag_bad(bad)
         return out
 
-    def put_pairs(self, rows: list[tuple[str, float, bool, str | None]]) -> None:
+    def _put_values(self, table: str, rows: list[tuple[str, float, bool, str | None]]) -> None:
+        """A value is stored only when valid and finite (NULL otherwise: never a stand-in number)."""
         with self._lock:
             self._db.executemany(
-                "INSERT OR REPLACE INTO pairs VALUES (?, ?, ?, ?)",
-                [(k, p if (v and math.isfinite(p)) else None, int(bool(v)), e) for k, p, v, e in rows])
+                f"INSERT OR REPLACE INTO {table} VALUES (?, ?, ?, ?)",
+                [(k, x if (v and math.isfinite(x)) else None, int(bool(v)), e) for k, x, v, e in rows])
             self._db.commit()
 
     def get_verdicts(self, keys: list[str]) -> dict[str, tuple[str | None, str | None]]:
