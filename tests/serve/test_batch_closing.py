@@ -127,6 +127,7 @@ def test_a_client_calling_in_a_loop_waits_only_on_its_first_call(server):
     assert rec.calls == [1, 1, 1, 1]
 
 
+@pytest.mark.slow  # waits out max_wait_ms several times
 def test_a_known_connection_without_a_request_in_holds_the_batch_open(server):
     rec, url = server
     ims = random_images(2, seed=12)
@@ -167,6 +168,7 @@ def test_a_connection_that_only_checked_health_is_not_waited_for(server):
         assert dt < EARLY, dt
 
 
+@pytest.mark.slow  # waits out max_wait_ms several times
 def test_a_new_connection_holds_a_known_clients_batch_open_for_late_requests(server):
     """A request on a new connection makes its batch wait as before, even when it joins known clients' requests."""
     rec, url = server
@@ -183,6 +185,7 @@ def test_a_new_connection_holds_a_known_clients_batch_open_for_late_requests(ser
         assert dt_new >= 0.25, dt_new
 
 
+@pytest.mark.slow  # waits out max_wait_ms several times
 def test_without_the_servers_protocol_a_batch_always_waits():
     """Under an ASGI server other than ``rewardkit serve``'s (stock uvicorn here) the connections are unknown:
     every batch waits its ``max_wait_ms``, as before."""
