@@ -150,8 +150,14 @@ CASES = {  # case -> (server mode or script, what a NaN's reason must mention)
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("kind", KINDS)
+# cases that wait out a real second (Retry-After: 1) or a drip's deadlines run for one kind in the inner loop
+# (-m "not slow") and for every kind in the whole suite
+WAITING_CASES = {"429_retry_after", "slow_drip"}
+
+
+@pytest.mark.parametrize("kind, case", [
+    pytest.param(kind, case, marks=[pytest.mark.slow] if case in WAITING_CASES and kind != KINDS[0] else [])
+    for kind in KINDS for case in sorted(CASES)])
 def test_reward_through_misbehaving_server(fresh, tmp_path, kind, case):
     mode, must_mention = CASES[case]
     # slow_drip: a 0.25 s deadline, below the drip's 0.5 s between bytes (the total deadline against a drip that
