@@ -123,6 +123,7 @@ class _Replica:
         self.queued_images = 0
         self.batches = 0
         self.merged_requests = 0
+        self.closed_early = 0  # batches that stopped waiting because every known client was in
         self._held: collections.deque[_Job] = collections.deque()  # waiting jobs a batch passed over, in order
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rewardkit-replica{index}")
         self._task: asyncio.Task | None = None
@@ -171,6 +172,7 @@ class _Replica:
                         job = self.queue.get_nowait()
                     except asyncio.QueueEmpty:
                         if all_known and not self.connections.idle:  # type: ignore[union-attr]
+                            self.closed_early += 1
                             break  # every client the server knows of is in: nobody known is still to come
                         remaining = deadline - loop.time()
                         if remaining <= 0:

@@ -123,7 +123,8 @@ class RewardServer:
             "limits": {k: v for k, v in dataclasses.asdict(self.cfg).items() if k != "token"},
             "auth": self.cfg.token is not None, "versions": versions, "wire_formats": ["json", "binary"],
             "stats": {"requests": self.requests, "batches": sum(r.batches for r in self.replicas),
-                      "merged_requests": sum(r.merged_requests for r in self.replicas)},
+                      "merged_requests": sum(r.merged_requests for r in self.replicas),
+                      "batches_closed_early": sum(r.closed_early for r in self.replicas)},
         })
 
     def parse(self, kind: str, body: Any) -> _Job:

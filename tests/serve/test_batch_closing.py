@@ -125,6 +125,10 @@ def test_a_client_calling_in_a_loop_waits_only_on_its_first_call(server):
     # then the connection is known, and it is the only one: nobody known is still to come
     assert max(times[1:]) < EARLY, times
     assert rec.calls == [1, 1, 1, 1]
+    import httpx
+
+    stats = httpx.get(url + "/info", timeout=10).json()["stats"]
+    assert (stats["batches"], stats["batches_closed_early"]) == (4, 3), stats
 
 
 @pytest.mark.slow  # waits out max_wait_ms several times
