@@ -151,6 +151,7 @@ def main() -> None:
     names = list(configs)
     results: dict[tuple[str, str], list[float]] = {(w, k): [] for w in wires for k in configs}
     merged: dict[tuple[str, str], float] = {}
+    early: dict[tuple[str, str], float] = {}  # share of model calls whose batch closed before max_wait_ms
     # the server process's CPU time per request (user + system, all its threads): what each request costs the
     # server, much less sensitive to the machine's load than requests/s
     cpu: dict[tuple[str, str], list[float]] = {(w, k): [] for w in wires for k in configs}
@@ -173,8 +174,10 @@ def main() -> None:
                     results[(wire, name)].append(load(url, wire))
                     cpu[(wire, name)].append((cpu_seconds(proc.pid) - cpu0) / (args.clients * args.requests))
                     stats = httpx.get(url + "/info", timeout=10).json()["stats"]
-                    merged[(wire, name)] = (stats["merged_requests"] - before["merged_requests"]) / \
-                        max(stats["batches"] - before["batches"], 1)
+                    calls = max(stats["batches"] - before["batches"], 1)
+                    merged[(wire, name)] = (stats["merged_requests"] - before["merged_requests"]) / calls
+                    early[(wire, name)] = (stats.get("batches_closed_early", 0)
+                                           - before.get("batches_closed_early", 0)) / calls
             finally:
                 proc.terminate()
                 proc.wait(30)
@@ -188,7 +191,8 @@ def main() -> None:
         for name in names:
             vals = results[(wire, name)]
             print(f"{wire:6s} {name:44s} {statistics.median(vals):8.1f} req/s = img/s  (rounds: "
-                  f"{', '.join(f'{v:.1f}' for v in vals)}; requests per model call {merged[(wire, name)]:.1f}; "
+                  f"{', '.join(f'{v:.1f}' for v in vals)}; requests per model call {merged[(wire, name)]:.1f}, "
+                  f"{100 * early[(wire, name)]:.0f}% closed early; "
                   f"server CPU {1e3 * statistics.median(cpu[(wire, name)]):.2f} ms per request)")
         per_round = [b / a for a, b in zip(results[(wire, names[0])], results[(wire, names[1])])]
         cpu_rounds = [a / b for a, b in zip(cpu[(wire, names[0])], cpu[(wire, names[1])])]

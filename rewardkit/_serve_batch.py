@@ -11,7 +11,8 @@ e.g. z-scored composites) are never merged across requests.
 **Closing a batch before its wait is over** (:class:`Connections`). When the server runs on its own protocol
 (:func:`rewardkit.server.uvicorn_config`), it knows its open connections, and which of them have been answered a
 scoring request before ("known"). A batch stops waiting once every request in it came on a known connection and
-no known connection is left without a request in the server: every client the server knows of is in, and what
+no known connection is left without a request in the server (from the moment a request's result is set, its
+connection counts as without one: the next batch, formed at once, waits for it): every client the server knows of is in, and what
 would still come is a new connection, which the wait would not have been sure to catch either. One client calling
 in a loop, or a fixed set of trainer workers, then never waits ``max_wait_ms``; a request on a new connection
 (the first call of a client, or a pooled client opening one for a concurrent call) still holds its batch open
@@ -84,6 +85,7 @@ class _Job:
     pixels: int = 0                # decoded pixels of images and sources (from their headers)
     tensor: tuple | None = None    # float images: (C, H, W, dtype); they merge only with the same
     known: bool = False            # came on a connection answered before (see Connections)
+    connection: Connection | None = field(repr=False, default=None)  # where it came from, when tracked
     future: asyncio.Future = field(repr=False, default=None)  # type: ignore[assignment]
 
     @property
@@ -214,6 +216,7 @@ class _Replica:
                     self._deliver(await loop.run_in_executor(self._executor, self._run, [job]))
                 except Exception as exc:
                     if not job.future.done():
+                        _answered(job)
                         job.future.set_exception(exc)
 
     def _deliver(self, done: list[tuple[_Job, dict]]) -> None:
@@ -223,6 +226,7 @@ class _Replica:
         self.merged_requests += len(done)
         for j, r in done:
             if not j.future.done():
+                _answered(j)
                 j.future.set_result(r)
 
     def _run(self, jobs: list[_Job]) -> list[tuple[_Job, dict]]:
@@ -265,6 +269,15 @@ class _Replica:
         b = [x for j in jobs for x in j.images[j.n:]]
         pair = self.reward.compare(batch(a), batch(b), prompts, sources=sources, metadata=metadata, on_error="nan")
         return list(zip(jobs, _split_pair(pair, [j.n for j in jobs])))
+
+
+def _answered(job: _Job) -> None:
+    """The job's connection may send its next request: marked when its result is set, not when its handler
+    resumes, so that the next batch, formed at once, waits for it (a batch formed between the two would close
+    without it, and two halves of a wave of clients would keep alternating)."""
+    if job.connection is not None:
+        job.connection.answered()
+        job.connection = None
 
 
 def _split_score(out: RewardOutput, sizes: list[int]) -> list[dict]:

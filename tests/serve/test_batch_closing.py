@@ -217,3 +217,46 @@ def test_without_the_servers_protocol_a_batch_always_waits():
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+@pytest.mark.slow  # waits out max_wait_ms once
+def test_a_connection_is_waited_for_as_soon_as_its_answer_is_ready(server):
+    """Two known clients out of phase: A's batch scores alone (B sent nothing within the wait) while B's request
+    queues. As soon as A's result is ready, A counts as about to send again, so B's batch, formed at once, waits
+    for A's next request: the two merge again instead of alternating forever (A's connection used to count only
+    once its handler had resumed, after B's batch had closed without it)."""
+    rec, url = server
+    ims = random_images(2, seed=16)
+    entered, release = threading.Event(), threading.Event()
+    real = rec._score
+
+    def gated(batch):
+        if not release.is_set():
+            entered.set()
+            release.wait(20.0)
+        return real(batch)
+    with clients(url, 2) as (a, b):
+        together(lambda: a.score(ims[0], "a"), lambda: b.score(ims[1], "b"))  # both known
+        rec.calls.clear()
+        rec._score = gated
+        import httpx
+
+        def a_twice():
+            return [a.score(ims[0], "a"), a.score(ims[0], "a")]
+
+        def b_late():
+            assert entered.wait(20.0)          # A's batch is in the model, alone
+            return b.score(ims[1], "b")
+        t = threading.Thread(target=lambda: out.append(b_late()))
+        out: list = []
+        t.start()
+        first = threading.Thread(target=lambda: out.append(a_twice()))
+        first.start()
+        deadline = time.monotonic() + 20
+        while httpx.get(url + "/info", timeout=10).json()["stats"]["requests"] < 4:  # 2, then A (in the model), B
+            assert time.monotonic() < deadline, "B's request never reached the server"
+            time.sleep(0.01)
+        release.set()
+        t.join(30)
+        first.join(30)
+    assert rec.calls == [1, 2], rec.calls
