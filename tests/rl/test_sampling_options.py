@@ -409,18 +409,20 @@ def test_evaluation_with_an_sde_solver_is_the_same_whatever_the_batch_size(sd3_d
 
     prompts = tmp_path / "eval.txt"
     prompts.write_text("a red cube\na blue ball\na green cone\n")
+    cfg = {"output_dir": str(tmp_path / "run"), "seed": 3,
+           "model": {"pretrained": sd3_dir, "max_sequence_length": 8}, "lora": {"r": 4, "alpha": 8},
+           "sample": {"num_steps": 2, "resolution": 32, "batch_size": 3, "num_groups": 1, "group_size": 3,
+                      "eval_num_steps": 3, "eval_solver": "flow_sde", "eta": 0.9},
+           "train": {"batch_size": 3}, "rewards": {"pickscore": 1.0},
+           "reward_kwargs": {"pickscore": {"model": str(tiny_clip_dir), "device": "cpu"}},
+           "eval_prompts": str(prompts), "eval_grid": 3, "reward_workers": 1, "num_epochs": 1,
+           "mixed_precision": "no", "cpu": True, "save_every": 0, "eval_every": 1, "progress": False,
+           "resume": "never"}
+    tr = NFTTrainer(build_config(NFTConfig, cfg))
     out = []
-    for bs in (1, 3):
-        cfg = {"output_dir": str(tmp_path / f"run{bs}"), "seed": 3,
-               "model": {"pretrained": sd3_dir, "max_sequence_length": 8}, "lora": {"r": 4, "alpha": 8},
-               "sample": {"num_steps": 2, "resolution": 32, "batch_size": bs, "num_groups": 1, "group_size": 3,
-                          "eval_num_steps": 3, "eval_solver": "flow_sde", "eta": 0.9},
-               "train": {"batch_size": 3}, "rewards": {"pickscore": 1.0},
-               "reward_kwargs": {"pickscore": {"model": str(tiny_clip_dir), "device": "cpu"}},
-               "eval_prompts": str(prompts), "eval_grid": 3, "reward_workers": 1, "num_epochs": 1,
-               "mixed_precision": "no", "cpu": True, "save_every": 0, "eval_every": 1, "progress": False,
-               "resume": "never"}
-        out.append(evaluate(NFTTrainer(build_config(NFTConfig, cfg))))
+    for bs in (1, 3):  # evaluation reads sample.batch_size when it runs
+        tr.cfg.sample.batch_size = bs
+        out.append(evaluate(tr))
     (m1, g1, _), (m3, g3, _) = out
     torch.testing.assert_close(g1, g3, rtol=0, atol=1e-6)
     assert m1.keys() == m3.keys() and all(m1[k] == pytest.approx(m3[k], rel=1e-5) for k in m1)
