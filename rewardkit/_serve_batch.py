@@ -14,9 +14,9 @@ scoring request before ("known"). A batch stops waiting once every request in it
 no known connection is left without a request in the server (from the moment a request's result is set, its
 connection counts as without one: the next batch, formed at once, waits for it). Every client the server knows of
 is then in, and what would still come is a new connection, which the wait would not have been sure to catch
-either. One client calling in a loop, or a fixed set of trainer workers, then never waits ``max_wait_ms``; a request on a new connection
-(the first call of a client, or a pooled client opening one for a concurrent call) still holds its batch open
-for late requests, and so does any known client that has not sent its next request yet.
+either. One client calling in a loop, or a fixed set of trainer workers, then never waits ``max_wait_ms``; a
+request on a new connection (the first call of a client, or a pooled client opening one for a concurrent call)
+still holds its batch open for late requests, and so does any known client that has not sent its next request yet.
 """
 
 from __future__ import annotations
