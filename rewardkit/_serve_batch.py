@@ -99,6 +99,14 @@ class _Job:
     def key(self) -> tuple:
         return (self.kind, self.sources is not None, self.metadata is not None, self.tensor)
 
+    def answered(self) -> None:
+        """Its connection may send its next request. Marked when the result is set, not when the handler resumes,
+        so that the next batch, formed at once, waits for it (a batch formed between the two would close without
+        it, and two halves of a wave of clients would keep alternating); once only."""
+        if self.connection is not None:
+            self.connection.answered()
+            self.connection = None
+
 
 def _decode(x: Any) -> Any:
     """An encoded wire image -> canonical RGB PIL (decoded here, in the replica's thread, so that a request
@@ -216,7 +224,7 @@ class _Replica:
                     self._deliver(await loop.run_in_executor(self._executor, self._run, [job]))
                 except Exception as exc:
                     if not job.future.done():
-                        _answered(job)
+                        job.answered()
                         job.future.set_exception(exc)
 
     def _deliver(self, done: list[tuple[_Job, dict]]) -> None:
@@ -226,7 +234,7 @@ class _Replica:
         self.merged_requests += len(done)
         for j, r in done:
             if not j.future.done():
-                _answered(j)
+                j.answered()
                 j.future.set_result(r)
 
     def _run(self, jobs: list[_Job]) -> list[tuple[_Job, dict]]:
@@ -269,15 +277,6 @@ class _Replica:
         b = [x for j in jobs for x in j.images[j.n:]]
         pair = self.reward.compare(batch(a), batch(b), prompts, sources=sources, metadata=metadata, on_error="nan")
         return list(zip(jobs, _split_pair(pair, [j.n for j in jobs])))
-
-
-def _answered(job: _Job) -> None:
-    """The job's connection may send its next request: marked when its result is set, not when its handler
-    resumes, so that the next batch, formed at once, waits for it (a batch formed between the two would close
-    without it, and two halves of a wave of clients would keep alternating)."""
-    if job.connection is not None:
-        job.connection.answered()
-        job.connection = None
 
 
 def _split_score(out: RewardOutput, sizes: list[int]) -> list[dict]:

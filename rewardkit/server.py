@@ -46,7 +46,7 @@ import time
 from typing import Any
 
 from . import _serve_wire as wire
-from ._serve_batch import CONNECTION_KEY, Connection, Connections, _answered, _Job, _Replica
+from ._serve_batch import CONNECTION_KEY, Connection, Connections, _Job, _Replica
 from ._serve_batch import _decode, _split_pair, _split_score  # noqa: F401 - re-exported
 from ._serve_config import ServerConfig
 from ._serve_secrets import RedactingFilter, Redactor
@@ -186,7 +186,7 @@ class RewardServer:
         finally:
             if not job.future.done():
                 job.future.cancel()
-            _answered(job)  # a job dropped or timed out: its replica never answered it
+            job.answered()  # a job dropped or timed out: its replica never answered it
 
 
 def _is_binary(content_type: str | None) -> bool:

@@ -19,7 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
-pytest.importorskip("httpx")
+httpx = pytest.importorskip("httpx")
 
 from rewardkit import Reward, RewardOutput  # noqa: E402
 from rewardkit.testing import random_images  # noqa: E402
@@ -125,8 +125,6 @@ def test_a_client_calling_in_a_loop_waits_only_on_its_first_call(server):
     # then the connection is known, and it is the only one: nobody known is still to come
     assert max(times[1:]) < EARLY, times
     assert rec.calls == [1, 1, 1, 1]
-    import httpx
-
     stats = httpx.get(url + "/info", timeout=10).json()["stats"]
     assert (stats["batches"], stats["batches_closed_early"]) == (4, 3), stats
 
@@ -235,28 +233,28 @@ def test_a_connection_is_waited_for_as_soon_as_its_answer_is_ready(server):
             entered.set()
             release.wait(20.0)
         return real(batch)
+    results: dict[str, list] = {}
+
+    def a_twice():
+        results["a"] = [a.score(ims[0], "a"), a.score(ims[0], "a")]
+
+    def b_late():
+        assert entered.wait(20.0)          # A's batch is in the model, alone
+        results["b"] = [b.score(ims[1], "b")]
     with clients(url, 2) as (a, b):
         together(lambda: a.score(ims[0], "a"), lambda: b.score(ims[1], "b"))  # both known
         rec.calls.clear()
         rec._score = gated
-        import httpx
-
-        def a_twice():
-            return [a.score(ims[0], "a"), a.score(ims[0], "a")]
-
-        def b_late():
-            assert entered.wait(20.0)          # A's batch is in the model, alone
-            return b.score(ims[1], "b")
-        t = threading.Thread(target=lambda: out.append(b_late()))
-        out: list = []
-        t.start()
-        first = threading.Thread(target=lambda: out.append(a_twice()))
-        first.start()
+        threads = [threading.Thread(target=b_late), threading.Thread(target=a_twice)]
+        for t in threads:
+            t.start()
         deadline = time.monotonic() + 20
         while httpx.get(url + "/info", timeout=10).json()["stats"]["requests"] < 4:  # 2, then A (in the model), B
             assert time.monotonic() < deadline, "B's request never reached the server"
             time.sleep(0.01)
         release.set()
-        t.join(30)
-        first.join(30)
+        for t in threads:
+            t.join(30)
+    assert [s for _, s in results["a"]] == pytest.approx([Recorder.expected(ims[0], "a")] * 2, rel=1e-6)
+    assert [s for _, s in results["b"]] == pytest.approx([Recorder.expected(ims[1], "b")], rel=1e-6)
     assert rec.calls == [1, 2], rec.calls
