@@ -9,7 +9,8 @@ holds the judge's methods for it; it reads the judge's ``model``, ``image_token_
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from array import array
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ._prep import lcp as _lcp
 
@@ -216,13 +217,26 @@ class PrefixCacheMixin:
 
 
 
-def _left_padded(rows: list[list[int]], width: int, pad: int, device: Any):
-    """``(ids, mask)`` ``[len(rows), width]`` int64 on ``device``, each row left-padded: one tensor each, built
-    from Python lists (not one small tensor per row)."""
+def _left_padded(rows: Sequence[Sequence[int]], width: int, pad: int, device: Any):
+    """``(ids, mask)`` ``[len(rows), width]`` int64 on ``device``, each row left-padded. The ids are written row
+    by row into one flat ``array`` buffer (C-level slice copies, no Python int per element) that the tensor then
+    shares: about a quarter of the time of ``torch.tensor`` on nested Python lists
+    (``benchmarks/judge_efficiency.py`` pads about 200 rows per EVR call)."""
     import torch
 
-    ids = torch.tensor([[pad] * (width - len(r)) + list(r) for r in rows], dtype=torch.long)
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
+    R = len(rows)
+    lens = [len(r) for r in rows]
+    if R and max(lens) > width:
+        raise ValueError(f"a row of {max(lens)} ids does not fit in width {width}")
+    buf = array("q", [pad]) * (R * width)
+    for i, r in enumerate(rows):
+        if r:
+            buf[(i + 1) * width - len(r):(i + 1) * width] = array("q", r)
+    if R * width:
+        ids = torch.frombuffer(buf, dtype=torch.long).view(R, width)
+    else:  # frombuffer refuses an empty buffer
+        ids = torch.zeros((R, width), dtype=torch.long)
+    mask = (torch.arange(width)[None, :] >= (width - torch.tensor(lens, dtype=torch.long))[:, None]).long()
     return ids.to(device), mask.to(device)
 
 

@@ -41,7 +41,7 @@ class DecodeMixin:
             gens = []
             for c, k in zip(convs, sample_idx):
                 g = torch.Generator(device=dev)
-                g.manual_seed((seed * 1_000_003 + c.digest * 31 + k) % (2 ** 63))
+                g.manual_seed((seed * 1_000_003 + c.seed_digest() * 31 + k) % (2 ** 63))
                 gens.append(g)
         eos = torch.tensor(self.eos_ids or [-1], device=dev)
         attn = None

@@ -68,7 +68,17 @@ class _Conv:
     ids: list[int]
     images: list[str]  # content hashes, in placeholder order
     image_end: int  # index after the last image token (0 when there is no image)
-    digest: int  # stable per-content seed material
+    digest: int | None = None  # stable per-content seed material: see seed_digest (computed when first needed)
+
+    def seed_digest(self) -> int:
+        """A stable 64-bit digest of the ids and image keys (blake2b, the same in every process): the per-row seed
+        material of seeded sampling. Computed on first use; only seeded sampling needs it."""
+        if self.digest is None:
+            h = hashlib.blake2b(digest_size=8)
+            h.update(array("q", self.ids).tobytes())
+            h.update("".join(self.images).encode())
+            self.digest = int.from_bytes(h.digest(), "little")
+        return self.digest
 
 
 _lcp = lcp  # longest common token prefix (rewardkit.judges._prep)
@@ -103,16 +113,17 @@ def _repeat_key(conv: Conversation) -> tuple | None:
 def _unique(convs: list[_Conv]) -> tuple[list[_Conv], list[int] | None]:
     """``(distinct conversations, index of each conversation among them)``; the index is None when all are
     distinct. Equal token ids and images: the model sees the same input, so it is run once and the answer copied."""
-    seen: dict[int, list[int]] = {}
+    seen: dict[tuple, list[int]] = {}  # (length, last ids, image keys) -> candidates; equality is checked in full
     uniq: list[_Conv] = []
     back: list[int] = []
     for c in convs:
-        for u in seen.get(c.digest, ()):
+        key = (len(c.ids), tuple(c.ids[-8:]), tuple(c.images))
+        for u in seen.get(key, ()):
             if uniq[u].ids == c.ids and uniq[u].images == c.images:
                 back.append(u)
                 break
         else:
-            seen.setdefault(c.digest, []).append(len(uniq))
+            seen.setdefault(key, []).append(len(uniq))
             back.append(len(uniq))
             uniq.append(c)
     return uniq, (back if len(uniq) < len(convs) else None)
@@ -386,10 +397,7 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
                 ids.extend([img] * feats[key].n_tokens)
                 end, prev = len(ids), p + 1
             ids.extend(raw[prev:])
-            h = hashlib.blake2b(digest_size=8)
-            h.update(array("q", ids).tobytes())
-            h.update("".join(keys).encode())
-            convs.append(_Conv(ids=ids, images=keys, image_end=end, digest=int.from_bytes(h.digest(), "little")))
+            convs.append(_Conv(ids=ids, images=keys, image_end=end))
         return (convs if len(convs) == len(which) else [convs[j] for j in which]), feats
 
     def _encode_images(self, pending: dict[str, Any]) -> dict[str, _Img]:
@@ -440,7 +448,8 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
 
     def _row_chunks(self, convs: list[_Conv], feats: dict[str, _Img], rows: list[tuple[int, int]],
                     max_rows: int | None = None):
-        """Yield ``(rows_chunk, run)``; ``run()`` prefills/forks and returns the first next-token logits."""
+        """Yield ``(rows_chunk, run)``; ``run()`` prefills/forks and returns the first next-token logits. Within a
+        group of prefixes the rows go in order of suffix length (a chunk is padded to its longest suffix)."""
         prefixes, split, prefix_of = self._plan(convs)
         rows_by_prefix: dict[int, list[tuple[int, int]]] = {}
         for r in rows:
@@ -450,7 +459,9 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
             pids = order[s:s + self.max_prefixes]
             state = self._prefix_state([prefixes[p] for p in pids], feats)
             local = {p: j for j, p in enumerate(pids)}
-            prow = [r for p in pids for r in rows_by_prefix[p]]
+            # rows of similar suffix length together: a chunk is padded to its longest suffix
+            prow = sorted((r for p in pids for r in rows_by_prefix[p]),
+                          key=lambda r: len(convs[r[0]].ids) - split[r[0]])
             step = max_rows or self.max_rows
             for t in range(0, len(prow), step):
                 chunk = prow[t:t + step]

@@ -173,13 +173,13 @@ def test_repeated_conversations_are_run_once(images):
         assert judge.stats["decode_tokens"] == work
         assert got == [want[j] for j in where]
         assert got[0] is not got[2]  # separate lists: a caller may edit one answer
-    # unseeded sampling: repeats stay independent draws (each row is decoded)
-    judge.stats.clear()
-    judge.generate([a], max_new_tokens=5, temperature=1.0)
-    one = judge.stats["decode_tokens"]
-    judge.stats.clear()
+    # unseeded sampling: repeats stay independent draws (each row is decoded; counted as rows handed to the
+    # decoding loop, not as decoded tokens, which an early end-of-sequence draw would make random)
+    rows = []
+    decode = judge._decode
+    judge._decode = lambda run, convs, n, **kw: rows.append(len(convs) * n) or decode(run, convs, n, **kw)
     judge.generate([a, a, a], max_new_tokens=5, temperature=1.0)
-    assert judge.stats["decode_tokens"] == 3 * one
+    assert rows == [3]
 
 
 def test_unique_needs_equal_ids_and_images():
@@ -192,6 +192,74 @@ def test_unique_needs_equal_ids_and_images():
     uniq, back = _unique([x, same, collide, other_image, x])
     assert uniq == [x, collide, other_image] and back == [0, 0, 1, 2, 0]
     assert _unique([x, collide]) == ([x, collide], None)
+
+
+def test_seed_digest_is_the_blake2b_of_ids_and_image_keys(images):
+    """The per-row seed material of seeded sampling, now computed only when sampling asks for it: the same
+    value as before (blake2b-64 of the int64 ids then the joined image keys, little-endian), so seeded samples
+    do not change."""
+    import hashlib
+    from array import array
+
+    model, proc = tiny_qwen2_5_vl()
+    judge = TransformersJudge(model, proc)
+    with torch.inference_mode():
+        convs, _ = judge._prepare(questions(images))
+    for c in convs:
+        assert c.digest is None  # not computed while preparing
+        h = hashlib.blake2b(digest_size=8)
+        h.update(array("q", c.ids).tobytes())
+        h.update("".join(c.images).encode())
+        assert c.seed_digest() == int.from_bytes(h.digest(), "little") == c.digest
+
+
+# ------------------------------------------------------------------------------------ continuation rows
+def test_left_padded_is_the_nested_list_layout():
+    from rewardkit.judges._transformers_cache import _left_padded
+
+    rows = [[5, 6, 7], [8], [9, 10, 11, 12], (13, 14)]
+    ids, mask = _left_padded(rows, 5, 0, torch.device("cpu"))
+    assert ids.tolist() == [[0, 0, 5, 6, 7], [0, 0, 0, 0, 8], [0, 9, 10, 11, 12], [0, 0, 0, 13, 14]]
+    assert mask.tolist() == [[0, 0, 1, 1, 1], [0, 0, 0, 0, 1], [0, 1, 1, 1, 1], [0, 0, 0, 1, 1]]
+    assert ids.dtype == mask.dtype == torch.long
+    ids, mask = _left_padded([[], [3]], 2, 7, torch.device("cpu"))
+    assert ids.tolist() == [[7, 7], [7, 3]] and mask.tolist() == [[0, 0], [0, 1]]
+    with pytest.raises(ValueError, match="does not fit"):
+        _left_padded([[1, 2, 3]], 2, 0, torch.device("cpu"))
+
+
+def test_row_chunks_go_in_suffix_length_order(images):
+    """Continuation rows are chunked shortest suffix first, so a chunk's padding is its own rows' spread; the
+    answers are the chunk-free ones and transformers' own forward's."""
+    model, proc = tiny_qwen2_5_vl()
+    a, b = images[:2]
+    qs = ["Yes or No?", "A much longer question about the two images that needs many more tokens: Yes or No?",
+          "Is it? Yes or No.", "Another long question, with words enough to be the longest of them all: Yes or No?"]
+    convs = [conv([a, b], q) for q in qs]
+    whole = TransformersJudge(model, proc)
+    chunked = TransformersJudge(model, proc, max_rows=2)
+    widths = []
+    hook = model.model.language_model.register_forward_pre_hook(
+        lambda m, args, kw: widths.append(tuple((kw.get("input_ids") if kw.get("input_ids") is not None
+                                                 else kw["inputs_embeds"]).shape[:2])), with_kwargs=True)
+    try:
+        with torch.inference_mode():
+            cs, _ = chunked._prepare(convs)
+            _, split, _ = chunked._plan(cs)
+            lengths = [len(c.ids) - split[i] for i, c in enumerate(cs)]
+            widths.clear()
+            got = chunked.choice_probs(convs, ["Yes", "No"])
+    finally:
+        hook.remove()
+    short = sorted(lengths)
+    assert widths[1:] == [(2, short[1]), (2, short[3])]  # after the prefix prefill: two chunks, shortest first
+    # in the given order both chunks would be padded to a long row
+    assert sum(r * w for r, w in widths[1:]) < 2 * max(lengths[:2]) + 2 * max(lengths[2:])
+    want = whole.choice_probs(convs, ["Yes", "No"])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    ids = whole.choice_token_ids(["Yes", "No"])
+    for c, p in zip(convs, got):
+        assert torch.allclose(p, full_forward_probs(model, proc, c, ids), atol=1e-5)
 
 
 # ------------------------------------------------------------------------------------ fresh prefill as the state
