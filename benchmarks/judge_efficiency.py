@@ -25,6 +25,9 @@ shapes). Then ``--rounds`` rounds each time the naive loop and rewardkit back to
 see the same machine load); each round's wall-time ratio is printed with their median, the wall time of
 each phase (evaluation = the K hypotheses per dimension, verification = the Yes/No questions) and the
 machine's load average. Both run on the same model, prompts and token budgets.
+The header prints torch's thread count (``--threads``; default torch's own, 2 on the 2-core development
+machine): the naive loop is mostly per-call Python and barely uses a second thread, rewardkit's few large
+forwards do, so the ratio at one thread is lower (see benchmarks/README.md).
 
 Checks that both produce identical greedy hypotheses and Yes/No probabilities (max abs diff printed), then
 prints one line per figure: ``<figure>: naive X, rewardkit Y, ratio``. ``--profile N`` adds the top N functions
@@ -129,9 +132,13 @@ def main() -> None:
     ap.add_argument("--claims", choices=["distinct", "repeated"], default="distinct",
                     help="verification claims: distinct per hypothesis (default; as EVR's sampled hypotheses are) "
                          "or repeated (greedy hypotheses at one score: rewardkit answers each repeat once)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch intra-op threads for both sides (0: torch's default, what the recorded figures use)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="after the rounds, profile one more rewardkit run (cProfile) and print its top N functions")
     args = ap.parse_args()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     if args.claims == "distinct" and args.k > 5:
         ap.error("--claims distinct gives the k-th claim the score k + 1 on EVR's 1-5 scale: --k 5 at most "
                  "(or --claims repeated)")
