@@ -16,7 +16,8 @@ rewardkit's answer-each-repeat-once shortcut does not apply there; ``--claims re
 - naive: for every question, ``processor(text, images)`` then ``model.generate`` / ``model(...)``: the vision
   tower and the whole prompt run once per question.
 - rewardkit: ``TransformersJudge.generate(n=K)`` and ``choice_probs`` inside one ``session()``: each distinct
-  image through the vision tower once, each shared prefix prefilled once and its KV cache forked; the
+  image through the vision tower once, each shared prefix prefilled once and its KV cache forked, the
+  candidates' common stem (system message + reference images) prefilled once for all of them; the
   verification phase reuses the evaluation phase's prefix KV (system + images + context, EVR template v3).
 
 Timing: the naive loop is warmed up on one candidate's questions (it then repeats the same shapes for every
@@ -206,8 +207,8 @@ def main() -> None:
     print(f"identical greedy hypotheses: {same}/{total}; Yes/No probabilities max abs diff {diff:.2e}")
     print(f"vision-encoder images: naive {n_images}, rewardkit {r_images}, {n_images / max(r_images, 1):.1f}x")
     print(f"prefill tokens: naive {n_prefill}, rewardkit {r_prefill}, {n_prefill / max(r_prefill, 1):.1f}x")
-    print(f"prefix KV kept across the evaluation and verification phases: {r_reused} tokens reused, "
-          f"{r_hits} exact prefix hits")
+    print(f"prefix KV reused (the candidates' shared stem, and across the evaluation and verification phases): "
+          f"{r_reused} tokens, {r_hits} exact prefix hits")
     ratios = [a / b for a, b in zip(naive_t, rk_t)]
     med = statistics.median
 

@@ -13,6 +13,7 @@ from array import array
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ._prep import lcp as _lcp
+from ._prep import positions
 
 if TYPE_CHECKING:
     from .transformers_backend import _Img
@@ -71,8 +72,11 @@ class PrefixCacheMixin:
 
         Per prefix: an exact hit is used as is; else the cached prefix with the longest shared token prefix
         that holds all of this prefix's images (same images, same order) and ends on a text token is sliced
-        to the shared part and only the remaining text is run (positions continue from the shared part);
-        else it is prefilled. New prefixes are kept (bounded, oldest dropped first).
+        to the shared part and only the remaining text is run (positions continue from the shared part).
+        Prefixes with no such parent share their common stem when they have one (:meth:`_shared_stem`: e.g.
+        the system message and reference images of every candidate of an edit): the stem is prefilled once and
+        each prefix runs only its own remainder, images included; the rest are prefilled. New prefixes (and a
+        stem) are kept (bounded, oldest dropped first).
         """
         cache = self._session_prefixes
         if cache is None:
@@ -81,7 +85,7 @@ class PrefixCacheMixin:
 
         entries: list[dict[str, Any] | None] = [None] * len(prefixes)
         fresh: list[int] = []
-        ext: list[tuple[int, dict[str, Any], int]] = []
+        ext: list[tuple[int, dict[str, Any], int, int]] = []  # (prefix, parent, shared tokens, shared images)
         for j, (ids, keys) in enumerate(prefixes):
             hit = cache.get((tuple(ids), tuple(keys)))
             if hit is not None:
@@ -95,7 +99,21 @@ class PrefixCacheMixin:
                 entries[j] = self._keep(ids, keys, self._slice(parent, n))
                 self.stats["prefix_reused_tokens"] += n
             else:
-                ext.append((j, parent, n))
+                ext.append((j, parent, n, len(keys)))  # the parent holds all of this prefix's images
+                self.stats["prefix_reused_tokens"] += n
+        stem = self._shared_stem([prefixes[j] for j in fresh]) if len(fresh) > 1 else None
+        if stem is not None:
+            st = self._prefill([stem], feats)
+            kv = [(layer.keys[0].clone(), layer.values[0].clone()) for layer in st["cache"].layers]
+            root = self._keep(*stem, {"kv": kv, "pos": st["pos"][:, 0], "next": int(st["next_pos"][0])})
+            n = len(stem[0])
+            for j in fresh:
+                if len(prefixes[j][0]) == n:
+                    entries[j] = self._keep(*prefixes[j], self._slice(root, n))
+                else:
+                    ext.append((j, root, n, len(stem[1])))
+            self.stats["prefix_reused_tokens"] += n * (len(fresh) - 1)  # prefilled once instead of len(fresh) times
+            fresh = []
         if fresh:
             st = self._prefill([prefixes[j] for j in fresh], feats)
             L = st["mask"].shape[1]
@@ -109,18 +127,45 @@ class PrefixCacheMixin:
                 # order and columns; _assemble would copy it back with zeros in the masked padding)
                 return st
         if ext:
-            parents = [self._slice(p, n) for _, p, n in ext]
+            parents = [self._slice(p, n) for _, p, n, _ in ext]
             st = self._assemble(parents)
-            rems = [prefixes[j][0][n:] for j, _, n in ext]
-            _, out_cache, (mask, _) = self._continue(st, list(range(len(ext))), rems)
-            for r, ((j, _, n), par, rem) in enumerate(zip(ext, parents, rems)):
+            rems = [prefixes[j][0][n:] for j, _, n, _ in ext]
+            _, out_cache, (mask, _, pos) = self._continue(st, list(range(len(ext))), rems,
+                                                         images=[prefixes[j][1][k:] for j, _, _, k in ext],
+                                                         feats=feats)
+            S = pos.shape[2]
+            for r, ((j, _, n, _), par, rem) in enumerate(zip(ext, parents, rems)):
                 valid = mask[r].bool()
                 kv = [(layer.keys[r][:, valid], layer.values[r][:, valid]) for layer in out_cache.layers]
-                tail = torch.arange(par["next"], par["next"] + len(rem), device=par["pos"].device)
-                entries[j] = self._keep(*prefixes[j], {"kv": kv, "pos": torch.cat([par["pos"], tail.expand(3, -1)], 1),
-                                                       "next": par["next"] + len(rem)})
-                self.stats["prefix_reused_tokens"] += n
+                tail = pos[:, r, S - len(rem):].to(par["pos"].device)
+                entries[j] = self._keep(*prefixes[j], {"kv": kv, "pos": torch.cat([par["pos"], tail], 1),
+                                                       "next": int(tail.max()) + 1})
         return self._assemble(entries)
+
+    def _shared_stem(self, prefixes: list[tuple[list[int], list[str]]]) -> tuple[list[int], list[str]] | None:
+        """``(ids, image keys)`` of the longest token prefix that all ``prefixes`` share, ends on a text token
+        and holds the same images in all of them, or None when it is under 32 tokens or the model's M-RoPE
+        positions are not computed here (:meth:`_rope_positions`: a remainder with images needs them)."""
+        from ..models.rope import VERIFIED_MODEL_TYPES
+
+        if getattr(self.model.config, "model_type", None) not in VERIFIED_MODEL_TYPES:
+            return None
+        img = self.image_token_id
+        first = prefixes[0][0]
+        n = _lcp([ids for ids, _ in prefixes])
+        while n > 0 and first[n - 1] == img:  # cut on a text token: its next position is known
+            n -= 1
+        # the image runs inside the stem, in order; the i-th is the i-th image of every prefix
+        tokens = [i for i in positions(first, img) if i < n]
+        starts = [i for k, i in enumerate(tokens) if k == 0 or tokens[k - 1] != i - 1]
+        for q, i in enumerate(starts):
+            key = prefixes[0][1][q]
+            if any(keys[q] != key for _, keys in prefixes[1:]):  # same token count, other pixels
+                n, starts = i, starts[:q]  # stop before it (the token before an image run is a text token)
+                break
+        if n < 32:
+            return None
+        return list(first[:n]), list(prefixes[0][1][:len(starts)])
 
     def _best_parent(self, ids: list[int], keys: list[str]) -> tuple[dict[str, Any] | None, int]:
         img = self.image_token_id

@@ -25,7 +25,7 @@ class DecodeMixin:
         import torch
 
         extra = max(max_new_tokens - 1, 0)
-        logits, cache, (mask, last_pos) = run(extra)
+        logits, cache, (mask, last_pos, _) = run(extra)
         dev = logits.device
         if n > 1:  # fork every row n times (sample k of conversation c is row c * n + k)
             rep = torch.arange(len(convs), device=dev).repeat_interleave(n)

@@ -486,19 +486,24 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
             next_pos = mask.sum(-1) + deltas.reshape(-1).to(dev)
         else:  # the same positions in a few vectorised operations; the next one follows the largest
             next_pos = pos.amax(dim=(0, 2)) + 1
-        kwargs: dict[str, Any] = {}
-        if order:
-            fk: dict[str, Any] = {"pooler_output": tuple(feats[h].embeds for h in order)}
-            if feats[order[0]].deepstack is not None:
-                n_layers = len(feats[order[0]].deepstack)
-                fk["deepstack_features"] = [tuple(feats[h].deepstack[li] for h in order) for li in range(n_layers)]
-            kwargs["mm_encoder_outputs"] = {"image": self._feature_cls(**fk)}
+        kwargs = self._encoder_outputs(order, feats)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
                          **kwargs)
         valid = mask.sum(-1)
         self.stats["prefixes"] += P
         self.stats["prefill_tokens"] += int(valid.sum())
         return {"cache": _cache_of(out), "ids": ids, "mask": mask, "next_pos": next_pos, "pos": pos}
+
+    def _encoder_outputs(self, order: list[str], feats: dict[str, _Img]) -> dict[str, Any]:
+        """The ``mm_encoder_outputs`` keyword for the images ``order`` (content hashes, in placeholder order,
+        row-major): their kept vision-tower features (and Qwen3-VL's deepstack features); empty without images."""
+        if not order:
+            return {}
+        fk: dict[str, Any] = {"pooler_output": tuple(feats[h].embeds for h in order)}
+        if feats[order[0]].deepstack is not None:
+            n_layers = len(feats[order[0]].deepstack)
+            fk["deepstack_features"] = [tuple(feats[h].deepstack[li] for h in order) for li in range(n_layers)]
+        return {"mm_encoder_outputs": {"image": self._feature_cls(**fk)}}
 
     def _rope_positions(self, mm_types: Any, mask: Any, grid: Any):
         """``[3, P, L]`` M-RoPE positions of left-padded prefixes with images, computed by
@@ -510,11 +515,16 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
             return None
         return mrope_position_ids(mm_types, mask, grid, self.merge)
 
-    def _continue(self, state: dict[str, Any], which: list[int], suffixes: list[list[int]], extra: int = 0):
-        """Forward the suffixes over forked prefix caches -> (last logits [R, V], cache, decode state).
+    def _continue(self, state: dict[str, Any], which: list[int], suffixes: list[list[int]], extra: int = 0,
+                  images: list[list[str]] | None = None, feats: dict[str, _Img] | None = None):
+        """Forward the suffixes over forked prefix caches -> (last logits [R, V], cache, (mask, last positions
+        [R], positions [3, R, S])).
 
         ``extra`` > 0: room for that many generated tokens (static cache; the returned mask already covers
-        them: causality hides the slots not yet written).
+        them: causality hides the slots not yet written). ``images`` / ``feats``: the image keys of each suffix
+        (in placeholder order) and their features, for suffixes that hold images (a prefix extended past a
+        shared stem, :meth:`_prefix_state`); their M-RoPE positions are the suffix's own, shifted to start at
+        the prefix's next position (every prefix ends on a text token).
         """
         import torch
 
@@ -524,9 +534,20 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
         sids, smask = _left_padded(suffixes, S, self.pad_id, dev)
         full_mask = torch.cat([state["mask"].index_select(0, idx), smask], dim=1)
         start = state["next_pos"].index_select(0, idx)
-        spos = (start[:, None] + smask.cumsum(-1) - 1).clamp(min=0)
+        kwargs: dict[str, Any] = {}
         if self.image_token_id in sids:
-            raise ValueError("image tokens in a continuation: conversations with shared images must share the text before them")
+            order = [h for keys in images or [] for h in keys]
+            rel = None
+            if order and feats is not None:
+                grid = torch.stack([feats[h].grid_thw for h in order]).to(dev)
+                rel = self._rope_positions((sids == self.image_token_id).int(), smask, grid)
+            if rel is None:
+                raise ValueError("image tokens in a continuation: conversations with shared images must share the "
+                                 "text before them")
+            pos = rel + start[None, :, None]
+            kwargs = self._encoder_outputs(order, feats)
+        else:
+            pos = (start[:, None] + smask.cumsum(-1) - 1).clamp(min=0)[None].expand(3, R, S)
         if extra > 0:
             full_mask = torch.cat([full_mask, torch.ones((R, extra), dtype=full_mask.dtype, device=dev)], dim=1)
             cache = self._fork(state["cache"], idx, max_len=full_mask.shape[1])
@@ -537,7 +558,7 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
             W = full_mask.shape[1]
             attn = _additive_mask(full_mask, state["mask"].shape[1], S, self.model.dtype,
                                   out=self._mask_buffer(R * S * W, self.model.dtype))
-        out = self.model(input_ids=sids, attention_mask=attn, position_ids=spos[None].expand(3, R, S),
-                         use_cache=True, logits_to_keep=1, **_cache_arg(self.model, cache))
+        out = self.model(input_ids=sids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1,
+                         **kwargs, **_cache_arg(self.model, cache))
         self.stats["prefill_tokens"] += int(smask.sum())
-        return out.logits[:, -1], _cache_of(out), (full_mask, spos[:, -1])
+        return out.logits[:, -1], _cache_of(out), (full_mask, pos[0, :, -1], pos)
