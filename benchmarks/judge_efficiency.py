@@ -122,6 +122,34 @@ def naive(model, proc, evals, k, max_new_tokens, verify_fn, yes_no, phases=None)
     return hyps, torch.stack(probs), prefill
 
 
+def stem_ab(judge, evals, verify_fn, args, want) -> None:
+    """rewardkit with and without the candidates' shared stem (``TransformersJudge._shared_stem``), interleaved
+    rounds in this process; the answers must not change."""
+    cls = type(judge)
+    own = cls._shared_stem
+    times: dict[str, list[float]] = {"with": [], "without": []}
+    prefill: dict[str, int] = {}
+    try:
+        for _ in range(max(1, args.rounds)):
+            for name in ("with", "without"):
+                cls._shared_stem = own if name == "with" else (lambda self, prefixes: None)
+                judge.stats.clear()
+                t = time.perf_counter()
+                with torch.inference_mode(), judge.session():
+                    hyps = judge.generate(evals, n=args.k, temperature=0.0, max_new_tokens=args.max_new_tokens)
+                    probs = judge.choice_probs(verify_fn(hyps), ["Yes", "No"])
+                times[name].append(time.perf_counter() - t)
+                if hyps != want[0] or not torch.allclose(probs, want[1], atol=1e-5):
+                    print(f"MISMATCH: rewardkit {name} the shared stem", file=sys.stderr)
+                    sys.exit(1)
+                prefill[name] = judge.stats["prefill_tokens"]
+    finally:
+        cls._shared_stem = own
+    w, wo = statistics.median(times["with"]), statistics.median(times["without"])
+    print(f"shared stem (median of {len(times['with'])} interleaved rounds): rewardkit {w:.3f} s with, {wo:.3f} s "
+          f"without, {wo / w:.2f}x; prefill tokens {prefill['with']} vs {prefill['without']}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=["qwen2_5_vl", "qwen3_vl"], default="qwen2_5_vl")
@@ -135,6 +163,11 @@ def main() -> None:
                          "or repeated (greedy hypotheses at one score: rewardkit answers each repeat once)")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch intra-op threads for both sides (0: torch's default, what the recorded figures use)")
+    ap.add_argument("--ref-size", type=int, default=0, metavar="PX",
+                    help="reference images of PX x PX and PX x 3PX/4 with the processor's pixel budget raised to "
+                         "PX^2 (default: the tiny 56 / 40 px references): where the shared stem matters")
+    ap.add_argument("--stem-ab", action="store_true",
+                    help="also time rewardkit with and without the candidates' shared stem, interleaved")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="after the rounds, profile one more rewardkit run (cProfile) and print its top N functions")
     args = ap.parse_args()
@@ -146,10 +179,15 @@ def main() -> None:
     torch.manual_seed(0)
     builder = tiny_qwen2_5_vl if args.model == "qwen2_5_vl" else tiny_qwen3_vl
     model, proc = builder(**SIZES[args.size])
+    if args.ref_size:
+        from rewardkit.models.preference import set_pixel_budget
+
+        set_pixel_budget(proc, None, args.ref_size * args.ref_size)
     judge = TransformersJudge(model, proc)
     evr = EVR(judge=judge, k=args.k, temperature=0.0, max_new_tokens=args.max_new_tokens)
     cands = random_images(args.batch, sizes=[(56, 56), (48, 56), (56, 40)], seed=1)
-    refs = random_images(2, sizes=[(56, 56), (40, 40)], seed=2)
+    px = args.ref_size
+    refs = random_images(2, sizes=[(px, px), (px, 3 * px // 4)] if px else [(56, 56), (40, 40)], seed=2)
     instruction = "Place the object from reference image 1 on the table in reference image 2."
     evals = build_workload(evr, cands, refs, instruction, args.k)
     yes_no = judge.choice_token_ids(["Yes", "No"])
@@ -223,6 +261,8 @@ def main() -> None:
     print(f"wall time (median of {len(ratios)} interleaved rounds): naive {med(naive_t):.2f} s, rewardkit "
           f"{med(rk_t):.3f} s, median ratio {med(ratios):.1f}x; load average {load_before[0]:.1f} -> "
           f"{load_after[0]:.1f} (1 min), {os.cpu_count()} CPUs")
+    if args.stem_ab:
+        stem_ab(judge, evals, verify_fn, args, (r_hyps, r_probs))
     if args.profile:
         import cProfile
         import pstats
