@@ -132,7 +132,7 @@ def stem_ab(judge, evals, verify_fn, args, want) -> None:
     try:
         for _ in range(max(1, args.rounds)):
             for name in ("with", "without"):
-                cls._shared_stem = own if name == "with" else (lambda self, prefixes: None)
+                cls._shared_stem = own if name == "with" else (lambda self, *args: None)
                 judge.stats.clear()
                 t = time.perf_counter()
                 with torch.inference_mode(), judge.session():

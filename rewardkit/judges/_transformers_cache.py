@@ -101,7 +101,7 @@ class PrefixCacheMixin:
             else:
                 ext.append((j, parent, n, len(keys)))  # the parent holds all of this prefix's images
                 self.stats["prefix_reused_tokens"] += n
-        stem = self._shared_stem([prefixes[j] for j in fresh]) if len(fresh) > 1 else None
+        stem = self._shared_stem([prefixes[j] for j in fresh], feats) if len(fresh) > 1 else None
         if stem is not None:
             st = self._prefill([stem], feats)
             kv = [(layer.keys[0].clone(), layer.values[0].clone()) for layer in st["cache"].layers]
@@ -142,7 +142,8 @@ class PrefixCacheMixin:
                                                        "next": int(tail.max()) + 1})
         return self._assemble(entries)
 
-    def _shared_stem(self, prefixes: list[tuple[list[int], list[str]]]) -> tuple[list[int], list[str]] | None:
+    def _shared_stem(self, prefixes: list[tuple[list[int], list[str]]],
+                     feats: dict[str, _Img]) -> tuple[list[int], list[str]] | None:
         """``(ids, image keys)`` of the longest token prefix that all ``prefixes`` share, ends on a text token
         and holds the same images in all of them, or None when it is under 32 tokens or the model's M-RoPE
         positions are not computed here (:meth:`_rope_positions`: a remainder with images needs them)."""
@@ -151,21 +152,27 @@ class PrefixCacheMixin:
         if getattr(self.model.config, "model_type", None) not in VERIFIED_MODEL_TYPES:
             return None
         img = self.image_token_id
-        first = prefixes[0][0]
+        first, keys0 = prefixes[0]
         n = _lcp([ids for ids, _ in prefixes])
+        # where each image of the first prefix lies: its placeholder tokens, in order (feats: tokens per image)
+        at = positions(first, img)
+        if len(at) != sum(feats[key].n_tokens for key in keys0):
+            return None
+        spans, k = [], 0
+        for key in keys0:
+            spans.append((at[k], at[k] + feats[key].n_tokens))
+            k += feats[key].n_tokens
+        for q, (a, _) in enumerate(spans):
+            if a >= n:
+                break
+            if any(keys[q] != keys0[q] for _, keys in prefixes[1:]):  # same token count, other pixels
+                n = a  # stop before it
+                break
         while n > 0 and first[n - 1] == img:  # cut on a text token: its next position is known
             n -= 1
-        # the image runs inside the stem, in order; the i-th is the i-th image of every prefix
-        tokens = [i for i in positions(first, img) if i < n]
-        starts = [i for k, i in enumerate(tokens) if k == 0 or tokens[k - 1] != i - 1]
-        for q, i in enumerate(starts):
-            key = prefixes[0][1][q]
-            if any(keys[q] != key for _, keys in prefixes[1:]):  # same token count, other pixels
-                n, starts = i, starts[:q]  # stop before it (the token before an image run is a text token)
-                break
         if n < 32:
             return None
-        return list(first[:n]), list(prefixes[0][1][:len(starts)])
+        return list(first[:n]), list(keys0[:sum(1 for _, b in spans if b <= n)])
 
     def _best_parent(self, ids: list[int], keys: list[str]) -> tuple[dict[str, Any] | None, int]:
         img = self.image_token_id

@@ -77,9 +77,9 @@ def test_candidates_share_their_stem_and_answers_equal_the_full_forward(kind):
     convs = [conv(sys, [ref1, ref2, cand], q) for cand in (a, b, c) for q in qs]
     judge = TransformersJudge(model, proc)
     with torch.inference_mode(), judge.session():
-        cs, _ = judge._prepare(convs)
+        cs, feats = judge._prepare(convs)
         prefixes, _, _ = judge._plan(cs)
-        stem = judge._shared_stem(prefixes)
+        stem = judge._shared_stem(prefixes, feats)
     assert stem is not None and len(prefixes) == 3 and stem[1] == [cs[0].images[0], cs[0].images[1]]
     n = len(stem[0])
     assert all(p[:n] == stem[0] for p, _ in prefixes) and all(len(p) > n for p, _ in prefixes)
@@ -117,12 +117,12 @@ def test_no_stem_across_different_images_with_the_same_token_count():
     convs = [conv(sys, [a, ref], "Yes or No?"), conv(sys, [b, ref], "Yes or No?")]
     judge = TransformersJudge(model, proc)
     with torch.inference_mode(), judge.session():
-        cs, _ = judge._prepare(convs)
+        cs, feats = judge._prepare(convs)
         prefixes, _, _ = judge._plan(cs)
         assert cs[0].images[0] != cs[1].images[0]
         first_image = cs[0].ids.index(judge.image_token_id)
         assert cs[0].ids[:cs[0].image_end] == cs[1].ids[:cs[1].image_end]  # the ids cannot tell them apart
-        stem = judge._shared_stem(prefixes)
+        stem = judge._shared_stem(prefixes, feats)
         assert stem is not None and stem[1] == [] and len(stem[0]) == first_image
         got = judge.choice_probs(convs, ["Yes", "No"])
     want = TransformersJudge(model, proc, prefix_cache_mb=0).choice_probs(convs, ["Yes", "No"])
