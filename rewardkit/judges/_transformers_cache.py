@@ -103,9 +103,14 @@ class PrefixCacheMixin:
                 self.stats["prefix_reused_tokens"] += n
         stem = self._shared_stem([prefixes[j] for j in fresh], feats) if len(fresh) > 1 else None
         if stem is not None:
-            st = self._prefill([stem], feats)
-            kv = [(layer.keys[0].clone(), layer.values[0].clone()) for layer in st["cache"].layers]
-            root = self._keep(*stem, {"kv": kv, "pos": st["pos"][:, 0], "next": int(st["next_pos"][0])})
+            root = cache.get((tuple(stem[0]), tuple(stem[1])))  # kept by an earlier call of the session
+            if root is None:
+                st = self._prefill([stem], feats)
+                kv = [(layer.keys[0].clone(), layer.values[0].clone()) for layer in st["cache"].layers]
+                root = self._keep(*stem, {"kv": kv, "pos": st["pos"][:, 0], "next": int(st["next_pos"][0])})
+            else:
+                self.stats["prefix_hits"] += 1
+                self.stats["prefix_reused_tokens"] += len(stem[0])
             n = len(stem[0])
             for j in fresh:
                 if len(prefixes[j][0]) == n:

@@ -90,6 +90,13 @@ def test_candidates_share_their_stem_and_answers_equal_the_full_forward(kind):
         got_p = judge.choice_probs(convs, ["Yes", "No"])
         assert judge.stats["prefix_reused_tokens"] == 2 * n  # the stem prefilled once instead of three times
         got_gen = judge.generate(convs, max_new_tokens=6)
+        # a later call of the session with other candidates finds the stem kept: not prefilled again
+        d, e = random_images(2, sizes=[(40, 40), (56, 48)], seed=8)
+        later = [conv(sys, [ref1, ref2, cand], qs[0]) for cand in (d, e)]
+        judge.stats.clear()
+        got_later = judge.choice_probs(later, ["Yes", "No"])
+        assert judge.stats["prefix_hits"] == 1 and judge.stats["prefix_reused_tokens"] == 2 * n
+    torch.testing.assert_close(got_later, no_cache.choice_probs(later, ["Yes", "No"]), rtol=1e-5, atol=1e-6)
     no_cache.stats.clear()
     want_p = no_cache.choice_probs(convs, ["Yes", "No"])
     assert judge.stats["prefill_tokens"] > 0 and no_cache.stats["prefill_tokens"] - 2 * n > 0
