@@ -309,8 +309,8 @@ def test_a_repeated_conversation_is_prepared_once(images, monkeypatch):
     assert len(rendered) == 3 + 2  # a, b, other_objects; then a, b
     assert convs[0] is convs[2] is convs[4] and convs[3] is not convs[0]
     for c in (convs[0], convs[3]):
-        assert (c.ids, c.images, c.image_end, c.digest) == (alone[0].ids, alone[0].images, alone[0].image_end,
-                                                            alone[0].digest)
+        assert (c.ids, c.images, c.image_end, c.seed_digest()) == (alone[0].ids, alone[0].images,
+                                                                   alone[0].image_end, alone[0].seed_digest())
     assert convs[1].ids == alone[1].ids
 
 
