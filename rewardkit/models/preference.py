@@ -261,7 +261,8 @@ class PreferenceModel(nn.Module):
 
     def __init__(self, vlm: nn.Module, processor: Any, *, head: str = "linear", head_hidden: int = 1024,
                  template: PreferenceTemplate | None = None, base_model: str = "", reward_token_id: int | None = None,
-                 head_module: nn.Module | None = None, positions: str = "mrope") -> None:
+                 head_module: nn.Module | None = None, positions: str = "mrope",
+                 patch_embed: str = "linear") -> None:
         super().__init__()
         #: rotary positions: "mrope" (the backbone's own 3-D positions) or "sequential" (HPSv3 / EditReward)
         self.positions = check_positions(positions)
@@ -278,6 +279,21 @@ class PreferenceModel(nn.Module):
         self.calibration: dict[str, Any] | None = None
         #: pass the vision tower its layout tensors, cached per image grid (rewardkit.models.rope)
         self.vision_layout = True
+        self.patch_embed = patch_embed
+
+    @property
+    def patch_embed(self) -> str:
+        """How the vision patch embedding runs: ``"linear"`` (one matrix product, transformers' own fused
+        forward; within float rounding of the convolution) or ``"conv"`` (the stock Conv3d, bit for bit the
+        original). See :mod:`rewardkit.models.patch_embed`. Settable; it switches the module in place."""
+        return self.__dict__["_patch_embed"]
+
+    @patch_embed.setter
+    def patch_embed(self, mode: str) -> None:
+        from .patch_embed import set_patch_embed
+
+        set_patch_embed(self.vlm, mode)
+        self.__dict__["_patch_embed"] = mode
 
     # ------------------------------------------------------------------ construction
     @property
@@ -290,13 +306,13 @@ class PreferenceModel(nn.Module):
     def from_backbone(cls, backbone: str, *, head: str = "linear", head_hidden: int = 1024, dtype: Any = None,
                       trust_remote_code: bool = False, template: PreferenceTemplate | None = None,
                       min_pixels: int | None = None, max_pixels: int | None = None,
-                      positions: str = "mrope") -> "PreferenceModel":
+                      positions: str = "mrope", patch_embed: str = "linear") -> "PreferenceModel":
         """A new (untrained head) model on ``backbone``: a hub id, a local directory, or ``tiny:qwen2_5_vl`` /
         ``tiny:qwen3_vl`` (random tiny models for tests)."""
         vlm, proc = _load_backbone(backbone, dtype=dtype, trust_remote_code=trust_remote_code)
         set_pixel_budget(proc, min_pixels, max_pixels)
         return cls(vlm, proc, head=head, head_hidden=head_hidden, template=template, base_model=backbone,
-                   positions=positions)
+                   positions=positions, patch_embed=patch_embed)
 
     @property
     def weights_kind(self) -> str:
@@ -469,12 +485,14 @@ class PreferenceModel(nn.Module):
     def from_pretrained(cls, path_or_id: str | Path, *, device: Any = None, dtype: Any = None,
                         trust_remote_code: bool = False, revision: str | None = None,
                         base_model: str | None = None, merge_lora: bool = True,
-                        positions: str | None = None) -> "PreferenceModel":
+                        positions: str | None = None, patch_embed: str = "linear") -> "PreferenceModel":
         """Load a saved model directory or hub repository (``revision`` for the hub).
 
         ``base_model`` overrides where a LoRA model's base weights come from (e.g. a local copy). ``positions``
         overrides the saved rotary-position scheme (None: as saved; a config without the key: ``"mrope"``).
+        ``patch_embed``: see :attr:`patch_embed` (not saved: how to compute, not what).
         """
+        from .patch_embed import PATCH_EMBED_MODES
         from .vlm import require_safetensors, resolve_device
 
         root = resolve_model_dir(path_or_id, revision=revision)
@@ -486,6 +504,8 @@ class PreferenceModel(nn.Module):
             raise ValueError(f"{path_or_id}: unsupported format {cfg.get('format')!r} v{cfg.get('format_version')}")
         template = PreferenceTemplate.from_dict(cfg["template"])
         positions = check_positions(positions if positions is not None else cfg.get("positions", "mrope"))
+        if patch_embed not in PATCH_EMBED_MODES:  # before any weights load
+            raise ValueError(f"patch_embed must be one of {PATCH_EMBED_MODES}, got {patch_embed!r}")
         rid = int(cfg["reward_token_id"])
         # safetensors only: check the head and the adapter before loading anything heavy
         head_file = require_safetensors(root, HEAD_NAME, "reward head")
@@ -513,7 +533,8 @@ class PreferenceModel(nn.Module):
         state = require("safetensors.torch", "hf").load_file(str(head_file))
         head.load_state_dict(state)
         model = cls(vlm, proc, head=hc["type"], head_hidden=int(hc.get("hidden", 1024)), template=template,
-                    base_model=cfg.get("base_model", ""), reward_token_id=rid, head_module=head, positions=positions)
+                    base_model=cfg.get("base_model", ""), reward_token_id=rid, head_module=head, positions=positions,
+                    patch_embed=patch_embed)
         cal = root / CALIBRATION_NAME
         if cal.is_file():
             model.calibration = json.loads(cal.read_text(encoding="utf-8"))

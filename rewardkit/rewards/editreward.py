@@ -34,6 +34,8 @@ class EditRewardConfig(RewardConfig):
     trust_remote_code: bool = False
     # rotary positions: "" = as converted (official), or "sequential" / "mrope"
     positions: str = ""
+    # vision patch embedding: "linear" (transformers' fused forward, within float rounding) or "conv" (stock)
+    patch_embed: str = "linear"
 
 
 class EditReward(Reward):
@@ -63,7 +65,8 @@ class EditReward(Reward):
             raise ValueError(f"batch_size must be >= 1, got {cfg.batch_size}")
         self.manifest = man = read_manifest(cfg.model, "editreward")
         self.following = PreferenceModel.from_pretrained(cfg.model, device=cfg.device, dtype=cfg.dtype,
-                                                         trust_remote_code=cfg.trust_remote_code)
+                                                         trust_remote_code=cfg.trust_remote_code,
+                                                         patch_embed=cfg.patch_embed)
         if self.following.head_type != "ranknet":
             raise ValueError(f"{cfg.model}: expected ranknet heads, found {self.following.head_type!r}")
         q = man["heads"]["quality"]
@@ -78,7 +81,8 @@ class EditReward(Reward):
                                        head_hidden=self.following.head_hidden,
                                        template=PreferenceTemplate.from_dict(q["template"]),
                                        base_model=self.following.base_model,
-                                       reward_token_id=self.following.reward_token_id, head_module=head)
+                                       reward_token_id=self.following.reward_token_id, head_module=head,
+                                       patch_embed=cfg.patch_embed)
         self.quality.head.to(self.following.device)
         self.quality.eval()
         self._device = self.following.device

@@ -38,6 +38,9 @@ class PreferenceRewardConfig(RewardConfig):
     # "auto": text-to-image calls with a float [B, 3, H, W] tensor are pre-processed in torch on its device
     # (resize, normalise, patchify; no PIL, no host copy); "processor": always PIL + the HF processor
     preprocess: str = "auto"
+    # vision patch embedding: "linear" (one matrix product, transformers' own fused forward; within float
+    # rounding of the convolution, faster) or "conv" (the stock Conv3d, bit for bit the original)
+    patch_embed: str = "linear"
 
 
 class PreferenceReward(Reward):
@@ -66,7 +69,8 @@ class PreferenceReward(Reward):
 
         self.model = PreferenceModel.from_pretrained(cfg.model, device=cfg.device, dtype=cfg.dtype,
                                                      trust_remote_code=cfg.trust_remote_code,
-                                                     revision=cfg.revision, base_model=cfg.base_model)
+                                                     revision=cfg.revision, base_model=cfg.base_model,
+                                                     patch_embed=cfg.patch_embed)
         self.model.requires_grad_(False)  # a reward: gradients go to input pixels only (score_tensor)
         if cfg.normalize != "none" and not self.model.calibration:
             raise ValueError(f"normalize={cfg.normalize!r} needs calibration statistics; run "

@@ -107,12 +107,14 @@ def test_reward_registry_alias_compare_and_calibration(saved, images):
 
 def _own_forward_scores(model, rgb_images, prompts):
     """The reference: transformers' processor on the RGB images and the template's own rendering, then the
-    backbone's own forward (its ``get_rope_index`` positions and its own vision layout)."""
+    backbone's own forward (its ``get_rope_index`` positions, its own vision layout, its Conv3d patch
+    embedding)."""
     from rewardkit.models import rope
 
     texts = [model.template.render(model.processor, p, 0) for p in prompts]
     ref = dict(model.processor(text=texts, images=rgb_images, padding=True, return_tensors="pt"))
-    model.vision_layout = False
+    model.vision_layout, patch_embed = False, model.patch_embed
+    model.patch_embed = "conv"
     saved_fn = rope.batch_position_ids
     rope.batch_position_ids = lambda *a, **k: None
     try:
@@ -120,7 +122,7 @@ def _own_forward_scores(model, rgb_images, prompts):
             return model(**ref)[0]
     finally:
         rope.batch_position_ids = saved_fn
-        model.vision_layout = True
+        model.vision_layout, model.patch_embed = True, patch_embed
 
 
 def test_reward_fast_path_equals_the_processor_and_the_models_own_forward(saved):
@@ -128,13 +130,18 @@ def test_reward_fast_path_equals_the_processor_and_the_models_own_forward(saved)
     vision layout) gives bit for bit the scores of transformers' processor + the backbone's own forward on the
     same RGB images, converted here by hand: RGBA over white, L, P and a float CHW tensor, mixed sizes (rows of
     different lengths, padded) and one sample that fails to decode; and a batch of one size and one prompt
-    (rows of one length, no padding)."""
+    (rows of one length, no padding). Bit for bit with ``patch_embed="conv"``; the default (the patch
+    embedding as one matrix product, tests/models/test_patch_embed.py) within float rounding."""
     import numpy as np
     from PIL import Image
 
     from rewardkit.models.pil_pixels import pil_pixel_values
 
-    r = load_reward("preference", model=str(saved), device="cpu")
+    r = load_reward("preference", model=str(saved), device="cpu", patch_embed="conv")
+    default = load_reward("preference", model=str(saved), device="cpu")
+    assert default.model.patch_embed == "linear" and r.model.patch_embed == "conv"
+    with pytest.raises(ValueError, match="patch_embed must be one of"):
+        load_reward("preference", model=str(saved), patch_embed="fused")
     rng = np.random.default_rng(5)
     px = lambda h, w, c: rng.integers(0, 256, (h, w, c), dtype=np.uint8)  # noqa: E731
     rgb = [Image.fromarray(px(56, 56, 3)) for _ in range(3)]
@@ -157,6 +164,9 @@ def test_reward_fast_path_equals_the_processor_and_the_models_own_forward(saved)
         assert torch.equal(out.scores[[0, 1, 3, 4, 5, 6]], ref), (side, (out.scores[[0, 1, 3, 4, 5, 6]] - ref).abs().max())
         same = r(rgb, "a photo of a cat sitting on a mat").scores
         assert torch.equal(same, _own_forward_scores(r.model, rgb, ["a photo of a cat sitting on a mat"] * 3))
+        default.model.processor.tokenizer.padding_side = side
+        lin = default(inputs, prompts, on_error="nan").scores[[0, 1, 3, 4, 5, 6]]
+        torch.testing.assert_close(lin, ref, atol=1e-6, rtol=0)
 
 
 def test_reward_edit_task(saved, images):
