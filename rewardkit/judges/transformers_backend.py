@@ -202,6 +202,11 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
                             "openai backend for other architectures")
         _refuse_attention(model.config, type(model).__name__)
         self.model = model.eval()
+        # the vision tower's per-image / per-window SDPA loop as one call per chunk length (bit for bit the same;
+        # a tower on eager or FlashAttention is left as it is): rewardkit.models.vision_attention
+        from ..models.vision_attention import set_vision_attention
+
+        set_vision_attention(model, "grouped")
         self.processor = processor
         self.tokenizer = processor.tokenizer
         cfg = model.config

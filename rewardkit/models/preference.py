@@ -280,6 +280,21 @@ class PreferenceModel(nn.Module):
         #: pass the vision tower its layout tensors, cached per image grid (rewardkit.models.rope)
         self.vision_layout = True
         self.patch_embed = patch_embed
+        self.vision_attention = "grouped"
+
+    @property
+    def vision_attention(self) -> str:
+        """``"grouped"``: the vision tower's per-image (per-window) SDPA calls run as one call per distinct
+        length, bit for bit the same (:mod:`rewardkit.models.vision_attention`); ``"sdpa"``: transformers' loop.
+        A backbone loaded with another attention implementation keeps it (and reads ``"sdpa"`` here)."""
+        return self.__dict__["_vision_attention"]
+
+    @vision_attention.setter
+    def vision_attention(self, mode: str) -> None:
+        from .vision_attention import set_vision_attention
+
+        grouped = set_vision_attention(self.vlm, mode)
+        self.__dict__["_vision_attention"] = "grouped" if grouped else "sdpa"
 
     @property
     def patch_embed(self) -> str:

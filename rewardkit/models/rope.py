@@ -124,11 +124,15 @@ def vision_layout_kwargs(vlm, inputs: dict) -> dict:
         # normal tensors even under inference_mode: a cached one may later index a forward that trains
         with torch.inference_mode(False):
             g = grid.clone()
-            hit = {"image_position_ids": vu.get_vision_position_ids(g, merge),
-                   "image_cu_seqlens": vu.get_vision_cu_seqlens(g)}
+            cu = vu.get_vision_cu_seqlens(g)
+            # the longest chunk: read only by a FlashAttention-style vision attention (rewardkit's grouped SDPA
+            # included), which would otherwise compute it on every forward
+            hit = {"image_position_ids": vu.get_vision_position_ids(g, merge), "image_cu_seqlens": cu,
+                   "image_max_seqlen": int((cu[1:] - cu[:-1]).max())}
             if model_type == "qwen2_5_vl":
                 index, cu_window = vu.get_vision_window_index(g, merge, window, patch)
-                hit.update(image_window_index=index, image_cu_window_seqlens=cu_window)
+                hit.update(image_window_index=index, image_cu_window_seqlens=cu_window,
+                           image_max_window_seqlen=int((cu_window[1:] - cu_window[:-1]).max()))
         if len(_VISION_CACHE) >= 64:
             _VISION_CACHE.clear()
         _VISION_CACHE[key] = hit
