@@ -63,10 +63,10 @@ class RewardOutput:
         self.errors = list(self.errors)
         if len(self.errors) != n:  # before the loop below indexes it (a short list was an IndexError)
             raise ValueError(f"errors has {len(self.errors)} entries for {n} scores")
-        for i in range(n):
-            if not bool(self.valid[i]) and not self.errors[i]:
-                self.errors[i] = "non-finite score" if not bool(finite[i]) else "marked invalid by the reward"
-            elif bool(self.valid[i]):
+        for i, (ok, fin) in enumerate(zip(self.valid.tolist(), finite.tolist())):  # Python bools: no per-item indexing
+            if not ok and not self.errors[i]:
+                self.errors[i] = "non-finite score" if not fin else "marked invalid by the reward"
+            elif ok:
                 self.errors[i] = None
         self.dimensions = {k: torch.as_tensor(v, dtype=torch.float32).detach().cpu().reshape(-1)
                            for k, v in (self.dimensions or {}).items()}
