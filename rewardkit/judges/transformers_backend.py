@@ -173,6 +173,10 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
             call whose prefix shares all its images and a text-boundary token prefix with a kept one reuses
             that KV (sliced to the shared part) and prefills only the rest: EVR's verification questions after
             its evaluation questions, PARROT's projection after the rationale of the same pair.
+        patch_embed: the vision patch embedding (:mod:`rewardkit.models.patch_embed`): ``"linear"`` (one matrix
+            product, transformers' own fused forward; within float rounding of the Conv3d, and spared the Conv3d's
+            slow cuDNN paths on some GPUs in bf16) or ``"conv"`` (the stock Conv3d). None (default): ``"linear"``
+            for a checkpoint this judge loads, a model passed in is left as it is.
     """
 
     kind = "transformers"
@@ -180,8 +184,13 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
     def __init__(self, model: Any, processor: Any = None, *, device: Any = None, dtype: Any = None,
                  max_rows: int = 64, max_prefixes: int = 16, packed_scoring: bool = False, pack_tokens: int = 512,
                  trust_remote_code: bool = False, attn_implementation: str | None = None,
-                 prefix_cache_mb: float = 2048.0) -> None:
+                 prefix_cache_mb: float = 2048.0, patch_embed: str | None = None) -> None:
+        from ..models.patch_embed import PATCH_EMBED_MODES, set_patch_embed
+
+        if patch_embed is not None and patch_embed not in PATCH_EMBED_MODES:  # before any weights load
+            raise ValueError(f"patch_embed must be one of {PATCH_EMBED_MODES}, got {patch_embed!r}")
         if isinstance(model, str):
+            patch_embed = patch_embed or "linear"
             from ..models.vlm import load_vlm
 
             self.model_id = model
@@ -207,6 +216,8 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
         from ..models.vision_attention import set_vision_attention
 
         set_vision_attention(model, "grouped")
+        if patch_embed is not None:
+            set_patch_embed(model, patch_embed)
         self.processor = processor
         self.tokenizer = processor.tokenizer
         cfg = model.config

@@ -239,3 +239,27 @@ def test_packed_scoring_equals_one_row_per_question(tiny, images):
     finally:
         model.config._attn_implementation = "sdpa"
         model.config.get_text_config()._attn_implementation = "sdpa"
+
+
+def test_patch_embedding_of_a_loaded_checkpoint_is_one_product_and_a_passed_model_is_left_alone(tiny_qwen2_5_vl_dir):
+    """A checkpoint the judge loads gets the patch embedding as one matrix product (rewardkit.models.patch_embed,
+    tested against transformers' fused forward in tests/models/test_patch_embed.py); its answers stay within float
+    rounding of the stock Conv3d's, which ``patch_embed="conv"`` keeps. A model passed in keeps its own."""
+    from torch import nn
+
+    from rewardkit.models.patch_embed import PatchwiseConv3d
+
+    stock = load_judge(f"transformers:{tiny_qwen2_5_vl_dir}", device="cpu", patch_embed="conv")
+    lin = load_judge(f"transformers:{tiny_qwen2_5_vl_dir}", device="cpu")
+    assert type(stock.model.model.visual.patch_embed.proj) is nn.Conv3d
+    assert type(lin.model.model.visual.patch_embed.proj) is PatchwiseConv3d
+    ims = random_images(2, sizes=[(56, 56), (40, 64)], seed=7)
+    qs = [[{"role": "user", "content": [{"type": "image", "image": im},
+                                           {"type": "text", "text": "A cat? Yes or No."}]}] for im in ims]
+    want = stock.choice_probs(qs, ["Yes", "No"])
+    got = lin.choice_probs(qs, ["Yes", "No"])
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+    passed = TransformersJudge(stock.model, stock.processor)
+    assert type(passed.model.model.visual.patch_embed.proj) is nn.Conv3d
+    with pytest.raises(ValueError, match="patch_embed must be one of"):
+        load_judge(f"transformers:{tiny_qwen2_5_vl_dir}", patch_embed="fused")
