@@ -53,8 +53,11 @@ def grouped_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, valu
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     heads, total, dim = query.shape[1], query.shape[2], query.shape[3]
+    bounds, plan = _plan(cu_seq_lens_q)
+    if bounds[0] != 0 or bounds[-1] != total:  # transformers' own loop (torch.split) refuses these too
+        raise ValueError(f"vision attention boundaries {list(bounds)} do not cover the {total} packed tokens")
     out = query.new_empty(1, total, heads, dim)
-    for n, runs, idx in _plan(cu_seq_lens_q):
+    for n, runs, idx in plan:
         if idx is None:  # adjacent chunks: views, no copy
             s, c = runs[0]
             q, k, v = (t[0, :, s:s + c * n].unflatten(1, (c, n)).transpose(0, 1) for t in (query, key, value))
@@ -73,18 +76,20 @@ def grouped_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, valu
 _PLANS: dict[tuple, list] = {}
 
 
-def _plan(cu: torch.Tensor) -> list[tuple[int, list[list[int]], torch.Tensor | None]]:
-    """``(length, runs of adjacent chunks [start, count], row index or None when one run)`` per distinct chunk
-    length of the boundaries ``cu``, kept per boundaries (the vision tower passes the same ones to every block,
+def _plan(cu: torch.Tensor) -> tuple[tuple[int, ...], list[tuple[int, list[list[int]], torch.Tensor | None]]]:
+    """The boundaries as ints, and ``(length, runs of adjacent chunks [start, count], row index or None when one
+    run)`` per distinct chunk length, kept per boundaries (the vision tower passes the same ones to every block,
     and a batch of the same image sizes has the same ones)."""
     bounds = tuple(cu.tolist())
     key = (bounds, cu.device)
     plan = _PLANS.get(key)
     if plan is not None:
-        return plan
+        return bounds, plan
     groups: dict[int, list[list[int]]] = {}
     for s, e in zip(bounds[:-1], bounds[1:]):
         n = e - s
+        if n < 0:
+            raise ValueError(f"vision attention boundaries {list(bounds)} are not increasing")
         if n == 0:
             continue
         runs = groups.setdefault(n, [])
@@ -97,7 +102,7 @@ def _plan(cu: torch.Tensor) -> list[tuple[int, list[list[int]], torch.Tensor | N
     if len(_PLANS) >= 256:
         _PLANS.clear()
     _PLANS[key] = plan
-    return plan
+    return bounds, plan
 
 
 def _register() -> None:

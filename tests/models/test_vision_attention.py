@@ -56,6 +56,13 @@ def test_grouped_sdpa_equals_transformers_per_chunk_loop(lengths):
         assert torch.equal(grouped_sdpa(_Attn(), q, k, v, None, scaling=8 ** -0.5, cu_seq_lens_q=bounds)[0], want2)
 
 
+def test_boundaries_that_do_not_cover_the_tokens_are_refused():
+    q = torch.randn(1, 2, 10, 8)
+    for bad in ([0, 4, 8], [2, 6, 10], [0, 6, 4, 10]):
+        with pytest.raises(ValueError, match="vision attention boundaries"):
+            grouped_sdpa(_Attn(), q, q, q, None, cu_seq_lens_q=torch.tensor(bad, dtype=torch.int32))
+
+
 def test_without_boundaries_it_is_transformers_sdpa():
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
