@@ -123,6 +123,7 @@ _FUSED_CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a separate process per model kind
 @pytest.mark.parametrize("kind", ["qwen2_5_vl", "qwen3_vl"])
 def test_linear_patch_embedding_is_transformers_fused_forward_bit_for_bit(kind, tmp_path):
     """The reference is transformers' own fusion (``from_pretrained(..., fusion_config={"patch_embeddings":
