@@ -9,9 +9,11 @@ boundaries (``cu_seqlens``) to one variable-length call instead.
 
 :func:`grouped_sdpa` takes that variable-length call and runs it with PyTorch's SDPA: the chunks of one length
 are stacked on the batch dimension (a view when they are adjacent, as the images of one size in a batch are)
-and attended in one call, and each result is written to its place. Every (batch, head) slice of SDPA is
-computed on its own, so each chunk's output is bit for bit the one the per-chunk loop gives
-(``tests/models/test_vision_attention.py`` compares the vision tower and the scores with ``torch.equal``).
+and attended in one call, and each result is written to its place. PyTorch's CPU SDPA kernel computes every
+(batch, head) slice on its own, so on CPU each chunk's output is bit for bit the one the per-chunk loop gives
+(``tests/models/test_vision_attention.py`` compares the vision tower, the scores and the gradients with
+``torch.equal``). On a GPU the kernels SDPA picks may depend on the batch size: not yet measured there (no GPU
+run so far); expect equality to float rounding at least.
 
 It is registered with transformers' ``AttentionInterface`` under :data:`NAME` and set on the vision config only
 (:func:`set_vision_attention`). The name contains "flash" because that is what the Qwen-VL vision attention
