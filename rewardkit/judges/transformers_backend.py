@@ -185,10 +185,10 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
                  max_rows: int = 64, max_prefixes: int = 16, packed_scoring: bool = False, pack_tokens: int = 512,
                  trust_remote_code: bool = False, attn_implementation: str | None = None,
                  prefix_cache_mb: float = 2048.0, patch_embed: str | None = None) -> None:
-        from ..models.patch_embed import PATCH_EMBED_MODES, set_patch_embed
+        from ..models.patch_embed import check_patch_embed, set_patch_embed
 
-        if patch_embed is not None and patch_embed not in PATCH_EMBED_MODES:  # before any weights load
-            raise ValueError(f"patch_embed must be one of {PATCH_EMBED_MODES}, got {patch_embed!r}")
+        if patch_embed is not None:
+            check_patch_embed(patch_embed)  # before any weights load
         if isinstance(model, str):
             patch_embed = patch_embed or "linear"
             from ..models.vlm import load_vlm

@@ -26,6 +26,14 @@ from torch import nn
 PATCH_EMBED_MODES = ("linear", "conv")
 
 
+def check_patch_embed(mode: str) -> str:
+    """``mode`` when it is one of :data:`PATCH_EMBED_MODES`, else a ``ValueError`` (callers check before loading
+    any weights)."""
+    if mode not in PATCH_EMBED_MODES:
+        raise ValueError(f"patch_embed must be one of {PATCH_EMBED_MODES}, got {mode!r}")
+    return mode
+
+
 def is_patchwise(conv: nn.Module) -> bool:
     """A 3-D convolution that never overlaps: kernel == stride, no padding, no dilation, one group."""
     return (isinstance(conv, nn.Conv3d) and tuple(conv.stride) == tuple(conv.kernel_size)
@@ -58,9 +66,7 @@ def set_patch_embed(model: nn.Module, mode: str) -> int:
     """Switch the vision patch embeddings of ``model`` (any module named ``patch_embed`` with a non-overlapping
     ``proj`` Conv3d) to ``"linear"`` (:class:`PatchwiseConv3d`) or back to ``"conv"`` (``nn.Conv3d``).
     Returns how many modules qualify (0: the model has no such patch embedding; nothing changes)."""
-    if mode not in PATCH_EMBED_MODES:
-        raise ValueError(f"patch_embed must be one of {PATCH_EMBED_MODES}, got {mode!r}")
-    cls = PatchwiseConv3d if mode == "linear" else nn.Conv3d
+    cls = PatchwiseConv3d if check_patch_embed(mode) == "linear" else nn.Conv3d
     n = 0
     for conv in _patch_convs(model):
         if type(conv) in (nn.Conv3d, PatchwiseConv3d):  # never replace a subclass someone else made

@@ -507,7 +507,7 @@ class PreferenceModel(nn.Module):
         overrides the saved rotary-position scheme (None: as saved; a config without the key: ``"mrope"``).
         ``patch_embed``: see :attr:`patch_embed` (not saved: how to compute, not what).
         """
-        from .patch_embed import PATCH_EMBED_MODES
+        from .patch_embed import check_patch_embed
         from .vlm import require_safetensors, resolve_device
 
         root = resolve_model_dir(path_or_id, revision=revision)
@@ -519,8 +519,7 @@ class PreferenceModel(nn.Module):
             raise ValueError(f"{path_or_id}: unsupported format {cfg.get('format')!r} v{cfg.get('format_version')}")
         template = PreferenceTemplate.from_dict(cfg["template"])
         positions = check_positions(positions if positions is not None else cfg.get("positions", "mrope"))
-        if patch_embed not in PATCH_EMBED_MODES:  # before any weights load
-            raise ValueError(f"patch_embed must be one of {PATCH_EMBED_MODES}, got {patch_embed!r}")
+        check_patch_embed(patch_embed)  # before any weights load
         rid = int(cfg["reward_token_id"])
         # safetensors only: check the head and the adapter before loading anything heavy
         head_file = require_safetensors(root, HEAD_NAME, "reward head")
