@@ -97,54 +97,76 @@ _FUSED_CHILD = textwrap.dedent("""
     from pathlib import Path
     from safetensors.torch import load_file, save_file
     from transformers.core_model_loading import Conv3dToLinear
-    src, inputs, out = sys.argv[1:4]
-    model = transformers.AutoModelForImageTextToText.from_pretrained(src, fusion_config={"patch_embeddings": True})
-    model.eval()
-    pe = model.model.visual.patch_embed
-    assert type(pe).__name__.startswith("Fused") and not hasattr(pe, "proj"), type(pe)
-    # transformers 5.24 does not convert Qwen2-VL / Qwen2.5-VL checkpoints for this fusion: their class-name key
-    # mapping shadows the fusion's model-type mapping (conversion_mapping.get_model_conversion_mapping), and the
-    # fused weight stays randomly initialised. Load it with transformers' own conversion op.
-    ckpt = load_file(str(Path(src) / "model.safetensors"))
-    key = next(k for k in ckpt if k.endswith("patch_embed.proj.weight"))
-    w = Conv3dToLinear(in_channels=3, kernel_size=tuple(ckpt[key].shape[2:])).convert({key: ckpt[key]}, [key], ["w"])["w"]
-    converted_on_load = torch.equal(pe.linear_proj.weight, w)
-    with torch.no_grad():
-        pe.linear_proj.weight.copy_(w)
-        bias = ckpt.get(key[:-len("weight")] + "bias")
-        if bias is not None:
-            pe.linear_proj.bias.copy_(bias)
-    x = load_file(inputs)
-    with torch.no_grad():
-        hidden = model.model(**x).last_hidden_state
-        patches = pe(x["pixel_values"])
-    save_file({"hidden": hidden.contiguous(), "patches": patches.contiguous()}, out)
-    print(json.dumps({"converted_on_load": converted_on_load}))
+
+    def run(src, inputs, out):
+        model = transformers.AutoModelForImageTextToText.from_pretrained(src, fusion_config={"patch_embeddings": True})
+        model.eval()
+        pe = model.model.visual.patch_embed
+        assert type(pe).__name__.startswith("Fused") and not hasattr(pe, "proj"), type(pe)
+        # transformers 5.24 does not convert Qwen2-VL / Qwen2.5-VL checkpoints for this fusion: their class-name key
+        # mapping shadows the fusion's model-type mapping (conversion_mapping.get_model_conversion_mapping), and
+        # the fused weight stays randomly initialised. Load it with transformers' own conversion op.
+        ckpt = load_file(str(Path(src) / "model.safetensors"))
+        key = next(k for k in ckpt if k.endswith("patch_embed.proj.weight"))
+        op = Conv3dToLinear(in_channels=3, kernel_size=tuple(ckpt[key].shape[2:]))
+        w = op.convert({key: ckpt[key]}, [key], ["w"])["w"]
+        converted_on_load = torch.equal(pe.linear_proj.weight, w)
+        with torch.no_grad():
+            pe.linear_proj.weight.copy_(w)
+            bias = ckpt.get(key[:-len("weight")] + "bias")
+            if bias is not None:
+                pe.linear_proj.bias.copy_(bias)
+        x = load_file(inputs)
+        with torch.no_grad():
+            hidden = model.model(**x).last_hidden_state
+            patches = pe(x["pixel_values"])
+        save_file({"hidden": hidden.contiguous(), "patches": patches.contiguous()}, out)
+        return converted_on_load
+
+    # (checkpoint, inputs, output) per model kind, in one process (each start imports torch and transformers)
+    args = sys.argv[1:]
+    print(json.dumps({src: run(src, inp, out) for src, inp, out in zip(args[0::3], args[1::3], args[2::3])}))
 """)
+_KINDS = ["qwen2_5_vl", "qwen3_vl"]
 
 
-@pytest.mark.slow  # a separate process per model kind
-@pytest.mark.parametrize("kind", ["qwen2_5_vl", "qwen3_vl"])
-def test_linear_patch_embedding_is_transformers_fused_forward_bit_for_bit(kind, tmp_path):
-    """The reference is transformers' own fusion (``from_pretrained(..., fusion_config={"patch_embeddings":
-    True})``, transformers/fusion_mapping.py), in a separate process: it registers the fusion process-wide."""
+@pytest.fixture(scope="module")
+def fused_reference(tmp_path_factory):
+    """Per model kind: ``(checkpoint dir, processor inputs, transformers' fused outputs, whether transformers'
+    own loading converted the weight)``, the reference computed for both kinds in one separate process."""
     transformers = pytest.importorskip("transformers")
     from safetensors.torch import load_file, save_file
 
     if not hasattr(transformers, "fusion_mapping") and not _has_fusion_mapping():
         pytest.skip("this transformers has no fusion_mapping")
-    vlm, proc = TINY_KINDS[kind]()
-    vlm.save_pretrained(tmp_path / "model")
+    root = tmp_path_factory.mktemp("fused")
     texts = ["<|vision_start|><|image_pad|><|vision_end|>a cat", "<|vision_start|><|image_pad|><|vision_end|>x"]
-    enc = proc(text=texts, images=random_images(2, sizes=[(56, 56), (40, 64)]), padding=True, return_tensors="pt")
-    save_file({k: v.contiguous() for k, v in enc.items()}, str(tmp_path / "inputs.safetensors"))
-    run = subprocess.run([sys.executable, "-c", _FUSED_CHILD, str(tmp_path / "model"),
-                          str(tmp_path / "inputs.safetensors"), str(tmp_path / "out.safetensors")],
-                         check=True, timeout=300, capture_output=True, text=True)
+    encs, argv = {}, []
+    for kind in _KINDS:
+        vlm, proc = TINY_KINDS[kind]()
+        vlm.save_pretrained(root / kind)
+        encs[kind] = proc(text=texts, images=random_images(2, sizes=[(56, 56), (40, 64)]), padding=True,
+                          return_tensors="pt")
+        save_file({k: v.contiguous() for k, v in encs[kind].items()}, str(root / f"{kind}.in.safetensors"))
+        argv += [str(root / kind), str(root / f"{kind}.in.safetensors"), str(root / f"{kind}.out.safetensors")]
+    run = subprocess.run([sys.executable, "-c", _FUSED_CHILD, *argv], check=True, timeout=300,
+                         capture_output=True, text=True)
+    converted = json.loads(run.stdout.strip().splitlines()[-1])
+    return {kind: (root / kind, encs[kind], load_file(str(root / f"{kind}.out.safetensors")),
+                   converted[str(root / kind)]) for kind in _KINDS}
+
+
+@pytest.mark.slow  # a separate process (the reference)
+@pytest.mark.parametrize("kind", _KINDS)
+def test_linear_patch_embedding_is_transformers_fused_forward_bit_for_bit(kind, fused_reference):
+    """The reference is transformers' own fusion (``from_pretrained(..., fusion_config={"patch_embeddings":
+    True})``, transformers/fusion_mapping.py), in a separate process: it registers the fusion process-wide."""
+    import transformers
+
+    model_dir, enc, want, converted_on_load = fused_reference[kind]
     if kind == "qwen3_vl":  # transformers' own loading converts this one (Qwen2.5-VL's: see the child)
-        assert json.loads(run.stdout.strip().splitlines()[-1]) == {"converted_on_load": True}
-    want = load_file(str(tmp_path / "out.safetensors"))
-    ours = transformers.AutoModelForImageTextToText.from_pretrained(str(tmp_path / "model")).eval()  # a user's load
+        assert converted_on_load is True
+    ours = transformers.AutoModelForImageTextToText.from_pretrained(str(model_dir)).eval()  # a user's load
     x = dict(enc)
     with torch.no_grad():
         stock_hidden = ours.model(**x).last_hidden_state
