@@ -5,8 +5,9 @@ Stages (``rewardkit parrot rationalize | filter | project | sft | run``):
 
 1. :func:`~rewardkit.parrot.pipeline.rationalize`: the teacher, shown the pair, the request (+ source) and
    the known label, writes an anchored pairwise rationale (the ELBO's variational posterior).
-2. :func:`~rewardkit.parrot.pipeline.filter_rationales`: asked again without the label, given only the
-   rationale's evidence (its verdict stripped: :func:`~rewardkit.parrot.format.strip_verdict`), the teacher
+2. :func:`~rewardkit.parrot.pipeline.filter_rationales`: asked again without the label and without the
+   images, given only the rationale (:func:`~rewardkit.parrot.format.consistency_view`: by default in full,
+   per-dimension arguments, scores and summary, as the paper; never its ``Preferred:`` line), the teacher
    predicts the preferred image; kept iff prediction == label (term 1 of the ELBO).
 3. :func:`~rewardkit.parrot.pipeline.project`: each image of a kept pair scored alone (1-4 / N/A per
    dimension) with the verified rationale as a hint (pointwise projection).

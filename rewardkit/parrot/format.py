@@ -31,15 +31,14 @@ from __future__ import annotations
 
 import math
 import re
-import unicodedata
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..judges.base import DECIMAL
 
 __all__ = ["DIMENSIONS", "TITLES", "ParseError", "Critique", "PairRationale", "parse_score", "parse_pointwise",
-           "parse_pairwise", "parse_prediction", "strip_verdict", "is_verdict", "mean_score", "to_unit", "needs_refinement", "SCORE_MIN",
-           "SCORE_MAX"]
+           "parse_pairwise", "parse_prediction", "consistency_view", "CONSISTENCY_VIEWS", "mean_score", "to_unit",
+           "needs_refinement", "SCORE_MIN", "SCORE_MAX"]
 
 DIMENSIONS = ("text_faithfulness", "image_faithfulness", "physical_quality", "text_rendering")
 #: header labels as they appear in answers (the first is what templates ask for; the others are accepted)
@@ -243,87 +242,38 @@ def parse_prediction(text: str) -> str | None:
     return m.group("x")
 
 
-# ---------------------------------------------------------------------------------------------- verdicts
-#: a candidate named in a sentence: "Image A", "picture b", a standalone capital A / B, first / second ...
-_CAND_RE = re.compile(r"(?:\b(?:images?|pictures?|imgs?|candidates?|options?|photos?|results?|generations?)\s*"
-                      r"[\(\[\"'*_]*[AaBb]\b)|(?-i:\b[AB]\b)|\b(?:first|second|former|latter|left|right|"
-                      r"1st|2nd|one|two)\b", re.IGNORECASE)
-#: words and signs that state which candidate wins (any form: "better", "preferable", "wins", "favoured" ...)
-_VERDICT_WORD_RE = re.compile(
-    r"\b(?:better|best|prefer\w*|pref|win|wins|winning|winner\w*|won|loser\w*|los(?:e|es|ing|t)\s+(?:to|against)|"
-    r"superior\w*|inferior\w*|"
-    r"outperform\w*|outshin\w*|outdo\w*|outclass\w*|favou?r\w*|choos\w*|chos\w*|choice|pick\w*|select\w*|"
-    r"go(?:es|ing)?\s+(?:with|for)|ahead|beat\w*|has\s+the\s+edge|edges?\s+out|verdict\w*|conclu\w*|"
-    r"stronger|weaker|worse|worst|recommend\w*|victor\w*|surpass\w*|dominates?|trumps?|excels?|exceed\w*|"
-    r"prevail\w*|answer\w*|decision|decide\w*|judg\w*|rank\w*|overall|standout|on\s+top|"
-    r"lean(?:s|ing|ed)?\s+(?:towards?|to))\b"
-    r"|(?:image\s*)?\b[AB]\s*(?:[<>≻≺≥≤≫≪]=?|>>|<<)\s*(?:image\s*)?[AB]\b|[✓✔✅→⇒]", re.IGNORECASE)
-_SENT_SPLIT = re.compile(r"(?<=[.!?;])\s+|\n+")
-#: words that carry no evidence: a sentence naming a candidate with nothing else ("Overall, Image B.",
-#: "It is B.", "Image B it is!", "The label is B.") is a verdict
-_FILLER = frozenset("""overall so thus hence therefore clearly obviously definitely certainly surely it is it's its
-    the a an this that here then go my i i'd id would say final finally yes in short sum all and easily simply just
-    for me to label labelled labeled takes take nod goes keep clear pick ideal""".split())
-#: letters that look like A / B (Cyrillic, Greek, Cherokee, small capitals): read as A / B when judging
-_LOOKALIKES = str.maketrans({"\u0410": "A", "\u0430": "a", "\u0412": "B", "\u0391": "A", "\u0392": "B",
-                             "\u13aa": "A", "\u13f4": "B", "\u1d00": "a", "\u0299": "b"})
+# ---------------------------------------------------------------------------------------------- stage 2's view
+#: what PARROT's consistency check (stage 2) is shown of a rationale: ``full`` (the paper's, appendix C.2) or
+#: ``evidence_only``; see :func:`consistency_view`
+CONSISTENCY_VIEWS = ("full", "evidence_only")
 
 
-def _clean(text: str) -> str:
-    """NFKC (fullwidth / mathematical letters -> ASCII) without invisible format characters (zero-width
-    spaces, soft hyphens, bidi marks): what stage 2 is shown is exactly what was checked for verdicts."""
-    return "".join(ch for ch in unicodedata.normalize("NFKC", text) if unicodedata.category(ch) != "Cf")
+def consistency_view(rationale: str, view: str = "full") -> str:
+    """What PARROT's stage 2 is shown of a pairwise rationale: rebuilt from its parse, never its ``Preferred:``
+    line (the label stage 1 was told).
 
+    - ``"full"`` (the default, the paper's reading: appendix C.2 presents the rationale "in full: per-dimension
+      arguments, scores and summary"): per dimension its header, its reasoning and its ``Scores:`` line, then
+      the ``Summary:`` (when the rationale has one);
+    - ``"evidence_only"``: per dimension its header and reasoning only: no scores, no summary.
 
-def _bare_candidate(s: str) -> bool:
-    if not _CAND_RE.search(s):
-        return False
-    return all(w in _FILLER for w in re.findall(r"[^\W_]+(?:'[^\W_]+)?", _CAND_RE.sub(" ", s).lower()))
-
-
-def is_verdict(sentence: str) -> bool:
-    """True when ``sentence`` says which candidate wins: it names a candidate (``Image A``, a standalone
-    ``A`` / ``B``, ``the first image``, ``the latter`` ...) and a verdict word (``better``, ``prefer``,
-    ``wins``, ``superior``, ``choose``, ``>`` ...), or it is a bare answer (``"B"``, ``"Answer: A"``).
-    Deliberately broad: a sentence that mixes evidence with a verdict is dropped whole."""
-    s = _clean(sentence).translate(_LOOKALIKES).strip()
-    if not s:
-        return False
-    if parse_prediction(s) is not None or parse_prediction(s.rsplit(":", 1)[-1]) is not None:
-        return True
-    if _bare_candidate(s):
-        return True
-    return bool(_CAND_RE.search(s)) and bool(_VERDICT_WORD_RE.search(s))
-
-
-def _evidence(text: str | None) -> str:
-    if not text:
-        return ""
-    kept = [s.strip() for s in _SENT_SPLIT.split(_clean(text)) if s.strip() and not is_verdict(s)]
-    return " ".join(kept)
-
-
-def strip_verdict(rationale: str) -> str:
-    """The evidence of a pairwise rationale with every verdict removed, for PARROT's stage 2.
-
-    The consistency check must recover the preference from the rationale's *content*; a rationale that says
-    "Preferred: B" (stage 1 is told the label) would otherwise hand the label back. The result is rebuilt from
-    the parse (:func:`parse_pairwise`): per dimension its reasoning and its ``Scores:`` line, then the
-    summary, in the canonical format. Dropped: the ``Preferred:`` field, any text before the first dimension
-    or after the summary, and every sentence of a reasoning / the summary that :func:`is_verdict` flags
-    ("Image A is better", "A wins", "I prefer B", "the second image is superior", "Answer: A", "Overall,
-    Image B." ...), judged after NFKC with invisible format characters removed and A / B look-alike letters
-    read as A / B (the text shown is NFKC without format characters). The
-    paper's C.2 shows the teacher the rationale "in full (per-dimension arguments, scores and summary)": the
-    scores and the evidence stay. Idempotent. :class:`ParseError` if the rationale does not parse."""
-    scores, reasons = _pair_sections(rationale, t2i=False)  # the stage-1 parse (cleaning only the texts below)
+    Structural, not a word filter: every text the view keeps is kept verbatim, so a reasoning or a summary that
+    names the winner ("Image B is better here") is shown as written. Neither view is blind to the label; the
+    check asks whether the rationale, read as the teacher wrote it, recovers it. Dropped in both: the
+    ``Preferred:`` field and any text before the first dimension or after the summary. ``ValueError`` for an
+    unknown view, :class:`ParseError` when the rationale does not parse (as stage 1 parsed it)."""
+    if view not in CONSISTENCY_VIEWS:
+        raise ValueError(f"consistency view must be one of {CONSISTENCY_VIEWS}, got {view!r}")
+    scores, reasons = _pair_sections(rationale, t2i=False)
     lines = []
     for d in DIMENSIONS:
-        a, b = scores[d]
-        reason = _evidence(reasons[d])
-        lines.append(f"{TITLES[d][0]}: {reason}".rstrip())
-        lines.append("Scores: A = N/A, B = N/A" if a is None else f"Scores: A = {a:g}, B = {b:g}")
-    lines.append(f"Summary: {_evidence(_field(rationale, 'summary'))}".rstrip())
+        lines.append(f"{TITLES[d][0]}: {reasons[d]}".rstrip())
+        if view == "full":
+            a, b = scores[d]
+            lines.append("Scores: A = N/A, B = N/A" if a is None else f"Scores: A = {a:g}, B = {b:g}")
+    summary = _field(rationale, "summary")
+    if view == "full" and summary:
+        lines.append(f"Summary: {summary}")
     return "\n".join(lines)
 
 

@@ -6,10 +6,11 @@ record per source row (per row and image for the projection), each with its prov
 
 - ``rationales.jsonl``: stage 1, the anchored pairwise rationale of each pair (``status`` ok / unparseable /
   judge_failure / skipped, ``reason`` when not ok, ``dimension`` when one section was at fault);
-- ``filtered.jsonl``: stage 2, the label-free prediction from the rationale's evidence alone (``evidence``:
-  the rationale with its verdict stripped, :func:`~rewardkit.parrot.format.strip_verdict`, exactly what the
-  teacher was shown) and ``kept`` (iff the prediction equals the label); ``reason`` is ``kept``, ``wrong_prediction``, ``unparseable_prediction``,
-  ``unparseable_rationale``, ``judge_failure`` or ``skipped``;
+- ``filtered.jsonl``: stage 2, the prediction from the rationale alone, without the label (``evidence``:
+  exactly what the teacher was shown, :func:`~rewardkit.parrot.format.consistency_view` of the rationale in
+  the configured ``consistency_view``: ``full``, the paper's, or ``evidence_only``; never the ``Preferred:``
+  line) and ``kept`` (iff the prediction equals the label); ``reason`` is ``kept``, ``wrong_prediction``,
+  ``unparseable_prediction``, ``unparseable_rationale``, ``judge_failure`` or ``skipped``;
 - ``filter_report.json``: keep rate and rejection reasons (per dimension where it applies);
 - ``projected.jsonl``: stage 3, each image of a kept pair critiqued alone (1-4 / N/A per dimension) with the
   verified rationale as a hint.
@@ -37,8 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from .format import (DIMENSIONS, ParseError, mean_score, parse_pairwise, parse_pointwise, parse_prediction,
-                     strip_verdict)
+from .format import (CONSISTENCY_VIEWS, DIMENSIONS, ParseError, consistency_view, mean_score, parse_pairwise,
+                     parse_pointwise, parse_prediction)
 
 __all__ = ["ParrotConfig", "DataCfg", "TeacherCfg", "SFTCfg", "JsonlStore", "Pipeline", "load_teacher",
            "filter_report", "REASONS"]
@@ -109,6 +110,9 @@ class ParrotConfig:
     seed: int = 0
     batch_size: int = 16  # pairs per judge call
     retry_failed: bool = True  # rerun rows whose record says judge_failure
+    #: what stage 2 is shown of a rationale (rewardkit.parrot.format.consistency_view): full (the paper's:
+    #: arguments, scores, summary) | evidence_only (the per-dimension arguments alone); never the Preferred line
+    consistency_view: str = "full"
 
 
 # ---------------------------------------------------------------------------------------------- storage
@@ -227,7 +231,12 @@ class Pipeline:
         from ..judges import check_temperature, load_template
         from ..train.data import load_pairs
 
+        from ..errors import ConfigError
+
         check_temperature(cfg.teacher.temperature, "parrot teacher.temperature")
+        if cfg.consistency_view not in CONSISTENCY_VIEWS:
+            raise ConfigError(f"consistency_view must be one of {', '.join(CONSISTENCY_VIEWS)}, "
+                              f"got {cfg.consistency_view!r}")
         self.cfg = cfg
         self.out = Path(cfg.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -258,7 +267,7 @@ class Pipeline:
         r = self.ds[i]
         lab = normalize_label(r["label"])
         srcs = [_to_image(s, self.base_dir) for s in (r.get("sources") or [])]
-        return {"row": i, "prompt": str(r["prompt"]),
+        return {"row": i, "prompt": r["prompt"],
                 "label": "A" if lab == LABEL_A else "B" if lab == LABEL_B else "tie",
                 "image_a": _to_image(r["image_a"], self.base_dir), "image_b": _to_image(r["image_b"], self.base_dir),
                 "sources": srcs}
@@ -267,6 +276,8 @@ class Pipeline:
         prov = {"stage": stage, "teacher": json.dumps(self.teacher.describe(), sort_keys=True),
                 "teacher_spec": self._teacher_spec, "template": self.template.id, "seed": self.cfg.seed,
                 "data": self.cfg.data.train, "time": _now()}
+        if stage == "filter":
+            prov["consistency_view"] = self.cfg.consistency_view
         if stage not in self._provenance_checked:
             self.check_provenance(stage, prov)
             self._provenance_checked.add(stage)
@@ -282,6 +293,8 @@ class Pipeline:
             return
         prov: dict[str, Any] = {"template": self.template.id, "seed": self.cfg.seed, "data": self.cfg.data.train,
                                 "teacher_spec": self._teacher_spec}
+        if stage == "filter":
+            prov["consistency_view"] = self.cfg.consistency_view
         if self._teacher is not None:
             prov["teacher"] = json.dumps(self._teacher.describe(), sort_keys=True)
         self.check_provenance(stage, prov)
@@ -301,6 +314,8 @@ class Pipeline:
         own = {"rationalize": self.rationales, "filter": self.filtered, "project": self.projected}.get(stage)
         for store in (self.rationales, self.filtered, self.projected):
             fields = _PROVENANCE + ("teacher_spec",) if store is own else ("data",)
+            if store is own and own is self.filtered:  # stage 2's records depend on what it showed the teacher
+                fields += ("consistency_view",)
             for rec in store.records.values():
                 # (a field this check does not know, or a record without it, e.g. a teacher passed ready: skipped)
                 diff = [f"{k}: {rec.get(k)!r} in the file, {prov[k]!r} now" for k in fields
@@ -370,11 +385,16 @@ class Pipeline:
         recs: list[dict[str, Any] | None] = [None] * len(rows)
         ask = []
         for j, r in enumerate(rows):
-            base = {"row": r["row"], "prompt": r["prompt"], "label": r["label"],
+            prompt = r["prompt"] if isinstance(r["prompt"], str) else None
+            base = {"row": r["row"], "prompt": prompt, "label": r["label"],
                     "task": "edit" if r["sources"] else "t2i", "rationale": None, "raw": None, "reason": None,
                     "dimension": None, "rationale_preferred": None, **prov}
             if r["label"] == "tie":
                 recs[j] = {**base, "status": "skipped", "reason": "tie label: nothing to rationalize"}
+            elif prompt is None or not prompt.strip():  # never a rationale for the request "None"
+                what = "edit instruction" if r["sources"] else "text-to-image prompt"
+                recs[j] = {**base, "status": "skipped",
+                           "reason": f"no {what} (got {r['prompt']!r:.40}): nothing to judge the images against"}
             elif len(r["sources"]) > 1:
                 recs[j] = {**base, "status": "skipped", "reason": "multi-reference edit: PARROT takes one source"}
             else:
@@ -428,10 +448,11 @@ class Pipeline:
                 recs.append({**base, "reason": "unparseable_rationale", "detail": src["reason"]})
             else:
                 recs.append({**base, "reason": "skipped", "detail": src["reason"]})
-        for j in ask:  # what stage 2 is shown: the rationale without its verdict (recorded for audit)
-            recs[j]["evidence"] = strip_verdict(self.rationales.get(recs[j]["row"])["rationale"])
-        convs = [consistency_conv(self.template, recs[j]["prompt"], recs[j]["evidence"], recs[j]["task"] == "edit")
-                 for j in ask]
+        view = self.cfg.consistency_view
+        for j in ask:  # what stage 2 is shown (recorded for audit): never the Preferred line
+            recs[j]["evidence"] = consistency_view(self.rationales.get(recs[j]["row"])["rationale"], view)
+        convs = [consistency_conv(self.template, recs[j]["prompt"], self.rationales.get(recs[j]["row"])["rationale"],
+                                  recs[j]["task"] == "edit", view) for j in ask]
         for j, ans in zip(ask, self._generate_safe(convs, self.cfg.teacher.predict_max_new_tokens) if convs else []):
             rec = recs[j]
             if isinstance(ans, Exception):
@@ -456,7 +477,8 @@ class Pipeline:
         """The keep-rate report (also written to ``filter_report.json``)."""
         rep = filter_report(list(self.filtered.records.values()),
                             {k: v for k, v in self.rationales.records.items()})
-        rep.update(template=self.template.id, data=self.cfg.data.train, rows=len(self.ds))
+        rep.update(template=self.template.id, data=self.cfg.data.train, rows=len(self.ds),
+                   consistency_view=self.cfg.consistency_view)
         tmp = self.out / "filter_report.json.tmp"
         tmp.write_text(json.dumps(rep, indent=2), encoding="utf-8")
         os.replace(tmp, self.out / "filter_report.json")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..judges.templates import Template
-from .format import strip_verdict
+from .format import consistency_view
 
 __all__ = ["pointwise_conv", "pairwise_conv", "rationalize_conv", "consistency_conv", "project_conv"]
 
@@ -50,14 +50,15 @@ def rationalize_conv(t: Template, request: str, image_a: Any, image_b: Any, labe
                  t.render("rationalize", label=label, **_common(t, request, sources, "pairwise_format")))
 
 
-def consistency_conv(t: Template, request: str, rationale: str, edit: bool) -> list[dict[str, Any]]:
-    """Stage 2: text only (no images, no label, no verdict); the rationale's evidence alone must recover the
-    preference. The rationale goes through :func:`~rewardkit.parrot.format.strip_verdict` here (its
-    ``Preferred:`` line and every sentence naming the winner removed), so no caller can hand the label back."""
+def consistency_conv(t: Template, request: str, rationale: str, edit: bool, view: str = "full") -> list[dict[str, Any]]:
+    """Stage 2: text only (no images, no label); the rationale alone must recover the preference. The rationale
+    goes through :func:`~rewardkit.parrot.format.consistency_view` here (``view``: ``"full"``, the paper's
+    arguments + scores + summary, or ``"evidence_only"``, the arguments alone), so no caller can hand the
+    ``Preferred:`` line back."""
     line = t.render("request_text_edit" if edit else "request_text_t2i", request=request)
-    return [{"role": "system", "content": t["system"]},
-            {"role": "user", "content": [{"type": "text", "text": t.render("consistency", request_line_text=line,
-                                                                            rationale=strip_verdict(rationale))}]}]
+    text = t.render("consistency", request_line_text=line, shown=t[f"consistency_shown_{view}"],
+                    rationale=consistency_view(rationale, view))
+    return [{"role": "system", "content": t["system"]}, {"role": "user", "content": [{"type": "text", "text": text}]}]
 
 
 def project_conv(t: Template, request: str, image: Any, slot: str, rationale: str,

@@ -9,10 +9,12 @@ Rules. An image's quality is ``q = 1 + 3 * mean brightness / 255`` rounded to 0.
   N/A for text-to-image, 3 for edits; Text Rendering N/A unless the request contains a double quote (then 2).
 - anchored rationale: per-dimension scores of A and B as above, each dimension's reasoning describes both
   images' brightness and then states the given label as the winner ("Image B is better here."), the summary
-  states it again and ``Preferred:`` = the given label. The verdict sentences are what stage 2 strips.
-- consistency: answers from the evidence it is shown, never from a verdict: the image whose ``Scores:``
-  lines sum higher; equal sums -> "The evaluation does not separate the two images." (non-predictive,
-  unparseable). So a rationale is kept iff its content (brightness) supports the label.
+  states it again and ``Preferred:`` = the given label (stage 2 never sees that line; the sentences it does).
+- consistency: answers from the evidence it is shown, never from a verdict sentence: the image whose
+  ``Scores:`` lines sum higher (the ``full`` view); without score lines (``evidence_only``), the image whose
+  stated brightness figures ("mean brightness N of 255") sum higher; equal -> "The evaluation does not
+  separate the two images." (non-predictive, unparseable). So a rationale is kept iff its content
+  (brightness) supports the label.
 - student pairwise question: the brighter image.
 
 Markers in the request change the behaviour: ``[garbage]`` -> the anchored rationale is prose without the
@@ -24,6 +26,7 @@ batch contains this request raises ``RuntimeError`` (a judge failure).
 
 from __future__ import annotations
 
+import re
 from typing import Any, Sequence
 
 import numpy as np
@@ -58,6 +61,12 @@ def _request(text: str) -> str:
 def _looks(im: Any) -> str:
     b = float(np.asarray(im.convert("L"), dtype=np.float64).mean())
     return f"{'bright' if b >= 170 else 'dark' if b < 85 else 'mid-grey'} (mean brightness {b:.0f} of 255)"
+
+
+#: the brightness figures of one argument of :meth:`ScriptedTeacher._pair` ("Image A looks ... (mean brightness
+#: 200 of 255), Image B looks ... (mean brightness 50 of 255)")
+_FIGURES = re.compile(r"Image A looks [^()\n]*\(mean brightness (\d+) of 255\), Image B looks [^()\n]*"
+                      r"\(mean brightness (\d+) of 255\)")
 
 
 def _fmt(x: float | None) -> str:
@@ -109,10 +118,14 @@ class ScriptedTeacher(JudgeBackend):
                 return "Both images look fine."
             body = text.split("--- evaluation ---", 1)[1].split("--- end ---", 1)[0]
             margin = 0.0
-            for line in body.splitlines():
-                if line.strip().startswith("Scores:") and "N/A" not in line:
+            scored = [ln for ln in body.splitlines() if ln.strip().startswith("Scores:")]
+            for line in scored:
+                if "N/A" not in line:
                     a, b = (float(x.split("=")[1]) for x in line.split(":", 1)[1].split(","))
                     margin += a - b
+            if not scored:  # the arguments alone: the brightness figures they state
+                for a, b in _FIGURES.findall(body):
+                    margin += float(a) - float(b)
             return "A" if margin > 0 else "B" if margin < 0 else "The evaluation does not separate the two images."
         edit = "The first image is the source image." in text
         if "--- reference comparison ---" in text:  # projection

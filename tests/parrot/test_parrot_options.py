@@ -81,14 +81,14 @@ def test_parrot_stages_see_what_the_doc_says(tmp_path, parrot_pairs):
     assert sorted(n for n, _ in seen["rationale"]) == [2, 2, 2, 3]
     labels = [t.split("Human annotators preferred Image", 1)[1].strip()[0] for _, t in seen["rationale"]]
     assert sorted(labels) == ["A", "A", "A", "B"]
-    # stage 2: no image, no label, the rationale's evidence without its verdict (recorded as `evidence`)
-    from rewardkit.parrot.format import strip_verdict
+    # stage 2: no image, no label line, the rationale in full (the default view; recorded as `evidence`)
+    from rewardkit.parrot.format import consistency_view
 
     assert len(seen["filter"]) == 4 and all(n == 0 for n, _ in seen["filter"])
     assert not any("Human annotators preferred" in t or "Preferred:" in t for _, t in seen["filter"])
     evidence = {r["row"]: r["evidence"] for r in pipe.filtered.records.values() if r["evidence"]}
     for _, t in seen["filter"]:
-        assert any(strip_verdict(r["rationale"]) == evidence[i] and evidence[i] in t
+        assert any(consistency_view(r["rationale"]) == evidence[i] and evidence[i] in t
                    for i, r in rats.items() if r["rationale"])
     # stage 3: each image of a kept pair alone (+ the source for the edit), the verified rationale as a hint
     assert len(seen["project"]) == 8 and sorted(n for n, _ in seen["project"]) == [1] * 6 + [2] * 2

@@ -82,7 +82,7 @@ def test_filter_arithmetic_and_report(tmp_path, pairs):
     for name in ("rationales", "filtered", "projected"):
         ds = datasets.load_dataset("json", data_files=str(tmp_path / "out" / f"{name}.jsonl"), split="train")
         assert {"row", "teacher", "template", "seed", "data", "stage"} <= set(ds.column_names)
-        assert ds[0]["template"] == "parrot/default@2"
+        assert ds[0]["template"] == "parrot/default@3"
     assert json.loads((tmp_path / "out" / "filter_report.json").read_text())["kept"] == 4
 
 
@@ -377,112 +377,60 @@ def test_last_complete_checkpoint_skips_a_half_written_one(tmp_path):
         assert last_complete_checkpoint(run) == str(run / "checkpoint-4")
 
 
-# ------------------------------------------------------------------ stage 2 never sees the verdict
-EVIDENCE = ("Text Faithfulness: Image A shows a red bicycle against a brick wall. Image B's bicycle is blue. {v1}\n"
-            "Scores: A = 3.5, B = 2\n"
-            "Image Faithfulness: not applicable.\nScores: A = N/A, B = N/A\n"
-            "Physical and Visual Quality: {v2}\nThe spokes of Image B merge into the frame; Image A has clean spokes.\n"
-            "Scores: A = 3, B = 2.5\n"
-            "Text Rendering: no text requested.\nScores: A = N/A, B = N/A\n"
-            "Summary: The wheel of Image B is distorted. {v3}\n"
-            "Preferred: {L}\n")
-#: verdict phrasings (with {L} the winner, {O} the other) that must not reach stage 2
-VERDICTS = ["Image {L} is better.", "{L} wins.", "I prefer {L}.", "Overall I'd go with {L}.", "{L} is preferable.",
-            "**Image {L}** is clearly superior to Image {O}.", "The winner is image {L}.", "Image {O} is worse.",
-            "{L} outperforms {O} here.", "Choose {L}.", "Final answer: {L}", "Verdict: {L}", "Image {L} > Image {O}.",
-            "Image {L} should be chosen over Image {O}.", "Human annotators preferred Image {L}.", "{L}.",
-            "The second image is better." if "{L}" == "B" else "The better image is the one labelled {L}.",
-            "Image {O} loses to Image {L}; {L} beats it on every count!", "Image {L} has the edge.",
-            "I favour {L}.", "{L} is the stronger image.", "Image {O} is inferior.", "Answer: {L}"]
+# ------------------------------------------------------------------ what stage 2 is shown (appendix C.2)
+RATIONALE = ("Clearly B.\n"
+             "Text Faithfulness: Image A shows a red bicycle; Image B's bicycle is blue. Image B is better here.\n"
+             "Scores: A = 2, B = 3.5\n"
+             "Image Faithfulness: not applicable.\nScores: A = N/A, B = N/A\n"
+             "Physical and Visual Quality: The spokes of Image A merge into the frame.\nI'd give it to B.\n"
+             "Scores: A = 2.5, B = 3\n"
+             "Text Rendering: no text requested.\nScores: N/A\n"
+             "Summary: Das rechte Bild ist schöner; B wins.\n"
+             "Preferred: B\n"
+             "Human annotators preferred Image B.\n")
 
 
-def _rationale(label: str, verdict: str) -> str:
-    other = "B" if label == "A" else "A"
-    v = verdict.format(L=label, O=other)
-    return EVIDENCE.format(v1=v, v2=v, v3=v, L=label)
+def test_consistency_view_full_is_the_paper_reading_without_the_label_line():
+    """Appendix C.2: the rationale "in full (per-dimension arguments, scores and summary)", without the label.
+    Expected text written by hand: every argument and the summary verbatim (the verdict sentences too: the paper
+    shows them), the scores in canonical form, no `Preferred:` line, nothing outside the sections.
+    Bugs caught: the old keyword stripper (dropped "Image B is better here." and "B wins" but let "I'd give it
+    to B." and the German sentence through), a `Preferred:` line or the text after it reaching stage 2."""
+    from rewardkit.parrot.format import consistency_view
+
+    expected = ("Text Faithfulness: Image A shows a red bicycle; Image B's bicycle is blue. Image B is better here.\n"
+                "Scores: A = 2, B = 3.5\n"
+                "Image Faithfulness: not applicable.\n"
+                "Scores: A = N/A, B = N/A\n"
+                "Physical and Visual Quality: The spokes of Image A merge into the frame.\nI'd give it to B.\n"
+                "Scores: A = 2.5, B = 3\n"
+                "Text Rendering: no text requested.\n"
+                "Scores: A = N/A, B = N/A\n"
+                "Summary: Das rechte Bild ist schöner; B wins.")
+    assert consistency_view(RATIONALE) == expected
+    assert consistency_view(RATIONALE, "full") == expected
+    assert consistency_view(expected) == expected  # a view is a rationale without its label line: same view
+    no_summary = RATIONALE.replace("Summary: Das rechte Bild ist schöner; B wins.\n", "")
+    assert consistency_view(no_summary) == expected.rsplit("\nSummary:", 1)[0]  # no empty "Summary:" line
 
 
-@pytest.mark.parametrize("verdict", VERDICTS)
-def test_strip_verdict_removes_every_verdict_keeps_evidence_and_scores(verdict):
-    from rewardkit.parrot.format import parse_pairwise, strip_verdict
+def test_consistency_view_evidence_only_is_the_arguments_alone():
+    """`evidence_only`: per dimension its header and reasoning, verbatim; no score line, no summary, no label line
+    (written by hand). Structural, not a word filter: a verdict inside an argument stays (documented).
+    Bugs caught: a score line or the summary left in, an argument cut at its first line."""
+    from rewardkit.parrot.format import CONSISTENCY_VIEWS, consistency_view
 
-    a, b = _rationale("A", verdict), _rationale("B", verdict)
-    assert parse_pairwise(a).preferred == "A" and parse_pairwise(b).preferred == "B"
-    sa, sb = strip_verdict(a), strip_verdict(b)
-    # the same evidence with the opposite verdict gives the same stage-2 text: nothing about the label survives
-    assert sa == sb
-    assert "Preferred" not in sa and "annotators" not in sa
-    for words in ("better", "wins", "prefer", "go with", "superior", "winner", "worse", "outperforms", "Choose",
-                  "answer", "Verdict", ">", "chosen", "beats", "edge", "favour", "stronger", "inferior"):
-        assert words.lower() not in sa.lower(), words
-    # evidence and scores survive, in the canonical format
-    assert "Image A shows a red bicycle against a brick wall. Image B's bicycle is blue." in sa
-    assert "The spokes of Image B merge into the frame; Image A has clean spokes." in sa
-    assert "Summary: The wheel of Image B is distorted." in sa
-    assert "Scores: A = 3.5, B = 2\n" in sa and "Scores: A = 3, B = 2.5\n" in sa
-    assert strip_verdict(sa) == sa  # idempotent: stripped text still parses (without a Preferred line)
+    assert CONSISTENCY_VIEWS == ("full", "evidence_only")
+    assert consistency_view(RATIONALE, "evidence_only") == (
+        "Text Faithfulness: Image A shows a red bicycle; Image B's bicycle is blue. Image B is better here.\n"
+        "Image Faithfulness: not applicable.\n"
+        "Physical and Visual Quality: The spokes of Image A merge into the frame.\nI'd give it to B.\n"
+        "Text Rendering: no text requested.")
+    with pytest.raises(ValueError, match="consistency view must be one of"):
+        consistency_view(RATIONALE, "blind")
 
 
-#: phrasings a blacklist of verdict words misses: a candidate with nothing else, idioms, Unicode look-alikes and
-#: invisible characters (an LLM teacher reads "Image \u0412", "Ｂ" or "bet\u200bter" as the verdict they spell)
-VERDICTS_HARD = ["Overall, Image {L}.", "Image {L} overall.", "It is {L}.", "The label is {L}.", "Image {L}!",
-                 "Image {L} it is.", "Go {L}.", "\u2192 {L}", "{L} \u2713", "The nod goes to Image {L}.",
-                 "Image {L} comes out on top.", "Image {L} is the clear standout.", "I'd lean towards {L}.",
-                 "{L} \u226b {O}.", "Image {L} is the more faithful and higher-quality result overall.",
-                 "Image {L} is bet\u200bter.", "Image {L} is pre\u00adferable.",
-                 "Image {L} is \U0001d41b\U0001d41e\U0001d42d\U0001d42d\U0001d41e\U0001d42b."]
-LOOKALIKE = {"A": ("\u0410", "\uff21", "\U0001d400"), "B": ("\u0412", "\uff22", "\U0001d401")}
-
-
-@pytest.mark.parametrize("verdict", VERDICTS_HARD)
-def test_strip_verdict_hard_phrasings_and_unicode(verdict):
-    from rewardkit.parrot.format import strip_verdict
-
-    sa, sb = strip_verdict(_rationale("A", verdict)), strip_verdict(_rationale("B", verdict))
-    assert sa == sb and strip_verdict(sa) == sa
-    assert "The spokes of Image B merge into the frame; Image A has clean spokes." in sa
-
-
-@pytest.mark.parametrize("i", range(3))
-def test_strip_verdict_lookalike_letters(i):
-    """Cyrillic / fullwidth / mathematical A and B in a verdict: the verdict goes (whichever letter it names)."""
-    from rewardkit.parrot.format import is_verdict, strip_verdict
-
-    for lab in "AB":
-        v = f"Image {LOOKALIKE[lab][i]} is better."
-        assert is_verdict(v)
-        s = strip_verdict(_rationale(lab, v))
-        assert "better" not in s and LOOKALIKE[lab][i] not in s
-
-
-def test_strip_verdict_parses_the_rationale_as_stage_1_did():
-    """Cleaning (NFKC, no zero-width characters) applies to the texts, never before the parse: a rationale that
-    stage 1 accepted, with a zero-width space that hid a second header, still strips (it raised ParseError,
-    which would stop the whole filter stage)."""
-    from rewardkit.parrot.format import parse_pairwise, strip_verdict
-
-    hidden = "bicycle is blue.\nText\u200b Faithfulness: noted"  # a header only once the zero-width space goes
-    r = _rationale("B", "Image B is better.").replace("bicycle is blue.", hidden)
-    assert parse_pairwise(r).preferred == "B"
-    s = strip_verdict(r)
-    assert "\u200b" not in s and "better" not in s and strip_verdict(s) == s
-
-
-def test_strip_verdict_drops_text_outside_the_sections():
-    from rewardkit.parrot.format import strip_verdict
-
-    r = "Clearly B.\n" + _rationale("B", "") + "I would pick B any day.\n"
-    s = strip_verdict(r)
-    assert "B." not in s.split("\n")[0] and "pick" not in s and s.startswith("Text Faithfulness:")
-
-
-def test_stage2_prompts_are_label_blind_and_unsupported_verdicts_are_rejected(tmp_path):
-    """The same pair with label A and with label B: stage 1 (anchored) writes opposite verdicts over the same
-    evidence; stage 2 gets byte-identical prompts with no verdict, and keeps only the rationale whose evidence
-    supports its label (the label-B one, contradicted by its own scores, is rejected). Before the fix the
-    prompt carried "Preferred: <label>" and both were kept."""
-    from rewardkit.parrot.testing import _parts
-
+def _two_labels(tmp_path):
     d = tmp_path / "pairs"
     d.mkdir()
     grey(BRIGHT).save(d / "bright.png")
@@ -490,67 +438,113 @@ def test_stage2_prompts_are_label_blind_and_unsupported_verdicts_are_rejected(tm
     with open(d / "metadata.jsonl", "w") as f:
         for lab in ("A", "B"):
             f.write(json.dumps({"prompt": "a cat", "image_a": "bright.png", "image_b": "dark.png", "label": lab}) + "\n")
+    return d
+
+
+@pytest.mark.parametrize("view", ["full", "evidence_only"])
+def test_stage2_is_shown_the_view_never_the_label_line(tmp_path, view):
+    """The same pair with label A and with label B: stage 1 (anchored) argues for each label over the same
+    images; stage 2 is shown exactly `consistency_view(rationale, view)` (recorded as `evidence`), no image and
+    never the `Preferred:` line, and keeps only the rationale whose content supports its label (the scripted
+    teacher reads the scores, or without them the stated brightness figures: A's 255 against B's 0)."""
+    from rewardkit.parrot.format import consistency_view
+    from rewardkit.parrot.testing import _parts
+
+    seen = []
 
     class Recording(ScriptedTeacher):
-        stage2: list[str] = []
-
         def generate(self, conversations, **kw):
-            for c in conversations:
-                _, text = _parts(c)
-                if "--- evaluation ---" in text:
-                    self.stage2.append(text)
+            seen.extend(_parts(c) for c in conversations if "--- evaluation ---" in _parts(c)[1])
             return super().generate(conversations, **kw)
 
-    teacher = Recording()
-    pipe = Pipeline(cfg_for(tmp_path, d), teacher=teacher, progress=False)
+    pipe = Pipeline(cfg_for(tmp_path, _two_labels(tmp_path), consistency_view=view), teacher=Recording(),
+                    progress=False)
     rep = pipe.run_stages()
     rats = {r["row"]: r["rationale"] for r in pipe.rationales.records.values()}
-    assert "Preferred: A" in rats[0] and "Preferred: B" in rats[1] and "Image B is better" in rats[1]
-    assert len(teacher.stage2) == 2 and teacher.stage2[0] == teacher.stage2[1]
-    for t in teacher.stage2:
-        shown = t.split("--- evaluation ---", 1)[1].split("--- end ---", 1)[0]
-        for leak in ("Preferred", "better", "Human annotators"):
-            assert leak not in shown
+    assert "Preferred: A" in rats[0] and "Preferred: B" in rats[1]
     f = {r["row"]: r for r in pipe.filtered.records.values()}
+    assert len(seen) == 2 and all(imgs == [] for imgs, _ in seen)
+    for i, (_, text) in enumerate(seen):
+        shown = text.split("--- evaluation ---\n", 1)[1].split("\n--- end ---", 1)[0]
+        assert shown == consistency_view(rats[i], view) == f[i]["evidence"]
+        assert "Preferred" not in shown and "Human annotators" not in text
+        assert ("Scores:" in shown) == (view == "full") and ("Summary:" in shown) == (view == "full")
     assert f[0]["reason"] == "kept" and f[1]["reason"] == "wrong_prediction" and f[1]["prediction"] == "A"
-    assert f[0]["evidence"] in teacher.stage2[0] and rep["keep_rate"] == 0.5
+    assert rep["keep_rate"] == 0.5 and rep["consistency_view"] == view
+    assert {r["consistency_view"] for r in f.values()} == {view}
 
 
-def test_tiny_recipe_keep_rate_from_evidence():
-    """The tiny recipe's data (synthetic:brightness, 16 pairs, seed 0) through stages 1-2 with the scripted
-    teacher: the brighter image always wins, so every verdict agrees with the content, but 2 pairs' qualities
-    round to the same value (scores equal in every dimension): their evidence separates nothing and they are
-    dropped as non-predictive. Keep rate 14/16 = 0.875 (it was 1.0 when stage 2 could read "Preferred:")."""
+def test_a_filter_rerun_with_another_view_is_refused(tmp_path):
+    """Stage-2 records depend on what the teacher was shown: resuming them under another view would mix two
+    filters in one file (ConfigError, exit 2, naming the difference). An unknown view is refused at start."""
+    from rewardkit.errors import ConfigError
+
+    d = _two_labels(tmp_path)
+    Pipeline(cfg_for(tmp_path, d), teacher=ScriptedTeacher(), progress=False).run_stages()
+    again = Pipeline(cfg_for(tmp_path, d, consistency_view="evidence_only"), teacher=ScriptedTeacher(), progress=False)
+    with pytest.raises(ConfigError, match="consistency_view: 'full' in the file, 'evidence_only' now"):
+        again.filter()
+    with pytest.raises(ConfigError, match="consistency_view must be one of full, evidence_only"):
+        Pipeline(cfg_for(tmp_path, d, consistency_view="strip"), teacher=ScriptedTeacher(), progress=False)
+
+
+def test_pairs_without_a_prompt_are_skipped(tmp_path):
+    """A null (or blank) prompt is a bad row, skipped with the reason like a tie or a multi-reference edit, for
+    text-to-image pairs and edits alike. Bug caught: the prompt became the string "None" and the teacher was
+    asked to explain a preference for the request "None" (a made-up request, rationalized and kept)."""
+    d = _two_labels(tmp_path)
+    grey(128).save(d / "src.png")
+    with open(d / "metadata.jsonl", "a") as f:
+        for p, src in ((None, []), ("   ", []), (None, ["src.png"])):
+            f.write(json.dumps({"prompt": p, "image_a": "bright.png", "image_b": "dark.png", "label": "A",
+                                "sources": src}) + "\n")
+    teacher = ScriptedTeacher()
+    pipe = Pipeline(cfg_for(tmp_path, d), teacher=teacher, progress=False)
+    rep = pipe.run_stages()
+    rats = {r["row"]: r for r in pipe.rationales.records.values()}
+    assert [rats[i]["status"] for i in range(5)] == ["ok", "ok", "skipped", "skipped", "skipped"]
+    assert "no text-to-image prompt (got None)" in rats[2]["reason"] and "no edit instruction" in rats[4]["reason"]
+    assert rats[2]["prompt"] is None and rats[3]["prompt"] == "   "
+    assert rep["counts"]["skipped"] == 3 and rep["kept"] == 1
+    assert sum(n for _, n in teacher.calls) == 2 + 2 + 2  # rationales, checks, projections of the two real rows
+
+
+@pytest.mark.parametrize("view,kept", [("full", 14), ("evidence_only", 16)])
+def test_tiny_recipe_keep_rate_per_view(view, kept):
+    """The tiny recipe's data (synthetic:brightness, 16 pairs, seed 0) through stages 1-2 with the scripted teacher,
+    the figures docs/parrot.md states. The brighter image always wins, so every rationale's content supports its
+    label; what differs is what the view lets the teacher read. `full`: the scores (brightness rounded to 0.5
+    steps of the 1-4 scale): 2 pairs round to equal scores in every dimension and separate nothing (14/16).
+    `evidence_only`: the arguments' brightness figures (whole numbers), which tie for no pair (16/16). The expected
+    counts are computed from the images alone."""
     import tempfile
     from pathlib import Path
 
     import yaml
 
-    from rewardkit.parrot.testing import _parts, quality
+    from rewardkit.parrot.testing import quality
     from rewardkit.train.data import load_pairs
 
     recipe = yaml.safe_load((Path(__file__).resolve().parents[2] / "recipes" / "parrot" / "tiny.yaml").read_text())
     assert recipe["data"] == {"train": "synthetic:brightness", "synthetic_size": 16} and recipe["seed"] == 0
-    assert recipe["teacher"]["judge"] == "scripted"
-    shown = []
-
-    class Recording(ScriptedTeacher):
-        def generate(self, conversations, **kw):
-            shown.extend(t.split("--- evaluation ---", 1)[1].split("--- end ---", 1)[0]
-                         for _, t in map(_parts, conversations) if "--- evaluation ---" in t)
-            return super().generate(conversations, **kw)
-
+    assert recipe["teacher"]["judge"] == "scripted" and recipe.get("consistency_view", "full") == "full"
     cfg = ParrotConfig(output_dir=tempfile.mkdtemp(), data=DataCfg(train="synthetic:brightness", synthetic_size=16),
-                       teacher=TeacherCfg(judge="scripted"), batch_size=recipe["batch_size"], seed=recipe["seed"])
-    pipe = Pipeline(cfg, teacher=Recording(), progress=False)
+                       teacher=TeacherCfg(judge="scripted"), batch_size=recipe["batch_size"], seed=recipe["seed"],
+                       consistency_view=view)
+    pipe = Pipeline(cfg, teacher=ScriptedTeacher(), progress=False)
     pipe.rationalize()
     pipe.filter()
     rep = pipe.report()
-    assert len(shown) == 16 and not any("Preferred" in t or "better" in t for t in shown)
     ds, _ = load_pairs("synthetic:brightness", synthetic_size=16, seed=0)
-    ties = sum(quality(r["image_a"]) == quality(r["image_b"]) for r in ds)  # computed from the images alone
-    assert ties == 2 and rep["counts"]["unparseable_prediction"] == ties
-    assert rep["kept"] == 16 - ties and rep["keep_rate"] == 0.875
+
+    def figure(im):
+        return round(float(np.asarray(im.convert("L"), dtype=np.float64).mean()))
+
+    same = (lambda r: quality(r["image_a"]) == quality(r["image_b"])) if view == "full" else \
+        (lambda r: figure(r["image_a"]) == figure(r["image_b"]))
+    ties = sum(same(r) for r in ds)
+    assert ties == 16 - kept and rep["counts"]["unparseable_prediction"] == ties
+    assert rep["kept"] == kept and rep["keep_rate"] == kept / 16 and rep["counts"]["wrong_prediction"] == 0
 
 
 @pytest.mark.slow

@@ -197,16 +197,10 @@ def test_bench_rational_native_pairwise(tmp_path):
     assert d["mmrb2/t2i"]["metrics"]["accuracy_with_ties"]["n_invalid"] == 0
 
 
-def test_t2i_note_and_a_labelled_bare_verdict():
-    from rewardkit.parrot.format import is_verdict
-
+def test_t2i_note():
     # catches the note's text lost: it says which score was ignored and why
     c = parse_pointwise(GOOD.replace("Score: N/A", "Score: 4", 1), t2i=True)
     assert c.notes == ["image_faithfulness score 4 ignored: text-to-image request (N/A)"]
-    # catches the split at the last colon lost: "Result: B" is a bare answer after its label ("result" is neither a
-    # filler nor a verdict word, so only the split finds it)
-    assert is_verdict("Result: B") and is_verdict("Outcome: Image A")
-    assert not is_verdict("Result: the spokes of the wheel are sharp")
 
 
 def test_pairwise_reasons_and_the_na_refusal_message():
