@@ -120,7 +120,8 @@ def nft_loss(v_theta: torch.Tensor, v_old: torch.Tensor, v_ref: torch.Tensor | N
 
     Returns:
         ``(loss, metrics)``: a scalar and detached diagnostics (``policy_loss`` without the KL term,
-        ``unweighted_policy_loss``, ``kl``, ``old_deviation``, ``x0_norm``).
+        ``policy_loss_plain_mse``: the same without the adaptive x0 weighting, ``kl``, ``old_deviation``,
+        ``x0_norm``; the logged ``unweighted_policy_loss`` is another quantity, :func:`.tracking.loss_terms`).
     """
     if not beta > 0:
         raise ValueError(f"beta must be > 0, got {beta}")
@@ -156,8 +157,8 @@ def nft_loss(v_theta: torch.Tensor, v_old: torch.Tensor, v_ref: torch.Tensor | N
         kl = (w * _mean_chw((v_theta - v_ref.detach().to(dt)) ** 2)).mean()
         loss = policy + kl_coef * kl
     with torch.no_grad():
-        unweighted = (w * (rr * _mean_chw(err_pos ** 2) + (1 - rr) * _mean_chw(err_neg ** 2)) / beta).mean() * adv_clip_max
-        metrics = {"policy_loss": policy.detach(), "unweighted_policy_loss": unweighted, "kl": kl.detach(),
+        plain_mse = (w * (rr * _mean_chw(err_pos ** 2) + (1 - rr) * _mean_chw(err_neg ** 2)) / beta).mean() * adv_clip_max
+        metrics = {"policy_loss": policy.detach(), "policy_loss_plain_mse": plain_mse, "kl": kl.detach(),
                    "old_deviation": _mean_chw((v_theta.detach() - v_old) ** 2).mean(),
                    "x0_norm": _mean_chw(x0 ** 2).mean()}
     return loss, metrics

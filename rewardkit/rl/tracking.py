@@ -40,7 +40,7 @@ def loss_terms(v_theta: torch.Tensor, v_old: torch.Tensor, v_ref: torch.Tensor |
         "old_deviate": float(torch.mean((v_theta - v_old) ** 2)),
         "old_deviate_max": float(torch.max((v_theta - v_old) ** 2)),
         "policy_loss": policy, "unweighted_policy_loss": policy / adv_clip_max,
-        "policy_loss_plain_mse": float(metrics["unweighted_policy_loss"]),
+        "policy_loss_plain_mse": float(metrics["policy_loss_plain_mse"]),
         "kl_div": nan, "old_kl_div": nan, "total_loss": float(loss.detach()),
     }
     if v_ref is not None:

@@ -259,8 +259,17 @@ def test_nft_loss_beta_point_one_by_hand():
     assert float(m["policy_loss"]) == pytest.approx(22.5, rel=1e-6)
     (g,) = torch.autograd.grad(loss, v_th)
     assert float(g) == pytest.approx(-2.5, rel=1e-5)
-    # unweighted: (0.75*0.16 + 0.25*0.36) / 0.1 * 5 = 10.5
-    assert float(m["unweighted_policy_loss"]) == pytest.approx(10.5, rel=1e-6)
+    # without the adaptive weighting: (0.75*0.16 + 0.25*0.36) / 0.1 * 5 = 10.5
+    assert float(m["policy_loss_plain_mse"]) == pytest.approx(10.5, rel=1e-6)
+    # one name, one meaning: `unweighted_policy_loss` is only the logged official ori_policy_loss.mean() = policy / 5
+    # = 4.5 (bug caught: nft_loss named the plain MSE 10.5 `unweighted_policy_loss` while the log used the name
+    # for 4.5)
+    from rewardkit.rl.tracking import loss_terms
+
+    assert "unweighted_policy_loss" not in m
+    logged = loss_terms(v_th, v_old, None, x0, loss, m, 5.0)
+    assert logged["unweighted_policy_loss"] == pytest.approx(4.5, rel=1e-6)
+    assert logged["policy_loss_plain_mse"] == pytest.approx(10.5, rel=1e-6)
 
 
 def test_nft_loss_mask_by_hand():
