@@ -43,8 +43,11 @@ _STR_OPS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "SHORT_B
 
 
 def _pickle_globals(stream: Any) -> list[tuple[str, str] | None]:
-    """The globals one pickle names, read from its opcodes without executing anything (``None`` for a
-    ``STACK_GLOBAL`` whose operands cannot be followed statically: treated as refused)."""
+    """The globals one pickle names, read from its opcodes without executing anything: ``GLOBAL`` and ``INST``
+    (protocol 0's "instantiate module.name", which imports the global as ``GLOBAL`` does) by their argument,
+    ``STACK_GLOBAL`` by the strings it pops; ``None`` (treated as refused) for a ``STACK_GLOBAL`` whose operands
+    cannot be followed statically and for ``EXT1`` / ``EXT2`` / ``EXT4`` (a code looked up in the unpickling
+    process's ``copyreg`` extension registry: which global it names is not in the file)."""
     import pickletools
 
     found: list[tuple[str, str] | None] = []
@@ -52,7 +55,7 @@ def _pickle_globals(stream: Any) -> list[tuple[str, str] | None]:
     last: list[Any] = []  # values of the most recent pushes we can follow (strings, else None)
     for op, arg, _ in pickletools.genops(stream):
         name = op.name
-        if name == "GLOBAL":
+        if name in ("GLOBAL", "INST"):
             mod, _, attr = str(arg).partition(" ")
             found.append((mod, attr))
             last.append(None)
@@ -60,6 +63,9 @@ def _pickle_globals(stream: Any) -> list[tuple[str, str] | None]:
             pair = (last[-2], last[-1]) if len(last) >= 2 else (None, None)
             found.append(pair if all(isinstance(x, str) for x in pair) else None)
             del last[-2:]
+            last.append(None)
+        elif name in ("EXT1", "EXT2", "EXT4"):
+            found.append(None)
             last.append(None)
         elif name in _STR_OPS:
             last.append(arg)
@@ -122,6 +128,8 @@ def scan_pickle(path: Path) -> None:
             with zipfile.ZipFile(path) as zf:
                 infos = zf.infolist()
                 _check_zip_offsets(zf, infos, path)
+                for info in infos:  # every member: torch reads the storages too
+                    _check_zip_member(info, path)
                 # torch's reader (miniz) finds a member by name ignoring case: "data.PKL" is its "data.pkl"
                 names = [i.filename.lower() for i in infos]
                 dup = sorted({n for n in names if names.count(n) > 1})
@@ -134,7 +142,9 @@ def scan_pickle(path: Path) -> None:
                 for info in pkls:
                     data = zf.read(info)
                     check(_whole_pickle(io.BytesIO(data), f"{path}: {info.filename}", len(data)), info.filename)
-        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError) as exc:
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, RuntimeError, NotImplementedError) as exc:
+            # (RuntimeError: zipfile's "encrypted, password required"; NotImplementedError: its "compression method
+            # not supported"; both checked first by _check_zip_member, caught here too so no zip ends in exit 1)
             raise UnsafeCheckpointError(f"{path}: starts like a zip (torch checkpoint) but is not a readable "
                                         f"zip file ({exc}): refused") from None
         return
@@ -146,6 +156,23 @@ def scan_pickle(path: Path) -> None:
     with open(path, "rb") as f:
         for what in _LEGACY_PICKLES:
             check(_whole_pickle(f, f"{path}: legacy pickle {what!r}"), f"pickle {what!r}")
+
+
+#: the compression methods Python's zipfile reads (stored, deflate, bzip2, lzma); torch.save stores
+_ZIP_METHODS = (0, 8, 12, 14)
+
+
+def _check_zip_member(info: Any, path: Path) -> None:
+    """Refuse a member the scan cannot read as plain bytes: encrypted (general-purpose flag bit 0) or compressed
+    with a method zipfile does not know. Before, zipfile's own ``RuntimeError`` / ``NotImplementedError`` ended
+    the command as an internal error (exit 1) instead of a refused file (exit 2)."""
+    if info.flag_bits & 0x1:
+        raise UnsafeCheckpointError(f"{path}: zip member {info.filename!r} is encrypted: a torch checkpoint never is; "
+                                    "refused")
+    if info.compress_type not in _ZIP_METHODS:
+        raise UnsafeCheckpointError(f"{path}: zip member {info.filename!r} uses compression method "
+                                    f"{info.compress_type}, which this scan cannot read (torch.save stores members "
+                                    "uncompressed); refused")
 
 
 def _check_zip_offsets(zf: Any, infos: list, path: Path) -> None:

@@ -180,3 +180,76 @@ def test_model_directory_with_a_pickle_renamed_safetensors_exits_2(tiny_clip_dir
     assert main(["score", str(tmp_path / "a.png"), "--prompt", "x", "--reward", "clipscore", "--model", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "not a readable safetensors file" in err and "please report" not in err
+
+
+def _torch_zip_with(path, name_suffix: str, payload: bytes | None = None, flag_bits: int = 0, method: int | None = None):
+    """A torch zip checkpoint whose member ending in ``name_suffix`` gets ``payload`` (its own bytes by default)
+    and, patched into its local header and its central directory entry (zipfile's writer sets both fields
+    itself), the general-purpose flag bits ``flag_bits`` (local +6, directory +8) and the compression method
+    ``method`` (local +8, directory +10; APPNOTE 4.3.7, 4.3.12)."""
+    import struct
+
+    ok = _zip(OrderedDict(w=torch.ones(2)))
+    with zipfile.ZipFile(io.BytesIO(ok)) as src, zipfile.ZipFile(path, "w") as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            dst.writestr(info, data if payload is None or not info.filename.endswith(name_suffix) else payload)
+    raw = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as zf:
+        info = next(i for i in zf.infolist() if i.filename.endswith(name_suffix))
+    cd = raw.index(b"PK\x01\x02")
+    while raw[cd + 46:cd + 46 + len(info.filename)] != info.filename.encode():
+        cd = raw.index(b"PK\x01\x02", cd + 4)
+    for local, central, value in ((6, 8, flag_bits), (8, 10, method)):
+        if value:
+            for at in (info.header_offset + local, cd + central):
+                old = struct.unpack("<H", raw[at:at + 2])[0]
+                raw[at:at + 2] = struct.pack("<H", old | value if local == 6 else value)
+    path.write_bytes(bytes(raw))
+    return path
+
+
+@pytest.mark.parametrize("op", ["INST", "EXT1", "EXT2", "EXT4"])
+def test_inst_and_ext_opcodes_name_a_global(tmp_path, op, capsys):
+    """``INST`` (protocol 0: ``i module\\nname\\n`` imports the global and calls it) and ``EXT1`` / ``EXT2`` /
+    ``EXT4`` (a code in the unpickling process's copyreg extension registry: the global is not in the file) name
+    a global as ``GLOBAL`` does. Bug caught: the scan skipped them, so only torch's weights_only stood between a
+    file and ``os.system``. The pickles are written by hand (opcodes per pickletools' table)."""
+    import pickletools
+
+    from rewardkit.convert._io import _pickle_globals
+
+    body = {"INST": b"(S'echo pwned'\nios\nsystem\n.", "EXT1": b"\x80\x02\x82\x01)R.",
+            "EXT2": b"\x80\x02\x83\x01\x01)R.", "EXT4": b"\x80\x02\x84\x01\x00\x00\x01)R."}[op]
+    assert op in {o.name for o, _, _ in pickletools.genops(body)}
+    expected = [("os", "system")] if op == "INST" else [None]
+    assert _pickle_globals(io.BytesIO(body)) == expected
+    bad = _torch_zip_with(tmp_path / f"{op}.pt", "data.pkl", body)
+    with pytest.raises(UnsafeCheckpointError, match="os.system" if op == "INST" else r"references \?"):
+        scan_pickle(bad)
+    assert "pwned" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kind", ["encrypted pickle", "encrypted storage", "unknown compression"])
+def test_zip_with_encryption_or_unknown_compression_exits_2(tmp_path, kind, capsys):
+    """A zip member zipfile cannot read as plain bytes (encrypted: flag bit 0; compression method 99, AE-x) is a
+    refused file: UnsafeCheckpointError and exit 2 with the reason. Bug caught: zipfile's RuntimeError ("password
+    required") and NotImplementedError ("compression method not supported") escaped the scan: "internal error",
+    exit 1. A storage member counts too (torch reads it after the pickle)."""
+    from rewardkit.cli import main
+
+    path = tmp_path / "bad.pt"
+    if kind == "encrypted pickle":
+        _torch_zip_with(path, "data.pkl", flag_bits=0x1)
+        match = "is encrypted"
+    elif kind == "encrypted storage":
+        _torch_zip_with(path, "data/0", flag_bits=0x1)
+        match = "is encrypted"
+    else:
+        _torch_zip_with(path, "data.pkl", method=99)
+        match = "compression method 99"
+    with pytest.raises(UnsafeCheckpointError, match=match):
+        scan_pickle(path)
+    assert main(["convert", "aesthetic", str(path), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert match in err and "internal error" not in err
