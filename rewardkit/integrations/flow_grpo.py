@@ -56,7 +56,8 @@ class Convention:
 
 #: flow_grpo's scale per reward name (the table in docs/integrations.md; tests/integrations/test_flow_grpo.py
 #: checks each against a transcription of flow_grpo's code). Names flow_grpo has and rewardkit has not
-#: (``geneval``, ``jpeg_compressibility``, ``deqa``, ``qwenvl``) are refused with that reason.
+#: (``geneval``, ``jpeg_compressibility``, ``jpeg_incompressibility``, ``deqa``, ``qwenvl``) are refused with
+#: that reason.
 FLOW_GRPO_CONVENTIONS: dict[str, Convention] = {
     # logit_scale.exp() * cos(text, image) / 26 (pickscore_scorer.py:46-50)
     "pickscore": Convention({"scale": 1.0 / 26.0}, 1.0, "pickscore_scorer.py:46-50"),

@@ -116,8 +116,10 @@ def test_first_install_says_what_it_is_doing_at_each_step(fake):
     res = _bash(f". {REPO}/scripts/_env.sh hf,bench", env, tmp, REWARDKIT_VENV=str(tmp / "v"), FAKE_TORCH_RC="0")
     steps = [x for x in res.stderr.splitlines() if x.startswith("[rewardkit] step ")]
     assert "PyTorch is already installed" in steps[1]
+    log.write_text("")
     res = _bash(f". {REPO}/scripts/_env.sh hf", env, tmp, REWARDKIT_VENV=str(tmp / "v"))
     assert "[rewardkit] step" not in res.stderr  # covered by the stamp: nothing to do, nothing said
+    assert res.returncode == 0 and not [x for x in _lines(log) if "pip install" in x]  # and nothing installed
 
 
 @needs_bash

@@ -270,9 +270,38 @@ def test_ocr_scale_and_the_documented_rule_differences():
     assert ours("OPEN Hello World", prompt) == pytest.approx(1 - 4 / 10)
 
 
+@pytest.mark.skipif(__import__("shutil").which("tesseract") is None, reason="tesseract-ocr is not installed")
+def test_ocr_drop_in_case_folds_as_flow_grpo():
+    """docs/integrations.md: flow_grpo's OCR compares case-folded, space-free text (ocr.py:44-58); the drop-in's
+    `ocr` must too. A rendered lower-case "hello world" against the prompt's upper-case "HELLO WORLD", scored through
+    `multi_score` (the reward built from the convention table), equals the transcription on the same reading.
+    Bug caught: the convention losing `case_sensitive: False` (10 of 10 letters differ in case: the score would fall
+    to 0 while flow_grpo's stays at its case-blind value); the string-level test above never builds the reward."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    from rewardkit.rewards.ocr import OCRReward
+
+    im = Image.new("RGB", (384, 128), "white")
+    ImageDraw.Draw(im).text((40, 42), "hello world", fill="black", font=ImageFont.load_default(size=44))
+    prompt = 'A sign that says "HELLO WORLD"'
+    raw = OCRReward(num_workers=1).read_text(im)  # the same engine's reading, raw
+    assert any(c.islower() for c in raw), raw
+    expected = _flow_grpo_ocr(raw, prompt)
+    assert expected > 0.5  # the reading is close to the target once case is ignored
+    x = torch.from_numpy(np.array(im)).permute(2, 0, 1)[None].float() / 255.0
+    out, _ = multi_score("cpu", {"ocr": 1.0})(x, [prompt], [{}])
+    assert float(out["ocr"][0]) == pytest.approx(expected)
+
+
 def test_names_flow_grpo_has_and_rewardkit_has_not_are_refused_with_the_reason():
-    with pytest.raises(ValueError, match="geneval.*no rewardkit counterpart"):
-        multi_score("cpu", {"geneval": 1.0})
+    """Each of the five names flow_grpo has and rewardkit has not (docs/integrations.md's table) is refused with
+    its reason. Bug caught: a name missing from the refusal list was built as another reward or failed with an
+    unrelated error (only `geneval` was checked)."""
+    reasons = {"geneval": "GenEval", "jpeg_compressibility": "-JPEG-size/500", "jpeg_incompressibility": "JPEG size",
+               "deqa": "DeQA", "qwenvl": "QwenVL"}
+    for name, what in reasons.items():
+        with pytest.raises(ValueError, match=rf"^'{name}': flow_grpo's {re.escape(what)}.*no rewardkit counterpart"):
+            multi_score("cpu", {name: 1.0})
     with pytest.raises(ValueError, match="conventions must be one of"):
         multi_score("cpu", {"pickscore": 1.0}, conventions="other")
     assert set(FLOW_GRPO_CONVENTIONS) == {"pickscore", "clipscore", "hpsv2", "imagereward", "aesthetic", "ocr",

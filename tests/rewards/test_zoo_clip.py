@@ -507,6 +507,9 @@ CLEANING_CASES = [  # (prompt, the cleaned text, worked out by hand)
     ("cafÃ© au lait", "caf\u00e9 au lait"),                          # ftfy repairs mojibake
     ("  two \t spaces\nand a newline  ", "two spaces and a newline"),
     ("caf\u00e9 \u4e00\u53ea\u732b", "caf\u00e9 \u4e00\u53ea\u732b"),  # left alone
+    # ftfy.fix_text unescapes HTML entities itself (repeatedly) unless the text holds a "<", so only such a text tells
+    # one html.unescape pass from two: "&amp;amp;" -> "&amp;" -> "&" (bug caught: one pass gave "&amp; sign")
+    ("a &lt;neon&gt; &amp;amp; sign <3", "a <neon> & sign <3"),
 ]
 
 
