@@ -157,7 +157,8 @@ def nft_loss(v_theta: torch.Tensor, v_old: torch.Tensor, v_ref: torch.Tensor | N
         kl = (w * _mean_chw((v_theta - v_ref.detach().to(dt)) ** 2)).mean()
         loss = policy + kl_coef * kl
     with torch.no_grad():
-        plain_mse = (w * (rr * _mean_chw(err_pos ** 2) + (1 - rr) * _mean_chw(err_neg ** 2)) / beta).mean() * adv_clip_max
+        plain = rr * _mean_chw(err_pos ** 2) + (1 - rr) * _mean_chw(err_neg ** 2)
+        plain_mse = (w * plain / beta).mean() * adv_clip_max
         metrics = {"policy_loss": policy.detach(), "policy_loss_plain_mse": plain_mse, "kl": kl.detach(),
                    "old_deviation": _mean_chw((v_theta.detach() - v_old) ** 2).mean(),
                    "x0_norm": _mean_chw(x0 ** 2).mean()}

@@ -182,7 +182,8 @@ def test_model_directory_with_a_pickle_renamed_safetensors_exits_2(tiny_clip_dir
     assert "not a readable safetensors file" in err and "please report" not in err
 
 
-def _torch_zip_with(path, name_suffix: str, payload: bytes | None = None, flag_bits: int = 0, method: int | None = None):
+def _torch_zip_with(path, name_suffix: str, payload: bytes | None = None, flag_bits: int = 0,
+                    method: int | None = None):
     """A torch zip checkpoint whose member ending in ``name_suffix`` gets ``payload`` (its own bytes by default)
     and, patched into its local header and its central directory entry (zipfile's writer sets both fields
     itself), the general-purpose flag bits ``flag_bits`` (local +6, directory +8) and the compression method
