@@ -40,17 +40,23 @@ def all_pairs(members: Sequence[int]) -> list[tuple[int, int]]:
 
 
 def sample_pairs(members: Sequence[int], max_pairs: int | None, seed: int = 0) -> list[tuple[int, int]]:
-    """``all_pairs`` when there are at most ``max_pairs`` of them; else ``max_pairs`` pairs drawn without
-    replacement (``random.Random(seed)``), kept in :func:`all_pairs` order. Each member's win rate is then the mean
-    over the pairs it was drawn in: an unbiased estimate of its full-group win rate when each of its opponents is
-    equally likely to be drawn, with a variance that grows as ``max_pairs`` shrinks."""
+    """The pairs of a group to judge: :func:`all_pairs` when there are at most ``max_pairs`` of them, else a
+    balanced random design of ``D * G`` pairs, ``D = max(1, max_pairs // G)`` (G = group size): a random
+    permutation ``pi`` of the members (``random.Random(seed)``) and the pairs ``(pi[k], pi[(k + d) mod G])`` for
+    ``d = 1..D``. Every member meets exactly ``2 D`` opponents, each opponent equally likely, so its win rate over
+    them is an unbiased estimate of its full-group win rate (variance growing as ``D`` shrinks)."""
     pairs = all_pairs(members)
     if max_pairs is None or len(pairs) <= max_pairs:
         return pairs
     if max_pairs < 1:
         raise ValueError(f"max_pairs must be >= 1, got {max_pairs}")
-    keep = sorted(random.Random(seed).sample(range(len(pairs)), max_pairs))
-    return [pairs[k] for k in keep]
+    g = len(members)
+    d_max = min(max(1, max_pairs // g), (g - 1) // 2)
+    if d_max * g >= len(pairs):
+        return pairs
+    perm = list(members)
+    random.Random(seed).shuffle(perm)
+    return [(perm[k], perm[(k + d) % g]) for d in range(1, d_max + 1) for k in range(g)]
 
 
 def winrates(n: int, pairs: Sequence[tuple[int, int]], prob: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
