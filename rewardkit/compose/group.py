@@ -162,15 +162,19 @@ class GroupReward(Reward):
         self.score_range = (0.0, 1.0) if cfg.mode in ("winrate", "rank") else None
         self.dimensions = () if self.judged else ("base",)
         self._local = threading.local()
+        self._gather_lock = threading.Lock()
+        self._gather_calls = 0
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state.pop("_local", None)
+        state.pop("_gather_lock", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         self._local = threading.local()
+        self._gather_lock = threading.Lock()
 
     def to(self, device: Any) -> "GroupReward":
         self.base.to(device)
@@ -372,14 +376,35 @@ class GroupReward(Reward):
         metas = None if metadata is None else [dict(m or {}) for m in metadata]
         if not (dist.is_available() and dist.is_initialized() and dist.get_world_size(process_group) > 1):
             return self(raw, prompts, groups=keys, metadata=metas, batch_size=batch_size, on_error="nan")
+        # Collectives must be called in the same order on every process: calls from several threads at once (a
+        # host's reward thread pool) could pair one process's batch with another's. Refuse them, loudly.
+        if not self._gather_lock.acquire(blocking=False):
+            raise RuntimeError(f"{self.name}: score_gathered called from two threads at once; with several "
+                               "processes the calls must run one at a time, in the same order on every process "
+                               "(e.g. flow_grpo / DiffusionNFT: a reward executor with max_workers=1)")
+        try:
+            return self._gathered(raw, prompts, keys, metas, batch_size, process_group)
+        finally:
+            self._gather_lock.release()
+
+    def _gathered(self, raw: list, prompts: list, keys: list, metas: list | None, batch_size: int | None,
+                  process_group: Any) -> RewardOutput:
+        import torch.distributed as dist
+
+        from .. import media
+
+        n = len(raw)
         world = dist.get_world_size(process_group)
         rank = dist.get_rank(process_group)
+        self._gather_calls += 1
         gathered: list[Any] = [None] * world
         if not self.judged:
             out = self.base(raw, prompts, metadata=metas, batch_size=batch_size, on_error="nan")
             values = self.base._compare_values(out) if self.config.mode == "winrate" else out.scores
-            mine = (values.double().tolist(), out.scores.double().tolist(), out.valid.tolist(), list(out.errors), keys)
+            mine = (values.double().tolist(), out.scores.double().tolist(), out.valid.tolist(), list(out.errors), keys,
+                    self._gather_calls)
             dist.all_gather_object(gathered, mine, group=process_group)
+            self._check_calls([g[5] for g in gathered])
             start = sum(len(g[4]) for g in gathered[:rank])
             cat = lambda k: [x for g in gathered for x in g[k]]  # noqa: E731
             full = self.combine_pointwise(torch.tensor(cat(0), dtype=torch.float64),
@@ -397,7 +422,9 @@ class GroupReward(Reward):
             except media._Bad as exc:
                 arrays.append(None)
                 errors.append(str(exc))
-        dist.all_gather_object(gathered, (arrays, prompts, metas, keys, errors), group=process_group)
+        dist.all_gather_object(gathered, (arrays, prompts, metas, keys, errors, self._gather_calls),
+                               group=process_group)
+        self._check_calls([g[5] for g in gathered])
         start = sum(len(g[3]) for g in gathered[:rank])
         all_keys = [k for g in gathered for k in g[3]]
         mine_keys = set(keys)
@@ -421,6 +448,12 @@ class GroupReward(Reward):
             scores[i], valid[i], errs[i] = sub_out.scores[y], sub_out.valid[y], sub_out.errors[y]
             details[i] = None if sub_out.details is None else sub_out.details[y]
         return RewardOutput(scores=scores, valid=valid, errors=errs, info=sub_out.info, details=details)
+
+
+    def _check_calls(self, calls: list[int]) -> None:
+        if len(set(calls)) != 1:
+            raise RuntimeError(f"{self.name}: the processes are at different gathered calls {calls}: every process "
+                               "must call score_gathered once per batch, in the same order")
 
 
 def _slice(out: RewardOutput, a: int, b: int) -> RewardOutput:
