@@ -14,7 +14,6 @@ import pytest
 WORKER = textwrap.dedent('''
     import json, os, sys
     import numpy as np
-    import numpy as np
     import torch
     sys.path.insert(0, os.environ["ROOT"])
     from tests.helpers.pairwise_judges import QualityJudge, solid
