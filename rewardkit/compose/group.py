@@ -314,14 +314,15 @@ class GroupReward(Reward):
             p = [prompts[i] for i, _ in pairs]
             s = None if sources is None else [sources[i] for i, _ in pairs]
             m = None if metas is None else [metas[i] for i, _ in pairs]
-            if swap:  # one call: every pair in both orders
-                out = base.compare(a + b, b + a, p + p, sources=None if s is None else s + s,
-                                   metadata=None if m is None else m + m, batch_size=batch_size, on_error="nan")
+            if swap:  # every pair in both orders, one compare call per first image (see _ordered)
                 k = len(pairs)
-                pa, pb = out.prob_a[:k].double(), out.prob_a[k:].double()
+                probs, errs_o, out = self._ordered(pairs + [(j, i) for i, j in pairs], images, p + p,
+                                                   None if s is None else s + s, None if m is None else m + m,
+                                                   batch_size)
+                pa, pb = probs[:k], probs[k:]
                 prob = 0.5 * (pa + 1.0 - pb)
                 for x in range(k):
-                    ea, eb = out.errors[x], out.errors[k + x]
+                    ea, eb = errs_o[x], errs_o[k + x]
                     pair_err.append(None if math.isfinite(float(prob[x])) else
                                     (ea or (f"swapped order: {eb}" if eb else "non-finite probability")))
             else:
@@ -351,6 +352,32 @@ class GroupReward(Reward):
                             info=self._info(info, pairs=len(pairs), orders=2 if (swap or base.compare_is_symmetric)
                                             else 1),
                             details=[{"group_size": len(groups[keys[i]]), "pairs": int(count[i])} for i in range(n)])
+
+    def _ordered(self, ordered: list[tuple[int, int]], images: list, prompts: list, sources: list | None,
+                 metas: list | None, batch_size: int | None) -> tuple[torch.Tensor, list[str | None], Any]:
+        """P(first > second) for every ordered pair, asked as one ``compare`` call per first image inside one
+        judge session: the conversations of a call share their stem (the template's start and the first image),
+        which the judge engine prefills once for all of them (and each image goes through the vision tower once
+        per session). Returns float64 ``[K]``, K reasons (None when decided) and the last call's output."""
+        base = self.base
+        by_first: dict[int, list[int]] = {}
+        for x, (i, _) in enumerate(ordered):
+            by_first.setdefault(i, []).append(x)
+        prob = torch.full((len(ordered),), float("nan"), dtype=torch.float64)
+        errs: list[str | None] = [None] * len(ordered)
+        out = None
+        with base._call_scope():
+            for i, xs in by_first.items():
+                out = base.compare([images[i]] * len(xs), [images[ordered[x][1]] for x in xs],
+                                   [prompts[x] for x in xs],
+                                   sources=None if sources is None else [sources[x] for x in xs],
+                                   metadata=None if metas is None else [metas[x] for x in xs],
+                                   batch_size=batch_size, on_error="nan")
+                for y, x in enumerate(xs):
+                    prob[x] = float(out.prob_a[y])
+                    errs[x] = None if math.isfinite(float(out.prob_a[y])) else (out.errors[y] or
+                                                                                 "non-finite probability")
+        return prob, errs, out
 
     # ------------------------------------------------------------------ across processes
     def score_gathered(self, images: Any, prompts: Any, *, groups: Sequence[Hashable], metadata: Any = None,
