@@ -55,7 +55,7 @@ def test_flow_grpo_multi_score_with_a_pairwise_judge():
     from rewardkit.integrations.flow_grpo import multi_score
 
     ims = solid([0.1, 0.6, 0.3, 0.8])
-    images = torch.stack([torch.from_numpy(np.asarray(im)).permute(2, 0, 1).float() / 255 for im in ims])
+    images = torch.stack([torch.from_numpy(np.array(im)).permute(2, 0, 1).float() / 255 for im in ims])
     g = GroupReward(_judge_reward(), mode="winrate")
     got, _ = multi_score("cpu", {"w": 1.0}, rewards={"w": g})(images, ("p", "q", "p", "q"), ({}, {}, {}, {}))
     want = g(ims, ["p", "q", "p", "q"])
