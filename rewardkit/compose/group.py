@@ -9,7 +9,7 @@ normalise rewards inside the group. ``GroupReward(base, mode=...)`` gives each s
   ``rational``'s pairwise mode) the ``G (G - 1) / 2`` pairs go to ``base.compare`` in **one** call, so the judge
   engine encodes each image once and prefills shared prefixes once; each pair is judged in both orders and
   averaged (``both_orders``; a judge that already does, ``compare_is_symmetric``, is asked once per pair).
-  ``max_pairs`` samples that many pairs per group (an estimator: docs/rl.md).
+  ``max_pairs`` judges a balanced random subset of the pairs per group (an estimator: docs/rl.md).
 - ``"rank"``: the normalised rank ``(rank - 1) / (n - 1)`` of the base score among the group's valid members,
   ties averaged (:func:`~rewardkit.compose.group_math.normalised_rank`).
 - ``"zscore"``: the hosts' group normalisation ``(s - mean_g) / (std + eps)`` (``zscore="flow_grpo"``: ddof 0,
@@ -60,8 +60,10 @@ class GroupRewardConfig(RewardConfig):
             else Bradley-Terry from the pointwise scores), ``"judge"`` or ``"scores"``.
         both_orders: judge each pair as (i, j) and (j, i) and average ``(p_ij + 1 - p_ji) / 2`` (cancels a
             position bias); ignored when the base already does (``compare_is_symmetric``) or for BT.
-        max_pairs: per group, judge at most this many unordered pairs, drawn at random (None: all).
-        seed: seed of that draw (combined with the group's key, so every process draws the same pairs).
+        max_pairs: per group, judge about this many pairs instead of all ``G (G - 1) / 2``: ``D G`` pairs,
+            ``D = max(1, max_pairs // G)``, of a balanced random design in which every member meets ``2 D`` random
+            opponents (:func:`~rewardkit.compose.group_math.sample_pairs`; an unbiased estimator). None: all.
+        seed: seed of that design (combined with the group's key, so every process draws the same pairs).
         on_pair_error: a pair the judge could not decide: ``"nan"`` (default) makes both members NaN + the
             reason; ``"skip"`` leaves it out of their means (a member with no decided pair is still NaN).
         zscore: ``"flow_grpo"`` (ddof 0) or ``"trl"`` (ddof 1).
