@@ -27,6 +27,7 @@ __all__ = [
     "load_reward",
     "list_rewards",
     "register_reward",
+    "GroupReward",
     "__version__",
 ]
 
@@ -41,10 +42,12 @@ _LAZY = {
     "load_reward": "rewardkit.registry",
     "list_rewards": "rewardkit.registry",
     "register_reward": "rewardkit.registry",
+    "GroupReward": "rewardkit.compose.group",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
     from .errors import MissingDependencyError, RewardInputError
+    from .compose.group import GroupReward
     from .registry import list_rewards, load_reward, register_reward
     from .reward import PairwiseOutput, Reward, RewardBatch, RewardConfig, RewardOutput
 

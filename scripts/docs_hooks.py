@@ -53,7 +53,7 @@ API_PAGES = {
                         "rewardkit.rewards.constraints", "rewardkit.rewards.detectors", "rewardkit.rewards.ocr"]),
     "api/compose.md": ("Composition", "Composites, the pure composition functions, rubric rewards and LoRA soups.",
                        ["rewardkit.compose.composite", "rewardkit.compose.functions", "rewardkit.compose.rubric",
-                        "rewardkit.compose.soup"]),
+                        "rewardkit.compose.soup", "rewardkit.compose.group", "rewardkit.compose.group_math"]),
     "api/judges.md": ("Judges", "Backends for MLLM judges and the failure policy.",
                       ["rewardkit.judges.base", "rewardkit.judges.policy", "rewardkit.judges.transformers_backend",
                        "rewardkit.judges.openai_backend", "rewardkit.judges.vllm_backend"]),

@@ -22,6 +22,8 @@ _LAZY = {
     "combine": "rewardkit.compose.functions",
     "lora_soup": "rewardkit.compose.soup",
     "QuestionTree": "rewardkit.compose.rubric",
+    "GroupReward": "rewardkit.compose.group",
+    "GroupRewardConfig": "rewardkit.compose.group",
 }
 
 __all__ = sorted(_LAZY)

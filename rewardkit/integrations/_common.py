@@ -16,7 +16,7 @@ import torch
 from ..errors import ConfigError
 
 __all__ = ["LazyReward", "NonFiniteRewardError", "NAN_POLICIES", "apply_nan_policy", "as_device",
-           "refuse_batch_relative"]
+           "refuse_batch_relative", "is_group_reward"]
 
 #: ``raise``: a clear error before the host sees anything (default); ``fill``: ``fill_value`` in place of
 #: every invalid sample, the valid fraction reported; ``mask``: ``None`` (only TRL understands it).
@@ -79,10 +79,18 @@ def _check_policy(nan_policy: str, fill_value: Any, *, mask_ok: bool, host: str)
     return None
 
 
+def is_group_reward(reward: Any) -> bool:
+    """A :class:`~rewardkit.GroupReward`: the adapters hand it the host's groups (and gather them across ranks)."""
+    from ..compose.group import GroupReward
+
+    return isinstance(reward, GroupReward)
+
+
 def refuse_batch_relative(reward: Any, host: str, allow: bool) -> None:
     """A batch- or group-normalised composite scored on one rank's slice gives other z-scores than over the
-    whole batch: refuse it unless the caller says each call holds the whole normalisation batch."""
-    if allow or not getattr(reward, "batch_relative", False):
+    whole batch: refuse it unless the caller says each call holds the whole normalisation batch. (A
+    ``GroupReward`` is not refused: the adapters give it the host's groups.)"""
+    if allow or not getattr(reward, "batch_relative", False) or is_group_reward(reward):
         return
     name = getattr(reward, "name", type(reward).__name__)
     raise ConfigError(

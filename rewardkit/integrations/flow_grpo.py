@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from ._common import LazyReward, _check_policy, apply_nan_policy, refuse_batch_relative
+from ._common import LazyReward, _check_policy, apply_nan_policy, is_group_reward, refuse_batch_relative
 
 __all__ = ["flow_grpo_scorer", "flow_grpo_factory", "multi_score", "FLOW_GRPO_CONVENTIONS", "Convention",
            "CONVENTIONS"]
@@ -150,6 +150,21 @@ def _sources(ref_images: Any) -> list | None:
     return [[x] for x in media.split_batch(ref_images)]   # one reference image per sample
 
 
+def _group_call(reward: Any, images: Any, prompts: Any, metadata: Any, ref_images: Any, batch_size: int | None):
+    """A :class:`~rewardkit.GroupReward` on flow_grpo's call: the groups are the prompt rows (the prompt and its
+    metadata dict, or the reward's ``group_by`` metadata key), completed across ranks with one all-gather when a
+    process group is initialised (flow_grpo / DiffusionNFT's K-repeat sampler spreads a group over ranks)."""
+    from ..compose.group import group_keys_of
+
+    if ref_images is not None:
+        raise ValueError(f"{reward.name}: a group reward with ref_images (editing) is not supported by multi_score")
+    prompts = list(prompts) if prompts is not None else [None] * len(images)
+    metas = _metadata(metadata, 0)
+    by = reward.config.group_by
+    keys = group_keys_of(prompts, metas, "prompt+metadata" if by == "prompt" else by)
+    return reward.score_gathered(images, prompts, groups=keys, metadata=metas, batch_size=batch_size)
+
+
 class _Scorer:
     """``fn(images, prompts, metadata) -> (scores, info)`` for one reward (see :func:`flow_grpo_scorer`)."""
 
@@ -169,9 +184,12 @@ class _Scorer:
         refuse_batch_relative(reward, _HOST, self.allow_batch_relative)
         if isinstance(prompts, str):
             prompts = [prompts]
-        out = reward(images, list(prompts) if prompts is not None else None,
-                     sources=_sources(ref_images) if reward.accepts_sources else None,
-                     metadata=_metadata(metadata, 0), batch_size=self.batch_size, on_error="nan")
+        if is_group_reward(reward):
+            out = _group_call(reward, images, prompts, metadata, ref_images, self.batch_size)
+        else:
+            out = reward(images, list(prompts) if prompts is not None else None,
+                         sources=_sources(ref_images) if reward.accepts_sources else None,
+                         metadata=_metadata(metadata, 0), batch_size=self.batch_size, on_error="nan")
         if self.factor != 1.0:   # flow_grpo's scale (before the NaN policy: a fill_value is on the host's scale)
             out = dataclasses.replace(out, scores=out.scores.double() * self.factor)
         values, report = apply_nan_policy(out, host=_HOST, name=self.handle.name, nan_policy=self.nan_policy,

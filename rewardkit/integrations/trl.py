@@ -22,7 +22,7 @@ import asyncio
 import math
 from typing import Any, Callable, Sequence
 
-from ._common import LazyReward, _check_policy, apply_nan_policy, refuse_batch_relative
+from ._common import LazyReward, _check_policy, apply_nan_policy, is_group_reward, refuse_batch_relative
 
 __all__ = ["trl_reward_func", "TRLRewardFunction", "AsyncTRLRewardFunction", "message_text", "EMPTY_COMPLETION"]
 
@@ -82,7 +82,10 @@ class TRLRewardFunction:
                  image_column: str = "auto", image_index: int = 0, metadata_columns: Sequence[str] = (),
                  nan_policy: str = "raise", fill_value: float | None = None, batch_size: int | None = None,
                  allow_batch_relative: bool = False, name: str | None = None, empty_completion: str = "nan",
-                 empty_value: float | None = None, **reward_kwargs: Any):
+                 empty_value: float | None = None, num_generations: int | None = None, **reward_kwargs: Any):
+        if num_generations is not None and (isinstance(num_generations, bool) or int(num_generations) < 1):
+            raise ValueError(f"num_generations must be None or >= 1, got {num_generations!r}")
+        self.num_generations = None if num_generations is None else int(num_generations)
         if not (callable(text) or text in ("completion", "prompt")):
             raise ValueError("text must be 'completion', 'prompt' or a callable(prompt, completion) -> str, "
                              f"got {text!r}")
@@ -162,7 +165,9 @@ class TRLRewardFunction:
         report = {"valid_fraction": 1.0}
         if n and (keep or self.empty_completion == "nan"):
             pick = (lambda xs: [xs[i] for i in keep]) if len(keep) < n else (lambda xs: xs)
-            if keep:
+            if is_group_reward(reward):
+                out = self._group_call(reward, images, texts, metadata, keep, n)
+            elif keep:
                 out = reward(pick(images), pick(texts), metadata=pick(metadata) if metadata is not None else None,
                              batch_size=self.batch_size, on_error="nan")
             if self.empty_completion == "nan" and len(keep) < n:
@@ -178,6 +183,22 @@ class TRLRewardFunction:
             if self.empty_completion == "fill":
                 log_metric(f"rewardkit/{self.__name__}/empty_fraction", (n - len(keep)) / n if n else 0.0)
         return values
+
+    def _group_call(self, reward: Any, images: list, texts: list, metadata: list | None, keep: list[int], n: int):
+        """A :class:`~rewardkit.GroupReward` on TRL's batch: TRL's sampler repeats each prompt ``num_generations``
+        times in a row and splits the batch over processes in rank order, so completion ``i`` of process ``r``
+        (``n`` per process) is in group ``(r * n + i) // num_generations``; groups spread over processes are
+        completed with one all-gather. An empty completion (left out by ``keep``) is a missing member."""
+        from .. import distributed
+
+        if self.num_generations is None:
+            raise ValueError(f"reward function {self.__name__!r} is a group reward: pass num_generations= (GRPOConfig's "
+                             "num_generations) so it knows TRL's groups")
+        offset = distributed.rank() * n
+        groups = [(offset + i) // self.num_generations for i in keep]
+        return reward.score_gathered([images[i] for i in keep], [texts[i] for i in keep], groups=groups,
+                                     metadata=None if metadata is None else [metadata[i] for i in keep],
+                                     batch_size=self.batch_size)
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
         return self._score(prompts, completions, kwargs)
@@ -196,7 +217,7 @@ def trl_reward_func(reward: Any, device: Any = None, *, text: str | Callable = "
                     nan_policy: str = "raise", fill_value: float | None = None, batch_size: int | None = None,
                     name: str | None = None, is_async: bool = False, allow_batch_relative: bool = False,
                     empty_completion: str = "nan", empty_value: float | None = None,
-                    **reward_kwargs: Any) -> TRLRewardFunction:
+                    num_generations: int | None = None, **reward_kwargs: Any) -> TRLRewardFunction:
     """A rewardkit reward as a TRL ``GRPOTrainer`` reward function.
 
     Args:
@@ -221,6 +242,9 @@ def trl_reward_func(reward: Any, device: Any = None, *, text: str | Callable = "
             writing nothing is a bad caption the policy must learn to avoid, not a sample to skip.
         name: ``__name__`` for TRL's logs (default: the reward's registry name).
         is_async: return a coroutine function (TRL runs async rewards concurrently).
+        num_generations: GRPOConfig's ``num_generations``, needed when ``reward`` is a
+            :class:`~rewardkit.GroupReward`: completions ``k * num_generations ..`` of the global batch (TRL's
+            consecutive repeats) form one group, completed across processes with one all-gather.
 
     The classes :class:`TRLRewardFunction` / :class:`AsyncTRLRewardFunction` take the same arguments.
 
@@ -235,4 +259,5 @@ def trl_reward_func(reward: Any, device: Any = None, *, text: str | Callable = "
     return cls(reward, device, text=text, image_column=image_column, image_index=image_index,
                metadata_columns=metadata_columns, nan_policy=nan_policy, fill_value=fill_value,
                batch_size=batch_size, allow_batch_relative=allow_batch_relative, name=name,
-               empty_completion=empty_completion, empty_value=empty_value, **reward_kwargs)
+               empty_completion=empty_completion, empty_value=empty_value, num_generations=num_generations,
+               **reward_kwargs)

@@ -24,10 +24,35 @@ def _resolve_tiny_tree(obj: Any, root: Path, dist: "_Dist") -> Any:
 
 def _batch_relative(reward: Any) -> bool:
     """A local composite whose score depends on the other samples of the call (its ``batch_relative``: z-scored
-    per batch or group), which :meth:`_RewardScorer.finalize` can combine over the epoch."""
+    per batch or group), or a :class:`~rewardkit.GroupReward`, which :meth:`_RewardScorer.finalize` can combine
+    over the epoch."""
     from ..compose.composite import Composite
 
-    return isinstance(reward, Composite) and reward.batch_relative
+    return (isinstance(reward, Composite) and reward.batch_relative) or _is_group(reward)
+
+
+def _is_group(reward: Any) -> bool:
+    from ..compose.group import GroupReward
+
+    return isinstance(reward, GroupReward)
+
+
+def _load(name: str, kwargs: dict[str, Any]) -> Any:
+    """``load_reward(name, **kwargs)``; a ``group:`` entry in the kwargs (``reward_kwargs.<name>.group``) wraps it
+    in a :class:`~rewardkit.GroupReward` with those options (e.g. ``{mode: winrate}``: Pref-GRPO)."""
+    from ..registry import load_reward
+
+    kwargs = dict(kwargs)
+    group = kwargs.pop("group", None)
+    base = load_reward(name, **kwargs)
+    if group is None:
+        return base
+    if not isinstance(group, dict):
+        raise ValueError(f"reward_kwargs.{name}.group must be a mapping of GroupReward options (e.g. {{mode: "
+                         f"winrate}}), got {group!r}")
+    from ..compose.group import GroupReward
+
+    return GroupReward(base, **group)
 
 
 def _check_batch_relative(key: str, reward: Any) -> None:
@@ -52,7 +77,8 @@ def check_group_keys(scorer: "_RewardScorer", metadata: list[dict[str, Any]], so
     """A composite with ``normalize: group`` and ``group_by: <metadata key>`` groups the samples by that field of
     their prompt rows: every row must have it (a missing key would put those samples in one group, silently)."""
     for key, reward in zip(scorer.keys, scorer.rewards):
-        if key not in scorer.deferred or reward.config.normalize != "group" or reward.config.group_by == "prompt":
+        if key not in scorer.deferred or _is_group(reward) or reward.config.normalize != "group" \
+                or reward.config.group_by == "prompt":
             continue
         field = reward.config.group_by
         missing = [i for i, m in enumerate(metadata) if field not in m]
@@ -72,7 +98,7 @@ class _RewardScorer:
     """
 
     def __init__(self, cfg: NFTConfig, tiny_root: Path, dist: "_Dist"):
-        from ..registry import load_reward, resolve_name
+        from ..registry import resolve_name
 
         self.names = [resolve_name(n) for n in cfg.rewards]  # unknown names fail before any model loads
         self.weights = [float(w) for w in cfg.rewards.values()]
@@ -82,7 +108,7 @@ class _RewardScorer:
         self.rewards = []
         for name, raw in zip(self.names, cfg.rewards):
             kwargs = _resolve_tiny_tree(dict(cfg.reward_kwargs.get(raw, {})), tiny_root, dist)
-            self.rewards.append(load_reward(name, **kwargs))
+            self.rewards.append(_load(name, kwargs))
         self.keys = list(cfg.rewards)
         for key, r in zip(self.keys, self.rewards):
             _check_batch_relative(key, r)
@@ -99,6 +125,12 @@ class _RewardScorer:
         errors: list[str | None] = [None] * len(prompts)
         total = torch.zeros(len(prompts), dtype=torch.float64)
         for key, w, reward in zip(self.keys, self.weights, self.rewards):
+            if key in self.deferred and _is_group(reward):  # judged in finalize, with every member of its groups
+                axes[key] = {"images": (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).cpu(),
+                             "prompts": list(prompts), "metadata": list(metadata or [{}] * len(prompts))}
+                comps[key] = torch.full((len(prompts),), float("nan"), dtype=torch.float64)
+                total = total + comps[key]
+                continue
             if key in self.deferred:
                 axes[key] = reward.axis_scores(images, prompts, metadata=metadata, on_error="nan")
                 comps[key] = torch.full((len(prompts),), float("nan"), dtype=torch.float64)
@@ -133,6 +165,17 @@ class _RewardScorer:
             raise ValueError(f"{len(prompt_ids)} prompt ids for {n} scored samples")
         for key, reward in zip(self.keys, self.rewards):
             if key not in self.deferred:
+                continue
+            if _is_group(reward):  # the groups are the prompts, completed over every process (one all-gather)
+                parts = [r["axes"][key] for r in results]
+                images = torch.cat([p["images"] for p in parts]) if parts else torch.zeros(0, 3, 1, 1, dtype=torch.uint8)
+                out = reward.score_gathered(images, [t for p in parts for t in p["prompts"]],
+                                            groups=[int(p) for p in prompt_ids],
+                                            metadata=[m for p in parts for m in p["metadata"]])
+                comps[key] = out.scores.double()
+                for i, e in enumerate(out.errors):
+                    if e and errors[i] is None:
+                        errors[i] = f"{key}: {e}"
                 continue
             from ..compose.composite import AxisScores
 
