@@ -46,6 +46,7 @@ import time
 from typing import Any
 
 from . import _serve_wire as wire
+from ._serve_binary import LIGHT_HEADER_BYTES as LIGHT_BODY_BYTES
 from ._serve_batch import CONNECTION_KEY, Connection, Connections, _Job, _Replica
 from ._serve_batch import _decode, _split_pair, _split_score  # noqa: F401 - re-exported
 from ._serve_config import ServerConfig
@@ -244,20 +245,20 @@ def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         return hmac.compare_digest(given.strip().encode(), expected) and scheme.lower() == "bearer"
 
-    async def read_body(request: Request) -> bytes:
+    async def read_body(request: Request, limit: int, what: str) -> bytes:
         length = request.headers.get("content-length")
         if length is not None:
             if not length.isdigit():
                 raise HTTPError(400, "bad Content-Length")
-            if int(length) > cfg.max_body_bytes:
-                raise HTTPError(413, f"body of {int(length):,} bytes is over the limit of {cfg.max_body_bytes:,}")
+            if int(length) > limit:  # refused before a byte of it is read
+                raise HTTPError(413, f"{what} of {int(length):,} bytes is over the limit of {limit:,}")
 
         async def body() -> bytes:
             chunks, size = [], 0
             async for chunk in request.stream():  # also bounds chunked bodies, which carry no length
                 size += len(chunk)
-                if size > cfg.max_body_bytes:
-                    raise HTTPError(413, f"body is over the limit of {cfg.max_body_bytes:,} bytes")
+                if size > limit:
+                    raise HTTPError(413, f"{what} is over the limit of {limit:,} bytes")
                 if chunk:  # Starlette ends with an empty chunk; joining one chunk returns it, uncopied
                     chunks.append(chunk)
             return b"".join(chunks)
@@ -268,16 +269,19 @@ def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
             raise HTTPError(408, f"the request body took longer than {cfg.body_timeout:g} s") from None
 
     def parse_json(raw: bytes) -> Any:
-        try:
-            return json.loads(raw)
-        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer over int_max_str_digits
-            raise HTTPError(400, f"the body is not valid JSON: {exc}") from None
-        except RecursionError:
-            raise HTTPError(400, "the body is not valid JSON: nested too deeply") from None
+        return wire.loads_json(raw, "the body", cfg.max_json_bytes, cfg.max_json_items)
+
+    # a JSON body over the binary body's limit for its JSON: the JSON parser holds the interpreter while it runs
+    json_limit = min(cfg.max_json_bytes, cfg.max_body_bytes)
 
     def endpoint(kind: str):
-        def parse_heavy(raw: bytes, body: dict | None) -> _Job:
-            return server.parse(kind, parse_binary(raw, kind) if body is None else body)
+        def parse_binary_body(raw: bytes) -> dict:
+            return parse_binary(raw, kind, cfg.max_json_bytes, cfg.max_json_items)
+
+        def parse_heavy(raw: bytes, body: dict | None, binary_body: bool) -> _Job:
+            if not binary_body:
+                return server.parse(kind, parse_json(raw))
+            return server.parse(kind, parse_binary_body(raw) if body is None else body)
 
         async def handler(request: Request) -> Response:
             if not authorised(request):  # its body is never read: the connection is closed after the answer
@@ -287,18 +291,25 @@ def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
                              close=True, retry_after=1)
 
             async def process() -> dict:
-                raw = await read_body(request)
                 if not _is_binary(request.headers.get("content-type")):
-                    job = server.parse(kind, parse_json(raw))
+                    raw = await read_body(request, json_limit, "a JSON body")
+                    # a short body is parsed and checked on the event loop (less work than a hop to a thread);
+                    # a longer one in a thread, so that its base64 decoding and image headers never hold the loop
+                    # (the parse itself is bounded by max_json_bytes / max_json_items: it holds the interpreter)
+                    if len(raw) <= LIGHT_BODY_BYTES:
+                        job = server.parse(kind, parse_json(raw))
+                    else:
+                        job = await asyncio.get_running_loop().run_in_executor(None, parse_heavy, raw, None, False)
                 else:
+                    raw = await read_body(request, cfg.max_body_bytes, "body")
                     # the header parsed on the event loop when short; the images checked there too when they are
                     # raw uint8 pixels (views of the body: less work than a hop to a thread), otherwise (encoded
                     # files have their headers opened, float images are copied) in a thread
-                    body = parse_binary(raw, kind) if binary.light_header(raw) else None
+                    body = parse_binary_body(raw) if binary.light_header(raw) else None
                     if body is not None and binary.only_raw_pixels(body):
                         job = server.parse(kind, body)
                     else:
-                        job = await asyncio.get_running_loop().run_in_executor(None, parse_heavy, raw, body)
+                        job = await asyncio.get_running_loop().run_in_executor(None, parse_heavy, raw, body, True)
                 return await server.handle(job, request.scope.get("state", {}).get(CONNECTION_KEY))
 
             server.in_flight += 1
