@@ -91,7 +91,12 @@ class RewardServer:
         return bool(getattr(self.reward, "supports_tensor_input", False))
 
     async def startup(self) -> None:
+        # the server's own records, and every record any logger of the process (a judge's, uvicorn's) hands to
+        # the handlers in place now: a logger's filter sees only the records made on it, a handler's all of them
         log.addFilter(self._log_filter)
+        self._filtered = _log_handlers()
+        for h in self._filtered:
+            h.addFilter(self._log_filter)
         for r in self.replicas:
             r.start()
 
@@ -99,8 +104,11 @@ class RewardServer:
         for r in self.replicas:
             await r.stop()
         log.removeFilter(self._log_filter)
+        for h in getattr(self, "_filtered", []):
+            h.removeFilter(self._log_filter)
 
     def info(self) -> dict[str, Any]:
+        """What ``GET /info`` answers (credentials redacted by the app's answer, like every answer)."""
         import platform
 
         import torch
@@ -113,7 +121,7 @@ class RewardServer:
             m = __import__("sys").modules.get(mod)
             if m is not None:
                 versions[mod] = getattr(m, "__version__", "?")
-        return self.redact({
+        return {
             "reward": rw.name, "class": type(rw).__name__, "config": _jsonable(config_dict(rw)),
             "tasks": sorted(rw.tasks), "dimensions": list(rw.dimensions), "higher_is_better": rw.higher_is_better,
             "score_range": None if rw.score_range is None else list(rw.score_range),
@@ -126,7 +134,7 @@ class RewardServer:
             "stats": {"requests": self.requests, "batches": sum(r.batches for r in self.replicas),
                       "merged_requests": sum(r.merged_requests for r in self.replicas),
                       "batches_closed_early": sum(r.closed_early for r in self.replicas)},
-        })
+        }
 
     def parse(self, kind: str, body: Any) -> _Job:
         if not isinstance(body, dict):
@@ -190,6 +198,16 @@ class RewardServer:
             job.answered()  # a job dropped or timed out: its replica never answered it
 
 
+def _log_handlers() -> list[logging.Handler]:
+    """The handlers of the root logger, of every logger configured so far and the last-resort handler."""
+    loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(lg, logging.Logger)]
+    handlers = {id(h): h for lg in loggers for h in lg.handlers}
+    if logging.lastResort is not None:
+        handlers[id(logging.lastResort)] = logging.lastResort
+    return list(handlers.values())
+
+
 def _is_binary(content_type: str | None) -> bool:
     from ._serve_binary import CONTENT_TYPE
 
@@ -236,7 +254,11 @@ def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
         headers = {"Connection": "close"} if close else {}
         if retry_after is not None:
             headers["Retry-After"] = str(retry_after)
-        return JSONResponse({"error": server.redact.text(message)}, status_code=status, headers=headers)
+        return answer({"error": message}, status, headers)
+
+    def answer(obj: Any, status: int = 200, headers: dict | None = None) -> JSONResponse:
+        """Every JSON answer leaves through here: strict JSON, credentials redacted (the edge)."""
+        return JSONResponse(server.redact(_jsonable(obj)), status_code=status, headers=headers)
 
     def authorised(request: Request) -> bool:
         if expected is None:
@@ -326,11 +348,9 @@ def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
                 return error(500, f"{type(exc).__name__}: {exc}")
             finally:
                 server.in_flight -= 1
-            for key in ("errors", "rationales"):  # a judge's error may quote its request (and key)
-                if isinstance(result.get(key), list):
-                    result[key] = [server.redact.text(v) if isinstance(v, str) else v for v in result[key]]
-            # details / info are the reward's own: NaN for a failed sample, numpy scalars... (strict JSON here)
-            return JSONResponse(_jsonable(result))
+            # every field is the reward's own: a judge's errors, rationales, info and details may quote its
+            # request, URL or key (redacted in answer); NaN for a failed sample, numpy scalars... (strict JSON)
+            return answer(result)
         return handler
 
     async def health(request: Request) -> Response:
@@ -339,7 +359,7 @@ def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
     async def info(request: Request) -> Response:
         if not authorised(request):
             return error(401, "missing or wrong bearer token")
-        return JSONResponse(server.info())
+        return answer(server.info())
 
     @asynccontextmanager
     async def lifespan(app):
