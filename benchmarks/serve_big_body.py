@@ -4,7 +4,9 @@ server"; issue 36 item 1).
 For each body below, a fresh server process (a reward that costs nothing: the mean of the pixels) is started,
 one client sends the body while another polls ``GET /health`` back to back on a keep-alive connection and the
 server's RSS is read from /proc as often; printed: the request's status and time, the longest ``/health``
-answer while it was in the server, and the server's RSS before, at its highest, and after.
+answer while it was in the server and, for scale, the longest in as long a time right after with no request
+in (the machine's own floor: on a loaded machine both grow), and the server's RSS before, at its highest, and
+after (the after figure is read once the idle polling is over).
 
     python benchmarks/serve_big_body.py                      # the code on PYTHONPATH
     python benchmarks/serve_big_body.py --server-path /tmp/old   # another checkout (e.g. `git archive` of main)
@@ -140,8 +142,15 @@ def run_case(body: bytes, ctype: str, server_path: str) -> dict:
             peak = max(peak, _rss_kb(proc.pid))
             time.sleep(0.002)
         sender.join()
-        time.sleep(0.5)
-        result.update(health_ms=worst * 1e3, rss_before=before / 1024, rss_peak=peak / 1024,
+        # the same polling with no request in the server, as long (at least 1 s): the machine's own floor
+        idle, t_end = 0.0, time.perf_counter() + max(1.0, result["seconds"])
+        while time.perf_counter() < t_end:
+            t0 = time.perf_counter()
+            poll.get(url + "/health")
+            idle = max(idle, time.perf_counter() - t0)
+            _rss_kb(proc.pid)
+            time.sleep(0.002)
+        result.update(health_ms=worst * 1e3, idle_ms=idle * 1e3, rss_before=before / 1024, rss_peak=peak / 1024,
                       rss_after=_rss_kb(proc.pid) / 1024, body_mb=len(body) / MB)
         poll.close()
         return result
@@ -156,13 +165,14 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="run the cases whose name contains this")
     args = ap.parse_args()
     print(f"server code: {args.server_path}; {os.cpu_count()} CPUs")
-    print(f"{'body':40s} {'MB':>6s} {'status':>6s} {'req s':>7s} {'/health max ms':>15s} "
+    print(f"{'body':40s} {'MB':>6s} {'status':>6s} {'req s':>7s} {'/health max ms':>15s} {'idle max':>8s} "
           f"{'RSS MB before':>13s} {'peak':>7s} {'after':>7s} {'peak growth / body':>18s}")
     for name, make, ctype in CASES:
         if args.only and args.only not in name:
             continue
         r = run_case(make(), ctype, args.server_path)
         print(f"{name:40s} {r['body_mb']:6.1f} {r['status']!s:>6s} {r['seconds']:7.2f} {r['health_ms']:15.0f} "
+              f"{r['idle_ms']:8.0f} "
               f"{r['rss_before']:13.0f} {r['rss_peak']:7.0f} {r['rss_after']:7.0f} "
               f"{(r['rss_peak'] - r['rss_before']) / r['body_mb']:18.1f}", flush=True)
 

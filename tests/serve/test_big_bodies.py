@@ -128,9 +128,9 @@ def test_json_values_are_counted_before_the_body_is_parsed(monkeypatch):
 
 
 def test_a_binary_header_over_the_json_limit_is_refused_before_it_is_parsed(monkeypatch):
-    """A binary body's header is JSON too: one over max_json_bytes is refused from its announced length, before
-    it is copied or parsed (before: any header up to the body limit was parsed, in a thread that still holds
-    the interpreter for the whole parse)."""
+    """A binary body's header is JSON too: one over max_json_bytes is refused from its announced length (the
+    body's bytes 4 to 8), before the rest of the body is read, and never parsed (before: any header up to the
+    body limit was parsed, in a thread that still holds the interpreter for the whole parse)."""
     seen: list[bytes] = []
     real = json.loads
     monkeypatch.setattr(wire.json, "loads", lambda raw, *a, **kw: (seen.append(raw), real(raw, *a, **kw))[1])
@@ -143,6 +143,13 @@ def test_a_binary_header_over_the_json_limit_is_refused_before_it_is_parsed(monk
         assert r.status_code == 413, r.text
         assert f"header has {len(head):,} bytes of JSON, over this server's limit of 2,000" in r.json()["error"]
         assert head not in seen
+        # from its first 8 bytes: the rest of the body is never sent, yet the answer comes
+        port = int(handle.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            s.sendall(b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+                      b"Content-Length: 1000000\r\n\r\nRKB1" + struct.pack("<I", 900_000))
+            got = _read_answer(s)
+        assert got.startswith(b"HTTP/1.1 413") and b"header has 900,000 bytes of JSON" in got, got[-300:]
     finally:
         handle.stop()
 
