@@ -281,21 +281,29 @@ def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
             if length is not None:
                 # filled chunk by chunk: no copy of the whole body at the end (a 64 MB join held the interpreter
                 # for ~45 ms of CPU time and doubled the body's memory). h11 holds the client to its length.
-                buf, size = bytearray(int(length)), 0
+                buf, size, head = None, 0, b""
                 async for chunk in request.stream():
+                    if check_start is not None and len(head) < 8:
+                        head += chunk[:8 - len(head)]
+                        if len(head) == 8:
+                            check_start(head)
+                    if buf is None:  # allocated after the first bytes: a body refused from them costs nothing
+                        buf = bytearray(int(length))
                     if size + len(chunk) > len(buf):  # never with h11's framing; a slice past the end would grow it
                         raise HTTPError(400, f"the body is longer than its Content-Length of {len(buf):,}")
                     buf[size:size + len(chunk)] = chunk
-                    if check_start is not None and size < 8 <= size + len(chunk):
-                        check_start(bytes(buf[:8]))
                     size += len(chunk)
+                if buf is None:
+                    buf = bytearray()
                 if size != len(buf):  # never with h11's framing either: a short body ends in ClientDisconnect
                     raise HTTPError(400, f"the body has {size:,} bytes, not its Content-Length of {len(buf):,}")
                 return buf
-            chunks, size = [], 0
+            chunks, size, head = [], 0, b""
             async for chunk in request.stream():  # chunked bodies carry no length: bounded while read
-                if check_start is not None and size < 8 <= size + len(chunk):
-                    check_start((b"".join(chunks) + chunk)[:8])
+                if check_start is not None and len(head) < 8:
+                    head += chunk[:8 - len(head)]
+                    if len(head) == 8:
+                        check_start(head)
                 size += len(chunk)
                 if size > limit:
                     raise HTTPError(413, f"{what} is over the limit of {limit:,} bytes")
