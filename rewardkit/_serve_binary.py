@@ -16,7 +16,8 @@ payload (raw pixels: the product of the shape times the item size), and the payl
 one. Nothing is base64-encoded, and raw pixels are read in place from the request body.
 
 The same checks as the JSON body apply, from the header, before any pixel is read: shapes and dtypes, the
-per-image pixel limit (413), then the server's per-request limits on images and decoded pixels. A body that
+per-image pixel limit (413), then the server's per-request limits on images and decoded pixels. The header is
+JSON and bounded as a JSON body is (``max_json_bytes``, ``max_json_items``: 413 before it is parsed). A body that
 does not follow this layout is a 400.
 """
 

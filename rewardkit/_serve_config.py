@@ -17,7 +17,8 @@ class ServerConfig:
         max_batch: most images scored in one model call (merged across requests).
         max_wait_ms: the longest a non-full batch waits for more requests (0: take only what is queued); it
             closes sooner once every client the server knows of is in (docs/serve.md, "Dynamic batching").
-        max_body_bytes: largest request body accepted (413 above).
+        max_body_bytes: largest request body accepted (413 above); a JSON body is also held to ``max_json_bytes``
+            (the smaller of the two applies).
         max_json_bytes: largest JSON a request carries: a JSON body, or the header of a binary body (413 above,
             from ``Content-Length`` before the body is read when it has one). Far below ``max_body_bytes``: the
             JSON parser holds the interpreter for the whole parse, so this bounds how long one request can stall

@@ -17,8 +17,10 @@ scored losslessly by the reward's tensor path (see :mod:`rewardkit._serve_wire`)
 
 **Bounds.** Every resource a client can claim is bounded (``ServerConfig``; docs/serve.md, "Exposing the
 server"): connections, header and body read time (:mod:`rewardkit._serve_net`), requests in flight, body
-bytes, images, and the decoded pixels of a request and of a model call, checked from the image headers
-before anything is decoded. Credentials never leave the server (:mod:`rewardkit._serve_secrets`).
+bytes, the bytes and values of the JSON a request carries (checked before it is parsed: the parser holds the
+interpreter; a JSON body over 64 KiB is parsed in a worker thread), images, and the decoded pixels of a request
+and of a model call, checked from the image headers before anything is decoded. Credentials never leave the
+server: every answer and log record is redacted on its way out (:mod:`rewardkit._serve_secrets`).
 
 A sample that cannot be decoded or scored comes back NaN with ``valid=false`` and a reason (the server always
 scores with ``on_error="nan"``); a request that is malformed as a whole gets a 4xx with ``{"error": ...}``.
