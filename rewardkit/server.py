@@ -321,7 +321,7 @@ def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
     def parse_json(raw: bytes) -> Any:
         return wire.loads_json(raw, "the body", cfg.max_json_bytes, cfg.max_json_items)
 
-    # a JSON body over the binary body's limit for its JSON: the JSON parser holds the interpreter while it runs
+    # a JSON body's own limit, far below a binary body's (the JSON parser holds the interpreter while it runs)
     json_limit = min(cfg.max_json_bytes, cfg.max_body_bytes)
 
     def check_binary_start(first: bytes) -> None:
