@@ -16,7 +16,8 @@ payload (raw pixels: the product of the shape times the item size), and the payl
 one. Nothing is base64-encoded, and raw pixels are read in place from the request body.
 
 The same checks as the JSON body apply, from the header, before any pixel is read: shapes and dtypes, the
-per-image pixel limit (413), then the server's per-request limits on images and decoded pixels. A body that
+per-image pixel limit (413), then the server's per-request limits on images and decoded pixels. The header is
+JSON and bounded as a JSON body is (``max_json_bytes``, ``max_json_items``: 413 before it is parsed). A body that
 does not follow this layout is a 400.
 """
 
@@ -26,7 +27,7 @@ import json
 import struct
 from typing import Any
 
-from ._serve_wire import HTTPError
+from ._serve_wire import HTTPError, loads_json
 
 __all__ = ["MAGIC", "CONTENT_TYPE", "BinaryImage", "parse_body", "pack_body", "light_header", "only_raw_pixels"]
 
@@ -92,11 +93,13 @@ def only_raw_pixels(body: dict[str, Any]) -> bool:
     return True
 
 
-def parse_body(raw: bytes, kind: str) -> dict[str, Any]:
+def parse_body(raw: bytes, kind: str, max_json_bytes: int | None = None,
+               max_json_items: int | None = None) -> dict[str, Any]:
     """A binary request body -> the JSON request's object, with each image a :class:`BinaryImage`.
 
     Raises :class:`HTTPError` 400 for a body that does not follow the layout (and 413 for an image over the
-    pixel limit), before any image is decoded."""
+    pixel limit, or a header over ``max_json_bytes`` / ``max_json_items``: see
+    :func:`rewardkit._serve_wire.loads_json`), before any image is decoded."""
     if len(raw) < 8 or raw[:4] != MAGIC:
         raise HTTPError(400, "a binary body starts with b'RKB1' and the header's length "
                              "(see rewardkit._serve_binary)")
@@ -104,12 +107,10 @@ def parse_body(raw: bytes, kind: str) -> dict[str, Any]:
     if hlen > len(raw) - 8:
         raise HTTPError(400, f"the binary header claims {hlen:,} bytes; the body has {len(raw) - 8:,} after the "
                              "length")
-    try:
-        body = json.loads(bytes(raw[8:8 + hlen]))
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer over int_max_str_digits
-        raise HTTPError(400, f"the binary body's header is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise HTTPError(400, "the binary body's header is not valid JSON: nested too deeply") from None
+    if max_json_bytes is not None and hlen > max_json_bytes:  # refused before the header is copied or read
+        raise HTTPError(413, f"the binary body's header has {hlen:,} bytes of JSON, over this server's limit of "
+                             f"{max_json_bytes:,}")
+    body = loads_json(bytes(raw[8:8 + hlen]), "the binary body's header", max_json_bytes, max_json_items)
     if not isinstance(body, dict):
         raise HTTPError(400, "the binary body's header must be a JSON object")
     view = memoryview(raw)

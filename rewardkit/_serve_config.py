@@ -17,7 +17,14 @@ class ServerConfig:
         max_batch: most images scored in one model call (merged across requests).
         max_wait_ms: the longest a non-full batch waits for more requests (0: take only what is queued); it
             closes sooner once every client the server knows of is in (docs/serve.md, "Dynamic batching").
-        max_body_bytes: largest request body accepted (413 above).
+        max_body_bytes: largest request body accepted (413 above); a JSON body is also held to ``max_json_bytes``
+            (the smaller of the two applies).
+        max_json_bytes: largest JSON a request carries: a JSON body, or the header of a binary body (413 above,
+            from ``Content-Length`` before the body is read when it has one). Far below ``max_body_bytes``: the
+            JSON parser holds the interpreter for the whole parse, so this bounds how long one request can stall
+            the server (docs/serve.md, "Exposing the server").
+        max_json_items: most ``,`` ``[`` ``{`` characters in that JSON (inside strings too: an upper bound on
+            the values it holds), counted before it is parsed (413 above): bounds the parse's time and memory.
         max_images: most images in one request (each of ``images_a`` / ``images_b`` for /compare), and most
             source images in one request, all samples together.
         timeout: seconds a request may take from arrival to response (504 after; the model call it joined
@@ -43,6 +50,8 @@ class ServerConfig:
     max_batch: int = 32
     max_wait_ms: float = 5.0
     max_body_bytes: int = 64 * 1024 * 1024
+    max_json_bytes: int = 16 * 1024 * 1024
+    max_json_items: int = 100_000
     max_images: int = 256
     timeout: float = 120.0
     token: str | None = None
@@ -57,7 +66,8 @@ class ServerConfig:
     max_batch_pixels: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
-        for name in ("max_batch", "max_body_bytes", "max_images", "max_connections", "max_in_flight",
+        for name in ("max_batch", "max_body_bytes", "max_json_bytes", "max_json_items", "max_images",
+                     "max_connections", "max_in_flight",
                      "max_header_bytes", "backlog", "max_request_pixels", "max_batch_pixels"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:

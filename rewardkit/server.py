@@ -17,8 +17,10 @@ scored losslessly by the reward's tensor path (see :mod:`rewardkit._serve_wire`)
 
 **Bounds.** Every resource a client can claim is bounded (``ServerConfig``; docs/serve.md, "Exposing the
 server"): connections, header and body read time (:mod:`rewardkit._serve_net`), requests in flight, body
-bytes, images, and the decoded pixels of a request and of a model call, checked from the image headers
-before anything is decoded. Credentials never leave the server (:mod:`rewardkit._serve_secrets`).
+bytes, the bytes and values of the JSON a request carries (checked before it is parsed: the parser holds the
+interpreter; a JSON body over 64 KiB is parsed in a worker thread), images, and the decoded pixels of a request
+and of a model call, checked from the image headers before anything is decoded. Credentials never leave the
+server: every answer and log record is redacted on its way out (:mod:`rewardkit._serve_secrets`).
 
 A sample that cannot be decoded or scored comes back NaN with ``valid=false`` and a reason (the server always
 scores with ``on_error="nan"``); a request that is malformed as a whole gets a 4xx with ``{"error": ...}``.
@@ -38,14 +40,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hmac
-import json
 import logging
 import math
 import os
+import struct
 import time
 from typing import Any
 
 from . import _serve_wire as wire
+from ._serve_binary import LIGHT_HEADER_BYTES as LIGHT_BODY_BYTES
 from ._serve_batch import CONNECTION_KEY, Connection, Connections, _Job, _Replica
 from ._serve_batch import _decode, _split_pair, _split_score  # noqa: F401 - re-exported
 from ._serve_config import ServerConfig
@@ -90,7 +93,12 @@ class RewardServer:
         return bool(getattr(self.reward, "supports_tensor_input", False))
 
     async def startup(self) -> None:
+        # the server's own records, and every record any logger of the process (a judge's, uvicorn's) hands to
+        # the handlers in place now: a logger's filter sees only the records made on it, a handler's all of them
         log.addFilter(self._log_filter)
+        self._filtered = _log_handlers()
+        for h in self._filtered:
+            h.addFilter(self._log_filter)
         for r in self.replicas:
             r.start()
 
@@ -98,8 +106,11 @@ class RewardServer:
         for r in self.replicas:
             await r.stop()
         log.removeFilter(self._log_filter)
+        for h in getattr(self, "_filtered", []):
+            h.removeFilter(self._log_filter)
 
     def info(self) -> dict[str, Any]:
+        """What ``GET /info`` answers (credentials redacted by the app's answer, like every answer)."""
         import platform
 
         import torch
@@ -112,7 +123,7 @@ class RewardServer:
             m = __import__("sys").modules.get(mod)
             if m is not None:
                 versions[mod] = getattr(m, "__version__", "?")
-        return self.redact({
+        return {
             "reward": rw.name, "class": type(rw).__name__, "config": _jsonable(config_dict(rw)),
             "tasks": sorted(rw.tasks), "dimensions": list(rw.dimensions), "higher_is_better": rw.higher_is_better,
             "score_range": None if rw.score_range is None else list(rw.score_range),
@@ -125,7 +136,7 @@ class RewardServer:
             "stats": {"requests": self.requests, "batches": sum(r.batches for r in self.replicas),
                       "merged_requests": sum(r.merged_requests for r in self.replicas),
                       "batches_closed_early": sum(r.closed_early for r in self.replicas)},
-        })
+        }
 
     def parse(self, kind: str, body: Any) -> _Job:
         if not isinstance(body, dict):
@@ -189,6 +200,16 @@ class RewardServer:
             job.answered()  # a job dropped or timed out: its replica never answered it
 
 
+def _log_handlers() -> list[logging.Handler]:
+    """The handlers of the root logger, of every logger configured so far and the last-resort handler."""
+    loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(lg, logging.Logger)]
+    handlers = {id(h): h for lg in loggers for h in lg.handlers}
+    if logging.lastResort is not None:
+        handlers[id(logging.lastResort)] = logging.lastResort
+    return list(handlers.values())
+
+
 def _is_binary(content_type: str | None) -> bool:
     from ._serve_binary import CONTENT_TYPE
 
@@ -235,7 +256,11 @@ def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
         headers = {"Connection": "close"} if close else {}
         if retry_after is not None:
             headers["Retry-After"] = str(retry_after)
-        return JSONResponse({"error": server.redact.text(message)}, status_code=status, headers=headers)
+        return answer({"error": message}, status, headers)
+
+    def answer(obj: Any, status: int = 200, headers: dict | None = None) -> JSONResponse:
+        """Every JSON answer leaves through here: strict JSON, credentials redacted (the edge)."""
+        return JSONResponse(server.redact(_jsonable(obj)), status_code=status, headers=headers)
 
     def authorised(request: Request) -> bool:
         if expected is None:
@@ -244,20 +269,46 @@ def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         return hmac.compare_digest(given.strip().encode(), expected) and scheme.lower() == "bearer"
 
-    async def read_body(request: Request) -> bytes:
+    async def read_body(request: Request, limit: int, what: str, check_start: Any = None) -> bytes | bytearray:
+        """The body, at most ``limit`` bytes (413) within the body timeout (408); ``check_start(first_bytes)``
+        is called once the first 8 bytes are in (a binary body's header length is refused there)."""
         length = request.headers.get("content-length")
         if length is not None:
             if not length.isdigit():
                 raise HTTPError(400, "bad Content-Length")
-            if int(length) > cfg.max_body_bytes:
-                raise HTTPError(413, f"body of {int(length):,} bytes is over the limit of {cfg.max_body_bytes:,}")
+            if int(length) > limit:  # refused before a byte of it is read
+                raise HTTPError(413, f"{what} of {int(length):,} bytes is over the limit of {limit:,}")
 
-        async def body() -> bytes:
-            chunks, size = [], 0
-            async for chunk in request.stream():  # also bounds chunked bodies, which carry no length
+        async def body() -> bytes | bytearray:
+            if length is not None:
+                # filled chunk by chunk: no copy of the whole body at the end (a 64 MB join held the interpreter
+                # for ~45 ms of CPU time and doubled the body's memory). h11 holds the client to its length.
+                buf, size, head = None, 0, b""
+                async for chunk in request.stream():
+                    if check_start is not None and len(head) < 8:
+                        head += chunk[:8 - len(head)]
+                        if len(head) == 8:
+                            check_start(head)
+                    if buf is None:  # allocated after the first bytes: a body refused from them costs nothing
+                        buf = bytearray(int(length))
+                    if size + len(chunk) > len(buf):  # never with h11's framing; a slice past the end would grow it
+                        raise HTTPError(400, f"the body is longer than its Content-Length of {len(buf):,}")
+                    buf[size:size + len(chunk)] = chunk
+                    size += len(chunk)
+                if buf is None:
+                    buf = bytearray()
+                if size != len(buf):  # never with h11's framing either: a short body ends in ClientDisconnect
+                    raise HTTPError(400, f"the body has {size:,} bytes, not its Content-Length of {len(buf):,}")
+                return buf
+            chunks, size, head = [], 0, b""
+            async for chunk in request.stream():  # chunked bodies carry no length: bounded while read
+                if check_start is not None and len(head) < 8:
+                    head += chunk[:8 - len(head)]
+                    if len(head) == 8:
+                        check_start(head)
                 size += len(chunk)
-                if size > cfg.max_body_bytes:
-                    raise HTTPError(413, f"body is over the limit of {cfg.max_body_bytes:,} bytes")
+                if size > limit:
+                    raise HTTPError(413, f"{what} is over the limit of {limit:,} bytes")
                 if chunk:  # Starlette ends with an empty chunk; joining one chunk returns it, uncopied
                     chunks.append(chunk)
             return b"".join(chunks)
@@ -268,16 +319,26 @@ def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
             raise HTTPError(408, f"the request body took longer than {cfg.body_timeout:g} s") from None
 
     def parse_json(raw: bytes) -> Any:
-        try:
-            return json.loads(raw)
-        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer over int_max_str_digits
-            raise HTTPError(400, f"the body is not valid JSON: {exc}") from None
-        except RecursionError:
-            raise HTTPError(400, "the body is not valid JSON: nested too deeply") from None
+        return wire.loads_json(raw, "the body", cfg.max_json_bytes, cfg.max_json_items)
+
+    # a JSON body's own limit, far below a binary body's (the JSON parser holds the interpreter while it runs)
+    json_limit = min(cfg.max_json_bytes, cfg.max_body_bytes)
+
+    def check_binary_start(first: bytes) -> None:
+        """A binary body announcing a header over max_json_bytes is refused before the rest is read."""
+        if first[:4] == binary.MAGIC and struct.unpack_from("<I", first, 4)[0] > cfg.max_json_bytes:
+            hlen = struct.unpack_from("<I", first, 4)[0]
+            raise HTTPError(413, f"the binary body's header has {hlen:,} bytes of JSON, over this server's limit "
+                                 f"of {cfg.max_json_bytes:,}")
 
     def endpoint(kind: str):
-        def parse_heavy(raw: bytes, body: dict | None) -> _Job:
-            return server.parse(kind, parse_binary(raw, kind) if body is None else body)
+        def parse_binary_body(raw: bytes) -> dict:
+            return parse_binary(raw, kind, cfg.max_json_bytes, cfg.max_json_items)
+
+        def parse_heavy(raw: bytes, body: dict | None, binary_body: bool) -> _Job:
+            if not binary_body:
+                return server.parse(kind, parse_json(raw))
+            return server.parse(kind, parse_binary_body(raw) if body is None else body)
 
         async def handler(request: Request) -> Response:
             if not authorised(request):  # its body is never read: the connection is closed after the answer
@@ -287,18 +348,25 @@ def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
                              close=True, retry_after=1)
 
             async def process() -> dict:
-                raw = await read_body(request)
                 if not _is_binary(request.headers.get("content-type")):
-                    job = server.parse(kind, parse_json(raw))
+                    raw = await read_body(request, json_limit, "a JSON body")
+                    # a short body is parsed and checked on the event loop (less work than a hop to a thread);
+                    # a longer one in a thread, so that its base64 decoding and image headers never hold the loop
+                    # (the parse itself is bounded by max_json_bytes / max_json_items: it holds the interpreter)
+                    if len(raw) <= LIGHT_BODY_BYTES:
+                        job = server.parse(kind, parse_json(raw))
+                    else:
+                        job = await asyncio.get_running_loop().run_in_executor(None, parse_heavy, raw, None, False)
                 else:
+                    raw = await read_body(request, cfg.max_body_bytes, "body", check_binary_start)
                     # the header parsed on the event loop when short; the images checked there too when they are
                     # raw uint8 pixels (views of the body: less work than a hop to a thread), otherwise (encoded
                     # files have their headers opened, float images are copied) in a thread
-                    body = parse_binary(raw, kind) if binary.light_header(raw) else None
+                    body = parse_binary_body(raw) if binary.light_header(raw) else None
                     if body is not None and binary.only_raw_pixels(body):
                         job = server.parse(kind, body)
                     else:
-                        job = await asyncio.get_running_loop().run_in_executor(None, parse_heavy, raw, body)
+                        job = await asyncio.get_running_loop().run_in_executor(None, parse_heavy, raw, body, True)
                 return await server.handle(job, request.scope.get("state", {}).get(CONNECTION_KEY))
 
             server.in_flight += 1
@@ -315,11 +383,9 @@ def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
                 return error(500, f"{type(exc).__name__}: {exc}")
             finally:
                 server.in_flight -= 1
-            for key in ("errors", "rationales"):  # a judge's error may quote its request (and key)
-                if isinstance(result.get(key), list):
-                    result[key] = [server.redact.text(v) if isinstance(v, str) else v for v in result[key]]
-            # details / info are the reward's own: NaN for a failed sample, numpy scalars... (strict JSON here)
-            return JSONResponse(_jsonable(result))
+            # every field is the reward's own: a judge's errors, rationales, info and details may quote its
+            # request, URL or key (redacted in answer); NaN for a failed sample, numpy scalars... (strict JSON)
+            return answer(result)
         return handler
 
     async def health(request: Request) -> Response:
@@ -328,7 +394,7 @@ def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
     async def info(request: Request) -> Response:
         if not authorised(request):
             return error(401, "missing or wrong bearer token")
-        return JSONResponse(server.info())
+        return answer(server.info())
 
     @asynccontextmanager
     async def lifespan(app):

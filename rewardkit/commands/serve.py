@@ -43,6 +43,10 @@ def add_parser(sub) -> None:
                    help="the longest a non-full batch waits for more requests (default 5); it closes sooner "
                         "once every client the server knows of has a request in")
     p.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body in MB (default 64)")
+    p.add_argument("--max-json-mb", type=float, default=16.0,
+                   help="largest JSON body, and largest header of a binary body, in MB (default 16)")
+    p.add_argument("--max-json-items", type=int, default=100_000,
+                   help="most ',' '[' '{' characters in that JSON, counted before it is parsed (default 100000)")
     p.add_argument("--max-images", type=int, default=256,
                    help="most images per request, and most source images per request (default 256)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per request, end to end (default 120)")
@@ -107,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = ServerConfig(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
                            max_body_bytes=int(args.max_body_mb * mi), max_images=args.max_images,
+                           max_json_bytes=int(args.max_json_mb * mi), max_json_items=args.max_json_items,
                            timeout=args.timeout, token=token, header_timeout=args.header_timeout,
                            body_timeout=args.body_timeout, keep_alive=args.keep_alive,
                            max_connections=args.max_connections, max_in_flight=args.max_in_flight,

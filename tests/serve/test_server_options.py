@@ -209,7 +209,7 @@ def test_remote_reward_through_load_reward_and_the_score_command(serve_mod, tiny
 
 
 def test_serve_command_options_reach_the_server(serve_mod, monkeypatch, capsys, tiny_clip_dir, tmp_path):
-    """--max-batch / --max-wait-ms / --max-body-mb / --max-images / --timeout / the per-client bounds /
+    """--max-batch / --max-wait-ms / --max-body-mb / --max-json-mb / --max-json-items / --max-images / --timeout / the per-client bounds /
     --token-file / --devices / --set reach the app (read back through GET /info)."""
     from starlette.testclient import TestClient
 
@@ -226,7 +226,7 @@ def test_serve_command_options_reach_the_server(serve_mod, monkeypatch, capsys, 
                  "--max-images", "9", "--timeout", "11", "--token-file", str(tok), "--host", "0.0.0.0",
                  "--port", "0", "--header-timeout", "2", "--body-timeout", "3", "--keep-alive", "4",
                  "--max-connections", "50", "--max-in-flight", "6", "--max-request-mpixels", "1",
-                 "--max-batch-mpixels", "2"]) == 0
+                 "--max-batch-mpixels", "2", "--max-json-mb", "1.5", "--max-json-items", "77"]) == 0
     err = capsys.readouterr().err
     assert "WARNING" in err and "WITHOUT authentication" not in err   # a token is set: the milder warning
     with TestClient(seen["app"]) as tc:
@@ -236,7 +236,8 @@ def test_serve_command_options_reach_the_server(serve_mod, monkeypatch, capsys, 
                               "max_images": 9, "timeout": 11.0, "header_timeout": 2.0, "body_timeout": 3.0,
                               "keep_alive": 4.0, "max_connections": 50, "max_in_flight": 6,
                               "max_header_bytes": 16384, "backlog": 256, "max_request_pixels": 1024 * 1024,
-                              "max_batch_pixels": 2 * 1024 * 1024}
+                              "max_batch_pixels": 2 * 1024 * 1024, "max_json_bytes": 1536 * 1024,
+                              "max_json_items": 77}
     assert info["replicas"] == ["cpu", "cpu"] and info["config"]["convention"] == "cosine" and info["auth"]
     # the documented defaults
     assert main(["serve", "-r", "clipscore", "-m", str(tiny_clip_dir), "--port", "0"]) == 0
@@ -246,7 +247,8 @@ def test_serve_command_options_reach_the_server(serve_mod, monkeypatch, capsys, 
                               "max_images": 256, "timeout": 120.0, "header_timeout": 10.0, "body_timeout": 60.0,
                               "keep_alive": 5.0, "max_connections": 512, "max_in_flight": 64,
                               "max_header_bytes": 16384, "backlog": 256, "max_request_pixels": 64 * 1024 * 1024,
-                              "max_batch_pixels": 64 * 1024 * 1024}
+                              "max_batch_pixels": 64 * 1024 * 1024, "max_json_bytes": 16 * 1024 * 1024,
+                              "max_json_items": 100_000}
     assert info["auth"] is False and seen["host"] == "127.0.0.1"
     # REWARDKIT_SERVE_TOKEN configures the server when there is no --token-file
     monkeypatch.setenv("REWARDKIT_SERVE_TOKEN", "env-secret")
