@@ -287,6 +287,10 @@ class ShardWriter:
         os.replace(self.tmp, self.final)
         self._pending, self._pending_rows = [], 0
         shutil.rmtree(self.parts_dir, ignore_errors=True)
+        try:
+            self.parts_dir.parent.rmdir()  # the last unfinished shard done: no empty _partial folder stays
+        except OSError:
+            pass
 
     def abort(self) -> None:
         """Keep the committed row groups (a rerun resumes after them); rows not yet in one are scored again."""
