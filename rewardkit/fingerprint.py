@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["file_digest", "dir_digest", "content_config", "content_identity", "default_memo_dir",
-           "config_fingerprint"]
+           "config_fingerprint", "content_changes"]
 
 _DIGESTS: dict[tuple, str] = {}  # (resolved path, size, mtime_ns, ctime_ns, inode) -> digest, this process
 _DIGEST_LOCK = threading.Lock()
@@ -222,3 +222,21 @@ def config_fingerprint(config: Any, memo_dir: str | Path | None = None, digest_s
     """Hex BLAKE2b of :func:`content_config` (JSON, keys sorted): equal for equal weights at any path."""
     blob = json.dumps(content_config(config, memo_dir), sort_keys=True, default=str)
     return hashlib.blake2b(blob.encode(), digest_size=digest_size).hexdigest()
+
+
+def content_changes(old: Any, new: Any, where: str = "") -> list[str]:
+    """Dotted names whose content differs between two :func:`content_config` results (``[]`` when ``old`` is
+    None: a record written before content was kept is not checked). Only values that are content on either
+    side count (``content:`` / ``@commit``): a path string changed with equal content is no change."""
+    if old is None:
+        return []
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [c for k in sorted(set(old) | set(new))
+                for c in content_changes(old.get(k), new.get(k), f"{where}.{k}" if where else str(k))]
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [c for i, (a, b) in enumerate(zip(old, new)) for c in content_changes(a, b, f"{where}[{i}]")]
+
+    def is_content(v: Any) -> bool:
+        return isinstance(v, str) and ("content:" in v or bool(re.fullmatch(r"[\w.-]+/[\w.-]+@[0-9a-f]{40}", v)))
+
+    return [where or "(root)"] if (is_content(old) or is_content(new)) and old != new else []
