@@ -2,7 +2,7 @@
 
     python benchmarks/dataset_scoring.py                      # rows/s on 1,600 rows, peak RSS at 5,000 / 20,000 rows
     python benchmarks/dataset_scoring.py --rows 800 --mem-rows 2000 20000 --skip-ray
-    python benchmarks/dataset_scoring.py --filter-only              # `filter --top-k 1 --group-by` memory per row
+    python benchmarks/dataset_scoring.py --filter-only --before /tmp/before   # filter --group-by memory per row
 
 Tiny CLIP (``rewardkit.testing``) scored as PickScore, 64x64 PNG images in Parquet shards of 400 rows, batch 64.
 Each memory figure is one fresh process (``ru_maxrss`` of the child), so the numbers do not share an
@@ -110,32 +110,36 @@ def make_scored(folder: Path, rows: int, per_shard: int = 50_000, groups: int = 
 
 
 FILTER_CHILD = """
-import json, resource, sys, time
+import json, sys, time
 from rewardkit.datasets import filter_dataset
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def hwm():  # this process's own peak (VmHWM starts afresh at exec; ru_maxrss would carry the parent's peak)
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")) / 1024
 t = time.perf_counter()
 r = filter_dataset(sys.argv[1], sys.argv[2], sys.argv[3], top_k=1, group_by="prompt", progress=False)
-print(json.dumps({"kept": r.kept, "total": r.total, "seconds": time.perf_counter() - t,
-                  "rss_before_mb": before / 1024, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+print(json.dumps({"kept": r.kept, "total": r.total, "seconds": time.perf_counter() - t, "peak_mb": hwm()}))
 """
 
 
-def filter_memory(tmp: Path, sizes: list[int]) -> None:
+def filter_memory(tmp: Path, sizes: list[int], before: str | None = None) -> None:
     """Peak RSS of ``filter --top-k 1 --group-by prompt`` at two set sizes, one fresh process each: the slope
-    is the memory the selection holds per row."""
-    peaks = []
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    for n in sizes:
-        data, scores = make_scored(tmp / f"f{n}", n)
-        res = subprocess.run([sys.executable, "-c", FILTER_CHILD, str(data), str(scores), str(tmp / f"fo{n}")],
-                             env=env, capture_output=True, text=True, check=True)
-        m = json.loads(res.stdout.strip().splitlines()[-1])
-        peaks.append(m["peak_mb"])
-        print(f"filter --top-k 1 --group-by prompt, {n:,} rows: peak RSS {m['peak_mb']:.0f} MB (at start "
-              f"{m['rss_before_mb']:.0f} MB), kept {m['kept']}, {m['seconds']:.1f} s")
-    if len(sizes) > 1:
-        slope = (peaks[-1] - peaks[0]) * 1024 * 1024 / (sizes[-1] - sizes[0])
-        print(f"filter memory per row: {slope:.0f} bytes")
+    is the memory the selection holds per row. ``before``: a checkout of older code run on the same files, side
+    by side (e.g. ``git worktree add /tmp/before cddc5ed``)."""
+    trees = [("this tree", str(ROOT))] + ([("before", before)] if before else [])
+    sets = {n: make_scored(tmp / f"f{n}", n) for n in sizes}
+    for label, tree in trees:
+        env = {**os.environ, "PYTHONPATH": tree, "OMP_NUM_THREADS": "1"}
+        peaks = []
+        for n, (data, scores) in sets.items():
+            out = tmp / f"fo-{len(peaks)}-{label.replace(' ', '')}-{n}"
+            res = subprocess.run([sys.executable, "-c", FILTER_CHILD, str(data), str(scores), str(out)],
+                                 env=env, capture_output=True, text=True, check=True, cwd=tmp)  # (cwd: no tree)
+            m = json.loads(res.stdout.strip().splitlines()[-1])
+            peaks.append(m["peak_mb"])
+            print(f"[{label}] filter --top-k 1 --group-by prompt, {n:,} rows: peak RSS {m['peak_mb']:.0f} MB, "
+                  f"kept {m['kept']}, {m['seconds']:.1f} s")
+        if len(sizes) > 1:
+            slope = (peaks[-1] - peaks[0]) * 1024 * 1024 / (sizes[-1] - sizes[0])
+            print(f"[{label}] filter memory per row: {slope:.0f} bytes")
 
 
 def main() -> None:
@@ -146,12 +150,13 @@ def main() -> None:
     ap.add_argument("--filter-rows", type=int, nargs="+", default=[100_000, 400_000],
                     help="set sizes for the filter memory figure")
     ap.add_argument("--filter-only", action="store_true", help="only the filter memory figure")
+    ap.add_argument("--before", help="a checkout of older code to run the filter figure on too, side by side")
     args = ap.parse_args()
     from rewardkit.testing import save_tiny_checkpoint
 
     if args.filter_only:
         with tempfile.TemporaryDirectory() as tmp:
-            filter_memory(Path(tmp), args.filter_rows)
+            filter_memory(Path(tmp), args.filter_rows, args.before)
         return
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -174,7 +179,7 @@ def main() -> None:
             m = local_child(model, tmp / f"mem{n}", tmp / f"o-mem{n}")
             print(f"memory, {n} rows ({size / 1e6:.0f} MB of PNG): peak RSS {m['peak_mb']:.0f} MB (after loading "
                   f"the model: {m['rss_before_mb']:.0f} MB); {m['rows'] / m['seconds']:.1f} rows/s")
-        filter_memory(tmp, args.filter_rows)
+        filter_memory(tmp, args.filter_rows, args.before)
 
 
 if __name__ == "__main__":

@@ -184,7 +184,8 @@ def select(cols: Mapping[str, Any], valids: Sequence[str], where: str | None = N
         if by not in cols:
             raise UsageError(f"--by {by}: no such score column (columns: {', '.join(sorted(cols))})")
         key = np.asarray(cols[by], dtype=np.float64)
-        groups = np.asarray(cols[group_by], dtype=object) if group_by else np.zeros(n, dtype=object)
+        g = np.asarray(cols[group_by]) if group_by else np.zeros(n, dtype=np.int64)
+        groups = g if g.dtype.kind in "iu" else np.asarray(g, dtype=object)  # integer codes stay 8 bytes a row
         idx = np.flatnonzero(keep)
         order = idx[np.argsort(key[idx] if lowest else -key[idx], kind="stable")]  # ties: earlier row first
         taken: dict[Any, int] = {}

@@ -239,9 +239,9 @@ def test_where_never_sees_dropped_rows_and_bad_expressions_exit_2(nulls_scored, 
 
 
 def test_group_by_holds_only_the_columns_it_needs(scored):
-    """Bug: ``--group-by`` held every score column, every id, row number and shard name per row (~0.4 KB a row
-    measured by benchmarks/dataset_scoring.py --filter-only; the issue saw 3.5 KB): only validity and the named
-    columns are loaded now, and rows per shard come from the files' footers."""
+    """Bug: ``--group-by`` held every score column, every id, row number and shard name per row, the group
+    values as Python objects (338 bytes a row by benchmarks/dataset_scoring.py --filter-only, now 40): only
+    validity and the named columns are loaded now, and rows per shard come from the files' footers."""
     from rewardkit.datasets.filtering import _load_scores
     from rewardkit.datasets.sources import open_dataset
 
