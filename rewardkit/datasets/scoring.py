@@ -54,7 +54,6 @@ class ScoreSummary:
     shards_skipped: int = 0
     seconds: float = 0.0
     quarantined: list = dataclasses.field(default_factory=list)  # [{shard, path, reason}] (--skip-bad-shards)
-    loaded: bool = False  # whether the reward was loaded (a spec: only when a shard was left to score)
 
     @property
     def rows_per_second(self) -> float:
@@ -183,7 +182,6 @@ def score_dataset(reward: Any, dataset: Any, output: str | Path, *, image_column
     todo = [s for s in todo if not (bad and s.name in bad)]
     if todo and spec is not None:  # only now: a finished rerun never loads a model
         reward = spec.build()
-    summary.loaded = bool(todo) or spec is None
     from tqdm.auto import tqdm
 
     counts = [_count(ds, s) for s in todo]

@@ -238,14 +238,20 @@ class _Counting:
         return self.reward(images, *a, **k)
 
 
-def test_an_interrupted_shard_resumes_after_its_last_row_group_with_the_same_bytes(reward, tmp_path, monkeypatch):
+@pytest.mark.parametrize("fmt", ["parquet", "webdataset"])
+def test_an_interrupted_shard_resumes_after_its_last_row_group_with_the_same_bytes(reward, tmp_path, monkeypatch,
+                                                                                  fmt):
     """Bug: an interrupted shard restarted from row 0 (hours of a large shard scored again). Now every row group
     is committed as it fills; the rerun scores only the rows after the last one and the finished file is
     byte for byte the uninterrupted run's."""
     from rewardkit.datasets import output, score_dataset
 
     monkeypatch.setattr(output, "ROW_GROUP", 4)
-    _parquet_set(tmp_path / "data", shards=1, rows=11)
+    if fmt == "parquet":
+        _parquet_set(tmp_path / "data", shards=1, rows=11)
+    else:
+        write_tar(tmp_path / "data" / "part-0.tar", [{"__key__": f"k{i:02d}", "png": png_bytes(40 + i),
+                                                      "txt": f"thing {i}".encode()} for i in range(11)])
     score_dataset(reward, tmp_path / "data", tmp_path / "full", batch_size=2, progress=False)
     with pytest.raises(KeyboardInterrupt):  # calls 1-2: rows 0-3 = one committed group; call 3 pending; 4 stops
         score_dataset(_Counting(reward, stop=4), tmp_path / "data", tmp_path / "out", batch_size=2, progress=False)
