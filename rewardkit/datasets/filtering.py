@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 from ..errors import UsageError
 from .expr import parse_expression
 from .output import MANIFEST, quarantined, read_scores
-from .readers import iter_wds_samples, split_name, wds_value
+from .readers import TooLarge, iter_wds_samples, split_name, wds_value
 from .sources import Dataset, open_dataset
 
 REPORT = "_rewardkit_filter.json"
@@ -297,7 +297,11 @@ def _write_shard(ds: Dataset, shard: Any, mask: Any, out: Path) -> None:
                 raise UsageError(f"{shard.path}: more samples than scores (the shard changed since it was scored)")
             if bool(mask[pos]):
                 for m in members:
-                    tf.addfile(m, io.BytesIO(sample[split_name(m.name)[1]]))
+                    data = sample[split_name(m.name)[1]]
+                    if isinstance(data, TooLarge):  # a kept sample with a member past the read limit
+                        raise UsageError(f"{shard.path}: kept sample {_key!r}: {data.reason()}; raise "
+                                         "REWARDKIT_MAX_TAR_MEMBER to copy it")
+                    tf.addfile(m, io.BytesIO(data))
             pos += 1
     if pos != len(mask):
         raise UsageError(f"{shard.path}: {pos} samples but {len(mask)} scores (the shard changed since it was scored)")
