@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..errors import RewardkitError
+from ..fingerprint import content_config, content_identity, file_digest  # noqa: F401  (re-exported)
 
 __all__ = ["ScoreCache", "CacheFileError", "SCHEMA_VERSION", "default_cache_dir", "reward_fingerprint",
            "sample_key", "pair_key", "content_identity", "reward_identity", "file_digest"]
@@ -61,172 +62,17 @@ def default_cache_dir() -> Path:
 
 def reward_fingerprint(name: str, cls: str, config: dict[str, Any], *, reward: Any = None,
                        memo_dir: str | Path | None = None) -> str:
-    """Hash of what determines a reward's scores: registry name, class and configuration, **the content of
-    every local file or directory the configuration names** (weights replaced at the same path give another
-    fingerprint: :func:`content_identity`), and with ``reward`` its judge's identity and template ids
-    (:func:`reward_identity`: a template edited and re-versioned under the same name, a judge served under
-    another model name). ``memo_dir`` keeps file digests between runs (keyed by path, size, mtime)."""
-    ident = {"name": name, "class": cls, "config": config, "content": content_identity(config, memo_dir)}
+    """Hash of what determines a reward's scores: registry name, class and configuration **with every local
+    file or directory it names replaced by its content digest** (:func:`rewardkit.fingerprint.content_config`:
+    weights replaced at the same path give another fingerprint, an equal checkpoint at another path the same
+    one), and with ``reward`` its judge's identity and template ids (:func:`reward_identity`: a template edited
+    and re-versioned under the same name, a judge served under another model name). ``memo_dir`` keeps file
+    digests between runs (keyed by path, size, mtime, ctime, inode)."""
+    ident = {"name": name, "class": cls, "config": content_config(config, memo_dir)}
     if reward is not None:
         ident["reward"] = reward_identity(reward)
     blob = json.dumps(ident, sort_keys=True, default=str)
     return hashlib.blake2b(blob.encode(), digest_size=12).hexdigest()
-
-
-_DIGESTS: dict[tuple, str] = {}  # (resolved path, size, mtime_ns, inode) -> content digest, this process
-_DIGEST_LOCK = threading.Lock()
-_MEMO_FILE = "file-digests.json"
-
-
-def _load_memo(memo_dir: str | Path | None) -> dict[str, Any]:
-    if memo_dir is None:
-        return {}
-    try:
-        data = json.loads((Path(memo_dir).expanduser() / _MEMO_FILE).read_text(encoding="utf-8"))
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _save_memo(memo_dir: str | Path | None, memo: dict[str, Any]) -> None:
-    if memo_dir is None:
-        return
-    d = Path(memo_dir).expanduser()
-    try:  # best effort (a read-only cache folder only costs hashing again): write then rename, never half a file
-        d.mkdir(parents=True, exist_ok=True)
-        tmp = d / f".{_MEMO_FILE}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(memo), encoding="utf-8")
-        os.replace(tmp, d / _MEMO_FILE)
-    except OSError:
-        pass
-
-
-def file_digest(path: str | Path, memo: dict[str, Any] | None = None) -> str:
-    """BLAKE2b of a file's bytes, memoised by (resolved path, size, mtime, inode): a file replaced or rewritten
-    (even with the same size) is hashed again."""
-    p = Path(path).resolve()
-    st = p.stat()
-    key = (str(p), st.st_size, st.st_mtime_ns, st.st_ino)
-    with _DIGEST_LOCK:
-        hit = _DIGESTS.get(key)
-    if hit is None and memo is not None:
-        rec = memo.get(str(p))
-        if isinstance(rec, list) and len(rec) == 4 and tuple(rec[:3]) == key[1:]:
-            hit = str(rec[3])
-    if hit is None:
-        h = hashlib.blake2b(digest_size=16)
-        with open(p, "rb") as f:
-            while True:
-                b = f.read(1 << 22)
-                if not b:
-                    break
-                h.update(b)
-        hit = h.hexdigest()
-    with _DIGEST_LOCK:
-        _DIGESTS[key] = hit
-    if memo is not None:
-        memo[str(p)] = [st.st_size, st.st_mtime_ns, st.st_ino, hit]
-    return hit
-
-
-def _path_candidates(value: str) -> list[str]:
-    """A configuration string and, for a judge spec (``transformers:/path``, ``vllm:/path``), its path part."""
-    out = [value]
-    if ":" in value and not value.startswith(("http://", "https://")):
-        out.append(value.split(":", 1)[1])
-    return out
-
-
-_HUB_ID = __import__("re").compile(r"[\w.-]+/[\w.-]+")
-
-
-def _hub_snapshot(repo_id: str) -> str | None:
-    """The commit of the locally cached snapshot a hub id resolves to (``main``), or None (not cached, no
-    ``huggingface_hub``): a model updated in the cache under the same id gives another key. No network."""
-    try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:
-        return None
-    for fname in ("config.json", "model_index.json", "open_clip_config.json"):
-        try:
-            hit = try_to_load_from_cache(repo_id, fname)
-        except Exception:  # noqa: BLE001 - an id the hub library refuses is simply not a cached model
-            return None
-        if isinstance(hit, str):
-            parts = Path(hit).parts
-            if "snapshots" in parts and parts.index("snapshots") + 1 < len(parts):
-                return parts[parts.index("snapshots") + 1]
-    return None
-
-
-#: configuration keys naming a file the reward writes as its own memo of the judge's answers (already keyed by
-#: judge and template inside): growing during a run, they are not part of the weights' identity
-_MEMO_KEYS = frozenset({"applicability_cache"})
-
-
-def _dir_files(root: Path) -> list[tuple[str, Path]]:
-    """``(relative posix name, path)`` of every file under ``root``, sorted, hidden entries skipped, **symlinked
-    subfolders followed** (a model folder assembled from links to other folders: their weights are content
-    too; ``Path.rglob`` does not descend into them), each real folder once (a link cycle ends there)."""
-    out: list[tuple[str, Path]] = []
-    seen: set[str] = set()
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-        real = os.path.realpath(dirpath)
-        if real in seen:
-            dirnames[:] = []
-            continue
-        seen.add(real)
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        base = Path(dirpath)
-        for name in filenames:
-            f = base / name
-            if not name.startswith(".") and f.is_file():
-                out.append((f.relative_to(root).as_posix(), f))
-    return sorted(out)
-
-
-def content_identity(config: Any, memo_dir: str | Path | None = None) -> dict[str, str]:
-    """``{path: digest}`` for every string in ``config`` (nested) that names an existing local file or directory:
-    a file's bytes (:func:`file_digest`); a directory's files (relative names and digests; hidden entries
-    skipped; symlinked subfolders followed); for a hub id (``org/name``) cached locally, the commit of its cached
-    snapshot. Other strings are left to the configuration itself; a reward's own answer memo
-    (``applicability_cache``) is not content."""
-    found: dict[str, str] = {}
-    memo = _load_memo(memo_dir)
-    before = dict(memo)
-
-    def walk(x: Any) -> None:
-        if isinstance(x, dict):
-            for k, v in x.items():
-                if k not in _MEMO_KEYS:
-                    walk(v)
-        elif isinstance(x, (list, tuple)):
-            for v in x:
-                walk(v)
-        elif isinstance(x, str) and x.strip() and len(x) < 4096:
-            for cand in _path_candidates(x):
-                if not cand.strip() or cand.strip() in (".", ".."):
-                    continue
-                try:
-                    p = Path(cand).expanduser()
-                    if p.is_file():
-                        found[str(p.resolve())] = file_digest(p, memo)
-                    elif p.is_dir():
-                        h = hashlib.blake2b(digest_size=16)
-                        for rel, f in _dir_files(p):
-                            h.update(f"{rel}\x1f{file_digest(f, memo)}\x1e".encode())
-                        found[str(p.resolve())] = h.hexdigest()
-                    elif cand == x and _HUB_ID.fullmatch(x):
-                        commit = _hub_snapshot(x)
-                        if commit is not None:
-                            found[f"hub:{x}"] = commit
-                except (OSError, ValueError):
-                    continue
-
-    walk(config)
-    if memo != before:
-        _save_memo(memo_dir, memo)
-    return found
 
 
 def reward_identity(reward: Any) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import EXIT_OK, UsageError, invalid_summary
+from . import EXIT_INVALID, EXIT_OK, UsageError, invalid_summary
 
 
 def add_column_args(p, *, sources: bool = True) -> None:
@@ -33,6 +33,9 @@ def add_column_args(p, *, sources: bool = True) -> None:
                                                   "(default one per arrow file)")
     g.add_argument("--overwrite", action="store_true",
                    help="rescore every shard (default: resume, skipping shards already scored)")
+    g.add_argument("--skip-bad-shards", action="store_true",
+                   help="a shard that cannot be read is quarantined (listed in the summary and the manifest, exit "
+                        "3) instead of stopping the run; a rerun tries it again")
     g.add_argument("--engine", choices=("local", "ray"), default="local",
                    help="local: this process (or torchrun ranks); ray: a Ray Data pipeline (pip install "
                         "'rewardkit-vision[ray]')")
@@ -56,7 +59,8 @@ def run_dataset(args: argparse.Namespace, kwargs: dict) -> int:
     common = dict(image_column=args.image_column, prompt_column=args.prompt_column,
                   source_columns=args.source_columns, id_column=args.id_column, format=args.data_format,
                   split=args.split, num_shards=args.num_shards, batch_size=args.batch_size,
-                  on_error=args.on_error, overwrite=args.overwrite, progress=not args.no_progress)
+                  on_error=args.on_error, overwrite=args.overwrite, progress=not args.no_progress,
+                  skip_bad_shards=args.skip_bad_shards)
     if args.ray_address and args.engine != "ray":
         raise UsageError("--ray-address needs --engine ray")
     if args.engine == "ray":
@@ -82,10 +86,15 @@ def run_dataset(args: argparse.Namespace, kwargs: dict) -> int:
             kwargs["device"] = device
         main = rank() == 0
         common["progress"] = common["progress"] and main
-    reward = load_reward_cli(args.reward, args.config, kwargs)
     from ..datasets.scoring import score_dataset
+    from ..integrations.ray import RewardSpec
 
-    summary = score_dataset(reward, args.dataset, args.output, **common)
+    class _CliSpec(RewardSpec):  # the manifest is checked first: a finished rerun never loads the model
+        def build(self):
+            return load_reward_cli(args.reward, args.config, kwargs)
+
+    spec = _CliSpec(args.reward, None if args.config is None else str(args.config), kwargs)
+    summary = score_dataset(spec, args.dataset, args.output, **common)
     if launched_world_size() > 1:
         from ..distributed import sum_over_ranks
 
@@ -100,6 +109,15 @@ def _report(summary, args: argparse.Namespace) -> int:
     rate = f", {summary.rows_per_second:.1f} rows/s" if summary.rows else ""
     print(f"scored {summary.rows} row(s) in {summary.shards_scored} shard(s) ({summary.invalid} invalid{rate}); "
           f"{summary.shards_skipped} shard(s) already done; scores in {Path(summary.output)}", file=sys.stderr)
+    from ..datasets.output import quarantined
+
+    bad = quarantined(Path(summary.output))  # every rank's (torchrun), as the manifest lists them
+    if bad:
+        print(f"error: {len(bad)} shard(s) quarantined (unreadable; listed in the manifest's \"quarantined\"; a "
+              "rerun retries them):", file=sys.stderr)
+        for q in bad:
+            print(f"  {q['shard']}: {q['reason']}", file=sys.stderr)
+        return EXIT_INVALID
     if summary.rows == 0 and summary.shards_skipped:
         return EXIT_OK
     return invalid_summary(summary.invalid, summary.rows, "rows")

@@ -63,6 +63,8 @@ def _scores(values: list[str]):
 def run(args: argparse.Namespace) -> int:
     if args.where is None and args.top_k is None and args.top_p is None:
         raise UsageError("nothing to filter by: give --where, --top-k or --top-p")
+    if args.where is not None and not args.where.strip():
+        raise UsageError("--where is empty: give a condition such as 'score >= 6.5' (or leave --where out)")
     from ..datasets.filtering import filter_dataset
 
     rep = filter_dataset(args.dataset, _scores(args.scores), args.output, where=args.where, top_k=args.top_k,
@@ -70,4 +72,7 @@ def run(args: argparse.Namespace) -> int:
                          format=args.data_format, split=args.split, progress=not args.no_progress)
     print(f"kept {rep.kept} of {rep.total} rows ({rep.invalid} invalid, {rep.failed_where} failed --where, "
           f"{rep.below_top} outside the top); wrote {rep.output}", file=sys.stderr)
+    if rep.quarantined:
+        print(f"note: {len(rep.quarantined)} shard(s) were quarantined when scored (no scores, nothing kept): "
+              f"{', '.join(rep.quarantined)}", file=sys.stderr)
     return EXIT_OK

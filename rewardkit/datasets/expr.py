@@ -14,7 +14,10 @@ Grammar (precedence low to high)::
 
 A NAME is letters, digits, ``_`` and ``.`` (``score``, ``dim_aesthetic``, ``hps.score``); backticks quote any
 other column name. The meaning is pandas' ``DataFrame.query`` over the same columns (comparisons with NaN are
-false, ``and`` / ``or`` / ``not`` elementwise), evaluated with numpy.
+false, ``and`` / ``or`` / ``not`` elementwise), evaluated with numpy. Nulls (None, NaN) in a text column follow
+pandas too: ``==`` and ordering comparisons with a null are false, ``!=`` true. Comparing text with a number
+by order (``prompt > 3``), or arithmetic on text, is a usage error naming the operation (pandas raises
+``TypeError``); so is nesting deeper than :data:`MAX_DEPTH` parentheses / ``not`` / ``-``.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ _TOKEN = re.compile(r"""\s*(?:
 )""", re.VERBOSE)
 _KEYWORDS = {"and", "or", "not", "true", "false", "True", "False"}
 _CMP = ("<", "<=", ">", ">=", "==", "!=")
+MAX_DEPTH = 64  # nested parentheses / not / unary minus
 
 
 @dataclass
@@ -44,20 +48,28 @@ class Expression:
     tree: Any
     columns: list[str] = field(default_factory=list)
 
-    def evaluate(self, columns: Mapping[str, Any]) -> Any:
-        """A boolean numpy array over the rows of ``columns`` (name -> 1-D array-like, all one length)."""
+    def evaluate(self, columns: Mapping[str, Any], rows: Any = None) -> Any:
+        """A boolean numpy array over the rows of ``columns`` (name -> 1-D array-like, all one length), or over
+        ``rows`` only (an index array: the rows still in play; the others are never looked at)."""
         import numpy as np
 
         missing = [c for c in self.columns if c not in columns]
         if missing:
             raise UsageError(f"expression {self.text!r}: no column {', '.join(map(repr, missing))} "
                              f"(columns: {', '.join(columns)})")
-        out = _eval(self.tree, {k: np.asarray(v) for k, v in columns.items()})
-        out = np.asarray(out)
+        used = {k: np.asarray(columns[k]) for k in self.columns}
+        if rows is not None:
+            used = {k: v[rows] for k, v in used.items()}
+        try:
+            out = np.asarray(_eval(self.tree, used))
+        except UsageError as exc:
+            raise UsageError(f"expression {self.text!r}: {exc}") from None
+        except RecursionError:
+            raise UsageError(f"expression {self.text!r}: too long a chain of operators to evaluate") from None
         if out.dtype != bool:
             raise UsageError(f"expression {self.text!r} is not a condition (it gives numbers, not true / false)")
         if out.ndim == 0:
-            n = len(next(iter(columns.values()))) if columns else 0
+            n = len(rows) if rows is not None else (len(next(iter(columns.values()))) if columns else 0)
             out = np.full(n, bool(out))
         return out
 
@@ -87,7 +99,13 @@ class _Parser:
                 self.toks.append((kind, val, m.start(kind)))
             pos = m.end()
         self.i = 0
+        self.depth = 0
         self.names: list[str] = []
+
+    def deeper(self) -> None:
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise UsageError(f"expression {self.text!r}: nested more than {MAX_DEPTH} levels deep")
 
     def peek(self) -> tuple[str, Any, int] | None:
         return self.toks[self.i] if self.i < len(self.toks) else None
@@ -126,7 +144,10 @@ class _Parser:
 
     def not_(self):
         if self.accept("kw", "not"):
-            return ("not", self.not_())
+            self.deeper()
+            node = ("not", self.not_())
+            self.depth -= 1
+            return node
         return self.compare()
 
     def compare(self):
@@ -153,7 +174,10 @@ class _Parser:
 
     def unary(self):
         if self.accept("op", "-"):
-            return ("neg", self.unary())
+            self.deeper()
+            node = ("neg", self.unary())
+            self.depth -= 1
+            return node
         return self.atom()
 
     def atom(self):
@@ -172,16 +196,20 @@ class _Parser:
             self.names.append(val)
             return ("col", val)
         if self.accept("op", "("):
+            self.deeper()
             node = self.or_()
             if not self.accept("op", ")"):
                 self.fail("')'")
+            self.depth -= 1
             return node
         self.fail("a number, a column or '('")
 
 
 def parse_expression(text: str) -> Expression:
     """Parse ``text`` (e.g. ``"score >= 6.5 and valid"``, ``"hps > 0.25 or aesthetic > 6"``) or raise
-    :class:`~rewardkit.commands.UsageError` saying where it stops making sense."""
+    :class:`~rewardkit.commands.UsageError` saying where it stops making sense (an empty or blank text too)."""
+    if not isinstance(text, str) or not text.strip():
+        raise UsageError("empty expression: give a condition such as 'score >= 6.5'")
     return _Parser(text).parse()
 
 
@@ -205,12 +233,50 @@ def _eval(node: Any, cols: Mapping[str, Any]) -> Any:
         with np.errstate(divide="ignore", invalid="ignore"):
             return {"+": np.add, "-": np.subtract, "*": np.multiply, "/": np.true_divide}[node[1]](a, b)
     if kind == "cmp":
-        a, b = _eval(node[2], cols), _eval(node[3], cols)
-        fn = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal, "==": np.equal,
-              "!=": np.not_equal}[node[1]]
-        with np.errstate(invalid="ignore"):
-            return np.asarray(fn(a, b), dtype=bool)
+        return _compare(node[1], _eval(node[2], cols), _eval(node[3], cols))
     raise AssertionError(node)  # pragma: no cover
+
+
+_OPS = {"<": "lt", "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "ne"}
+
+
+def _is_null(x: Any) -> bool:
+    return x is None or (isinstance(x, float) and x != x)
+
+
+def _compare(op: str, a: Any, b: Any) -> Any:
+    """``a op b`` elementwise, pandas' way: numbers (NaN: false, ``!=`` true) with numpy; text or mixed values
+    one by one, a null (None / NaN) false for ``==`` and the orderings and true for ``!=``; text ordered against
+    a number is a :class:`UsageError` (pandas: ``TypeError``)."""
+    import operator
+
+    import numpy as np
+
+    x, y = np.asarray(a), np.asarray(b)
+    numeric = x.dtype.kind in "iufb" and y.dtype.kind in "iufb"
+    text = x.dtype.kind == "U" and y.dtype.kind == "U"
+    if numeric or text:
+        fn = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal, "==": np.equal,
+              "!=": np.not_equal}[op]
+        with np.errstate(invalid="ignore"):
+            return np.asarray(fn(x, y), dtype=bool)
+    fn = getattr(operator, _OPS[op])
+    xs, ys = np.broadcast_arrays(x.astype(object), y.astype(object))
+    out = np.empty(xs.shape, dtype=bool)
+    for i, (u, v) in enumerate(zip(xs.ravel().tolist(), ys.ravel().tolist())):
+        if _is_null(u) or _is_null(v):
+            out.flat[i] = op == "!="
+            continue
+        if op in ("==", "!="):
+            same = isinstance(u, str) == isinstance(v, str)  # text never equals a number (pandas)
+            out.flat[i] = (bool(u == v) if same else False) == (op == "==")
+            continue
+        try:
+            out.flat[i] = bool(fn(u, v))
+        except TypeError:
+            raise UsageError(f"cannot compare {type(u).__name__} {u!r} {op} {type(v).__name__} {v!r} "
+                             "(text is ordered only against text)") from None
+    return out
 
 
 def _num(x: Any) -> Any:
@@ -218,7 +284,8 @@ def _num(x: Any) -> Any:
 
     arr = np.asarray(x)
     if arr.dtype == bool or arr.dtype.kind not in "iuf":
-        raise UsageError(f"arithmetic on a value that is not a number ({arr.dtype})")
+        what = "text" if arr.dtype.kind in "UO" else str(arr.dtype)
+        raise UsageError(f"arithmetic on a value that is not a number ({what})")
     return arr.astype(np.float64) if arr.dtype.kind != "f" else arr
 
 

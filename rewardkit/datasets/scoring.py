@@ -15,9 +15,32 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..errors import UsageError
-from .output import ShardWriter, check_manifest, finished, reward_description
+from .output import (ShardWriter, check_manifest, finished, quarantine, record_quarantine, reward_description,
+                     unquarantine)
 from .readers import Columns, count_rows, id_type, iter_batches, resolve
 from .sources import Dataset, open_dataset
+
+#: what reading a broken shard raises (pyarrow's errors are OSError / ValueError subclasses)
+READ_ERRORS = (UsageError, OSError, ValueError, EOFError)
+
+
+class ShardReadError(Exception):
+    """A shard that cannot be read past some row (corrupt file); ``--skip-bad-shards`` quarantines it."""
+
+
+def read_guarded(batches: Any, shard: Any) -> Any:
+    """``batches`` with any read failure turned into a :class:`ShardReadError` naming the shard (so that a
+    failure of the reward, which runs between two reads, is never taken for a bad shard)."""
+    it = iter(batches)
+    while True:
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        except READ_ERRORS as exc:
+            msg = str(exc) if isinstance(exc, UsageError) else f"{shard}: {type(exc).__name__}: {exc}"
+            raise ShardReadError(msg) from exc
+        yield batch
 
 
 @dataclasses.dataclass
@@ -30,6 +53,7 @@ class ScoreSummary:
     shards_scored: int = 0
     shards_skipped: int = 0
     seconds: float = 0.0
+    quarantined: list = dataclasses.field(default_factory=list)  # [{shard, path, reason}] (--skip-bad-shards)
 
     @property
     def rows_per_second(self) -> float:
@@ -75,11 +99,13 @@ def score_batch(reward: Any, batch: dict[str, list], on_error: str = "nan", batc
 
 
 def plan(dataset: Any, reward_or_desc: Any, columns: Columns, *, format: str | None = None, split: str | None = None,
-         num_shards: int | None = None, needs_prompt: bool = True) -> tuple[Dataset, Columns, dict[str, Any]]:
-    """Open the dataset, resolve the columns and describe the reward (shared by the local and Ray engines)."""
+         num_shards: int | None = None, needs_prompt: bool = True, bad: dict[str, str] | None = None
+         ) -> tuple[Dataset, Columns, dict[str, Any]]:
+    """Open the dataset, resolve the columns and describe the reward (shared by the local and Ray engines).
+    ``bad``: collect unreadable shards there instead of stopping (``--skip-bad-shards``)."""
     ds = dataset if isinstance(dataset, Dataset) else open_dataset(dataset, format=format, split=split,
                                                                    num_shards=num_shards)
-    cols = resolve(ds, columns, needs_prompt)
+    cols = resolve(ds, columns, needs_prompt, bad)
     desc = reward_or_desc if isinstance(reward_or_desc, dict) else reward_description(reward_or_desc, cols.as_dict())
     return ds, cols, desc
 
@@ -89,15 +115,24 @@ def manifest_extra(ds: Dataset) -> dict[str, Any]:
             "shard_paths": [str(s) for s in ds.shards]}
 
 
+def is_spec(reward: Any) -> bool:
+    """A recipe (``describe()`` without a model, ``build()`` to load), e.g. :class:`rewardkit.integrations.ray.
+    RewardSpec`, rather than a loaded reward."""
+    return callable(getattr(reward, "describe", None)) and callable(getattr(reward, "build", None))
+
+
 def score_dataset(reward: Any, dataset: Any, output: str | Path, *, image_column: str | None = None,
                   prompt_column: str | None = None, source_columns: Sequence[str] = (), id_column: str | None = None,
                   format: str | None = None, split: str | None = None, num_shards: int | None = None,
                   batch_size: int = 64, on_error: str = "nan", overwrite: bool = False, progress: bool = True,
-                  rank: int | None = None, world_size: int | None = None) -> ScoreSummary:
+                  rank: int | None = None, world_size: int | None = None,
+                  skip_bad_shards: bool = False) -> ScoreSummary:
     """Score every row of ``dataset`` with ``reward`` into Parquet score shards under ``output``.
 
     Args:
-        reward: a :class:`~rewardkit.Reward` (anything callable like one).
+        reward: a :class:`~rewardkit.Reward` (anything callable like one), or a recipe with ``describe()`` and
+            ``build()`` (:class:`rewardkit.integrations.ray.RewardSpec`): then the resume manifest is checked
+            first and the reward is loaded only if a shard is left to score.
         dataset: Parquet files / folders, ``.tar`` shards or globs, a ``save_to_disk`` folder or a hub id (see
             :func:`~rewardkit.datasets.open_dataset`), or an opened :class:`~rewardkit.datasets.Dataset`.
         output: folder for ``<shard>.parquet`` score files and the resume manifest.
@@ -109,10 +144,14 @@ def score_dataset(reward: Any, dataset: Any, output: str | Path, *, image_column
         overwrite: rescore every shard even if the folder holds finished ones.
         rank / world_size: score only shards ``i`` with ``i % world_size == rank`` (default: from the
             ``torch.distributed`` process group, if any).
+        skip_bad_shards: a shard that cannot be read (not a Parquet / tar file, a missing column, corrupt past
+            some row) is quarantined (``summary.quarantined``, the manifest's ``quarantined``) instead of
+            stopping the run; a rerun tries it again.
 
     Returns:
         a :class:`ScoreSummary` over this process's shards. Rerunning after an interruption skips finished
-        shards; a different reward (configuration, columns) in the same ``output`` is refused.
+        shards and resumes an interrupted one after its last committed row group (:data:`.output.ROW_GROUP`
+        rows); a different reward (configuration, columns, weights' content) in the same ``output`` is refused.
     """
     from .._imports import require
 
@@ -121,9 +160,12 @@ def score_dataset(reward: Any, dataset: Any, output: str | Path, *, image_column
         raise ValueError(f"on_error must be 'nan' or 'raise', got {on_error!r}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    ds, cols, desc = plan(dataset, reward, Columns(image_column, prompt_column, list(source_columns), id_column),
+    spec = reward if is_spec(reward) else None
+    described = spec.describe() if spec is not None else reward
+    bad: dict[str, str] | None = {} if skip_bad_shards else None
+    ds, cols, desc = plan(dataset, described, Columns(image_column, prompt_column, list(source_columns), id_column),
                           format=format, split=split, num_shards=num_shards,
-                          needs_prompt=getattr(reward, "uses_prompt", True))
+                          needs_prompt=getattr(described, "uses_prompt", True), bad=bad)
     if rank is None or world_size is None:
         from .. import distributed
 
@@ -134,31 +176,48 @@ def score_dataset(reward: Any, dataset: Any, output: str | Path, *, image_column
     mine = [s for i, s in enumerate(ds.shards) if i % world_size == rank]
     todo = [s for s in mine if not finished(out_dir, s.name, desc)]
     summary = ScoreSummary(output=str(out_dir), shards_skipped=len(mine) - len(todo))
+    for s in [s for s in todo if bad and s.name in bad]:
+        quarantine(out_dir, s.name, str(s), bad[s.name])
+        summary.quarantined.append({"shard": s.name, "path": str(s), "reason": bad[s.name]})
+    todo = [s for s in todo if not (bad and s.name in bad)]
+    if todo and spec is not None:  # only now: a finished rerun never loads a model
+        reward = spec.build()
     from tqdm.auto import tqdm
 
-    counts = [count_rows(ds, s) for s in todo]
+    counts = [_count(ds, s) for s in todo]
     show = progress and rank == 0
     shard_bar = tqdm(total=len(todo), desc="shards", unit="shard", disable=not show, file=sys.stderr, position=0)
     row_bar = tqdm(total=None if None in counts else sum(counts), desc=f"rows ({desc['reward']})", unit="row",
                    disable=not show, file=sys.stderr, position=1, delay=0.5)
     dims = list(getattr(reward, "dimensions", ()) or ())
     t0 = time.perf_counter()
-    idt = id_type(ds, cols)
+    idt = id_type(ds, cols) if todo else None
     try:
         for shard in todo:
             writer = ShardWriter(out_dir, shard.name, str(shard), desc, idt, dims)
+            row_bar.update(writer.resumed)
             try:
-                for batch in iter_batches(ds, shard, cols, batch_size):
+                for batch in read_guarded(iter_batches(ds, shard, cols, batch_size, start=writer.resumed), shard):
                     base = writer.rows
                     recs = score_batch(reward, batch, on_error, batch_size,
                                        where=lambda i: f"{shard} row {base + i} (id {batch['id'][i]!r})")
                     writer.write(batch["id"], recs)
                     row_bar.update(len(recs))
                 writer.commit()
+            except ShardReadError as exc:
+                writer.abort()
+                if bad is None:
+                    raise UsageError(str(exc)) from None
+                quarantine(out_dir, shard.name, str(shard), str(exc))
+                summary.quarantined.append({"shard": shard.name, "path": str(shard), "reason": str(exc)})
+                summary.rows += writer.rows - writer.resumed
+                summary.invalid += writer.invalid
+                continue
             except BaseException:
-                writer.abort()  # the .tmp stays: a rerun redoes this shard from its first row
+                writer.abort()  # its committed row groups stay: a rerun resumes after the last of them
                 raise
-            summary.rows += writer.rows
+            unquarantine(out_dir, shard.name)
+            summary.rows += writer.rows - writer.resumed
             summary.invalid += writer.invalid
             summary.shards_scored += 1
             shard_bar.update(1)
@@ -167,7 +226,16 @@ def score_dataset(reward: Any, dataset: Any, output: str | Path, *, image_column
         shard_bar.close()
         summary.seconds = time.perf_counter() - t0
     _barrier(world_size)
+    if rank == 0:
+        record_quarantine(out_dir)
     return summary
+
+
+def _count(ds: Dataset, shard: Any) -> int | None:
+    try:
+        return count_rows(ds, shard)
+    except READ_ERRORS:
+        return None  # a corrupt footer: the read says so, naming the shard
 
 
 def _barrier(world_size: int) -> None:

@@ -48,8 +48,29 @@ class Dataset:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+#: most names a pattern's ``{a..b}`` ranges may expand to (a typo such as ``{0..99999999}`` is refused before any
+#: name is made, instead of building millions of strings and stat-ing each)
+MAX_BRACE_NAMES = 100_000
+
+
+def brace_count(pattern: str) -> int:
+    """How many names ``pattern``'s ranges expand to (the product of the range sizes), without expanding."""
+    n = 1
+    for lo, hi in _BRACE.findall(pattern):
+        n *= max(int(hi) - int(lo) + 1, 0)
+    return n
+
+
 def expand_braces(pattern: str) -> list[str]:
-    """``a-{000..002}.tar`` -> ``a-000.tar a-001.tar a-002.tar`` (numeric ranges, zero padding kept)."""
+    """``a-{000..002}.tar`` -> ``a-000.tar a-001.tar a-002.tar`` (numeric ranges, zero padding kept). More than
+    :data:`MAX_BRACE_NAMES` names: a :class:`UsageError`, raised before expanding."""
+    if brace_count(pattern) > MAX_BRACE_NAMES:
+        raise UsageError(f"{pattern}: the {{a..b}} ranges expand to {brace_count(pattern):,} names, more than "
+                         f"{MAX_BRACE_NAMES:,}; give a glob (shards/*.tar) or the folder instead")
+    return _expand(pattern)
+
+
+def _expand(pattern: str) -> list[str]:
     m = _BRACE.search(pattern)
     if not m:
         return [pattern]
@@ -57,7 +78,7 @@ def expand_braces(pattern: str) -> list[str]:
     width = len(lo) if lo.startswith("0") or len(lo) == len(hi) else 0
     out: list[str] = []
     for i in range(int(lo), int(hi) + 1):
-        out += expand_braces(pattern[:m.start()] + str(i).zfill(width) + pattern[m.end():])
+        out += _expand(pattern[:m.start()] + str(i).zfill(width) + pattern[m.end():])
     return out
 
 

@@ -166,22 +166,30 @@ class _ChunkScorer:
         from ..datasets.scoring import score_batch
 
         batch = row["batch"].value
+        if "bad" in batch:  # the shard's read failed here: passed on to the driver
+            return {"shard": row["shard"], "start": row["start"], "result": _Box(batch)}
         where = lambda i: f"{row['path']} row {row['start'] + i} (id {batch['id'][i]!r})"  # noqa: E731
         recs = score_batch(self.reward, batch, self.on_error, self.batch_size, where=where)
         dims = list(getattr(self.reward, "dimensions", ()) or ())  # the instance's, as the local engine uses
         return {"shard": row["shard"], "start": row["start"], "result": _Box((batch["id"], recs, dims))}
 
 
-def _chunks(ds: Any, cols: Any, batch_size: int):
-    """flat_map function: one unfinished shard -> its batches, exactly as the local engine reads them."""
+def _chunks(ds: Any, cols: Any, batch_size: int, starts: dict[int, int] | None = None):
+    """flat_map function: one unfinished shard -> its batches, exactly as the local engine reads them (from the
+    row an interrupted run's committed row groups end at, ``starts[index]``). A shard that cannot be read past
+    some row ends with one ``{"bad": reason}`` row (the driver quarantines it or stops)."""
     from ..datasets.readers import iter_batches
+    from ..datasets.scoring import ShardReadError, read_guarded
 
     def read(item: dict[str, Any]):
         shard = ds.shards[item["index"]]
-        start = 0
-        for batch in iter_batches(ds, shard, cols, batch_size):
-            yield {"shard": shard.name, "path": str(shard), "start": start, "batch": _Box(batch)}
-            start += len(batch["id"])
+        start = (starts or {}).get(item["index"], 0)
+        try:
+            for batch in read_guarded(iter_batches(ds, shard, cols, batch_size, start=start), shard):
+                yield {"shard": shard.name, "path": str(shard), "start": start, "batch": _Box(batch)}
+                start += len(batch["id"])
+        except ShardReadError as exc:
+            yield {"shard": shard.name, "path": str(shard), "start": start, "batch": _Box({"bad": str(exc)})}
 
     return read
 
@@ -191,7 +199,7 @@ def score_dataset_ray(reward: Any, dataset: Any, output: str | Path, *, address:
                       prompt_column: str | None = None, source_columns: Sequence[str] = (),
                       id_column: str | None = None, format: str | None = None, split: str | None = None,
                       num_shards: int | None = None, batch_size: int = 64, on_error: str = "nan",
-                      overwrite: bool = False, progress: bool = True) -> Any:
+                      overwrite: bool = False, progress: bool = True, skip_bad_shards: bool = False) -> Any:
     """:func:`rewardkit.datasets.score_dataset` on a Ray cluster (same arguments, same output folder).
 
     Args:
@@ -200,7 +208,8 @@ def score_dataset_ray(reward: Any, dataset: Any, output: str | Path, *, address:
         concurrency: reward actors. num_gpus: GPUs per actor (default 1 if the cluster has GPUs, else 0).
     """
     from .._imports import require
-    from ..datasets.output import ShardWriter, check_manifest, finished
+    from ..datasets.output import (ShardWriter, check_manifest, finished, partial_rows, quarantine,
+                                   record_quarantine, unquarantine)
     from ..datasets.readers import Columns, id_type
     from ..datasets.scoring import ScoreSummary, manifest_extra, plan
 
@@ -215,16 +224,25 @@ def score_dataset_ray(reward: Any, dataset: Any, output: str | Path, *, address:
     described = spec.describe()
     from ..datasets.output import reward_description
 
+    bad: dict[str, str] | None = {} if skip_bad_shards else None
     ds, cols, _ = plan(dataset, {}, Columns(image_column, prompt_column, list(source_columns), id_column),
-                       format=format, split=split, num_shards=num_shards, needs_prompt=described.uses_prompt)
+                       format=format, split=split, num_shards=num_shards, needs_prompt=described.uses_prompt,
+                       bad=bad)
     desc = reward_description(described, cols.as_dict())
     out_dir = Path(output)
     check_manifest(out_dir, desc, manifest_extra(ds), overwrite=overwrite)
     todo = [i for i, s in enumerate(ds.shards) if not finished(out_dir, s.name, desc)]
     summary = ScoreSummary(output=str(out_dir), shards_skipped=len(ds.shards) - len(todo))
+    for i in [i for i in todo if bad and ds.shards[i].name in bad]:
+        s = ds.shards[i]
+        quarantine(out_dir, s.name, str(s), bad[s.name])
+        summary.quarantined.append({"shard": s.name, "path": str(s), "reason": bad[s.name]})
+    todo = [i for i in todo if not (bad and ds.shards[i].name in bad)]
     if not todo:
+        record_quarantine(out_dir)
         return summary
-    pipe = run_on_ray(todo, _chunks(ds, cols, batch_size), _ChunkScorer,
+    starts = {i: partial_rows(out_dir, ds.shards[i].name, desc) for i in todo}
+    pipe = run_on_ray(todo, _chunks(ds, cols, batch_size, starts), _ChunkScorer,
                       {"spec": spec, "on_error": on_error, "batch_size": batch_size}, address=address,
                       concurrency=concurrency, num_gpus=num_gpus, progress=progress)
     dims = list(described.dimensions)
@@ -237,25 +255,40 @@ def score_dataset_ray(reward: Any, dataset: Any, output: str | Path, *, address:
             res = {"shard": str(res["shard"]), "start": int(res["start"]), "result": res["result"]}
             while writer is None or writer.shard_name != res["shard"]:
                 if writer is not None:  # the previous shard is complete (rows come in order)
-                    _commit(writer, summary)
+                    _commit(writer, summary, out_dir, unquarantine)
                 shard = queue.pop(0)
-                dims = list(res["result"].value[2])
+                if isinstance(res["result"].value, tuple):
+                    dims = list(res["result"].value[2])
                 writer = ShardWriter(out_dir, shard.name, str(shard), desc, idt, dims)
+            if isinstance(res["result"].value, dict):  # the shard's read failed past its last good batch
+                reason = res["result"].value["bad"]
+                writer.abort()
+                if bad is None:
+                    from ..errors import UsageError
+
+                    raise UsageError(reason)
+                quarantine(out_dir, writer.shard_name, str(shard), reason)
+                summary.quarantined.append({"shard": writer.shard_name, "path": str(shard), "reason": reason})
+                summary.rows += writer.rows - writer.resumed
+                summary.invalid += writer.invalid
+                writer = _Skipped(writer.shard_name)
+                continue
             if res["start"] != writer.rows:
                 raise RuntimeError(f"shard {res['shard']}: batch at row {res['start']} arrived after "
                                    f"{writer.rows} rows (out of order)")
             ids, recs, _ = res["result"].value
             writer.write(list(ids), list(recs))
         if writer is not None:
-            _commit(writer, summary)
+            _commit(writer, summary, out_dir, unquarantine)
         for shard in queue:  # shards with no rows at all
-            _commit(ShardWriter(out_dir, shard.name, str(shard), desc, idt, dims), summary)
+            _commit(ShardWriter(out_dir, shard.name, str(shard), desc, idt, dims), summary, out_dir, unquarantine)
     except BaseException:
         if writer is not None:
             writer.abort()
         raise
     finally:
         summary.seconds = time.perf_counter() - t0
+    record_quarantine(out_dir)
     return summary
 
 
@@ -285,8 +318,22 @@ def run_on_ray(shard_indices: Sequence[int], read: Any, actor_cls: type, ctor_kw
     yield from pipe.iter_rows()
 
 
-def _commit(writer: Any, summary: Any) -> None:
+class _Skipped:
+    """Stands for a quarantined shard's writer until the next shard's rows arrive."""
+
+    def __init__(self, shard_name: str):
+        self.shard_name, self.rows = shard_name, -1
+
+    def abort(self) -> None:
+        pass
+
+
+def _commit(writer: Any, summary: Any, out_dir: Any = None, unquarantine: Any = None) -> None:
+    if isinstance(writer, _Skipped):
+        return
     writer.commit()
-    summary.rows += writer.rows
+    if unquarantine is not None:
+        unquarantine(out_dir, writer.shard_name)
+    summary.rows += writer.rows - writer.resumed
     summary.invalid += writer.invalid
     summary.shards_scored += 1

@@ -274,14 +274,26 @@ class Pipeline:
 
     def _prov(self, stage: str) -> dict[str, Any]:
         prov = {"stage": stage, "teacher": json.dumps(self.teacher.describe(), sort_keys=True),
-                "teacher_spec": self._teacher_spec, "template": self.template.id, "seed": self.cfg.seed,
-                "data": self.cfg.data.train, "time": _now()}
+                "teacher_spec": self._teacher_spec, "teacher_weights": self._teacher_weights(),
+                "template": self.template.id, "seed": self.cfg.seed, "data": self.cfg.data.train, "time": _now()}
         if stage == "filter":
             prov["consistency_view"] = self.cfg.consistency_view
         if stage not in self._provenance_checked:
             self.check_provenance(stage, prov)
             self._provenance_checked.add(stage)
         return prov
+
+    def _teacher_weights(self) -> str | None:
+        """The content of the local checkpoint the teacher spec names (:mod:`rewardkit.fingerprint`): new
+        weights at the same path are another teacher. None when the spec names no local path."""
+        if not isinstance(self._teacher_spec, str):
+            return None
+        if getattr(self, "_weights_memo", None) is None:  # once per run (the teacher is loaded once per run)
+            from ..fingerprint import content_config, default_memo_dir
+
+            c = content_config(self._teacher_spec, default_memo_dir())
+            self._weights_memo = (c if c != self._teacher_spec else None,)
+        return self._weights_memo[0]
 
     def check_stage(self, stage: str) -> None:
         """:meth:`check_provenance` at the start of ``stage`` ("rationalize", "filter", "project", or "sft": the
@@ -292,7 +304,7 @@ class Pipeline:
         if stage in self._provenance_checked:
             return
         prov: dict[str, Any] = {"template": self.template.id, "seed": self.cfg.seed, "data": self.cfg.data.train,
-                                "teacher_spec": self._teacher_spec}
+                                "teacher_spec": self._teacher_spec, "teacher_weights": self._teacher_weights()}
         if stage == "filter":
             prov["consistency_view"] = self.cfg.consistency_view
         if self._teacher is not None:
@@ -313,7 +325,7 @@ class Pipeline:
         prov = prov or self._prov_fields()
         own = {"rationalize": self.rationales, "filter": self.filtered, "project": self.projected}.get(stage)
         for store in (self.rationales, self.filtered, self.projected):
-            fields = _PROVENANCE + ("teacher_spec",) if store is own else ("data",)
+            fields = _PROVENANCE + ("teacher_spec", "teacher_weights") if store is own else ("data",)
             if store is own and own is self.filtered:  # stage 2's records depend on what it showed the teacher
                 fields += ("consistency_view",)
             for rec in store.records.values():

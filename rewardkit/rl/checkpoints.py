@@ -64,7 +64,7 @@ def save_checkpoint(tr: "NFTTrainer", st: dict[str, Any] | None = None) -> Path:
         state = {"epoch": tr.epoch, "global_step": tr.global_step, "world_size": tr.dist.world,
                  "mid_epoch": st is not None,
                  "optimizer": meta, "scaler": tr.scaler.state_dict() if tr.scaler.is_enabled() else None,
-                 "config": dataclasses.asdict(tr.cfg),
+                 "config": dataclasses.asdict(tr.cfg), "content": weights_content(tr.cfg),
                  # the wandb run to continue on resume (kept through a run without report_to: wandb)
                  "wandb_run_id": tr.wandb_run_id}
         (tmp / "state.json").write_text(json.dumps(state, indent=1), encoding="utf-8")
@@ -94,6 +94,15 @@ def save_lora(tr: "NFTTrainer", directory: Path) -> None:
 def _short(v: Any) -> str:
     r = repr(v)
     return r if len(r) <= 60 else r[:57] + "..."
+
+
+def weights_content(cfg: Any) -> Any:
+    """The content of every local checkpoint the run's model and reward options name
+    (:func:`rewardkit.fingerprint.content_config`): a resume with other weights at the same paths is refused."""
+    from ..fingerprint import content_config, default_memo_dir
+
+    return content_config({"model": dataclasses.asdict(cfg.model), "reward_kwargs": cfg.reward_kwargs},
+                          default_memo_dir())
 
 
 def check_saved_config(saved: dict[str, Any], cfg: Any, keys: tuple[str, ...], path: Path) -> list[str]:
@@ -162,6 +171,12 @@ def load_checkpoint(tr: "NFTTrainer", path: Path) -> None:
         raise ValueError(f"cannot resume from {path}: its state.json holds no config to check this run against; use "
                          "a new output_dir or resume=never")
     filled = check_saved_config(state["config"], tr.cfg, keys, path)
+    from ..fingerprint import content_changes
+
+    changed = content_changes(state.get("content"), weights_content(tr.cfg))
+    if changed:  # new weights at the same path (a base model or reward model retrained in place)
+        raise ValueError(f"cannot resume from {path}: the weights {', '.join(changed)} name(s) changed content since "
+                         "it was written; use a new output_dir or resume=never")
     if filled and tr.dist.main:
         print(f"rewardkit rl nft: resuming from {path}, written before {', '.join(filled)} existed: filled in "
               "with the defaults, which this run also uses", file=sys.stderr)

@@ -170,3 +170,83 @@ def test_expressions_parse_without_eval():
     for bad in ("__import__('os').system('x')", "score >", "score >= 5 and", "(score > 1", "score; 1", "score + 1"):
         with pytest.raises(UsageError):
             parse_expression(bad).evaluate(cols)
+
+
+# ----------------------------------------------------------------------------- issue 36 item 6, issue 39 item 4
+def test_chained_comparisons_keep_both_bounds():
+    """Bug it catches: a chain ``a < x <= b`` reduced to its last comparison (``x <= b``) or its first. The
+    expected rows are written by hand, then checked against pandas' query, the documented meaning."""
+    from rewardkit.datasets import parse_expression
+
+    x = np.arange(7, dtype=np.float64)
+    df = pd.DataFrame({"x": x})
+    cases = {"1 < x <= 4": [2, 3, 4], "4 >= x > 1": [2, 3, 4], "0 < x < 5 < 6": [1, 2, 3, 4],
+             "0 < x < 5 < 4": [], "2 <= x != 3 < 6": [2, 4, 5, 6]}
+    for text, rows in cases.items():
+        got = np.flatnonzero(parse_expression(text).evaluate({"x": x})).tolist()
+        assert got == rows, text
+        assert df.query(text).index.tolist() == rows, text
+
+
+def test_nulls_and_text_compare_as_pandas_query_does():
+    """Bug: ``prompt > 'a'`` over a null raised TypeError ("internal error", exit 1). Null semantics now equal
+    pandas' query (pandas 3: ``==`` and orderings false on a null, ``!=`` true; text never equals a number)."""
+    from rewardkit.commands import UsageError
+    from rewardkit.datasets import parse_expression
+
+    p = np.array(["a", None, "c", None, "b"], dtype=object)
+    s = np.array([1.0, np.nan, 3.0, 4.0, 2.0])
+    df = pd.DataFrame({"p": pd.Series(list(p), dtype=object), "s": s})
+    for text in ("p == 'a'", "p != 'a'", "p > 'a'", "p <= 'b'", "not (p > 'a')", "s > 1 and p != 'c'",
+                 "p == 5", "p != 5", "'b' < p or s >= 4", "p == p", "p != p"):
+        got = np.flatnonzero(parse_expression(text).evaluate({"p": p, "s": s})).tolist()
+        assert got == df.query(text).index.tolist(), text
+    for text, why in (("s > 'a'", "cannot compare"), ("p + 1 > 2", "not a number")):
+        with pytest.raises(TypeError):
+            df.query(text)  # pandas refuses these too
+        with pytest.raises(UsageError, match=why):
+            parse_expression(text).evaluate({"p": p, "s": s})
+
+
+@pytest.fixture(scope="module")
+def nulls_scored(tiny_clip_dir, tmp_path_factory):
+    """4 rows, the last one with neither image nor prompt (invalid when scored)."""
+    root = tmp_path_factory.mktemp("nulls")
+    (root / "data").mkdir()
+    recs = [{"uid": i, "image": png_bytes(900 + i), "prompt": p} for i, p in enumerate(["b cat", "a dog", "c cow"])]
+    recs.append({"uid": 3, "image": None, "prompt": None})
+    pq.write_table(pa.Table.from_pylist(recs), root / "data" / "p.parquet")
+    assert _cli("score", "-r", "pickscore", "-m", str(tiny_clip_dir), "--dataset", str(root / "data"), "--output",
+                str(root / "s"), "--no-progress") == 3
+    return root
+
+
+def test_where_never_sees_dropped_rows_and_bad_expressions_exit_2(nulls_scored, tmp_path, capsys):
+    """Bugs: the expression ran on invalid rows too, so a text comparison over their null prompt ended in
+    "internal error" exit 1; an empty --where kept every row with exit 0; a type mismatch or deep nesting gave
+    exit 1. Now: exit 0 with pandas' rows, or exit 2 with the reason."""
+    base = ["filter", "--dataset", str(nulls_scored / "data"), "--scores", str(nulls_scored / "s"), "--no-progress"]
+    assert _cli(*base, "--where", "prompt > 'a dog'", "--output", str(tmp_path / "k")) == 0
+    assert _kept_uids(tmp_path / "k") == [0, 2]  # "b cat", "c cow" (the null row is invalid: never compared)
+    for where, why in (("", "--where is empty"), ("   ", "--where is empty"),
+                       ("score > 'a'", "cannot compare float"), ("prompt * 2 > 1", "not a number"),
+                       ("(" * 80 + "score > 0" + ")" * 80, "nested more than"),
+                       ("not " * 80 + "score > 0", "nested more than"),
+                       (" and ".join(["score > 0"] * 3000), "too long a chain")):
+        capsys.readouterr()
+        assert _cli(*base, "--where", where, "--output", str(tmp_path / "x")) == 2, where[:40]
+        assert why in capsys.readouterr().err, where[:40]
+
+
+def test_group_by_holds_only_the_columns_it_needs(scored):
+    """Bug: ``--group-by`` held every score column, every id, row number and shard name per row, the group
+    values as Python objects (338 bytes a row by benchmarks/dataset_scoring.py --filter-only, now 40): only
+    validity and the named columns are loaded now, and rows per shard come from the files' footers."""
+    from rewardkit.datasets.filtering import _load_scores
+    from rewardkit.datasets.sources import open_dataset
+
+    ds = open_dataset(str(scored / "data"))
+    cols, valids, _, sizes, left_out = _load_scores(str(scored / "a"), ds, {"score"})
+    assert sorted(cols) == ["score", "valid"] and valids == ["valid"] and left_out == set()
+    assert sizes == {"part-0": 8, "part-1": 8, "part-2": 8}
+    assert cols["score"].dtype == np.float64 and len(cols["score"]) == 24

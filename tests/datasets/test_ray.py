@@ -211,3 +211,45 @@ class _DiesOnce:
             open(self.marker, "w").close()
             os._exit(1)
         return self.inner(row)
+
+
+def test_ray_engine_quarantines_bad_shards_and_resumes_a_shard_after_its_row_groups(cluster, reward, tmp_path,
+                                                                                   monkeypatch):
+    """Issue 36 item 7 on ``--engine ray``: an unreadable shard is quarantined (manifest, summary) instead of
+    stopping the run, and a shard an interrupted run left with committed row groups is read from the row after
+    them; the finished files are the local engine's bytes."""
+    from rewardkit.datasets import output, score_dataset
+    from rewardkit.integrations.ray import RewardSpec, score_dataset_ray
+
+    monkeypatch.setattr(output, "ROW_GROUP", 4)
+    data = tmp_path / "data"
+    data.mkdir()
+    for s, n in ((0, 10), (2, 6)):
+        pq.write_table(pa.table({"image": [png_bytes(8000 + 20 * s + i) for i in range(n)],
+                                 "prompt": [f"q{i}" for i in range(n)]}), data / f"part-{s}.parquet")
+    (data / "part-1.parquet").write_bytes(b"PAR1 but not really" * 10)
+    local = score_dataset(reward, data, tmp_path / "local", batch_size=2, progress=False, skip_bad_shards=True)
+    assert [q["shard"] for q in local.quarantined] == ["part-1"]
+
+    class Stop:
+        def __init__(self):
+            self.calls = 0
+
+        def __getattr__(self, name):
+            return getattr(reward, name)
+
+        def __call__(self, *a, **k):
+            self.calls += 1
+            if self.calls == 4:
+                raise KeyboardInterrupt
+            return reward(*a, **k)
+
+    with pytest.raises(KeyboardInterrupt):  # part-0: rows 0-3 committed as one row group, then stopped
+        score_dataset(Stop(), data, tmp_path / "ray", batch_size=2, progress=False, skip_bad_shards=True)
+    spec = RewardSpec("pickscore", None, {"model": reward.config.model})
+    s = score_dataset_ray(spec, data, tmp_path / "ray", batch_size=2, progress=False, skip_bad_shards=True)
+    assert s.rows == (10 - 4) + 6 and s.shards_scored == 2 and [q["shard"] for q in s.quarantined] == ["part-1"]
+    man = json.loads((tmp_path / "ray" / "_rewardkit_scores.json").read_text())
+    assert [q["shard"] for q in man["quarantined"]] == ["part-1"]
+    for name in ("part-0.parquet", "part-2.parquet"):
+        assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "local" / name).read_bytes(), name

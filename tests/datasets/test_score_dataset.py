@@ -153,7 +153,7 @@ def test_resume_skips_finished_shards_and_redoes_the_interrupted_one(reward, tmp
         score_dataset(flaky, tmp_path / "data", tmp_path / "out", batch_size=2, progress=False)
     out = tmp_path / "out"
     assert (out / "part-0.parquet").exists() and not (out / "part-1.parquet").exists()
-    assert (out / "part-1.parquet.tmp").exists()
+    assert not (out / "_partial" / "part-1").exists()  # fewer rows than one row group: nothing committed yet
     done_before = (out / "part-0.parquet").stat().st_mtime_ns
     counting = _Interrupting(reward, after=-1)
     summary = score_dataset(counting, tmp_path / "data", out, batch_size=2, progress=False)
