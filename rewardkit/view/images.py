@@ -64,7 +64,12 @@ class ImageStore:
         self._table: dict[str, dict[str, Any]] = {}
 
     def _rel(self, p: Path) -> str:
-        return Path(os.path.relpath(p.resolve(), self.html_dir)).as_posix()
+        """A relative URL for ``p``: every path segment percent-encoded, so a file named ``javascript:x.png``
+        or a folder named ``https:`` stays a relative link (never a scheme), and ``?`` / ``#`` / ``%`` in a
+        name stay part of the path."""
+        from urllib.parse import quote
+
+        return quote(Path(os.path.relpath(p.resolve(), self.html_dir)).as_posix(), safe="/")
 
     def _put(self, ident: Any, name: str, data: bytes | Path, size: int, original: Path | None) -> str:
         if ident in self._keys:

@@ -140,6 +140,43 @@ def test_run_every_unmarked_doc_command(sandbox, monkeypatch):
     assert any(c.startswith("rewardkit train preference") for c in ran)
     assert (sandbox / "outputs" / "scores.jsonl").is_file() and (sandbox / "runs" / "arena_tiny" / "model").is_dir()
     assert (sandbox / "rewards.png").is_file() and (sandbox / "outputs" / "pickscore-calibration.json").is_file()
+    # docs/view.md's two-reward page compares two rewards that tell the images apart (the default Hessel scale
+    # gave the tiny CLIP 0 for every image: a degenerate demo)
+    import json
+
+    clip = [json.loads(x)["score"] for x in (sandbox / "outputs" / "t2i_clipscore.jsonl").read_text().splitlines()]
+    assert len(clip) == 3 and len(set(clip)) == 3, clip
+
+
+def _output_paths() -> list[tuple[str, int, str]]:
+    """Every relative `-o` / `--output` / `output_dir=` path of a documented command line."""
+    import shlex
+
+    out = []
+    for doc, line, cmd, _marked in doc_commands():
+        try:
+            toks = shlex.split(_command(cmd))
+        except ValueError:
+            continue
+        for i, tok in enumerate(toks):
+            if tok in ("-o", "--output") and i + 1 < len(toks):
+                out.append((doc, line, toks[i + 1]))
+            elif tok.startswith(("output_dir=", "--output=")):
+                out.append((doc, line, tok.split("=", 1)[1]))
+    return [(d, n, p) for d, n, p in out if not p.startswith(("/", "~", "$"))]
+
+
+def test_what_documented_commands_write_is_git_ignored():
+    """Following the docs from a clone leaves `git status` clean: each output they write is git-ignored."""
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("needs a git checkout")
+    paths = _output_paths()
+    assert len(paths) > 10
+    res = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], cwd=REPO, capture_output=True, text=True,
+                         input="\n".join(p for _d, _n, p in paths) + "\n")
+    ignored = set(res.stdout.split())
+    missing = [f"{d}:{n}: {p}" for d, n, p in paths if p not in ignored]
+    assert not missing, missing
 
 
 def _readme_table() -> list[dict[str, str]]:

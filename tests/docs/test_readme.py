@@ -177,6 +177,10 @@ def test_score_sh_demo_runs_t2i_edit_compare_into_outputs(venv):
     assert rk[3].split("] ", 1)[1] == ("view outputs/t2i_scores.jsonl outputs/edit_scores.jsonl outputs/compare.jsonl "
                                        "-o outputs/report.html")
     assert f"report: {REPO}/outputs/report.html" in res.stderr
+    # it ends with how to put `rewardkit` on the PATH of the user's own shell (the README says the same)
+    tail = res.stderr.rstrip().splitlines()[-3:]
+    assert tail[0].startswith("[rewardkit] next: activate") and tail[1].strip() == f"source {tmp}/v/bin/activate"
+    assert "source .venv/bin/activate" in README
     # a failing step is the script's status
     log.write_text("")
     assert _bash(f"bash {REPO}/scripts/score.sh", env, tmp, FAKE_RK_RC="2").returncode == 2

@@ -201,6 +201,30 @@ def test_folder_thumbnails_beside_the_html(tmp_path):
         assert (out.parent / im["full"]).resolve() == (tmp_path / im["name"]).resolve()  # the original
 
 
+@pytest.mark.skipif(os.name == "nt", reason="':' cannot be in a Windows file name")
+def test_links_to_files_with_scheme_like_names_stay_relative(tmp_path):
+    """Issue 36 item 10: image links were raw relative paths, so a file named `javascript:alert(1).png` or a
+    folder named `https:` became a link with that scheme. Each path segment is percent-encoded; the link still
+    resolves to the file."""
+    from urllib.parse import unquote, urlsplit
+
+    odd = tmp_path / "https:" / "x?y#z 100%"
+    odd.mkdir(parents=True)
+    names = [odd / "javascript:alert(1).png", odd / "data:text.png", tmp_path / "https:" / "plain.png"]
+    for n in names:
+        Image.new("RGB", (8, 8), (10, 200, 30)).save(n, format="PNG")
+    rows = [{"image": str(n), "prompt": "p", "score": 1.0, "valid": True, "error": None} for n in names]
+    out = build_report([write_jsonl(tmp_path / "s.jsonl", rows)], tmp_path / "r.html", thumbs="folder")
+    imgs = payload_of(out.read_text(encoding="utf-8"))["images"]
+    fulls = sorted(im["full"] for im in imgs.values())
+    assert len(fulls) == 3
+    for link in fulls + [im["src"] for im in imgs.values()]:
+        parts = urlsplit(link)
+        assert parts.scheme == "" and parts.netloc == "" and parts.query == "" and parts.fragment == "", link
+    assert sorted((out.parent / unquote(f)).resolve() for f in fulls) == sorted(n.resolve() for n in names)
+    assert "https%3A/x%3Fy%23z%20100%25/javascript%3Aalert%281%29.png" in fulls
+
+
 def test_cli(tmp_path, capsys):
     from rewardkit.cli import main
 
