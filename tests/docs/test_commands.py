@@ -180,7 +180,7 @@ def test_what_documented_commands_write_is_git_ignored():
 
 
 def _readme_table() -> list[dict[str, str]]:
-    text = (REPO / "README.md").read_text(encoding="utf-8")
+    text = (REPO / "docs" / "rewards.md").read_text(encoding="utf-8")
     lines = text[text.index("| reward (aliases) |"):].splitlines()
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     rows = []
