@@ -157,6 +157,27 @@ def on_files(files, config):
     return files
 
 
+# a Sphinx role left as text in a rendered page (scripts/griffe_roles.py turns them into cross-references):
+# Markdown renders ":func:`x`" as ":func:<code>x</code>"
+RAW_ROLE = re.compile(r":(?:py:)?(?:func|class|meth|mod|attr|data|exc|obj|const|type):(?:<code>|`)[^<`]*")
+
+
+def raw_roles(html: str) -> list[str]:
+    """The raw Sphinx roles in a rendered page (code blocks aside: a page may show a role as an example)."""
+    return RAW_ROLE.findall(re.sub(r"<pre\b.*?</pre>", "", html, flags=re.S))
+
+
+def on_page_content(html, page, config, files):
+    if page.file.src_uri.startswith("api/"):
+        found = raw_roles(html)
+        if found:
+            from mkdocs.exceptions import PluginError
+
+            raise PluginError(f"{page.file.src_uri}: {len(found)} raw Sphinx role(s) in the rendered page, e.g. "
+                              f"{found[:3]} (scripts/griffe_roles.py should turn each into a cross-reference)")
+    return html
+
+
 def on_page_markdown(markdown, page, config, files):
     src = page.file.src_uri
     if page.file.generated_by is None and not src.startswith(("api/", "project/")) and src not in ("cli.md", "index.md"):

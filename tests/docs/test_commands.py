@@ -111,6 +111,20 @@ def _run_in_process(cmd: str, cwd: Path) -> int:
         return int(exc.code or 0)
 
 
+def _run_example(cmd: str, monkeypatch) -> int:
+    """`python examples/X.py ARGS` as `runpy` runs it: the script's `__main__` block, its argv, this process."""
+    import runpy
+    import shlex
+
+    argv = shlex.split(cmd)[1:]
+    monkeypatch.setattr(sys, "argv", argv)
+    try:
+        runpy.run_path(str(REPO / argv[0]), run_name="__main__")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
+    return 0
+
+
 @pytest.mark.slow
 def test_run_every_unmarked_doc_command(sandbox, monkeypatch):
     env = dict(os.environ)
@@ -131,6 +145,8 @@ def test_run_every_unmarked_doc_command(sandbox, monkeypatch):
             continue
         if cmd.startswith("rewardkit "):
             rc, detail = _run_in_process(cmd, sandbox), ""
+        elif cmd.startswith("python examples/"):  # the examples: in this process too (torch imported once)
+            rc, detail = _run_example(cmd, monkeypatch), ""
         else:  # the scripts: a real shell, as a user runs them
             res = subprocess.run(["bash", "-c", cmd], cwd=sandbox, env=env, capture_output=True, text=True,
                                  timeout=600)
@@ -146,6 +162,32 @@ def test_run_every_unmarked_doc_command(sandbox, monkeypatch):
 
     clip = [json.loads(x)["score"] for x in (sandbox / "outputs" / "t2i_clipscore.jsonl").read_text().splitlines()]
     assert len(clip) == 3 and len(set(clip)) == 3, clip
+    _check_tiny_examples(sandbox, ran)
+
+
+def _check_tiny_examples(root: Path, ran: list[str]) -> None:
+    """docs/commands.md's runnable examples did what the page says (issue 40, item 5)."""
+    import json
+
+    pq = pytest.importorskip("pyarrow.parquet")
+    assert any(c.startswith("python examples/serve_tiny.py") for c in ran)
+    data = pq.read_table(root / "outputs" / "best_of_3.parquet").to_pylist()
+    assert len(data) == 9 and len({r["prompt"] for r in data}) == 3
+    scores = pq.read_table(root / "outputs" / "best_of_3_scores").to_pylist()
+    assert sorted(r["id"] for r in scores) == sorted(r["id"] for r in data) and all(r["valid"] for r in scores)
+    by_id = {r["id"]: r["score"] for r in scores}
+    best = {}
+    for r in data:  # the best candidate of each prompt, by hand
+        if r["prompt"] not in best or by_id[r["id"]] > by_id[best[r["prompt"]]]:
+            best[r["prompt"]] = r["id"]
+    kept = pq.read_table(root / "outputs" / "best_of_3_kept").to_pylist()
+    assert sorted(r["id"] for r in kept) == sorted(best.values())
+    above = pq.read_table(root / "outputs" / "best_of_3_above").to_pylist()
+    assert sorted(r["id"] for r in above) == sorted(i for i, v in by_id.items() if v > -2) and 0 < len(above) < 9
+    recs = [json.loads(x) for x in (root / "outputs" / "refine" / "records.jsonl").read_text().splitlines()]
+    assert [r["status"] for r in recs] == ["refined", "refined"]
+    assert all(r["score_after"] > r["score_before"] for r in recs)
+    assert (root / "outputs" / "refine" / "after" / "00001.png").is_file()
 
 
 def _output_paths() -> list[tuple[str, int, str]]:
