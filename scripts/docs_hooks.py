@@ -81,6 +81,7 @@ API_PAGES = {
 }
 
 _LINK = re.compile(r"(?<!!)\[([^\]]*)\]\(([^)\s]+)\)")
+_IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+)\)")
 
 
 def _rewrite_links(markdown: str, repo_path: str, page_path: str) -> str:
@@ -106,7 +107,14 @@ def _rewrite_links(markdown: str, repo_path: str, page_path: str) -> str:
         rel = posixpath.relpath(site_target, page_dir or ".")
         return f"[{text}]({rel}{'#' + anchor if anchor else ''})"
 
-    return _LINK.sub(fix, markdown)
+    def fix_image(m: re.Match) -> str:  # a picture under docs/ (the README's first result), seen from the page
+        alt, target = m.group(1), m.group(2)
+        full = posixpath.normpath(posixpath.join(repo_dir, target))
+        if re.match(r"^[a-z]+:", target) or not full.startswith("docs/"):
+            return m.group(0)
+        return f"![{alt}]({posixpath.relpath(full[len('docs/'):], page_dir or '.')})"
+
+    return _IMAGE.sub(fix_image, _LINK.sub(fix, markdown))
 
 
 def _help_of(parser: argparse.ArgumentParser) -> str:
