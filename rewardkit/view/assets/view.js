@@ -319,7 +319,7 @@
       var s = state.page * PAGE, e = Math.min(items.length, s + PAGE);
       tableBox.hidden = state.layout !== "table";
       alt.hidden = state.layout === "table";
-      alt.className = "rk-alt rk-" + state.layout;
+      alt.className = "rk-alt rk-layout-" + state.layout;
       if (state.layout !== "table") {
         var af = document.createDocumentFragment();
         for (var g = s; g < e; g++) {
