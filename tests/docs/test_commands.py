@@ -184,6 +184,12 @@ def _check_tiny_examples(root: Path, ran: list[str]) -> None:
     assert sorted(r["id"] for r in kept) == sorted(best.values())
     above = pq.read_table(root / "outputs" / "best_of_3_above").to_pylist()
     assert sorted(r["id"] for r in above) == sorted(i for i, v in by_id.items() if v > -2) and 0 < len(above) < 9
+    page = (root / "outputs" / "best_of_3.html").read_text(encoding="utf-8")
+    import re
+
+    view = json.loads(re.search(r'<script type="application/json" id="rk-data">(.*?)</script>', page, re.S).group(1))
+    (sec,) = view["sections"]
+    assert len(sec["rows"]) == 9 and all(r["img"] and r["prompt"] for r in sec["rows"])  # joined to the dataset
     recs = [json.loads(x) for x in (root / "outputs" / "refine" / "records.jsonl").read_text().splitlines()]
     assert [r["status"] for r in recs] == ["refined", "refined"]
     assert all(r["score_after"] > r["score_before"] for r in recs)
