@@ -146,8 +146,24 @@ def cli_reference() -> str:
     return "\n".join(out)
 
 
-def api_page(title: str, intro: str, objects: list[str]) -> str:
+def api_examples() -> dict[str, list[tuple[str, str, str]]]:
+    """The runnable examples of the API pages (scripts/api_examples.py; tests/docs/test_api_examples.py runs them)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("rk_api_examples", REPO / "scripts" / "api_examples.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.API_EXAMPLES
+
+
+def api_page(title: str, intro: str, objects: list[str], examples: list[tuple[str, str, str]] = ()) -> str:
     lines = [f"# {title}", "", intro, ""]
+    if examples:
+        lines += ["## Examples", "", "Each runs offline as shown and prints the output below it (the test suite runs it).", ""]
+        for name, code, output in examples:
+            lines += [f"**{name}**", "", "```python", code.rstrip(), "```", "", "Output:", "", "```text",
+                      output.rstrip(), "```", ""]
+        lines += ["## Reference", ""]
     for obj in objects:
         lines += [f"::: {obj}", ""]
     return "\n".join(lines)
@@ -159,8 +175,9 @@ def on_files(files, config):
         text = (REPO / repo_path).read_text(encoding="utf-8")
         files.append(File.generated(config, page, content=_rewrite_links(text, repo_path, page)))
     files.append(File.generated(config, "cli.md", content=cli_reference()))
+    examples = api_examples()
     for page, (title, intro, objects) in API_PAGES.items():
-        files.append(File.generated(config, page, content=api_page(title, intro, objects)))
+        files.append(File.generated(config, page, content=api_page(title, intro, objects, examples.get(page, ()))))
     del docs_dir
     return files
 
