@@ -206,4 +206,48 @@ server.stop()
 True
 """),
     ],
+    "api/datasets.md": [(
+        "Score a Parquet dataset, keep the best image of each prompt",
+        """\
+import io
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from PIL import Image
+from rewardkit import Reward, RewardOutput
+from rewardkit.datasets.filtering import filter_dataset
+from rewardkit.datasets.scoring import score_dataset
+
+class Brightness(Reward):
+    'Mean pixel value in [0, 1].'
+    name = "brightness"
+    tasks = frozenset({"t2i"})
+    uses_prompt = False
+
+    def _score(self, batch):
+        return RewardOutput(scores=torch.tensor([np.asarray(im, dtype=np.float32).mean() / 255 for im in batch.images]))
+
+def png(level):
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), (level, level, level)).save(buf, format="PNG")
+    return buf.getvalue()
+
+root = Path(tempfile.mkdtemp())
+pq.write_table(pa.table({"prompt": ["a cat", "a cat", "a dog", "a dog"], "image": [png(v) for v in (51, 102, 204, 153)]}),
+               root / "data.parquet")
+score_dataset(Brightness(), root / "data.parquet", root / "scores", progress=False)   # one score file per shard
+print([round(s, 2) for s in pq.read_table(root / "scores").column("score").to_pylist()])       # level / 255
+filter_dataset(root / "data.parquet", root / "scores", root / "kept", top_k=1, group_by="prompt", progress=False)
+kept = pq.read_table(root / "kept")
+print(kept.column("prompt").to_pylist(), [Image.open(io.BytesIO(b)).getpixel((0, 0))[0] for b in kept.column("image").to_pylist()])
+""",
+        """\
+[0.2, 0.4, 0.8, 0.6]
+['a cat', 'a dog'] [102, 204]
+"""),
+    ],
 }
