@@ -79,6 +79,7 @@ def _griffe_roles():
     return mod
 
 
+@pytest.mark.slow  # griffe reads the whole package: seconds (the strict docs build checks the pages in CI too)
 def test_sphinx_roles_become_cross_references_resolved_in_their_scope():
     """Issue 40 item 7: the API pages showed 195 raw `:func:` / `:class:` roles. Every role of every docstring
     becomes an optional autorefs reference to the full path, resolved where the docstring is (members, imports,
