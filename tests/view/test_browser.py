@@ -402,17 +402,18 @@ def _best_of_n_rows(folder: Path) -> list[dict]:
     return rows
 
 
-def test_gallery_group_by_prompt_and_value_range_filter(browser, tmp_path):
+def test_gallery_group_by_prompt_and_value_range_filter(browser, tmp_path, axe_js):
     rows = _best_of_n_rows(tmp_path)
     html = build_report([write_jsonl(tmp_path / "bon.jsonl", rows)], tmp_path / "r.html")
     o = Opened(browser, html, tmp_path / "screenshots")
     sec = "section[data-kind='scores']"
     # gallery grid: one card per row, the score under each image, the same paging and filters
     o.page.select_option(f"{sec} select[id$='-l']", "gallery")
-    cards = o.page.eval_on_selector_all(f"{sec} .rk-layout-gallery figure.rk-card .rk-score", "s => s.map(x => x.textContent)")
+    cards = o.page.eval_on_selector_all(f"{sec} .rk-layout-gallery .rk-card .rk-score", "s => s.map(x => x.textContent)")
     assert cards == [fmt(r["score"]) if r["valid"] else "invalid" for r in rows]
     assert o.page.is_hidden(f"{sec} table[data-rows]")
     o.shot("gallery")
+    assert _axe(o, axe_js) == []
     # grouped by prompt: best-of-N at a glance, each prompt's images side by side, best first, "best" marked
     o.page.select_option(f"{sec} select[id$='-l']", "group")
     groups = o.page.eval_on_selector_all(f"{sec} .rk-group", """gs => gs.map(g => ({
@@ -427,6 +428,7 @@ def test_gallery_group_by_prompt_and_value_range_filter(browser, tmp_path):
     assert groups == want
     assert "prompts 1\u20133 of 3" in o.page.inner_text(f"{sec} .rk-status")
     o.shot("grouped-by-prompt")
+    assert _axe(o, axe_js) == []  # the new layouts pass axe-core too
     # a value range on the score column, with its histogram: rows outside are filtered out, in every layout
     o.page.click(f"{sec} details.rk-ranges > summary")
     bars = o.page.eval_on_selector_all(f"{sec} fieldset[data-key='score'] svg rect",

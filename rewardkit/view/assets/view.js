@@ -401,8 +401,8 @@
       dims.map(function (d) { return {key: "dim:" + d, label: d, get: function (r) { return r.dims[d]; }}; }));
     function card(r) {
       var alt = "image " + r.n + (r.path ? " (" + r.path + ")" : "");
-      return el("figure", {cls: "rk-card" + (r.valid ? "" : " rk-bad"), role: "listitem", "data-n": r.n}, thumb(r.img, alt, r.prompt),
-        el("figcaption", null, el("span", {cls: "rk-score", text: r.valid ? fmt(r.score) : "invalid"}), " ",
+      return el("div", {cls: "rk-card" + (r.valid ? "" : " rk-bad"), role: "listitem", "data-n": r.n}, thumb(r.img, alt, r.prompt),
+        el("div", {cls: "rk-card-cap"}, el("span", {cls: "rk-score", text: r.valid ? fmt(r.score) : "invalid"}), " ",
           el("span", {cls: "rk-note", text: "#" + r.n}), el("div", {cls: "rk-cap", text: r.prompt})));
     }
     function group(prompt, members) {  // best-of-N at a glance: the prompt's images side by side, best first
@@ -413,10 +413,10 @@
       ranked.forEach(function (r, i) {
         var fig = card(r);
         fig.removeAttribute("role");
-        if (i === 0 && r.valid) fig.querySelector("figcaption").appendChild(el("span", {cls: "rk-badge", text: "best"}));
+        if (i === 0 && r.valid) fig.querySelector(".rk-card-cap").appendChild(el("span", {cls: "rk-badge", text: "best"}));
         box.appendChild(fig);
       });
-      return el("section", {cls: "rk-group", role: "listitem", "aria-label": "prompt: " + prompt},
+      return el("div", {cls: "rk-group", role: "listitem", "aria-label": "prompt: " + prompt},
         el("h3", {cls: "rk-group-h", text: prompt || "(no prompt)"}),
         el("p", {cls: "rk-note", text: members.length + (members.length === 1 ? " image" : " images") + ", best score first"}), box);
     }
