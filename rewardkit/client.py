@@ -227,7 +227,7 @@ def encode_image(im: Any, encoding: str) -> Any:
 
 
 class RemoteReward(Reward):
-    """A reward served over HTTP by ``rewardkit serve`` (see :mod:`rewardkit.client`)."""
+    """A reward served over HTTP by ``rewardkit serve``, called like an in-process one (docs/serve.md)."""
 
     name = "remote"
     tasks = frozenset({"t2i", "edit", "multi_ref"})  # replaced by the server's on first contact

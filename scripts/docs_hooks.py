@@ -81,6 +81,7 @@ API_PAGES = {
 }
 
 _LINK = re.compile(r"(?<!!)\[([^\]]*)\]\(([^)\s]+)\)")
+_IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+)\)")
 
 
 def _rewrite_links(markdown: str, repo_path: str, page_path: str) -> str:
@@ -106,7 +107,14 @@ def _rewrite_links(markdown: str, repo_path: str, page_path: str) -> str:
         rel = posixpath.relpath(site_target, page_dir or ".")
         return f"[{text}]({rel}{'#' + anchor if anchor else ''})"
 
-    return _LINK.sub(fix, markdown)
+    def fix_image(m: re.Match) -> str:  # a picture under docs/ (the README's first result), seen from the page
+        alt, target = m.group(1), m.group(2)
+        full = posixpath.normpath(posixpath.join(repo_dir, target))
+        if re.match(r"^[a-z]+:", target) or not full.startswith("docs/"):
+            return m.group(0)
+        return f"![{alt}]({posixpath.relpath(full[len('docs/'):], page_dir or '.')})"
+
+    return _IMAGE.sub(fix_image, _LINK.sub(fix, markdown))
 
 
 def _help_of(parser: argparse.ArgumentParser) -> str:
@@ -138,8 +146,24 @@ def cli_reference() -> str:
     return "\n".join(out)
 
 
-def api_page(title: str, intro: str, objects: list[str]) -> str:
+def api_examples() -> dict[str, list[tuple[str, str, str]]]:
+    """The runnable examples of the API pages (scripts/api_examples.py; tests/docs/test_api_examples.py runs them)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("rk_api_examples", REPO / "scripts" / "api_examples.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.API_EXAMPLES
+
+
+def api_page(title: str, intro: str, objects: list[str], examples: list[tuple[str, str, str]] = ()) -> str:
     lines = [f"# {title}", "", intro, ""]
+    if examples:
+        lines += ["## Examples", "", "Each runs offline as shown and prints the output below it (the test suite runs it).", ""]
+        for name, code, output in examples:
+            lines += [f"**{name}**", "", "```python", code.rstrip(), "```", "", "Output:", "", "```text",
+                      output.rstrip(), "```", ""]
+        lines += ["## Reference", ""]
     for obj in objects:
         lines += [f"::: {obj}", ""]
     return "\n".join(lines)
@@ -151,10 +175,32 @@ def on_files(files, config):
         text = (REPO / repo_path).read_text(encoding="utf-8")
         files.append(File.generated(config, page, content=_rewrite_links(text, repo_path, page)))
     files.append(File.generated(config, "cli.md", content=cli_reference()))
+    examples = api_examples()
     for page, (title, intro, objects) in API_PAGES.items():
-        files.append(File.generated(config, page, content=api_page(title, intro, objects)))
+        files.append(File.generated(config, page, content=api_page(title, intro, objects, examples.get(page, ()))))
     del docs_dir
     return files
+
+
+# a Sphinx role left as text in a rendered page (scripts/griffe_roles.py turns them into cross-references):
+# Markdown renders ":func:`x`" as ":func:<code>x</code>"
+RAW_ROLE = re.compile(r":(?:py:)?(?:func|class|meth|mod|attr|data|exc|obj|const|type):(?:<code>|`)[^<`]*")
+
+
+def raw_roles(html: str) -> list[str]:
+    """The raw Sphinx roles in a rendered page (code blocks aside: a page may show a role as an example)."""
+    return RAW_ROLE.findall(re.sub(r"<pre\b.*?</pre>", "", html, flags=re.S))
+
+
+def on_page_content(html, page, config, files):
+    if page.file.src_uri.startswith("api/"):
+        found = raw_roles(html)
+        if found:
+            from mkdocs.exceptions import PluginError
+
+            raise PluginError(f"{page.file.src_uri}: {len(found)} raw Sphinx role(s) in the rendered page, e.g. "
+                              f"{found[:3]} (scripts/griffe_roles.py should turn each into a cross-reference)")
+    return html
 
 
 def on_page_markdown(markdown, page, config, files):

@@ -75,3 +75,8 @@ echo >&2
 echo "[rewardkit] results in $REPO/$OUT: t2i_scores.jsonl, edit_scores.jsonl, compare.jsonl" >&2
 echo "[rewardkit] tiny random checkpoints: the numbers exercise the real code path, they mean nothing." >&2
 echo "[rewardkit] real weights: bash scripts/score.sh --reward pickscore --model DIR IMAGES... --prompt TEXT" >&2
+echo >&2
+# the environment is active inside this script only: say how to get `rewardkit` on the PATH of your own shell
+echo "[rewardkit] next: activate the environment in your shell to run rewardkit yourself:" >&2
+echo "    source $VENV/bin/activate" >&2
+echo "    rewardkit ls" >&2

@@ -20,6 +20,11 @@ EXIT_CODES_HELP = (
 from ..errors import UsageError  # noqa: E402,F401
 
 
+def count(n: int, noun: str) -> str:
+    """``"1 result"``, ``"2 results"``: a count with its noun in the right number."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def invalid_summary(n_bad: int, n_total: int, what: str = "samples") -> int:
     """Print the "N of M invalid" line to stderr and return the exit code for it."""
     import sys

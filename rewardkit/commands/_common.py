@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from . import UsageError
+from .convert import KINDS as CONVERTIBLE  # the rewards whose official single-file checkpoints `convert` reads
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 
@@ -48,15 +49,27 @@ def looks_like_path(model: str) -> bool:
             or (os.sep != "/" and os.sep in model))
 
 
-def check_model(model: str | None) -> None:
-    """A ``--model`` that names a missing local directory gets that said, not a hub-id validation error."""
+
+def check_model(model: str | None, reward: str | None = None) -> None:
+    """A ``--model`` that names a missing local directory gets that said, not a hub-id validation error; a file
+    given for a reward whose official checkpoints are files names the ``rewardkit convert`` line."""
     if model is None:
         return
     p = Path(model).expanduser()
     if p.exists():
         if not p.is_dir():
+            kind = None
+            if reward is not None:
+                from ..registry import resolve_name
+
+                try:
+                    kind = resolve_name(reward)
+                except Exception:  # noqa: BLE001  an unknown name is reported by load_reward itself
+                    kind = None
+            hint = (f"; an official {kind} checkpoint file is converted once with `rewardkit convert {kind} "
+                    f"{model} OUT_DIR`, then pass --model OUT_DIR" if kind in CONVERTIBLE else "")
             raise UsageError(f"--model {model}: is a file; give the checkpoint directory (the folder holding "
-                             "config.json and *.safetensors) or a hub id like org/name")
+                             f"config.json and *.safetensors) or a hub id like org/name{hint}")
         return
     first = Path(model).parts[0] if Path(model).parts else ""
     if looks_like_path(model) or (len(Path(model).parts) > 1 and Path(first).is_dir()):
@@ -76,7 +89,7 @@ def load_reward_cli(name: str, config: Path | None, kwargs: dict[str, Any]):
     from ..registry import load_reward
 
     check_device(kwargs.get("device"))
-    check_model(kwargs.get("model"))
+    check_model(kwargs.get("model"), name)
     print(f"loading reward {name!r}" + (f" from {kwargs['model']}" if kwargs.get("model") else "") + " ...",
           file=sys.stderr, flush=True)
     from ..models.zoo import HubModelUnavailableError

@@ -7,12 +7,12 @@ import json
 import sys
 from pathlib import Path
 
-from . import EXIT_CODES_HELP, UsageError, invalid_summary
+from . import EXIT_CODES_HELP, UsageError, count, invalid_summary
 from ._common import load_reward_cli
 
 DESCRIPTION = """Compare two candidate images under one prompt: P(A preferred over B) from a reward
 (for score-based rewards sigmoid((score_A - score_B) / temperature); judges answer the pair directly).
-Several pairs: --pairs A1.png B1.png A2.png B2.png ... Examples:
+Several pairs: A1.png B1.png A2.png B2.png ... (images in pairs, A then B). Examples:
   rewardkit compare --reward pickscore a.png b.png --prompt 'a red bicycle'
   rewardkit compare --reward preference --model ./my-rm a.png b.png --sources src.png --prompt 'make it red'"""
 
@@ -61,5 +61,5 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-        print(f"wrote {len(rows)} results to {args.output}", file=sys.stderr)
+        print(f"wrote {count(len(rows), 'result')} to {args.output}", file=sys.stderr)
     return invalid_summary(sum(not r["valid"] for r in rows), len(rows), "pairs")

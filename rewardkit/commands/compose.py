@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import EXIT_CODES_HELP, EXIT_INVALID, EXIT_OK, UsageError, invalid_summary
+from . import EXIT_CODES_HELP, EXIT_INVALID, EXIT_OK, UsageError, count, invalid_summary
 
 DESCRIPTION = """Prepare rubric caches offline, and score images with a composite reward described in YAML.
 Examples (the recipes need a real judge model: set judge: in the YAML or pass --judge):
@@ -213,7 +213,7 @@ def _score(args: argparse.Namespace) -> int:
         if out_fh:
             out_fh.close()
     if args.output:
-        print(f"wrote {len(items)} results to {args.output}", file=sys.stderr)
+        print(f"wrote {count(len(items), 'result')} to {args.output}", file=sys.stderr)
     return invalid_summary(n_bad, len(items), "images")
 
 

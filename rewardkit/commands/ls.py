@@ -82,6 +82,15 @@ COLUMNS = ("reward (aliases)", "tasks", "range", "extras", "grad", "installed", 
 WIDTH = 100  # the table fits a 100-column terminal; --json has everything (dimensions, full summaries)
 
 
+def plain(text: str) -> str:
+    """A docstring line as a terminal shows it: ``code`` and Sphinx roles (:mod:`x`, :class:`~a.B`) as plain
+    words."""
+    import re
+
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", text)
+    return text.replace("``", "")
+
+
 def table_rows(rows: list[dict]) -> list[tuple[str, ...]]:
     """The cells of `rewardkit ls` (the README's reward table has the same columns)."""
     out = []
@@ -92,7 +101,7 @@ def table_rows(rows: list[dict]) -> list[tuple[str, ...]]:
             continue
         rng = "-" if r["score_range"] is None else f"[{r['score_range'][0]:g}, {r['score_range'][1]:g}]"
         out.append((name, ",".join(r["tasks"]), rng, ",".join(r["extras"]) or "-",
-                    "yes" if r["differentiable"] else "-", "yes" if r["installed"] else "no", r["summary"]))
+                    "yes" if r["differentiable"] else "-", "yes" if r["installed"] else "no", plain(r["summary"])))
     return out
 
 
@@ -109,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     for row, what in zip(table, whats):
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
         if what:  # the description on its own indented line(s): the table stays within WIDTH columns
-            for line in textwrap.wrap(what.replace("``", ""), WIDTH - 4, max_lines=2, placeholder=" ..."):
+            for line in textwrap.wrap(what, WIDTH - 4, max_lines=2, placeholder=" ..."):
                 print("    " + line)
     missing = sorted({e for r in rows if "error" not in r and not r["installed"] for e in r["extras"]})
     if missing:

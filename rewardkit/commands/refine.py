@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
+
+from . import UsageError, invalid_summary
 
 
 def add_parser(sub) -> None:
@@ -59,7 +62,7 @@ def _generator(spec: str, gen_kwargs: dict, device: str | None, dtype: str | Non
     if sep and target:
         fn = getattr(importlib.import_module(kind), target)
         return (lambda prompts, sources=None, seed=None: fn(prompts, sources=sources, seed=seed, **gen_kwargs))
-    raise ValueError(f"cannot read generator {spec!r}: use diffusers:<path> or module:function")
+    raise UsageError(f"cannot read generator {spec!r}: use diffusers:<path> or module:function")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     if args.prompts is not None:
         prompts += [ln.strip() for ln in args.prompts.read_text(encoding="utf-8").splitlines() if ln.strip()]
     if not prompts:
-        raise ValueError("give requests with --prompt or --prompts FILE")
+        raise UsageError("give requests with --prompt or --prompts FILE")
     kw = parse_overrides(args.overrides)
     if args.critic_model:
         kw.setdefault("model", args.critic_model)
@@ -100,8 +103,11 @@ def run(args: argparse.Namespace) -> int:
     for r in res.records:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     print(json.dumps({"prompts": len(prompts), "status": counts, "output": str(out)}))
-    from . import invalid_summary
-
+    for i, r in enumerate(res.records):  # each image the critic could not critique, with the critic's reason
+        for when in ("before", "after"):
+            err = r.get(f"error_{when}")
+            if err is not None and (when == "before" or r["status"] == "refined"):
+                print(f"image {i} ({when}, prompt {r['prompt'][:60]!r}): not critiqued: {err}", file=sys.stderr)
     # an image the critic could not critique was not judged: exit 3 when any (or every) one failed, the first
     # image (status critique_failed) or the regenerated one (a refined sample whose after-critique failed)
     bad = sum(r["status"] == "critique_failed" or r.get("error_after") is not None for r in res.records)

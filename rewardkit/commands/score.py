@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import EXIT_CODES_HELP, UsageError, invalid_summary
+from . import EXIT_CODES_HELP, UsageError, count, invalid_summary
 from ._common import expand_images, load_reward_cli
 from ._datasets import add_column_args, run_dataset
 
@@ -208,5 +208,5 @@ def run(args: argparse.Namespace) -> int:
         score = f"{r['score']:.6g}" if r["valid"] else f"NaN  ({r['error']})"
         print(f"{r['image'].ljust(width)}  {score}")
     if args.output:
-        print(f"wrote {len(results)} results to {args.output}", file=sys.stderr)
+        print(f"wrote {count(len(results), 'result')} to {args.output}", file=sys.stderr)
     return invalid_summary(n_bad, len(results), "images")

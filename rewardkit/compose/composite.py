@@ -231,7 +231,7 @@ class CompositeConfig(RewardConfig):
 
 
 class Composite(JudgePolicyMixin, Reward):
-    """Several rewards combined per axis by z-score, intent gate and detector veto (see module docs).
+    """Several rewards combined per axis by z-score, intent gate and detector veto (docs/compose.md).
 
     Args:
         config: :class:`CompositeConfig`, a mapping or a YAML path.
@@ -533,7 +533,7 @@ class WeightedSumConfig(CompositeConfig):
 
 
 class WeightedSum(Composite):
-    """``R_i = sum_k w_k * s_k,i`` on raw scores (the naive baseline the seed argues against).
+    """Plain weighted sum of raw scores, ``R_i = sum_k w_k * s_k,i`` (no per-axis normalisation).
 
     With ``normalize="none"`` (default) each sample's score depends only on that sample, so it passes every
     conformance check; ``normalize="batch"`` gives z-scored sums.

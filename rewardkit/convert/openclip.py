@@ -59,9 +59,11 @@ def clip_config_from_openclip(sd: dict[str, torch.Tensor], *, vision_heads: int 
     vh = vision_heads or _DEFAULT_HEADS.get(int(vw))
     th = text_heads or _DEFAULT_HEADS.get(int(tw))
     if not vh or not th:
-        raise ValueError(f"cannot infer attention heads for widths vision={vw}, text={tw}: pass them explicitly")
+        raise ValueError(f"cannot infer attention heads for widths vision={vw}, text={tw}: pass them explicitly "
+                         "(`rewardkit convert hpsv2 --heads VISION,TEXT`; in Python vision_heads= / text_heads=)")
     if vw % vh or tw % th:
-        raise ValueError(f"heads do not divide the widths (vision {vw}/{vh}, text {tw}/{th})")
+        raise ValueError(f"heads do not divide the widths (vision {vw}/{vh}, text {tw}/{th}): give the model's "
+                         "heads with `rewardkit convert hpsv2 --heads VISION,TEXT`")
     text = dict(vocab_size=int(vocab), hidden_size=int(tw),
                 intermediate_size=int(sd["transformer.resblocks.0.mlp.c_fc.weight"].shape[0]),
                 num_hidden_layers=_n_layers(sd, "transformer.resblocks."), num_attention_heads=int(th),

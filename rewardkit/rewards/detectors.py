@@ -68,7 +68,7 @@ class DetectorsConfig(RewardConfig):
 
 
 class Detectors(JudgePolicyMixin, Reward):
-    """1 when an enabled anti-hacking detector fires on the image, else 0 (see module docs)."""
+    """1 when an enabled anti-hacking detector fires on the image, else 0 (docs/compose.md)."""
 
     name: ClassVar[str] = "detectors"
     tasks = frozenset({"t2i"})

@@ -294,7 +294,7 @@ class UnifiedRewardConfig(RewardConfig):
 
 
 class UnifiedReward(JudgePolicyMixin, Reward):
-    """UnifiedReward judge with its published prompts (see the module docstring for the templates)."""
+    """UnifiedReward judge with its published prompts (t2i 1.0 / 2.0 / Think, edit; docs/zoo.md)."""
 
     name: ClassVar[str] = "unifiedreward"
     tasks = frozenset({"t2i", "edit"})  # the family; an instance takes its template's task

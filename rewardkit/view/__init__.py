@@ -4,6 +4,8 @@
 
 * ``rewardkit score`` outputs (JSONL) and Parquet files with the same columns: a table of images with
   prompt, score, every dimension, validity and the reason when invalid, and the rationale / judge answers;
+* ``rewardkit score --dataset`` output folders: the same table, each score joined back to the image and prompt
+  of its row in the source dataset;
 * ``rewardkit compare`` outputs (JSONL with ``image_a`` / ``image_b`` / ``prob_a``): the pairs side by side;
 * two or more score files on the same images: each reward's score and rank per image, rank disagreements
   flagged, Spearman's rho and a scatter plot of one reward against another;
@@ -27,6 +29,7 @@ from typing import Any, Sequence
 
 from .._version import __version__
 from .bench import bench_section, is_bench_record
+from .datasets import dataset_section, is_score_folder
 from .images import ImageStore
 from .multi import rewards_section
 from .rl import is_rl_run, rl_section
@@ -86,9 +89,14 @@ def collect(inputs: Sequence[str | Path], store: ImageStore, *, labels: Sequence
     for p, name in zip(paths, names):
         if not p.exists():
             raise FileNotFoundError(f"no such file or folder: {p}")
-        if p.is_dir():
+        if p.is_dir() and is_score_folder(p):  # `rewardkit score --dataset` output: joined to its dataset
+            sec = dataset_section(p, store, name)
+            sections.append(sec)
+            scores.append(sec)
+        elif p.is_dir():
             if not is_rl_run(p):
-                raise ViewInputError(f"{p}: a folder must be a `rewardkit rl` run (holding metrics.jsonl)")
+                raise ViewInputError(f"{p}: a folder must be a `rewardkit rl` run (holding metrics.jsonl) or a "
+                                     "`rewardkit score --dataset` output (holding _rewardkit_scores.json)")
             sections.append(rl_section(p, store, name))
         elif is_bench_record(p):
             bench.append(p)
@@ -137,7 +145,7 @@ def render_html(payload: dict[str, Any], *, title: str) -> str:
 
 def build_report(inputs: Sequence[str | Path], output: str | Path, *, title: str | None = None,
                  thumbs: str = "embed", thumb_size: int = 256, labels: Sequence[str] | None = None,
-                 page_size: int = 50) -> Path:
+                 page_size: int = 50, full_size: int = 1024, full_budget_mb: float = 32) -> Path:
     """Write the HTML report of ``inputs`` to ``output`` and return its path.
 
     Args:
@@ -150,6 +158,10 @@ def build_report(inputs: Sequence[str | Path], output: str | Path, *, title: str
         thumb_size: longest side of a thumbnail in pixels.
         labels: one name per input (default: the file names).
         page_size: rows per page in the tables.
+        full_size: embed mode: the enlarged view of an image larger than its thumbnail is the image at up to
+            this many pixels on its longest side (0: the thumbnail shown larger).
+        full_budget_mb: embed mode: the enlarged images embedded in the page total at most this many MB; past
+            it, an image's enlarged view is its thumbnail and the page says so.
     """
     out = Path(output)
     if out.suffix.lower() not in (".html", ".htm"):
@@ -158,8 +170,11 @@ def build_report(inputs: Sequence[str | Path], output: str | Path, *, title: str
         raise ViewInputError(f"thumb_size must be >= 16 pixels, got {thumb_size}")
     if page_size < 1:
         raise ViewInputError(f"page_size must be >= 1, got {page_size}")
+    if full_size < 0 or full_budget_mb < 0:
+        raise ViewInputError(f"full_size and full_budget_mb must be >= 0, got {full_size} and {full_budget_mb}")
     out.parent.mkdir(parents=True, exist_ok=True)
-    store = ImageStore(out.parent, mode=thumbs, folder=out.with_name(out.stem + "_files"), size=thumb_size)
+    store = ImageStore(out.parent, mode=thumbs, folder=out.with_name(out.stem + "_files"), size=thumb_size,
+                       full_size=full_size, full_budget=int(full_budget_mb * 2**20))
     sections = collect(inputs, store, labels=labels)
     title = title or "rewardkit view: " + ", ".join(Path(p).name for p in inputs)
     payload = {"title": title, "version": __version__, "page_size": page_size,

@@ -89,3 +89,17 @@ def test_demo_without_arguments_shows_t2i_edit_and_compare(tmp_path, env):
         "t2i_house_sunset.png", "t2i_open_sign.png", "t2i_red_apple.png"]
     assert all(data["images"][r["img"]]["src"].startswith("data:image/") for r in sec["rows"])
     assert [s["kind"] for s in data["sections"]] == ["scores", "scores", "pairs"]
+    # the README's "A first result" is this run's output, line for line (seeded tiny checkpoints)
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    shown = readme[readme.index("## A first result"):].split("```text\n", 1)[1].split("```", 1)[0].splitlines()
+    assert shown and all(line.rstrip() in out.splitlines() for line in shown), (shown, out)
+    # ... and the README's next lines work in a fresh shell: the `source` line score.sh ends with, then rewardkit
+    src = next(x.strip() for x in res.stderr.splitlines() if x.strip().startswith("source "))
+    assert src == f"source {env['REWARDKIT_VENV']}/bin/activate"
+    fresh = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+    if os.environ.get("PYTHONPATH"):  # a worktree under test: its code, as the rest of the suite uses
+        fresh["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    assert subprocess.run(["bash", "-c", "rewardkit ls"], env=fresh, capture_output=True).returncode == 127
+    walk = subprocess.run(["bash", "-c", f"{src} && rewardkit ls"], cwd=tmp_path, env=fresh, capture_output=True,
+                          text=True, timeout=120)
+    assert walk.returncode == 0 and "pickscore" in walk.stdout, walk.stderr

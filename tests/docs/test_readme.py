@@ -1,6 +1,7 @@
-"""README claims outside the contract / security sections (map: tests/README.md, "README: setup, commands and
-the rest"): the scripts' environment variables and exit status, REWARDKIT_DEBUG, the extras table, the
-"Writing a reward" example, the Layout block and the GPU scripts' --dry-run.
+"""README claims, and those of the pages its reference sections moved to (docs/install.md, docs/contract.md,
+docs/commands.md, docs/architecture.md), outside the contract / security sections (map: tests/README.md, "README:
+setup, commands and the rest"): the scripts' environment variables and exit status, REWARDKIT_DEBUG, the extras
+table, the "Writing a reward" example, the Layout block, the GPU scripts' --dry-run and the README's own shape.
 
 The scripts are run by bash against a fake virtual environment (`bin/python`, `bin/rewardkit` that log their
 arguments and exit with a chosen code), so what they would install / run is checked in milliseconds."""
@@ -19,6 +20,11 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text(encoding="utf-8")
+# the README's reference sections moved to these pages (issue 40): each claim is checked where it is written
+INSTALL = (REPO / "docs" / "install.md").read_text(encoding="utf-8")
+CONTRACT = (REPO / "docs" / "contract.md").read_text(encoding="utf-8")
+COMMANDS_PAGE = (REPO / "docs" / "commands.md").read_text(encoding="utf-8")
+ARCHITECTURE = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
 needs_bash = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
 _FAKE_PY = """#!/usr/bin/env bash
@@ -179,13 +185,17 @@ def test_score_sh_demo_runs_t2i_edit_compare_into_outputs(venv):
     assert rk[3].split("] ", 1)[1] == ("view outputs/t2i_scores.jsonl outputs/edit_scores.jsonl outputs/compare.jsonl "
                                        "-o outputs/report.html")
     assert f"report: {REPO}/outputs/report.html" in res.stderr
+    # it ends with how to put `rewardkit` on the PATH of the user's own shell (the README says the same)
+    tail = res.stderr.rstrip().splitlines()[-3:]
+    assert tail[0].startswith("[rewardkit] next: activate") and tail[1].strip() == f"source {tmp}/v/bin/activate"
+    assert "source .venv/bin/activate" in README
     # a failing step is the script's status
     log.write_text("")
     assert _bash(f"bash {REPO}/scripts/score.sh", env, tmp, FAKE_RK_RC="2").returncode == 2
 
 
 def test_readme_lists_every_script_environment_variable_with_its_default():
-    table = README[README.index("| variable | default | what |"):].split("\n\n", 1)[0]
+    table = INSTALL[INSTALL.index("| variable | default | what |"):].split("\n\n", 1)[0]
     documented = dict(re.findall(r"^\| `(\w+)` \| (\S+) \|", table, re.M))
     assert documented == {"REWARDKIT_TORCH": "`torch==2.13.0`", "REWARDKIT_VENV": "`.venv`",
                           "REWARDKIT_SKIP_INSTALL": "unset", "REWARDKIT_DEMO_CACHE": "`.rewardkit_cache`",
@@ -237,7 +247,7 @@ def _pyproject_extras() -> dict[str, list[str]]:
 
 def test_extras_table_matches_pyproject():
     extras = _pyproject_extras()
-    table = README[README.index("| extra | for | pulls |"):].split("\n\n", 1)[0].splitlines()[2:]
+    table = INSTALL[INSTALL.index("| extra | for | pulls |"):].split("\n\n", 1)[0].splitlines()[2:]
     rows = {m.group(1): m.group(2) for m in (re.match(r"\| `(\w+)` \|.*\|\s*([^|]*?)\s*\|$", r) for r in table) if m}
     assert set(rows) == set(extras) - {"dev"}
     name = re.compile(r"^[A-Za-z0-9_.-]+")
@@ -255,7 +265,7 @@ def test_extras_table_matches_pyproject():
 
 
 def test_layout_paths_exist():
-    block = README[README.index("## Layout"):].split("```")[1]
+    block = ARCHITECTURE[ARCHITECTURE.index("## Layout"):].split("```")[1]
     paths = set(re.findall(r"\b(rewardkit/[\w/.]*|tests/|benchmarks/|recipes/|docs/|examples/|scripts/)", block))
     paths |= {f"rewardkit/{p}" for p in re.findall(r"(?<=, )(\w+\.py)", block)}  # "server.py, client.py"
     paths |= {"rewardkit/commands/"} if "commands/" in block else set()
@@ -265,7 +275,7 @@ def test_layout_paths_exist():
 
 
 def _readme_sharpness_source() -> str:
-    sec = README[README.index("## Writing a reward"):]
+    sec = CONTRACT[CONTRACT.index("## Writing a reward"):]
     code = sec.split("```python", 1)[1].split("```", 1)[0]
     body = textwrap.dedent("""\
         import numpy as np
@@ -293,7 +303,7 @@ def test_writing_a_reward_example_registers_and_passes_conformance(monkeypatch, 
 
     mod = types.ModuleType("my_pkg_rewards_readme")
     monkeypatch.setitem(sys.modules, "my_pkg_rewards_readme", mod)
-    exec(compile(_readme_sharpness_source(), "README.md", "exec"), mod.__dict__)
+    exec(compile(_readme_sharpness_source(), "docs/contract.md", "exec"), mod.__dict__)
     ep = metadata.EntryPoint(name="sharpness", value="my_pkg_rewards_readme:Sharpness",
                              group=registry.ENTRY_POINT_GROUP)
     assert registry.ENTRY_POINT_GROUP == "rewardkit.rewards"  # the group the README's toml names
@@ -344,7 +354,7 @@ def test_pickscore_default_is_the_hub_id_the_readme_downloads():
     from rewardkit.rewards.pickscore import PickScoreConfig
 
     assert PickScoreConfig().model == "yuvalkirstain/PickScore_v1"
-    assert "hf download yuvalkirstain/PickScore_v1" in README
+    assert "hf download yuvalkirstain/PickScore_v1" in INSTALL
 
 
 @pytest.mark.parametrize("fmt", ["csv", "parquet"])
@@ -412,7 +422,7 @@ def test_ls_says_when_an_extra_is_not_installed(monkeypatch, capsys):
 def test_commands_table_names_every_command():
     from rewardkit.cli import COMMANDS
 
-    table = README[README.index("| command | what |"):].split("\n\n", 1)[0]
+    table = COMMANDS_PAGE[COMMANDS_PAGE.index("| command | what |"):].split("\n\n", 1)[0]
     named = set(re.findall(r"^\| `rewardkit (\w+)", table, re.M))
     assert named == set(COMMANDS), set(COMMANDS) ^ named
 
@@ -492,9 +502,9 @@ def test_python_and_vllm_pins_as_documented():
     assert data["project"]["requires-python"] == ">=3.10" and "Python >= 3.10" in README
     vllm = data["project"]["optional-dependencies"]["vllm"]
     assert "vllm>=0.33,<0.34" in vllm and "transformers>=5.20,<5.21" in vllm
-    assert "vllm 0.33.x brings torch 2.14.0 + transformers 5.20.x" in README
+    assert "vllm 0.33.x brings torch 2.14.0 + transformers 5.20.x" in INSTALL
     # vllm 0.33 itself needs Python >= 3.11: the extras table and the GPU section say so
-    assert "offline vLLM judge backend (Python >= 3.11" in README and "a CUDA GPU and Python >= 3.11" in README
+    assert "offline vLLM judge backend (Python >= 3.11" in INSTALL and "a CUDA GPU and Python >= 3.11" in INSTALL
 
 
 def test_testing_kit_names_in_the_readme():
@@ -502,7 +512,7 @@ def test_testing_kit_names_in_the_readme():
     from rewardkit import testing
 
     for name in ("tiny_qwen2_5_vl", "tiny_qwen3_vl", "tiny_clip", "tiny_sd3_pipeline", "save_tiny_checkpoint"):
-        assert callable(getattr(testing, name)) and f"{name}(" in README, name
+        assert callable(getattr(testing, name)) and f"{name}(" in CONTRACT, name
     model, proc = testing.tiny_clip()
     assert type(model).__name__ == "CLIPModel" and hasattr(proc, "image_processor") and hasattr(proc, "tokenizer")
 
@@ -522,3 +532,53 @@ def test_rewardkit_max_pixels_environment_variable():
     lines = out.stdout.splitlines()
     assert lines[0] == "100" and lines[1] == "100"
     assert lines[2].startswith("refused") and "100" in lines[2]
+
+
+def _section(text: str, heading: str) -> str:
+    return text[text.index(heading):].split("\n## ", 1)[0]
+
+
+def test_readme_opens_with_what_the_two_commands_a_first_result_then_links():
+    """Issue 40: what and why in a few lines, the commands (activating the environment among them), a first
+    result with its picture, Python, then links; reference material lives on docs/ pages. No line over 120."""
+    long = [i + 1 for i, line in enumerate(README.splitlines()) if len(line) > 120]
+    assert not long, f"README lines over 120 characters: {long}"
+    heads = re.findall(r"^## (.+)$", README, re.M)
+    assert heads[:3] == ["Get started", "A first result", "In Python"], heads
+    assert heads.index("Install as a package") < heads.index("Learn more")
+    for gone in ("The contract", "Performance", "Security", "Layout", "Commands", "Rewards"):
+        assert gone not in heads, gone  # moved to docs/
+    assert README.index("## Get started") < 1200  # the first screen: a few lines of what and why, then commands
+    start = _section(README, "## Get started")
+    assert "bash scripts/score.sh" in start and "source .venv/bin/activate" in start and "rewardkit ls" in start
+    pic = re.search(r"!\[[^\]]+\]\(([^)]+)\)", _section(README, "## A first result"))
+    assert pic and (REPO / pic.group(1)).is_file()
+    links = re.findall(r"\]\((docs/[^)#]+)(?:#[^)]*)?\)", README)
+    assert len(links) > 10 and all((REPO / p).exists() for p in links), [p for p in links if not (REPO / p).exists()]
+    for page in ("install.md", "contract.md", "rewards.md", "commands.md", "performance.md", "security.md",
+                 "architecture.md"):
+        assert f"(docs/{page}" in README, page
+
+
+def test_the_hf_install_line_warns_about_cuda_torch_and_says_how_to_get_the_cpu_build():
+    for text in (_section(README, "## Install as a package"), _section(INSTALL, "## Install as a package")):
+        assert 'pip install "rewardkit-vision[hf]"' in text
+        assert "CUDA build of" in text and "several GB" in text
+        assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in text
+    assert "download.pytorch.org/whl/cpu" in _section(README, "## Get started")  # before the first run
+
+
+def test_readme_python_block_runs_and_shows_its_output(tiny_clip_dir, monkeypatch, capsys):
+    """The README's "In Python" block, verbatim but for the tiny checkpoint's folder, run from the repository
+    root: the values its comments show are what it returns."""
+    code = _section(README, "## In Python").split("```python\n", 1)[1].split("```", 1)[0]
+    assert code.count('".rewardkit_cache/tiny-clip"') == 1
+    monkeypatch.chdir(REPO)
+    ns: dict = {}
+    exec(compile(code.replace(".rewardkit_cache/tiny-clip", str(tiny_clip_dir)), "README.md", "exec"), ns)
+    out, pair = ns["out"], ns["pair"]
+    shown = re.search(r"out\.scores\s+# tensor\(\[([^\]]+)\]\)", code).group(1).split(",")
+    assert [round(float(v), 4) for v in out.scores[:2]] == [float(v) for v in shown[:2]]
+    assert shown[2].strip() == "nan" and out.valid.tolist() == [True, True, False]
+    assert out.errors[:2] == [None, None] and f"'{out.errors[2]}'" in code
+    assert f"tensor([{float(pair.prob_a[0]):.4f}])" in code

@@ -44,7 +44,9 @@ def test_sdist_carries_licence_recipes_examples_and_tests(tree, tmp_path):
     for need in ("LICENSE", "recipes/nft/tiny.yaml", "recipes/nft/tiny_e2po.yaml", "recipes/parrot/tiny.yaml",
                  "recipes/arena_rm/tiny.yaml", "examples/quickstart.py", "examples/images/t2i.jsonl",
                  "examples/images/t2i_red_apple.png", "tests/conftest.py", "tests/helpers/vllm_standin.py",
-                 "benchmarks/gpu/vllm_smoke.py", "scripts/score.sh"):
+                 "benchmarks/gpu/vllm_smoke.py", "scripts/score.sh",
+                 # the docs build and test.sh's system packages (issue 40: the sdist lacked them)
+                 "mkdocs.yml", ".ci/install-system-deps.sh", ".importlinter"):
         assert need in names, need
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
 

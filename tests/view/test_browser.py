@@ -323,9 +323,11 @@ def test_rl_run_curves_and_grids(browser, tmp_path):
     d = o.page.get_attribute("figure.rk-chart path[data-key='reward/pickscore/mean']", "d")
     assert d.count("L") == 4 and d.startswith("M")
     assert "reward/pickscore/mean (last 0.5000)" in o.page.inner_text("figure.rk-chart >> nth=0")
-    grids = o.page.eval_on_selector_all("figure.rk-grid figcaption", "fs => fs.map(f => f.innerText)")
+    grids = o.page.eval_on_selector_all("details.rk-all-grids figure.rk-grid figcaption",
+                                        "fs => fs.map(f => f.textContent)")
     assert grids == [f"epoch {e}: eval-epoch-{e:06d}.png" for e in (0, 2, 4)]
-    assert o.images_loaded("figure.rk-grid img") == [512, 512, 512]
+    o.page.click("details.rk-all-grids > summary")
+    assert o.images_loaded("details.rk-all-grids figure.rk-grid img") == [512, 512, 512]
     o.shot("rl")
     assert o.events == [], o.events
 
@@ -363,7 +365,8 @@ def test_reports_pass_axe_core(browser, tmp_path, axe_js):
     html = build_report([write_jsonl(tmp_path / "a.jsonl", rows), write_jsonl(tmp_path / "b.jsonl", rows2), pairs,
                          _rl_run(tmp_path)], tmp_path / "all.html")
     o = Opened(browser, html, tmp_path / "screenshots")
-    o.page.click("section[data-kind=scores] details summary >> nth=0")  # opened content is checked too
+    o.page.click("section[data-kind=scores] td.explain details summary >> nth=0")  # opened content is checked too
+    o.page.click("section[data-kind=scores] details.rk-ranges > summary >> nth=0")  # and the range filters
     o.page.wait_for_function("() => document.querySelector('section[data-kind=scores] details table') !== null")
     o.shot("axe")
     result = _axe(o, axe_js)
@@ -379,3 +382,132 @@ def _axe(o: Opened, axe_js: str) -> list[dict]:
         o.page.evaluate(axe_js + "\n;0")  # CDP evaluation: the page's CSP does not apply to the test harness
     return o.page.evaluate("async () => { const r = await axe.run(document); "
                            "return r.violations.map(v => ({id: v.id, nodes: v.nodes.map(n => n.html).slice(0, 3)})); }")
+
+
+# ---------------------------------------------------------------- issue 40: what W&B tables / FiftyOne users expect
+
+
+def _best_of_n_rows(folder: Path) -> list[dict]:
+    """Three prompts x three candidates (the example images), scores and one dimension; one invalid row."""
+    for p in EXAMPLES.glob("t2i_*.png"):
+        shutil.copy(p, folder / p.name)
+    names = ["t2i_red_apple.png", "t2i_house_sunset.png", "t2i_open_sign.png"]
+    rows = []
+    for pi, prompt in enumerate(["a red apple", "a house at sunset", "an open sign"]):
+        for ci, name in enumerate(names):
+            score = float(3 * pi + (ci + pi) % 3)
+            rows.append({"image": str(folder / name), "prompt": prompt, "score": score, "valid": True, "error": None,
+                         "dimensions": {"quality": 10.0 - score}})
+    rows[4].update(score=None, valid=False, error="judge gave no answer", dimensions={"quality": None})
+    return rows
+
+
+def test_gallery_group_by_prompt_and_value_range_filter(browser, tmp_path, axe_js):
+    rows = _best_of_n_rows(tmp_path)
+    html = build_report([write_jsonl(tmp_path / "bon.jsonl", rows)], tmp_path / "r.html")
+    o = Opened(browser, html, tmp_path / "screenshots")
+    sec = "section[data-kind='scores']"
+    # gallery grid: one card per row, the score under each image, the same paging and filters
+    o.page.select_option(f"{sec} select[id$='-l']", "gallery")
+    cards = o.page.eval_on_selector_all(f"{sec} .rk-layout-gallery .rk-card .rk-score", "s => s.map(x => x.textContent)")
+    assert cards == [fmt(r["score"]) if r["valid"] else "invalid" for r in rows]
+    assert o.page.is_hidden(f"{sec} table[data-rows]")
+    o.shot("gallery")
+    assert _axe(o, axe_js) == []
+    # grouped by prompt: best-of-N at a glance, each prompt's images side by side, best first, "best" marked
+    o.page.select_option(f"{sec} select[id$='-l']", "group")
+    groups = o.page.eval_on_selector_all(f"{sec} .rk-group", """gs => gs.map(g => ({
+        prompt: g.querySelector('h3').textContent,
+        scores: Array.from(g.querySelectorAll('.rk-score')).map(s => s.textContent),
+        best: Array.from(g.querySelectorAll('.rk-badge')).length}))""")
+    want = []
+    for prompt in dict.fromkeys(r["prompt"] for r in rows):
+        mine = sorted((r for r in rows if r["prompt"] == prompt), key=lambda r: -(r["score"] if r["valid"] else -1e9))
+        want.append({"prompt": prompt, "scores": [fmt(r["score"]) if r["valid"] else "invalid" for r in mine],
+                     "best": 1})
+    assert groups == want
+    assert "prompts 1\u20133 of 3" in o.page.inner_text(f"{sec} .rk-status")
+    o.shot("grouped-by-prompt")
+    assert _axe(o, axe_js) == []  # the new layouts pass axe-core too
+    # a value range on the score column, with its histogram: rows outside are filtered out, in every layout
+    o.page.click(f"{sec} details.rk-ranges > summary")
+    bars = o.page.eval_on_selector_all(f"{sec} fieldset[data-key='score'] svg rect",
+                                       "rs => rs.map(r => Number(r.getAttribute('data-count')))")
+    assert len(bars) == 20 and sum(bars) == sum(r["valid"] for r in rows)
+    o.page.fill(f"{sec} input[data-key='score'][data-bound='min']", "3")
+    o.page.fill(f"{sec} input[data-key='score'][data-bound='max']", "5.5")
+    o.page.select_option(f"{sec} select[id$='-l']", "table")
+    o.page.wait_for_timeout(50)
+    shown = [float(x) for x in o.column(f"{sec} table[data-rows]", "score")]
+    assert shown == [r["score"] for r in rows if r["valid"] and 3 <= r["score"] <= 5.5]
+    greyed = o.page.eval_on_selector_all(f"{sec} fieldset[data-key='score'] rect.rk-out", "rs => rs.length")
+    assert 0 < greyed < 20
+    o.shot("range-filter")
+    assert o.events == [], o.events
+
+
+def test_narrow_screen_enlarged_original_unreadable_label_and_nested_tables(browser, tmp_path):
+    """390-px screen: the page does not overflow sideways (charts scale down); an embedded report enlarges an
+    image to its full-resolution copy, not the thumbnail; a corrupt file says "unreadable"; the words of nested
+    answer tables are never broken."""
+    from PIL import Image
+
+    big = tmp_path / "big.png"
+    Image.new("RGB", (900, 600), (30, 120, 200)).save(big)
+    (tmp_path / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
+    answers = [{"question": "Is there a red apple on the table?", "answer": "yes", "p_yes": 0.93},
+               {"question": "Is the apple cut?", "answer": "no", "p_yes": 0.04}]
+    rows = [{"image": str(big), "prompt": "a blue card", "score": 1.0, "valid": True, "error": None,
+             "details": {"answers": answers}},
+            {"image": str(tmp_path / "corrupt.png"), "prompt": "x", "score": None, "valid": False,
+             "error": "not an image"}]
+    html = build_report([write_jsonl(tmp_path / "s.jsonl", rows), _rl_run(tmp_path)], tmp_path / "r.html")
+    o = Opened(browser, html, tmp_path / "screenshots")
+    o.page.click("section[data-kind='scores'] button.rk-thumb")
+    o.page.wait_for_function("() => document.getElementById('rk-zoom-img').complete")
+    assert o.page.eval_on_selector("#rk-zoom-img", "i => i.naturalWidth") == 900  # not the 256-px thumbnail
+    assert "(900\u00d7600)" in o.page.inner_text("#rk-zoom-caption")
+    o.page.keyboard.press("Escape")
+    assert "unreadable image corrupt.png" in o.page.inner_text("section[data-kind='scores']")
+    o.page.click("section[data-kind='scores'] td.explain details > summary")
+    o.page.wait_for_selector(".rk-nested td")
+    cells = o.page.eval_on_selector_all(".rk-nested td", """tds => tds.filter(t => !/\\s/.test(t.textContent.trim()))
+        .map(t => { const r = document.createRange(); r.selectNodeContents(t); return [t.textContent, r.getClientRects().length]; })""")
+    assert cells and all(n == 1 for _t, n in cells), cells  # one line each: "yes", "0.93" never split
+    o.page.set_viewport_size({"width": 390, "height": 844})
+    o.page.wait_for_timeout(100)
+    overflow = o.page.evaluate("() => document.documentElement.scrollWidth")
+    charts = o.page.eval_on_selector_all("figure.rk-chart svg", "ss => ss.map(s => s.getBoundingClientRect().right)")
+    assert overflow <= 390 and charts and max(charts) <= 390, (overflow, charts)
+    o.shot("narrow-390")
+    assert o.events == [], o.events
+
+
+def test_rl_step_slider_and_dataset_scores_with_their_images(browser, tmp_path, tiny_clip_dir):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from rewardkit.cli import main
+
+    run = _rl_run(tmp_path)
+    data = tmp_path / "data.parquet"
+    pq.write_table(pa.table({"prompt": ["an apple", "a sign"], "image": [
+        (EXAMPLES / "t2i_red_apple.png").read_bytes(), (EXAMPLES / "t2i_open_sign.png").read_bytes()]}), data)
+    assert main(["score", "--dataset", str(data), "-r", "clipscore", "-m", str(tiny_clip_dir), "--output",
+                 str(tmp_path / "scores"), "--no-progress"]) == 0
+    o = Opened(browser, build_report([run, tmp_path / "scores"], tmp_path / "r.html"), tmp_path / "screenshots")
+    slider = "section[data-kind='rl'] input.rk-step"
+    assert o.page.get_attribute(slider, "max") == "2"
+    assert o.page.get_attribute(".rk-step-view figure.rk-grid", "data-epoch") == "4"  # the last step first
+    for value, epoch in (("0", "0"), ("1", "2")):
+        o.page.fill(slider, value)
+        assert o.page.get_attribute(".rk-step-view figure.rk-grid", "data-epoch") == epoch
+        assert o.page.inner_text(".rk-step-label").startswith(f"epoch {epoch}: eval-epoch-")
+    assert o.images_loaded(".rk-step-view img") == [512]
+    o.shot("rl-step-slider")
+    sec = "section[data-kind='scores']"
+    assert o.column(f"{sec} table[data-rows]", "prompt") == ["an apple", "a sign"]
+    assert o.images_loaded(f"{sec} table[data-rows] img") == [256, 256]  # no "no image"
+    assert "joined back to its image and prompt columns (image, prompt)" in o.page.inner_text(sec)
+    o.shot("dataset-scores")
+    assert o.events == [], o.events

@@ -12,6 +12,7 @@ import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -201,6 +202,30 @@ def test_folder_thumbnails_beside_the_html(tmp_path):
         assert (out.parent / im["full"]).resolve() == (tmp_path / im["name"]).resolve()  # the original
 
 
+@pytest.mark.skipif(os.name == "nt", reason="':' cannot be in a Windows file name")
+def test_links_to_files_with_scheme_like_names_stay_relative(tmp_path):
+    """Issue 36 item 10: image links were raw relative paths, so a file named `javascript:alert(1).png` or a
+    folder named `https:` became a link with that scheme. Each path segment is percent-encoded; the link still
+    resolves to the file."""
+    from urllib.parse import unquote, urlsplit
+
+    odd = tmp_path / "https:" / "x?y#z 100%"
+    odd.mkdir(parents=True)
+    names = [odd / "javascript:alert(1).png", odd / "data:text.png", tmp_path / "https:" / "plain.png"]
+    for n in names:
+        Image.new("RGB", (8, 8), (10, 200, 30)).save(n, format="PNG")
+    rows = [{"image": str(n), "prompt": "p", "score": 1.0, "valid": True, "error": None} for n in names]
+    out = build_report([write_jsonl(tmp_path / "s.jsonl", rows)], tmp_path / "r.html", thumbs="folder")
+    imgs = payload_of(out.read_text(encoding="utf-8"))["images"]
+    fulls = sorted(im["full"] for im in imgs.values())
+    assert len(fulls) == 3
+    for link in fulls + [im["src"] for im in imgs.values()]:
+        parts = urlsplit(link)
+        assert parts.scheme == "" and parts.netloc == "" and parts.query == "" and parts.fragment == "", link
+    assert sorted((out.parent / unquote(f)).resolve() for f in fulls) == sorted(n.resolve() for n in names)
+    assert "https%3A/x%3Fy%23z%20100%25/javascript%3Aalert%281%29.png" in fulls
+
+
 def test_cli(tmp_path, capsys):
     from rewardkit.cli import main
 
@@ -218,3 +243,102 @@ def test_cli(tmp_path, capsys):
     assert main(["view", str(f), "-o", str(tmp_path / "x.txt")]) == 2
     with pytest.raises(ViewInputError, match="no inputs"):
         build_report([], tmp_path / "y.html")
+
+
+def test_a_corrupt_file_is_unreadable_not_missing(tmp_path):
+    """Issue 40 item 8: a file that is there but cannot be decoded was labelled "missing"."""
+    bad = tmp_path / "corrupt.png"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    store = ImageStore(tmp_path)
+    key = store.add_path(bad)
+    entry = store.table()[key]
+    assert entry["unreadable"] is True and entry["name"] == "corrupt.png" and "src" not in entry
+    key = store.add_path(tmp_path / "gone.png")
+    gone = store.table()[key]
+    assert gone == {"missing": "file not found", "name": "gone.png"}  # a missing one stays "missing"
+    js = (Path(__file__).resolve().parents[2] / "rewardkit" / "view" / "assets" / "view.js").read_text()
+    assert '(im.unreadable ? "unreadable image " : "missing image ")' in js
+
+
+def _decode(uri: str) -> Image.Image:
+    return Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1])))
+
+
+def test_embed_mode_keeps_a_full_resolution_image_within_a_budget(tmp_path):
+    """Issue 40 item 8: the enlarged view in embed mode was the 256-px thumbnail stretched. An image larger than
+    its thumbnail also embeds itself at up to `full_size` (default 1024) on its longest side, until the enlarged
+    images total `full_budget` bytes; past it the entry says why there is no original."""
+    paths = []
+    for i, (w, h) in enumerate([(600, 240), (1300, 260), (200, 100)]):
+        p = tmp_path / f"im{i}.png"  # smooth gradients: quick to encode, unlike noise
+        g = np.add.outer(np.linspace(0, 120, h), np.linspace(0, 120, w)).astype(np.uint8)
+        Image.fromarray(np.stack([g, 255 - g, np.full_like(g, 90 + 40 * i)], axis=-1)).save(p)
+        paths.append(p)
+    store = ImageStore(tmp_path, size=256)
+    keys = [store.add_path(p) for p in paths]
+    t = [store.table()[k] for k in keys]
+    assert _decode(t[0]["src"]).size == (256, 102) and _decode(t[0]["full"]).size == (600, 240)
+    assert t[0]["full_size"] == [600, 240]
+    assert _decode(t[1]["full"]).size == (1024, 205)  # bounded by full_size (260 * 1024 / 1300 = 204.8)
+    assert t[2]["full"] == t[2]["src"] and "full_note" not in t[2]  # small: the thumbnail is the image
+    assert store.full_bytes == sum(len(base64.b64decode(x["full"].split(",", 1)[1])) for x in t[:2])
+    # a budget that holds the first enlarged image only
+    first = len(base64.b64decode(t[0]["full"].split(",", 1)[1]))
+    small = ImageStore(tmp_path, size=256, full_budget=first + 10)
+    ka, kb = (small.add_path(p) for p in paths[:2])
+    a, b = small.table()[ka], small.table()[kb]
+    assert a["full"] != a["src"] and b["full"] == b["src"] and "budget" in b["full_note"]
+    assert small.full_bytes <= first + 10
+    off = ImageStore(tmp_path, size=256, full_size=0)
+    kc = off.add_path(paths[0])
+    c = off.table()[kc]
+    assert c["full"] == c["src"] and off.full_bytes == 0
+    # through the CLI: the documented default budget and a page that is bounded by it
+    from rewardkit.cli import main
+
+    rows = [{"image": str(p), "prompt": "p", "score": 1.0, "valid": True, "error": None} for p in paths]
+    out = tmp_path / "r.html"
+    assert main(["view", str(write_jsonl(tmp_path / "s.jsonl", rows)), "-o", str(out), "--full-budget", "0.5"]) == 0
+    imgs = payload_of(out.read_text(encoding="utf-8"))["images"].values()
+    assert sum(len(im["full"]) for im in imgs if im["full"] != im["src"]) <= 0.5 * 2**20 * 4 / 3 + 100
+
+
+def test_dataset_score_folder_is_joined_back_to_its_images_and_prompts(tmp_path, tiny_clip_dir):
+    """Issue 40 item 10: `view` on `score --dataset` output showed "no image" on every row. The score folder's
+    manifest names the dataset and its columns; each score is shown with its row's image and prompt."""
+    pytest.importorskip("pyarrow")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rewardkit.cli import main
+
+    shutil.copy(EXAMPLES / "t2i_open_sign.png", tmp_path / "sign.png")
+    data = tmp_path / "data"
+    data.mkdir()
+    imgs = [(EXAMPLES / "t2i_red_apple.png").read_bytes(), (EXAMPLES / "t2i_house_sunset.png").read_bytes()]
+    struct = pa.struct([("bytes", pa.binary()), ("path", pa.string())])  # the Hugging Face Image layout
+    pq.write_table(pa.table({"caption": ["an apple", "a house"],
+                             "img": pa.array([{"bytes": b, "path": None} for b in imgs], struct)}),
+                   data / "part-0.parquet")
+    pq.write_table(pa.table({"caption": ["a sign"], "img": pa.array([{"bytes": None, "path": "../sign.png"}], struct)}),
+                   data / "part-1.parquet")
+    scores = tmp_path / "scores"
+    assert main(["score", "--dataset", str(data), "--image-column", "img", "--prompt-column", "caption",
+                 "-r", "clipscore", "-m", str(tiny_clip_dir), "--output", str(scores), "--no-progress"]) == 0
+    out = build_report([scores], tmp_path / "r.html")
+    data_ = payload_of(out.read_text(encoding="utf-8"))
+    (sec,) = data_["sections"]
+    assert sec["kind"] == "scores" and sec["source"]["columns"]["image"] == "img" and "note" not in sec
+    got = {r["prompt"]: r for r in sec["rows"]}
+    assert set(got) == {"an apple", "a house", "a sign"}
+    want = {r["id"]: r["score"] for f in sorted(scores.glob("*.parquet")) for r in pq.read_table(f).to_pylist()}
+    assert sorted(r["score"] for r in sec["rows"]) == pytest.approx(sorted(want.values()))
+    for prompt, src in (("an apple", EXAMPLES / "t2i_red_apple.png"), ("a sign", tmp_path / "sign.png")):
+        im = data_["images"][got[prompt]["img"]]
+        assert _decode(im["src"]).tobytes() == Image.open(src).convert("RGB").tobytes()  # 256 px: not resized
+    assert got["an apple"]["path"] == "part-0:0" and got["a sign"]["path"].endswith("sign.png")
+    # the source moved away: the scores are still shown, and the page says why there are no images
+    shutil.rmtree(data)
+    sec = payload_of(build_report([scores], tmp_path / "r2.html").read_text(encoding="utf-8"))["sections"][0]
+    assert len(sec["rows"]) == 3 and all(r["img"] is None for r in sec["rows"])
+    assert "source dataset could not be read" in sec["note"]

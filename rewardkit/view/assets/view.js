@@ -63,7 +63,8 @@
     if (!im || !im.src) return;
     zoomImg.src = im.full && /^data:/.test(im.full) ? im.full : im.src;
     zoomImg.alt = "Enlarged image " + (im.name || "") + (caption ? ": " + caption : "");
-    zoomCap.textContent = (im.name ? im.name + ": " : "") + (caption || "");
+    zoomCap.textContent = (im.name ? im.name + ": " : "") + (caption || "") +
+      (im.full_size ? " (" + im.full_size[0] + "\u00d7" + im.full_size[1] + ")" : "") + (im.full_note ? " (" + im.full_note + ")" : "");
     if (im.full && im.full !== im.src && !/^data:/.test(im.full)) {
       zoomLink.hidden = false; zoomLink.setAttribute("href", im.full);
     } else { zoomLink.hidden = true; zoomLink.removeAttribute("href"); }
@@ -74,7 +75,7 @@
   function thumb(key, alt, caption) {
     var im = key ? IMAGES[key] : null;
     if (!im) return el("span", {cls: "rk-missing", text: "no image"});
-    if (!im.src) return el("span", {cls: "rk-missing", text: "missing image " + (im.name || "") + " (" + im.missing + ")"});
+    if (!im.src) return el("span", {cls: "rk-missing", text: (im.unreadable ? "unreadable image " : "missing image ") + (im.name || "") + " (" + im.missing + ")"});
     var b = el("button", {type: "button", cls: "rk-thumb", "aria-label": "Enlarge " + alt},
       el("img", {src: im.src, alt: alt}));
     b.addEventListener("click", function () { openZoom(key, caption, b); });
@@ -123,7 +124,7 @@
           tb.appendChild(tr);
         });
         t.appendChild(tb);
-        return t;
+        return el("div", {cls: "rk-scroll rk-nested", tabindex: "0", role: "region", "aria-label": "list of " + v.length + " (scrollable)"}, t);
       }
       var ol = el("ol");
       v.forEach(function (x) { ol.appendChild(el("li", null, tree(x, depth + 1))); });
@@ -174,11 +175,60 @@
     return td;
   }
 
+  // ---------------------------------------------------------------- numeric range filters with a histogram
+  var BINS = 20;
+  function histogram(values, lo, hi, label) {
+    var counts = [], i;
+    for (i = 0; i < BINS; i++) counts.push(0);
+    values.forEach(function (v) { var b = hi > lo ? Math.min(BINS - 1, Math.floor(BINS * (v - lo) / (hi - lo))) : 0; counts[b]++; });
+    var top = Math.max.apply(null, counts.concat([1]));
+    var W = 200, H = 44;
+    var s = svg("svg", {width: W, height: H, viewBox: "0 0 " + W + " " + H, role: "img", "class": "rk-hist",
+      "aria-label": "histogram of " + label + ": " + values.length + " values from " + fmt(lo) + " to " + fmt(hi)});
+    s.appendChild(svg("title", {text: "histogram of " + label}));
+    counts.forEach(function (c, b) {
+      var h = c ? Math.max(2, (H - 2) * c / top) : 0;
+      s.appendChild(svg("rect", {x: b * W / BINS + 0.5, y: H - h, width: W / BINS - 1, height: h, "data-bin": b, "data-count": c}));
+    });
+    return s;
+  }
+  function rangeFilters(id, rows, numeric, state, changed) {
+    var box = el("details", {cls: "rk-ranges"}, el("summary", {text: "filter by value range (" + numeric.map(function (n) { return n.label; }).join(", ") + ")"}));
+    var wrap = el("div", {cls: "rk-range-list"});
+    numeric.forEach(function (n, ni) {
+      var vals = rows.map(n.get).filter(isNum);
+      if (!vals.length) return;
+      var rg = range(rows, n.get);
+      var lim = {lo: null, hi: null, get: n.get};
+      state.ranges[n.key] = lim;
+      var hist = histogram(vals, rg[0], rg[1], n.label);
+      var step = rg[1] > rg[0] ? Math.pow(10, Math.floor(Math.log10((rg[1] - rg[0]) / 100))) : "any";
+      var lo = el("input", {type: "number", id: id + "-min" + ni, step: step, placeholder: fmt(rg[0]), "data-key": n.key, "data-bound": "min"});
+      var hi = el("input", {type: "number", id: id + "-max" + ni, step: step, placeholder: fmt(rg[1]), "data-key": n.key, "data-bound": "max"});
+      function update() {
+        lim.lo = lo.value === "" ? null : Number(lo.value);
+        lim.hi = hi.value === "" ? null : Number(hi.value);
+        Array.prototype.forEach.call(hist.querySelectorAll("rect"), function (r) {
+          var b = Number(r.getAttribute("data-bin")), a = rg[0] + (rg[1] - rg[0]) * b / BINS, z = rg[0] + (rg[1] - rg[0]) * (b + 1) / BINS;
+          var out = (lim.lo !== null && z < lim.lo) || (lim.hi !== null && a > lim.hi);
+          r.setAttribute("class", out ? "rk-out" : "");
+        });
+        changed();
+      }
+      lo.addEventListener("input", update);
+      hi.addEventListener("input", update);
+      wrap.appendChild(el("fieldset", {cls: "rk-range", "data-key": n.key}, el("legend", {text: n.label}), hist,
+        el("div", null, el("label", {"for": lo.id}, "min", lo), el("label", {"for": hi.id}, "max", hi))));
+    });
+    box.appendChild(wrap);
+    return box;
+  }
+
   // ---------------------------------------------------------------- a sortable, filterable, paged table
   var tableCount = 0;
   function makeTable(host, rows, cols, opts) {
     var id = "rk-t" + (tableCount++);
-    var state = {sort: null, dir: 1, q: "", validity: "all", page: 0};
+    var state = {sort: null, dir: 1, q: "", validity: "all", page: 0, layout: "table", ranges: {}};
     var view = null;
     var texts = null;
     var controls = el("div", {cls: "rk-controls"});
@@ -192,7 +242,14 @@
     var next = el("button", {type: "button", text: "next page \u2192"});
     var pager = el("span", {cls: "rk-pager"}, prev, status, next);
     controls.appendChild(pager);
+    var layoutSel = null;
+    if (opts.card) {  // other layouts of the same rows: a gallery grid, and the rows grouped by prompt
+      layoutSel = el("select", {id: id + "-l"}, el("option", {value: "table", text: "table"}),
+        el("option", {value: "gallery", text: "gallery grid"}), el("option", {value: "group", text: "grouped by prompt"}));
+      controls.insertBefore(el("label", {"for": id + "-l"}, "Layout", layoutSel), pager);
+    }
     host.appendChild(controls);
+    if (opts.numeric && opts.numeric.length) host.appendChild(rangeFilters(id, rows, opts.numeric, state, function () { view = null; state.page = 0; draw(); }));
     var table = el("table", {id: id, "data-rows": rows.length}, el("caption", {cls: "rk-sr", text: opts.caption}));
     var tr = el("tr");
     var ths = [];
@@ -211,10 +268,19 @@
     table.appendChild(el("thead", null, tr));
     var tbody = el("tbody");
     table.appendChild(tbody);
-    host.appendChild(el("div", {cls: "rk-scroll", tabindex: "0", role: "region", "aria-label": opts.caption + " (scrollable)"}, table));
+    var tableBox = el("div", {cls: "rk-scroll", tabindex: "0", role: "region", "aria-label": opts.caption + " (scrollable)"}, table);
+    host.appendChild(tableBox);
+    var alt = el("div", {cls: "rk-alt", hidden: true, role: "list", "aria-label": opts.caption});
+    host.appendChild(alt);
     function matches(i) {
       var r = rows[i];
       if (state.validity !== "all" && (opts.isValid(r) ? "valid" : "invalid") !== state.validity) return false;
+      for (var rk in state.ranges) {
+        var lim = state.ranges[rk], v = lim.get(r);
+        if ((lim.lo !== null || lim.hi !== null) && !isNum(v)) return false;
+        if (lim.lo !== null && v < lim.lo) return false;
+        if (lim.hi !== null && v > lim.hi) return false;
+      }
       if (!state.q) return true;
       if (!texts) texts = rows.map(function (x) { return opts.text(x).toLowerCase(); });
       return texts[i].indexOf(state.q) >= 0;
@@ -235,13 +301,37 @@
       }
       return idx;
     }
+    function groups() {  // the shown rows by prompt, in the order their best row comes in the view
+      var by = {}, order = [];
+      view.forEach(function (i) {
+        var k = rows[i].prompt;
+        if (!by[k]) { by[k] = []; order.push(k); }
+        by[k].push(i);
+      });
+      return order.map(function (k) { return {prompt: k, idx: by[k]}; });
+    }
     function draw() {
       if (!view) view = compute();
-      var pages = Math.max(1, Math.ceil(view.length / PAGE));
+      var grouped = state.layout === "group";
+      var items = grouped ? groups() : view;
+      var pages = Math.max(1, Math.ceil(items.length / PAGE));
       state.page = Math.min(state.page, pages - 1);
-      var s = state.page * PAGE, e = Math.min(view.length, s + PAGE);
+      var s = state.page * PAGE, e = Math.min(items.length, s + PAGE);
+      tableBox.hidden = state.layout !== "table";
+      alt.hidden = state.layout === "table";
+      alt.className = "rk-alt rk-layout-" + state.layout;
+      if (state.layout !== "table") {
+        var af = document.createDocumentFragment();
+        for (var g = s; g < e; g++) {
+          if (grouped) af.appendChild(opts.group(items[g].prompt, items[g].idx.map(function (i) { return rows[i]; })));
+          else af.appendChild(opts.card(rows[items[g]]));
+        }
+        alt.textContent = "";
+        alt.appendChild(af);
+      }
+      var what = grouped ? "prompts " : "rows ";
       var frag = document.createDocumentFragment();
-      for (var k = s; k < e; k++) {
+      for (var k = s; k < (state.layout === "table" ? e : s); k++) {
         var r = rows[view[k]];
         var row = el("tr", {"data-n": r.n});
         if (opts.rowClass) { var rc = opts.rowClass(r); if (rc) row.className = rc; }
@@ -254,8 +344,9 @@
         if (state.sort === ci) th.setAttribute("aria-sort", state.dir > 0 ? "ascending" : "descending");
         else th.removeAttribute("aria-sort");
       });
-      status.textContent = view.length ? ("rows " + (s + 1) + "\u2013" + e + " of " + view.length +
-        (view.length !== rows.length ? " (filtered from " + rows.length + ")" : "") + ", page " + (state.page + 1) + " of " + pages)
+      status.textContent = items.length ? (what + (s + 1) + "\u2013" + e + " of " + items.length +
+        (grouped ? " (" + view.length + " rows" + (view.length !== rows.length ? " filtered from " + rows.length : "") + ")"
+          : (view.length !== rows.length ? " (filtered from " + rows.length + ")" : "")) + ", page " + (state.page + 1) + " of " + pages)
         : "no rows match (of " + rows.length + ")";
       prev.disabled = state.page === 0;
       next.disabled = state.page >= pages - 1;
@@ -266,6 +357,7 @@
       timer = setTimeout(function () { state.q = search.value.trim().toLowerCase(); view = null; state.page = 0; draw(); }, 120);
     });
     sel.addEventListener("change", function () { state.validity = sel.value; view = null; state.page = 0; draw(); });
+    if (layoutSel) layoutSel.addEventListener("change", function () { state.layout = layoutSel.value; state.page = 0; draw(); });
     prev.addEventListener("click", function () { state.page--; draw(); });
     next.addEventListener("click", function () { state.page++; draw(); });
     draw();
@@ -285,6 +377,10 @@
     var nBad = rows.filter(function (r) { return !r.valid; }).length;
     host.appendChild(el("p", {cls: "rk-note", text: rows.length + " images from " + sec.file + "; " + nBad + " invalid" +
       (dims.length ? "; dimensions: " + dims.join(", ") : "") + ". Sort by a column header, filter by text or validity, click an image to enlarge it."}));
+    if (sec.source) host.appendChild(el("p", {cls: "rk-note", text: "Scores of " + (sec.source.reward || "a reward") +
+      " on the dataset " + (sec.source.inputs || []).join(", ") + " (" + (sec.source.format || "?") + "), joined back to its " +
+      "image and prompt columns" + (sec.source.columns ? " (" + sec.source.columns.image + ", " + sec.source.columns.prompt + ")" : "") + "."}));
+    if (sec.note) host.appendChild(el("p", {cls: "rk-reason", text: "Note: " + sec.note}));
     var srg = range(rows, function (r) { return r.score; });
     var cols = [
       {key: "n", label: "#", num: true, sort: function (r) { return r.n; }, cell: function (r) { return el("td", {cls: "num", text: r.n}); }},
@@ -301,7 +397,31 @@
     });
     cols.push({key: "valid", label: "valid", sort: function (r) { return r.valid ? 1 : 0; }, cell: function (r) { return validCell(r.valid, null); }});
     cols.push({key: "explain", label: "reason / rationale / judge answers", cell: explainCell});
+    var numeric = [{key: "score", label: "score", get: function (r) { return r.valid ? r.score : null; }}].concat(
+      dims.map(function (d) { return {key: "dim:" + d, label: d, get: function (r) { return r.dims[d]; }}; }));
+    function card(r) {
+      var alt = "image " + r.n + (r.path ? " (" + r.path + ")" : "");
+      return el("div", {cls: "rk-card" + (r.valid ? "" : " rk-bad"), role: "listitem", "data-n": r.n}, thumb(r.img, alt, r.prompt),
+        el("div", {cls: "rk-card-cap"}, el("span", {cls: "rk-score", text: r.valid ? fmt(r.score) : "invalid"}), " ",
+          el("span", {cls: "rk-note", text: "#" + r.n}), el("div", {cls: "rk-cap", text: r.prompt})));
+    }
+    function group(prompt, members) {  // best-of-N at a glance: the prompt's images side by side, best first
+      var ranked = members.slice().sort(function (a, b) {
+        var x = a.valid && isNum(a.score) ? a.score : -Infinity, y = b.valid && isNum(b.score) ? b.score : -Infinity;
+        return y - x || a.n - b.n; });
+      var box = el("div", {cls: "rk-imgs"});
+      ranked.forEach(function (r, i) {
+        var fig = card(r);
+        fig.removeAttribute("role");
+        if (i === 0 && r.valid) fig.querySelector(".rk-card-cap").appendChild(el("span", {cls: "rk-badge", text: "best"}));
+        box.appendChild(fig);
+      });
+      return el("div", {cls: "rk-group", role: "listitem", "aria-label": "prompt: " + prompt},
+        el("h3", {cls: "rk-group-h", text: prompt || "(no prompt)"}),
+        el("p", {cls: "rk-note", text: members.length + (members.length === 1 ? " image" : " images") + ", best score first"}), box);
+    }
     makeTable(host, rows, cols, {caption: "Scores of " + sec.label, isValid: function (r) { return r.valid; },
+      numeric: numeric, card: card, group: group,
       rowClass: function (r) { return r.valid ? null : "rk-bad"; },
       text: function (r) { return [r.prompt, r.path || "", r.error || "", r.info ? JSON.stringify(r.info) : ""].join(" "); }});
   }
@@ -563,12 +683,32 @@
     }
     host.appendChild(el("h3", {text: "Evaluation images per epoch"}));
     if (!sec.grids.length) { host.appendChild(el("p", {text: "No evaluation grids in this run folder."})); return; }
+    function gridLabel(g) { return (g.epoch === null ? "" : "epoch " + g.epoch + ": ") + g.name; }
+    if (sec.grids.length > 1) {  // a step slider: one grid at a time, any epoch in one move
+      var sid = "rk-step-" + sec.label.replace(/[^A-Za-z0-9_-]/g, "_");
+      var slider = el("input", {type: "range", id: sid, min: 0, max: sec.grids.length - 1, step: 1, value: sec.grids.length - 1,
+        cls: "rk-step"});
+      var shown = el("div", {cls: "rk-grids rk-step-view", "aria-live": "polite"});
+      var out = el("output", {"for": sid, cls: "rk-step-label"});
+      function show() {
+        var g = sec.grids[Number(slider.value)];
+        out.textContent = gridLabel(g) + " (" + (Number(slider.value) + 1) + " of " + sec.grids.length + ")";
+        shown.textContent = "";
+        shown.appendChild(el("figure", {"class": "rk-grid", "data-epoch": g.epoch}, thumb(g.img, "evaluation grid, " + gridLabel(g), gridLabel(g)),
+          el("figcaption", {text: gridLabel(g)})));
+      }
+      slider.addEventListener("input", show);
+      host.appendChild(el("div", {cls: "rk-controls"}, el("label", {"for": sid}, "Step", slider), out));
+      host.appendChild(shown);
+      show();
+    }
     var box = el("div", {cls: "rk-grids"});
     sec.grids.forEach(function (g) {
-      var label = (g.epoch === null ? "" : "epoch " + g.epoch + ": ") + g.name;
+      var label = gridLabel(g);
       box.appendChild(el("figure", {"class": "rk-grid"}, thumb(g.img, "evaluation grid, " + label, label), el("figcaption", {text: label})));
     });
-    host.appendChild(box);
+    if (sec.grids.length > 1) host.appendChild(el("details", {cls: "rk-all-grids"}, el("summary", {text: "all " + sec.grids.length + " grids side by side"}), box));
+    else host.appendChild(box);
   }
 
   // ---------------------------------------------------------------- the page
