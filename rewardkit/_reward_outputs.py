@@ -193,3 +193,38 @@ class PairwiseOutput:
             d["scores_a"] = [_json_float(x) for x in self.scores_a.tolist()]
             d["scores_b"] = [_json_float(x) for x in self.scores_b.tolist()]
         return d
+
+
+def scatter(scored: RewardOutput, ok: list[int], errors: list[str | None], n: int,
+            dimensions: Sequence[str] = ()) -> RewardOutput:
+    """The output of a call of ``n`` samples from ``scored``, the outputs of the samples ``ok`` (in that order):
+    the other samples get NaN, valid=False and their reason from ``errors``; each name of ``dimensions`` the
+    reward declares and did not return is NaN for all (``Reward.__call__`` and the tensor path end with it)."""
+    if len(ok) == n:
+        return scored
+    idx = torch.tensor(ok, dtype=torch.long)
+    scores = torch.full((n,), float("nan"))
+    valid = torch.zeros(n, dtype=torch.bool)
+    if ok:
+        scores = scores.to(scored.scores.dtype)
+        scores[idx] = scored.scores.detach() if not scored.scores.requires_grad else scored.scores
+        valid[idx] = scored.valid
+    dims = {}
+    for k, v in scored.dimensions.items():
+        full = torch.full((n,), float("nan"))
+        if ok:
+            full[idx] = v
+        dims[k] = full
+    for dname in dimensions:
+        dims.setdefault(dname, torch.full((n,), float("nan")))
+    errs = list(errors)
+    rats = None if scored.rationales is None else [None] * n
+    dets = None if scored.details is None else [None] * n
+    for j, i in enumerate(ok):
+        errs[i] = scored.errors[j]
+        if rats is not None:
+            rats[i] = scored.rationales[j]
+        if dets is not None:
+            dets[i] = scored.details[j]
+    return RewardOutput(scores=scores, valid=valid, errors=errs, dimensions=dims, rationales=rats,
+                        info=scored.info, details=dets)

@@ -21,25 +21,26 @@ antialiased bicubic / bilinear kernels (the same kernels as PIL, ``a = -0.5`` cu
 
 The module also holds the plumbing the base class delegates to for float-tensor batches:
 :func:`check_pixels` (one vectorised range / NaN check on the device), :func:`tensor_call` (the
-``reward(tensor, prompt)`` path) and :func:`score_tensor` (``reward.score_tensor``: gradients to pixels).
+``reward(tensor, prompt)`` path) and :func:`score_tensor` (``reward.score_tensor``: gradients to pixels), which
+take the reward as a :class:`TensorReward` (the members of :class:`~rewardkit.reward.Reward` they use).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ContextManager, Protocol
 
 import torch
 
-if TYPE_CHECKING:  # pragma: no cover  (annotations only: at run time this module never imports rewardkit.reward)
+if TYPE_CHECKING:  # pragma: no cover
+    from ._reward_inputs import RewardBatch
     from ._reward_outputs import RewardOutput
-    from .reward import Reward
 
 __all__ = [
     "CLIPPreprocess", "QwenPreprocess", "clip_params", "qwen_params", "clip_pixel_values", "qwen_pixel_values",
     "clip_resize_shape", "smart_resize", "resize", "check_pixels", "pixel_stats", "is_float_batch", "tensor_call",
-    "score_tensor",
+    "score_tensor", "TensorReward",
 ]
 
 # PIL resampling codes -> torch interpolate modes the torch path reproduces (antialiased, like PIL).
@@ -331,6 +332,29 @@ def _validate(images: torch.Tensor, reward: Any = None) -> tuple[list[str | None
 
 
 # ---------------------------------------------------------------------------------------------- plumbing
+class TensorReward(Protocol):
+    """What :func:`tensor_call` and :func:`score_tensor` use of a reward; :class:`rewardkit.reward.Reward`
+    implements it. Named here so that this module needs nothing of ``rewardkit.reward``, which imports it."""
+
+    name: str
+    differentiable: bool
+    thread_safe: bool
+    default_batch_size: int | None
+    dimensions: tuple[str, ...]
+    _lock: Any
+
+    @property
+    def supports_score_tensor(self) -> bool: ...
+    def _prompts(self, prompt: Any, n: int) -> list[Any]: ...
+    def _metadata_entries(self, metadata: Any, n: int) -> tuple[list[dict[str, Any]], list[str | None]]: ...
+    def _check_prompt(self, p: Any) -> str | None: ...
+    def _check_sample_metadata(self, meta: dict[str, Any], sources: Any) -> str | None: ...
+    def _check_resized_size(self, w: int, h: int) -> None: ...
+    def _call_scope(self) -> ContextManager[Any]: ...
+    def _run(self, sub: RewardBatch) -> RewardOutput: ...
+    def _score(self, batch: RewardBatch) -> RewardOutput: ...
+
+
 def _size_reason(h: int, w: int, reward: Any = None) -> str | None:
     """The PIL path's size checks for a ``[.., H, W]`` batch: pixel limit, aspect ratio and, with ``reward``,
     the size after each of its image processors' resize (the same rules as ``Reward._check_image_size``)."""
@@ -345,14 +369,14 @@ def _size_reason(h: int, w: int, reward: Any = None) -> str | None:
     return None
 
 
-def tensor_call(reward: "Reward", images: torch.Tensor, prompt: Any, *, metadata: Any, batch_size: int | None,
+def tensor_call(reward: TensorReward, images: torch.Tensor, prompt: Any, *, metadata: Any, batch_size: int | None,
                 on_error: str, progress: bool) -> "RewardOutput":
     """``reward(images, prompt)`` for a float ``[B, 3, H, W]`` tensor: validated on its device, chunks handed to
     ``reward._score`` as ``RewardBatch(images=<tensor chunk>)``; nothing is converted to PIL or copied to the
     host. Same errors, chunking, locking and output as the processor path."""
     from .errors import RewardInputError
     from ._reward_inputs import RewardBatch
-    from ._reward_outputs import RewardOutput
+    from ._reward_outputs import RewardOutput, scatter
 
     images = _computable(images.detach())  # __call__ never builds a graph (gradients: score_tensor)
     n = int(images.shape[0])
@@ -385,10 +409,10 @@ def tensor_call(reward: "Reward", images: torch.Tensor, prompt: Any, *, metadata
             parts.append(reward._run(RewardBatch(images=pix, prompts=[prompts[i] for i in sel],
                                                  metadata=[metas[i] for i in sel], indices=sel)))
     scored = RewardOutput.concat(parts) if parts else RewardOutput(scores=torch.zeros(0))
-    return reward._scatter(scored, ok, errors, n)
+    return scatter(scored, ok, errors, n, reward.dimensions)
 
 
-def score_tensor(reward: "Reward", images: torch.Tensor, prompt: Any, *, batch_size: int | None = None) -> torch.Tensor:
+def score_tensor(reward: TensorReward, images: torch.Tensor, prompt: Any, *, batch_size: int | None = None) -> torch.Tensor:
     """Scores ``[B]`` (fp32, on ``images.device``) with autograd to ``images``; see ``Reward.score_tensor``."""
     from .errors import RewardInputError
     from ._reward_inputs import RewardBatch

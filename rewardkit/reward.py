@@ -27,7 +27,7 @@ from .devices import device_arg, resolve_device
 from .errors import ConfigError, RewardInputError
 from .reasons import join_reasons
 from ._reward_inputs import RewardBatch, RewardInputs
-from ._reward_outputs import PairwiseOutput, RewardOutput
+from ._reward_outputs import PairwiseOutput, RewardOutput, scatter
 
 __all__ = ["Reward", "RewardOutput", "PairwiseOutput", "RewardBatch", "RewardConfig", "TASKS"]
 
@@ -272,7 +272,7 @@ class Reward(RewardInputs, abc.ABC):
             if bar is not None:
                 bar.close()
         scored = RewardOutput.concat(parts) if parts else RewardOutput(scores=torch.zeros(0))
-        return self._scatter(scored, ok, errors, n)
+        return scatter(scored, ok, errors, n, self.dimensions)
 
     def _call_scope(self):
         """Context manager around all chunks of one call: per-call resources that outlive a chunk (e.g. a
@@ -289,36 +289,6 @@ class Reward(RewardInputs, abc.ABC):
         if len(out) != len(sub):
             raise RuntimeError(f"{type(self).__name__}._score returned {len(out)} scores for {len(sub)} samples")
         return out
-
-    def _scatter(self, scored: RewardOutput, ok: list[int], errors: list[str | None], n: int) -> RewardOutput:
-        if len(ok) == n:
-            return scored
-        idx = torch.tensor(ok, dtype=torch.long)
-        scores = torch.full((n,), float("nan"))
-        valid = torch.zeros(n, dtype=torch.bool)
-        if ok:
-            scores = scores.to(scored.scores.dtype)
-            scores[idx] = scored.scores.detach() if not scored.scores.requires_grad else scored.scores
-            valid[idx] = scored.valid
-        dims = {}
-        for k, v in scored.dimensions.items():
-            full = torch.full((n,), float("nan"))
-            if ok:
-                full[idx] = v
-            dims[k] = full
-        for dname in self.dimensions:
-            dims.setdefault(dname, torch.full((n,), float("nan")))
-        errs = list(errors)
-        rats = None if scored.rationales is None else [None] * n
-        dets = None if scored.details is None else [None] * n
-        for j, i in enumerate(ok):
-            errs[i] = scored.errors[j]
-            if rats is not None:
-                rats[i] = scored.rationales[j]
-            if dets is not None:
-                dets[i] = scored.details[j]
-        return RewardOutput(scores=scores, valid=valid, errors=errs, dimensions=dims, rationales=rats,
-                            info=scored.info, details=dets)
 
     # ------------------------------------------------------------------ pairwise
     def compare(

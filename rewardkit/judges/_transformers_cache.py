@@ -16,7 +16,7 @@ from ._prep import lcp as _lcp
 from ._prep import positions
 
 if TYPE_CHECKING:
-    from .transformers_backend import _Img
+    from ._transformers_types import _Img
 
 __all__ = ["PrefixCacheMixin", "unsupported_attention"]
 

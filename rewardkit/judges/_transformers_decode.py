@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from ._transformers_cache import _additive_mask, _cache_arg, _cache_of
 
 if TYPE_CHECKING:
-    from .transformers_backend import _Conv
+    from ._transformers_types import _Conv
 
 __all__ = ["DecodeMixin"]
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ._transformers_cache import _cache_arg
 
 if TYPE_CHECKING:
-    from .transformers_backend import _Conv, _Img
+    from ._transformers_types import _Conv, _Img
 
 __all__ = ["PackedScoringMixin"]
 

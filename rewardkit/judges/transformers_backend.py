@@ -18,17 +18,15 @@ and the suffix positions continue from the prefix's last position.
 
 This module holds the judge's protocol, prompt preparation, prefix planning, prefill and continuation; the
 session prefix cache and cache forking are in ``_transformers_cache.py``, the decoding loop in
-``_transformers_decode.py`` and packed scoring in ``_transformers_packed.py`` (mixins of the one class).
+``_transformers_decode.py`` and packed scoring in ``_transformers_packed.py`` (mixins of the one class); the
+data types they share with it (``_Img``, ``_Conv``) in ``_transformers_types.py``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import threading
-from array import array
 from collections import Counter
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 from ._prep import SegmentTokenizer, TemplateCache, lcp, positions
@@ -36,6 +34,7 @@ from ._transformers_cache import (PrefixCacheMixin, _additive_mask, _cache_arg, 
                                   unsupported_attention)
 from ._transformers_decode import DecodeMixin
 from ._transformers_packed import PackedScoringMixin
+from ._transformers_types import _Conv, _Img
 from .base import ChoiceError, Conversation, JudgeBackend, check_choices, check_temperature, continues_final_message
 
 __all__ = ["TransformersJudge"]
@@ -53,35 +52,6 @@ def conversation_images(conv: Conversation) -> list[Any]:
         if isinstance(content, list):
             out += [c.get("image") for c in content if _is_image_item(c)]
     return out
-
-
-@dataclass
-class _Img:
-    grid_thw: Any  # LongTensor [3]
-    n_tokens: int
-    embeds: Any  # [n_tokens, hidden]
-    deepstack: list | None  # Qwen3-VL: per deepstack layer [n_tokens, hidden]
-
-
-@dataclass
-class _Conv:
-    ids: list[int]
-    images: list[str]  # content hashes, in placeholder order
-    image_end: int  # index after the last image token (0 when there is no image)
-    digest: int | None = None  # stable per-content seed material: see seed_digest (computed when first needed)
-
-    def seed_digest(self) -> int:
-        """A stable 64-bit digest of the ids and image keys (blake2b, the same in every process): the per-row seed
-        material of seeded sampling. Computed on first use; only seeded sampling needs it."""
-        if self.digest is None:
-            h = hashlib.blake2b(digest_size=8)
-            h.update(array("q", self.ids).tobytes())
-            h.update("".join(self.images).encode())
-            self.digest = int.from_bytes(h.digest(), "little")
-        return self.digest
-
-
-_lcp = lcp  # longest common token prefix (rewardkit.judges._prep)
 
 
 def _repeat_key(conv: Conversation) -> tuple | None:
@@ -450,7 +420,7 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
         prefix_of: dict[int, int] = {}
         for members in groups.values():
             seqs = [convs[i].ids for i in members]
-            cut = min(_lcp(seqs), min(len(s) for s in seqs) - 1)
+            cut = min(lcp(seqs), min(len(s) for s in seqs) - 1)
             first = convs[members[0]]
             if cut < first.image_end:
                 raise ValueError("a conversation ends inside its image block; nothing to answer")

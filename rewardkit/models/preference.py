@@ -39,7 +39,6 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -48,7 +47,7 @@ from torch import nn
 
 from .._imports import require
 from .preference_heads import HEADS, LinearHead, MLPHead, RankNetHead, UncertaintyHead, build_head  # noqa: F401
-from .preference_inputs import InputEncoder  # noqa: F401  (re-exported)
+from .preference_inputs import REWARD_TOKEN, InputEncoder, PreferenceTemplate  # noqa: F401  (re-exported)
 from ..calibration import apply_calibration, calibration_stats  # noqa: F401  (re-exported)
 from .._version import __version__
 
@@ -59,7 +58,6 @@ __all__ = [
     "POSITIONS", "sequential_position_ids",
 ]
 
-REWARD_TOKEN = "<|reward|>"
 FORMAT = "rewardkit-preference"
 FORMAT_VERSION = 1
 CONFIG_NAME = "preference_config.json"
@@ -73,45 +71,6 @@ POSITIONS = ("mrope", "sequential")
 LM_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 LM_LORA_TARGET = r".*language_model.*\.(" + "|".join(LM_PROJ) + r")"
 VISION_PROJ = ("qkv", "proj", "fc1", "fc2", "gate_proj", "up_proj", "down_proj", "linear_fc1", "linear_fc2")
-
-
-# ---------------------------------------------------------------------------------------------- template
-@dataclass
-class PreferenceTemplate:
-    """The versioned input template. Changing any text changes what the model sees: bump ``version``."""
-
-    version: str = "rewardkit-preference-v1"
-    system: str | None = None
-    t2i: str = "Prompt: {prompt}\nRate how well the image follows the prompt and how good it looks."
-    edit: str = ("Instruction: {prompt}\nThe first image is the source; the last image is the edited result. "
-                 "Rate how well the edit follows the instruction and how good it looks.")
-    multi_ref: str = ("Instruction: {prompt}\nThe first {n_sources} images are references; the last image is the "
-                      "result. Rate how well it follows the instruction and how good it looks.")
-    reward_token: str = REWARD_TOKEN
-    #: True when the texts above already contain the reward token (HPSv3 / EditReward put it inside the user
-    #: text); False appends it after the assistant prefix (rewardkit's own models).
-    reward_token_in_text: bool = False
-
-    def messages(self, prompt: str, n_sources: int) -> list[dict[str, Any]]:
-        """HF chat messages for one sample: sources first, then the candidate image, then the text."""
-        text = (self.t2i if n_sources == 0 else self.edit if n_sources == 1 else self.multi_ref)
-        content = [{"type": "image"} for _ in range(n_sources + 1)]
-        content.append({"type": "text", "text": text.format(prompt=prompt, n_sources=n_sources)})
-        msgs = [{"role": "system", "content": self.system}] if self.system else []
-        return msgs + [{"role": "user", "content": content}]
-
-    def render(self, processor: Any, prompt: str, n_sources: int) -> str:
-        text = processor.apply_chat_template(self.messages(prompt, n_sources), tokenize=False,
-                                             add_generation_prompt=True)
-        return text if self.reward_token_in_text else text + self.reward_token
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "PreferenceTemplate":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"template has unknown keys {sorted(unknown)} (saved by a newer rewardkit?)")
-        return cls(**d)
 
 
 # ---------------------------------------------------------------------------------------------- helpers

@@ -1,21 +1,61 @@
-"""Template + processor -> model inputs for :class:`~rewardkit.models.preference.PreferenceModel`
-(:class:`InputEncoder`; re-exported by :mod:`rewardkit.models.preference`)."""
+"""Template + processor -> model inputs for :class:`~rewardkit.models.preference.PreferenceModel`: the versioned
+input template (:class:`PreferenceTemplate`) and the encoder that applies it (:class:`InputEncoder`); both
+re-exported by :mod:`rewardkit.models.preference`."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import torch
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .preference import PreferenceTemplate
+__all__ = ["InputEncoder", "PreferenceTemplate", "REWARD_TOKEN"]
 
-__all__ = ["InputEncoder"]
-
+REWARD_TOKEN = "<|reward|>"
 _SLOT = "\uE000rewardkit-prompt\uE000"  # private-use sentinel marking where the prompt goes
 
 
+# ---------------------------------------------------------------------------------------------- template
+@dataclass
+class PreferenceTemplate:
+    """The versioned input template. Changing any text changes what the model sees: bump ``version``."""
+
+    version: str = "rewardkit-preference-v1"
+    system: str | None = None
+    t2i: str = "Prompt: {prompt}\nRate how well the image follows the prompt and how good it looks."
+    edit: str = ("Instruction: {prompt}\nThe first image is the source; the last image is the edited result. "
+                 "Rate how well the edit follows the instruction and how good it looks.")
+    multi_ref: str = ("Instruction: {prompt}\nThe first {n_sources} images are references; the last image is the "
+                      "result. Rate how well it follows the instruction and how good it looks.")
+    reward_token: str = REWARD_TOKEN
+    #: True when the texts above already contain the reward token (HPSv3 / EditReward put it inside the user
+    #: text); False appends it after the assistant prefix (rewardkit's own models).
+    reward_token_in_text: bool = False
+
+    def messages(self, prompt: str, n_sources: int) -> list[dict[str, Any]]:
+        """HF chat messages for one sample: sources first, then the candidate image, then the text."""
+        text = (self.t2i if n_sources == 0 else self.edit if n_sources == 1 else self.multi_ref)
+        content = [{"type": "image"} for _ in range(n_sources + 1)]
+        content.append({"type": "text", "text": text.format(prompt=prompt, n_sources=n_sources)})
+        msgs = [{"role": "system", "content": self.system}] if self.system else []
+        return msgs + [{"role": "user", "content": content}]
+
+    def render(self, processor: Any, prompt: str, n_sources: int) -> str:
+        text = processor.apply_chat_template(self.messages(prompt, n_sources), tokenize=False,
+                                             add_generation_prompt=True)
+        return text if self.reward_token_in_text else text + self.reward_token
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "PreferenceTemplate":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"template has unknown keys {sorted(unknown)} (saved by a newer rewardkit?)")
+        return cls(**d)
+
+
+# ---------------------------------------------------------------------------------------------- encoder
 @dataclasses.dataclass
 class InputEncoder:
     """Applies the template and the processor: B samples -> processor tensors (see ``PreferenceModel.encode``).

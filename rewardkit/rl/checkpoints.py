@@ -11,19 +11,41 @@ import json
 import shutil
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from .._imports import require
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .trainer import NFTTrainer
+    from .config import NFTConfig
+    from .runtime import _Dist
+    from .sd3 import SD3Policy
 
-__all__ = ["save_checkpoint", "load_checkpoint", "save_lora", "check_saved_config"]
+__all__ = ["save_checkpoint", "load_checkpoint", "save_lora", "check_saved_config", "CheckpointedTrainer"]
 
 
-def state_tensors(tr: "NFTTrainer") -> dict[str, torch.Tensor]:
+class CheckpointedTrainer(Protocol):
+    """What a checkpoint saves and restores of the trainer (:class:`~rewardkit.rl.trainer.NFTTrainer` has it): the
+    functions here take it as an argument and never import the trainer, which imports them."""
+
+    cfg: NFTConfig
+    dist: _Dist
+    device: torch.device
+    out: Path
+    policy: SD3Policy
+    trainable: list[torch.nn.Parameter]
+    old_params: list[torch.nn.Parameter]
+    ema: list[torch.Tensor] | None
+    opt: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    epoch: int
+    global_step: int
+    wandb_run_id: str | None
+    _resume_state: dict[str, Any] | None  # set by load_checkpoint: the epoch a mid-epoch checkpoint stopped in
+
+
+def state_tensors(tr: CheckpointedTrainer) -> dict[str, torch.Tensor]:
     out = {}
     for name, params in (("default", tr.trainable), ("old", tr.old_params), ("ema", tr.ema or [])):
         for i, p in enumerate(params):
@@ -31,7 +53,7 @@ def state_tensors(tr: "NFTTrainer") -> dict[str, torch.Tensor]:
     return out
 
 
-def save_checkpoint(tr: "NFTTrainer", st: dict[str, Any] | None = None) -> Path:
+def save_checkpoint(tr: CheckpointedTrainer, st: dict[str, Any] | None = None) -> Path:
     """``checkpoints/epoch-N`` after epoch N, or with ``st`` (an epoch in progress, after an optimizer step)
     ``checkpoints/epoch-N-step-S``: each process also writes its rollouts, r and training-generator state,
     so that the resumed epoch continues bitwise where it stopped."""
@@ -72,7 +94,7 @@ def save_checkpoint(tr: "NFTTrainer", st: dict[str, Any] | None = None) -> Path:
     tr.dist.barrier()
     return final
 
-def save_lora(tr: "NFTTrainer", directory: Path) -> None:
+def save_lora(tr: CheckpointedTrainer, directory: Path) -> None:
     """The LoRA for inference: the EMA weights when EMA is on (as the official code saves), else the
     trained adapter."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -155,7 +177,7 @@ def check_saved_config(saved: dict[str, Any], cfg: Any, keys: tuple[str, ...], p
     return filled
 
 
-def load_checkpoint(tr: "NFTTrainer", path: Path) -> None:
+def load_checkpoint(tr: CheckpointedTrainer, path: Path) -> None:
     from ..train.trainer import _unflatten_optimizer
 
     st = require("safetensors.torch", "rl")

@@ -12,20 +12,43 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from .runtime import _EVAL, _gen
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .trainer import NFTTrainer
+    from .config import NFTConfig
+    from .runtime import _Dist
+    from .scoring import _RewardScorer
+    from .sd3 import Cond, SD3Policy
+    from .solvers import Generators
 
-__all__ = ["evaluate", "write_grid"]
+__all__ = ["evaluate", "write_grid", "EvaluatedTrainer"]
+
+
+class EvaluatedTrainer(Protocol):
+    """What an evaluation uses of the trainer (:class:`~rewardkit.rl.trainer.NFTTrainer` has it): the functions
+    here take it as an argument and never import the trainer, which imports them."""
+
+    cfg: NFTConfig
+    dist: _Dist
+    device: torch.device
+    policy: SD3Policy
+    scorer: _RewardScorer
+    trainable: list[torch.nn.Parameter]
+    ema: list[torch.Tensor] | None
+    eval_prompts: list[str]
+    eval_metadata: list[dict[str, Any]]
+
+    def _rollout(self, c_orig: Cond, c_opt: Cond, noise: torch.Tensor, gen: Generators,
+                 steps: int | None = None, solver: str | None = None, use_old: bool = True,
+                 guidance_scale: float | None = None) -> torch.Tensor: ...
 
 
 @torch.no_grad()
-def evaluate(tr: "NFTTrainer") -> tuple[dict[str, float], torch.Tensor, list[str]]:
+def evaluate(tr: EvaluatedTrainer) -> tuple[dict[str, float], torch.Tensor, list[str]]:
     """``(metrics, grid_images, grid_prompts)``: ``eval/reward/<name>/mean`` over all processes' samples, and on
     the main process the first ``eval_grid`` images (float ``[G, 3, H, W]`` in [0, 1], prompt order)."""
     cfg, s = tr.cfg, tr.cfg.sample
@@ -77,7 +100,7 @@ def evaluate(tr: "NFTTrainer") -> tuple[dict[str, float], torch.Tensor, list[str
     return metrics, grid, [tr.eval_prompts[i] for i in range(grid_n)]
 
 
-def _gather_grid(tr: "NFTTrainer", local: list[torch.Tensor], grid_n: int) -> torch.Tensor:
+def _gather_grid(tr: EvaluatedTrainer, local: list[torch.Tensor], grid_n: int) -> torch.Tensor:
     """The first ``grid_n`` evaluation images in prompt order (prompt ``i`` was sampled by process
     ``i % world``), gathered as uint8 (collective: every process calls it)."""
     world = tr.dist.world

@@ -1,13 +1,17 @@
 """The layers of docs/architecture.md hold: import-linter's contracts (`.importlinter`) run on the package, and
-they are not vacuous (every top-level module sits in a layer; a planted upward import breaks them).
+they are not vacuous (every top-level module sits in a layer; a planted upward import breaks them). No two
+modules import each other, directly or through others (no import cycle).
 
 CI runs the same contracts with ``bash scripts/lint-imports.sh`` before the tests; this file shows a broken
-contract in pytest too.
+contract in pytest too. The cycle check is here, not in `.importlinter`: import-linter's ``acyclic_siblings``
+contract counts a cycle between packages as a whole (``compose`` <-> ``rewards``, because ``compose`` sits on two
+layers), not only between modules.
 """
 
 from __future__ import annotations
 
 import configparser
+import json
 import os
 import shutil
 import subprocess
@@ -88,3 +92,69 @@ def test_a_planted_upward_import_breaks_a_contract(tmp_path, module, line, broke
     assert res.returncode != 0, res.stdout
     broken_section = res.stdout.split("Broken contracts", 1)[-1]
     assert broken in broken_section, res.stdout
+
+
+# ------------------------------------------------------------------------------------------------ import cycles
+# Cycles left in place, each with its reason. An entry that matches no cycle any more fails the check: remove it.
+ALLOWED_CYCLES = {
+    frozenset({"rewardkit._serve_binary", "rewardkit._serve_wire"}),  # serve folder move pending
+}
+
+# grimp's graph of the package, the one import-linter checks the contracts on: an import under `if TYPE_CHECKING:`
+# is no edge (annotations only); an import inside a function is one (it defers loading, not the dependency: the
+# two modules still need each other, and the layer contracts count it too). A cycle = the modules that reach each
+# other through imports; printed with the imports that close it (importer, imported, line numbers).
+CYCLES = """
+import json, grimp
+g = grimp.build_graph("rewardkit", exclude_type_checking_imports=True, cache_dir=None)
+found = {}
+for m in g.modules:
+    on = g.find_upstream_modules(m) & g.find_downstream_modules(m)
+    if on:
+        ring = sorted(on | {m})
+        found[" ".join(ring)] = [[a, b, [d["line_number"] for d in g.get_import_details(importer=a, imported=b)]]
+                                 for a in ring for b in sorted(g.find_modules_directly_imported_by(a)) if b in ring]
+print(json.dumps(found))
+"""
+
+
+def _cycles(root: Path) -> dict[frozenset[str], list]:
+    """The import cycles between the modules of the ``rewardkit`` package under ``root``: each as its set of
+    modules, with the imports between them."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(root)
+    res = subprocess.run([sys.executable, "-c", CYCLES], cwd=root, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    return {frozenset(k.split()): v for k, v in json.loads(res.stdout).items()}
+
+
+def test_no_import_cycle_between_modules():
+    """Every import runs one way: no module imports one that imports it back, directly or through others (imports
+    inside functions count, ``if TYPE_CHECKING:`` ones do not), except the cycles listed in ``ALLOWED_CYCLES``."""
+    found = _cycles(ROOT)
+    new = {k: v for k, v in found.items() if k not in ALLOWED_CYCLES}
+    assert not new, "import cycles (importer, imported, lines):\n" + "\n".join(
+        f"{sorted(k)}: {v}" for k, v in new.items())
+    stale = ALLOWED_CYCLES - set(found)
+    assert not stale, f"ALLOWED_CYCLES lists cycles that are gone: {sorted(map(sorted, stale))}; remove them"
+
+
+def test_a_planted_cycle_breaks_the_cycle_check(tmp_path):
+    """Non-vacuity, and what counts as an import: a module-level import and an import inside a function each close
+    a cycle; an import under ``if TYPE_CHECKING:`` closes none (the evaluation -> trainer annotation that was
+    removed for issue 39 would still be allowed)."""
+    shutil.copytree(ROOT / "rewardkit", tmp_path / "rewardkit", ignore=shutil.ignore_patterns("__pycache__"))
+    plants = {
+        "media.py": "from . import reward as _planted\n",  # reward.py imports media at module level
+        "judges/_transformers_types.py": "def _planted():\n    from . import transformers_backend\n",
+        "rl/evaluation.py": "if TYPE_CHECKING:\n    from .trainer import NFTTrainer\n",  # the trainer imports it
+    }
+    for module, code in plants.items():
+        target = tmp_path / "rewardkit" / module
+        target.write_text(target.read_text(encoding="utf-8") + "\n\n" + code, encoding="utf-8")
+    found = set(_cycles(tmp_path)) - ALLOWED_CYCLES
+    assert any({"rewardkit.media", "rewardkit.reward"} <= c for c in found), found
+    assert any({"rewardkit.judges._transformers_types", "rewardkit.judges.transformers_backend"} <= c
+               for c in found), found
+    assert not any("rewardkit.rl.trainer" in c for c in found), found
