@@ -481,7 +481,7 @@ def _to_pil(x: ImageLike, official: Any = None) -> Image.Image:
     """One input -> canonical RGB PIL. Anything that goes wrong is a per-image ``_Bad`` (never a raw error)."""
     try:
         with _strict_decoding():
-            return _to_pil_unchecked(x, official)
+            return _to_pil_unchecked(x) if official is None else _to_pil_unchecked(x, official)
     except _Bad:
         raise
     except MemoryError:
