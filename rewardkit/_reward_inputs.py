@@ -185,7 +185,8 @@ class RewardInputs:
     def decode_image(self, x: Any) -> Image.Image:
         """One image (path, bytes, PIL, array, tensor) -> the RGB PIL image this reward scores, under its input
         policy; raises ``media._Bad`` for an unusable one."""
-        return media._to_pil(x, self._image_converter())
+        official = self._image_converter()
+        return media._to_pil(x) if official is None else media._to_pil(x, official)
 
     def _decode_sample(self, image: Any, sources: Any) -> tuple[Image.Image | None, list[Image.Image], str | None]:
         """Decode one sample (image + its sources); ``(image, sources, None)`` or ``(None, [], reason)``."""
