@@ -211,6 +211,24 @@ def test_arrays_tensors_and_rgb_images_do_not_depend_on_the_policy(zoo):
     assert torch.equal(a, b)
 
 
+def test_unifiedreward_reads_images_as_each_templates_scripts(zoo):
+    """t2i / think (transformers scripts, qwen-vl-utils ``to_rgb``): RGBA pasted on white with its alpha as the mask,
+    LA ``convert("RGB")``; 2.0 / edit (the vLLM client): ``convert("RGB")`` for both. Transcribed here."""
+    from rewardkit.rewards.unifiedreward import UnifiedReward
+
+    t2i = zoo("unifiedreward")
+    v2 = UnifiedReward(judge=t2i.judge, template="2.0")
+    rgba, la = _transparent_cases()["RGBA"][0], _transparent_cases()["LA"][0]
+    pasted = Image.new("RGB", rgba.size, (255, 255, 255))
+    pasted.paste(rgba, mask=rgba.split()[3])
+    assert np.array_equal(np.asarray(t2i.decode_image(rgba)), np.asarray(pasted))
+    assert np.array_equal(np.asarray(v2.decode_image(rgba)), np.asarray(rgba.convert("RGB")))
+    for r in (t2i, v2):
+        assert np.array_equal(np.asarray(r.decode_image(la)), np.asarray(la.convert("RGB")))
+        with _policy(r, "corrected"):
+            _assert_same_image(r.decode_image(rgba), _transparent_cases()["RGBA"][1])
+
+
 def test_input_policy_is_settable_and_checked(zoo, tmp_path):
     """load_reward keyword, a config dict, `--set input_policy=...` on the command line; a wrong value is refused.
     rewardkit's own rewards have no such option and keep the corrected reading."""
