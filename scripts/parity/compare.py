@@ -138,8 +138,9 @@ def run(name: str, inputs: str, official_json: str, model_dir: str, summary: str
         fh.write("\t".join([name, f"{official.get('package', '?')} {version}",
                             f"{rgb_diff:.2g} ({rgb_diff / scale:.1g} rel.)", f"{rank:.4f}",
                             "; ".join(k.split(" (")[0] if not isinstance(v, float) else f"{k} ({v:.2g})"
-                                      for k, v in sorted(notes.items())) + "; corrected policy: "
-                            + ", ".join(f"{k} {v:.2g}" for k, v in sorted(deviation.items())), status]) + "\n")
+                                      for k, v in sorted(notes.items())) + ("; " if notes else "")
+                            + "corrected policy: " + ", ".join(f"{k} {v:.2g}" for k, v in sorted(deviation.items())),
+                            status]) + "\n")
     return 1 if bad else 0
 
 
