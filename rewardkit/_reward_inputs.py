@@ -172,10 +172,26 @@ class RewardInputs:
         self.__dict__["_found_image_processors"] = found
         return found
 
+    def _official_rgb(self, im: Image.Image) -> Image.Image:
+        """The original package's conversion of an image as opened to RGB (``input_policy="official"``): PIL's
+        ``convert("RGB")`` (alpha dropped, 16-bit clipped) unless a published reward overrides it."""
+        return im.convert("RGB")
+
+    def _image_converter(self) -> Any:
+        """None (rewardkit's corrected decoding), or :meth:`_official_rgb` when the reward's config has
+        ``input_policy="official"`` (published rewards; docs/zoo.md, "Input policy")."""
+        return self._official_rgb if getattr(self.config, "input_policy", "corrected") == "official" else None
+
+    def decode_image(self, x: Any) -> Image.Image:
+        """One image (path, bytes, PIL, array, tensor) -> the RGB PIL image this reward scores, under its input
+        policy; raises ``media._Bad`` for an unusable one."""
+        official = self._image_converter()
+        return media._to_pil(x) if official is None else media._to_pil(x, official)
+
     def _decode_sample(self, image: Any, sources: Any) -> tuple[Image.Image | None, list[Image.Image], str | None]:
         """Decode one sample (image + its sources); ``(image, sources, None)`` or ``(None, [], reason)``."""
         try:
-            img = media._to_pil(image)
+            img = self.decode_image(image)
             src, err = self._decode_sources(sources)
             return (None, [], err) if err is not None else (img, src, None)
         except media._Bad as exc:
@@ -255,7 +271,7 @@ class RewardInputs:
         out = []
         for j, x in enumerate(items):
             try:
-                out.append(media._to_pil(x))
+                out.append(self.decode_image(x))
             except media._Bad as exc:
                 return [], f"source {j}: {exc}"
         return out, None

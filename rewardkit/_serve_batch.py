@@ -108,15 +108,16 @@ class _Job:
             self.connection = None
 
 
-def _decode(x: Any) -> Any:
-    """An encoded wire image -> canonical RGB PIL (decoded here, in the replica's thread, so that a request
-    that timed out stops being decoded); anything that fails stays as it was, for the reward to report."""
+def _decode(x: Any, reward: Any = None) -> Any:
+    """An encoded wire image -> the RGB PIL image ``reward`` scores, under its input policy (decoded here, in the
+    replica's thread, so that a request that timed out stops being decoded); anything that fails stays as it
+    was, for the reward to report."""
     if not isinstance(x, (bytes, bytearray)):
         return x
     from . import media
 
     try:
-        return media.load_image(x)
+        return reward.decode_image(x) if hasattr(reward, "decode_image") else media.load_image(x)
     except Exception:  # noqa: BLE001 - reported per sample by the reward call, with its reason
         return x
 
@@ -246,9 +247,9 @@ class _Replica:
             for x in j.images:
                 if j.future.done():
                     break
-                images.append(_decode(x))
+                images.append(_decode(x, self.reward))
             if j.sources is not None and not j.future.done():
-                srcs = [[_decode(x) for x in entry] for entry in j.sources]
+                srcs = [[_decode(x, self.reward) for x in entry] for entry in j.sources]
             if j.future.done():
                 continue  # its decoded pixels are dropped here, not scored
             j.images, j.sources = images, srcs

@@ -22,6 +22,12 @@ Documented conversions (all lossless for RGB 8-bit input):
 - Float inputs become uint8 by ``round(x * 255)``, so PIL, uint8 and float versions of one image are
   byte-identical after normalisation.
 
+Two input policies for encoded files, bytes and PIL images (numpy arrays and tensors are decoded the same way
+under both): ``"corrected"``, the conversions above (rewardkit's own rewards use it), and ``"official"``, where a
+published reward turns the image *as opened* (no EXIF rotation; a file's first frame, a caller's PIL image as it
+is) into RGB exactly as its original package does (``convert("RGB")``: alpha dropped, 16-bit clipped at 255; or
+that package's own order), passed to :func:`to_pil` as ``official=`` (see docs/zoo.md, "Input policy").
+
 Refused, with a clear reason: corrupt, truncated or zero-byte files (truncated ones even when another library
 has set PIL's global ``ImageFile.LOAD_TRUNCATED_IMAGES``, once or on every call from another thread: rewardkit
   decodes strictly, in its own threads only); bytes that are not an image; images
@@ -67,6 +73,8 @@ __all__ = [
     "get_max_aspect_ratio",
     "probe_size",
     "resized_size",
+    "INPUT_POLICIES",
+    "check_input_policy",
 ]
 
 ImageLike = Any  # PIL.Image | str | os.PathLike | bytes | np.ndarray | torch.Tensor
@@ -80,6 +88,20 @@ _DEFAULT_MAX_ASPECT = float(os.environ.get("REWARDKIT_MAX_ASPECT_RATIO", 200))
 _max_aspect: float | None = _DEFAULT_MAX_ASPECT
 _FLOAT_TOL = 1e-3  # floats slightly outside [0, 1] from resampling are clipped, not refused
 _lock = threading.Lock()
+
+#: how a published reward turns encoded files, bytes and PIL images into RGB (docs/zoo.md, "Input policy"):
+#: "official" = as its original package does (the default of every published reward), "corrected" = rewardkit's
+#: conversions (EXIF rotation, 16-bit scaled by 1/257, transparency composited on white)
+INPUT_POLICIES = ("official", "corrected")
+
+
+def check_input_policy(policy: Any) -> str:
+    """``policy`` if it is one of :data:`INPUT_POLICIES`, else ``ValueError`` naming them."""
+    if policy not in INPUT_POLICIES:
+        raise ValueError(f"input_policy must be one of {INPUT_POLICIES}, got {policy!r} ('official': the images as "
+                         "the original package reads them; 'corrected': EXIF rotation applied, 16-bit scaled, "
+                         "transparency composited on white)")
+    return policy
 
 
 def set_max_pixels(n: int | None) -> None:
@@ -237,13 +259,17 @@ def _open_encoded(data: bytes | None, path: Path | None) -> Image.Image:
 _ORIENTATION = 0x0112  # the EXIF Orientation tag
 
 
-def _pil_to_rgb(im: Image.Image, owned: bool = False) -> Image.Image:
+def _pil_to_rgb(im: Image.Image, owned: bool = False, official: Any = None) -> Image.Image:
     """Canonical RGB copy of ``im``; ``owned=True`` when ``im`` was decoded here (no defensive copy needed).
+    ``official``: None for rewardkit's corrected conversions, else the published reward's own conversion of the
+    image as opened (see :func:`_official_rgb`).
 
     A caller's PIL image may be lazily opened (its pixels are read here, from a file that may be truncated)
     or already closed: any failure to read its pixels is a per-image ``_Bad``."""
     _check_size(*im.size)
     try:
+        if official is not None:
+            return _official_rgb(im, official)
         return _pil_to_rgb_unchecked(im, owned)
     except _Bad:
         raise
@@ -254,6 +280,22 @@ def _pil_to_rgb(im: Image.Image, owned: bool = False) -> Image.Image:
         what = "the PIL image is closed (reopen it or pass the path)" if closed else \
             f"cannot read the PIL image's pixels (corrupt or truncated?): {type(exc).__name__}: {exc}"
         raise _Bad(what) from None
+
+
+def _official_rgb(im: Image.Image, official: Any) -> Image.Image:
+    """``official(im)`` on the image as opened: no EXIF rotation, no frame change, no mode conversion first (the
+    original packages call ``Image.open`` and hand the result to their transform). The result must be a new RGB
+    image; its ``info`` is emptied so that no EXIF orientation travels with it (a later corrected decode, e.g. a
+    judge backend's, must not turn it)."""
+    out = official(im)
+    if not isinstance(out, Image.Image) or out.mode != "RGB":
+        raise TypeError(f"an official image conversion returned {type(out).__name__} "
+                        f"{getattr(out, 'mode', '')!r}, not an RGB PIL image")
+    if out is im:
+        out = im.copy()  # never hand out the caller's object
+    out.load()
+    out.info = {}
+    return out
 
 
 def _pil_to_rgb_unchecked(im: Image.Image, owned: bool) -> Image.Image:
@@ -356,10 +398,14 @@ def _tensor_to_numpy(t: Any) -> np.ndarray:
     return t.cpu().numpy()
 
 
-def to_pil(x: ImageLike) -> Image.Image:
-    """Convert one image of any accepted kind to canonical RGB PIL; raises ``RewardInputError``."""
+def to_pil(x: ImageLike, official: Any = None) -> Image.Image:
+    """Convert one image of any accepted kind to canonical RGB PIL; raises ``RewardInputError``.
+
+    ``official``: None (rewardkit's corrected conversions), or a function from a PIL image as opened to an RGB
+    PIL image, the conversion of a published reward's original package, applied to files, bytes and PIL images
+    (arrays and tensors are decoded as always)."""
     try:
-        return _to_pil(x)
+        return _to_pil(x, official)
     except _Bad as exc:
         raise RewardInputError(str(exc)) from None
 
@@ -431,11 +477,11 @@ class _strict_decoding:
         _TruncatedFlag._local.strict = self._prev
 
 
-def _to_pil(x: ImageLike) -> Image.Image:
+def _to_pil(x: ImageLike, official: Any = None) -> Image.Image:
     """One input -> canonical RGB PIL. Anything that goes wrong is a per-image ``_Bad`` (never a raw error)."""
     try:
         with _strict_decoding():
-            return _to_pil_unchecked(x)
+            return _to_pil_unchecked(x) if official is None else _to_pil_unchecked(x, official)
     except _Bad:
         raise
     except MemoryError:
@@ -501,9 +547,9 @@ def _probe(x: ImageLike) -> tuple[int, int]:
         raise _Bad(f"corrupt or truncated image (unreadable header: {type(exc).__name__}: {exc})") from None
 
 
-def _to_pil_unchecked(x: ImageLike) -> Image.Image:
+def _to_pil_unchecked(x: ImageLike, official: Any = None) -> Image.Image:
     if isinstance(x, Image.Image):
-        return _pil_to_rgb(x)
+        return _pil_to_rgb(x, official=official)
     if isinstance(x, (str, os.PathLike)):
         s = os.fspath(x)
         if isinstance(s, bytes):
@@ -511,10 +557,10 @@ def _to_pil_unchecked(x: ImageLike) -> Image.Image:
         if not s.strip():
             raise _Bad("empty path")
         with _open_encoded(None, Path(s).expanduser()) as im:  # close the file (animated images keep it open)
-            return _pil_to_rgb(im, owned=True)
+            return _pil_to_rgb(im, owned=True, official=official)
     if isinstance(x, (bytes, bytearray, memoryview)):
         with _open_encoded(bytes(x), None) as im:
-            return _pil_to_rgb(im, owned=True)
+            return _pil_to_rgb(im, owned=True, official=official)
     if isinstance(x, np.ndarray):
         if x.ndim == 3 and x.shape[0] in (1, 3, 4) and x.shape[2] not in (1, 3, 4):
             raise _Bad(f"numpy images must be HxWxC; got shape {x.shape}, which looks like CxHxW (transpose it)")
@@ -562,9 +608,9 @@ def split_batch(images: Any) -> list[Any]:
         raise RewardInputError(f"unsupported images type {type(images).__name__}") from None
 
 
-def load_image(x: ImageLike) -> Image.Image:
+def load_image(x: ImageLike, official: Any = None) -> Image.Image:
     """Public alias of :func:`to_pil` for users who want rewardkit's decoding rules in their own code."""
-    return to_pil(x)
+    return to_pil(x, official)
 
 
 def pil_to_uint8(im: Image.Image):

@@ -102,6 +102,8 @@ class Reward(RewardInputs, abc.ABC):
         if isinstance(config, dict) and "device" in config:
             config = {**config, "device": _device_arg(config["device"])}
         self.config = build_config(self.Config, config, overrides)
+        if hasattr(self.config, "input_policy"):  # published rewards: "official" / "corrected" (rewardkit.media)
+            media.check_input_policy(self.config.input_policy)
         self._device = torch.device("cpu")
         self._lock = threading.RLock()
 

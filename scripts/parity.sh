@@ -8,9 +8,11 @@
 #   bash scripts/parity.sh                 # every model
 #   bash scripts/parity.sh hpsv2 aesthetic # some of them (hpsv2 imagereward aesthetic hpsv3 vqascore editreward)
 #
-# Tolerance: |official - rewardkit| <= 1e-5 * max(scale, |official|) on RGB inputs, scale = the model's largest
-# |official score| (a relative 1e-5 on the score's own scale: a tiny random VQAScore judge gives P(Yes) ~ 0.003). Non-RGB inputs (gray, palette, RGBA) are compared only where
-# the official call does not crash; a difference there is reported (documented in docs/zoo.md), not failed.
+# Tolerance: |official - rewardkit| <= 1e-5 * max(scale, |official|) on every input the official call scores, RGB or
+# not (gray, palette, transparent palette, RGBA, LA, 16-bit gray, EXIF-rotated), under rewardkit's default
+# input_policy="official"; scale = the model's largest |official score| on RGB inputs (a relative 1e-5 on the
+# score's own scale: a tiny random VQAScore judge gives P(Yes) ~ 0.003). input_policy="corrected" is scored too: its
+# largest difference per input kind is reported (WORK/<model>/deviation.json, docs/zoo.md "Input policy"), not failed.
 # Rank agreement: over each prompt's images, the fraction of image pairs both sides order the same way.
 #
 # Environment:

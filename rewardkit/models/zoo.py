@@ -20,7 +20,8 @@ from torch import nn
 __all__ = ["RatingMLP", "hpsv2_transform", "hpsv2_pixels", "hpsv2_pixel_values", "hpsv2_resize_shape",
            "openai_clip_pixels", "openai_clip_pixel_values", "openai_clip_resize_shape", "CLIP_MEAN", "CLIP_STD",
            "to_unit_tensor", "HubModelUnavailableError", "hub_unavailable", "hub_unavailable_message",
-           "looks_like_hub_id"]
+           "looks_like_hub_id", "INPUT_POLICY_DOC", "official_convert_rgb", "official_qwen_vl_rgb",
+           "official_hf_clip_rgb", "official_hpsv2_rgb", "official_openai_clip_rgb"]
 
 # ---------------------------------------------------------------------------------------------- hub access
 #: text of the errors transformers / huggingface_hub raise when a hub model cannot be fetched
@@ -66,6 +67,76 @@ def hub_unavailable(exc: BaseException, model: str | None) -> HubModelUnavailabl
     if not any(s in text for s in _HUB_SIGNS):
         return None
     return HubModelUnavailableError(hub_unavailable_message(model) + f"\n  ({text.splitlines()[0][:300]})")
+
+# ------------------------------------------------------------------------- input policy (docs/zoo.md)
+#: the ``input_policy`` field's comment in every published reward's config
+INPUT_POLICY_DOC = ('"official": files, bytes and PIL images reach the model as the original package reads them '
+                    '(no EXIF rotation, its own RGB conversion); "corrected": rewardkit\'s (EXIF rotation, 16-bit '
+                    'scaled by 1/257, transparency on white)')
+
+
+def official_convert_rgb(im: Any) -> Any:
+    """PIL's ``im.convert("RGB")`` on the image as opened (what HPSv3 / EditReward, VQAScore and UnifiedReward 2.0 /
+    edit do): alpha dropped (transparent pixels show their stored colour), 16-bit gray clipped at 255."""
+    return im.convert("RGB")
+
+
+def official_qwen_vl_rgb(im: Any) -> Any:
+    """qwen-vl-utils ``to_rgb`` (``vision_process.py``; what ``process_vision_info`` applies in UnifiedReward's
+    transformers scripts, t2i and think): an ``RGBA`` image pasted on white with its alpha as the mask, any other
+    mode ``convert("RGB")`` (``LA`` and transparent palettes lose their alpha)."""
+    from PIL import Image
+
+    if im.mode == "RGBA":
+        out = Image.new("RGB", im.size, (255, 255, 255))
+        out.paste(im, mask=im.split()[3])
+        return out
+    return im.convert("RGB")
+
+
+def official_hf_clip_rgb(im: Any) -> Any:
+    """transformers' ``image_transforms.convert_to_rgb`` (what ``CLIPImageProcessor`` applies for PickScore and
+    CLIPScore): RGB as is; any other mode ``convert("RGBA")`` then alpha-composited on white (16-bit clipped)."""
+    from PIL import Image
+
+    if im.mode == "RGB":
+        return im.convert("RGB")
+    rgba = im.convert("RGBA")
+    bg = Image.new("RGBA", rgba.size, (255, 255, 255))
+    return Image.alpha_composite(bg, rgba).convert("RGB")
+
+
+def official_hpsv2_rgb(im: Any) -> Any:
+    """HPSv2's ``_convert_to_rgb_or_rgba`` (``hpsv2/src/open_clip/transform.py``, hpsv2 1.2.0): ``RGBA`` is kept,
+    every other mode ``convert("RGB")``. A four-channel tensor then fails the three-channel ViT (the official call
+    crashes), so an ``RGBA`` image is refused (NaN + reason) rather than given a number the package never gives."""
+    if im.mode == "RGBA":
+        from .. import media
+
+        raise media._Bad("the official hpsv2 pre-processing keeps RGBA images as 4 channels and its ViT fails on "
+                         "them (no official score exists); convert the image yourself, or load the reward with "
+                         "input_policy='corrected' (transparency composited on white)")
+    return im.convert("RGB")
+
+
+def official_openai_clip_rgb(im: Any, size: int = 224) -> Any:
+    """OpenAI CLIP's ``_transform`` order (``clip/clip.py``; ImageReward ``ImageReward.py``, the aesthetic predictor):
+    torchvision ``Resize(size, BICUBIC)`` and ``CenterCrop(size)`` on the image *as opened*, *then*
+    ``convert("RGB")``. For an RGB image this is the plain image (rewardkit's :func:`openai_clip_pixels` does the
+    same resize and crop); for any other mode the resize runs in that mode (PIL premultiplies alpha for RGBA / LA,
+    resizes palette images nearest-neighbour and 16-bit gray in 16 bits) and the result is the official
+    ``size x size`` RGB crop, which :func:`openai_clip_pixels` leaves unchanged."""
+    from PIL import Image
+
+    if im.mode == "RGB":
+        return im.convert("RGB")
+    w, h = im.size
+    nh, nw = openai_clip_resize_shape(h, w, size)
+    if (nw, nh) != (w, h):  # torchvision's resize returns the image itself at the target size
+        im = im.resize((nw, nh), Image.BICUBIC)
+    top, left = int(round((nh - size) / 2.0)), int(round((nw - size) / 2.0))
+    return im.crop((left, top, left + size, top + size)).convert("RGB")
+
 
 #: OpenAI CLIP normalisation (HPSv2, ImageReward and the aesthetic predictor all use it).
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)

@@ -72,6 +72,13 @@ class CLIPReward(Reward):
     def _check_config(self) -> None:
         """Reward-specific option checks (subclasses)."""
 
+    def _official_rgb(self, im):
+        """transformers' ``convert_to_rgb`` (the CLIP image processor's; PickScore, CLIPScore). HPSv2 and the
+        aesthetic predictor override it with their own package's order."""
+        from ..models.zoo import official_hf_clip_rgb
+
+        return official_hf_clip_rgb(im)
+
     def _processor_for(self, model: str) -> str | None:
         return self.config.processor
 

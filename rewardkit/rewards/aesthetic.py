@@ -36,6 +36,9 @@ from ._clip_base import CLIPReward, CLIPRewardConfig
 class AestheticConfig(CLIPRewardConfig):
     model: str = ""          # directory written by `rewardkit convert aesthetic`
     batch_size: int = 32
+    # images from files, bytes, PIL: "official" (as the original package reads them) or "corrected" (EXIF
+    # rotation, 16-bit / 257, transparency on white); docs/zoo.md "Input policy"
+    input_policy: str = "official"
 
 
 class Aesthetic(CLIPReward):
@@ -58,6 +61,11 @@ class Aesthetic(CLIPReward):
 
     def _processor_for(self, model: str) -> str:
         return self.config.processor or model
+
+    def _official_rgb(self, im):
+        from ..models.zoo import official_openai_clip_rgb
+
+        return official_openai_clip_rgb(im, int(self.backbone.model.config.vision_config.image_size))
 
     def __init__(self, config=None, /, **overrides):
         super().__init__(config, **overrides)

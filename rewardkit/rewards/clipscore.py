@@ -29,6 +29,9 @@ class CLIPScoreConfig(CLIPRewardConfig):
     convention: str = "hessel"
     text_prefix: str = ""
     batch_size: int = 64
+    # images from files, bytes, PIL: "official" (as the original package reads them) or "corrected" (EXIF
+    # rotation, 16-bit / 257, transparency on white); docs/zoo.md "Input policy"
+    input_policy: str = "official"
 
 
 class CLIPScore(CLIPReward):

@@ -36,6 +36,9 @@ class EditRewardConfig(RewardConfig):
     positions: str = ""
     # vision patch embedding: "linear" (transformers' fused forward, within float rounding) or "conv" (stock)
     patch_embed: str = "linear"
+    # images from files, bytes, PIL: "official" (as the original package reads them) or "corrected" (EXIF
+    # rotation, 16-bit / 257, transparency on white); docs/zoo.md "Input policy"
+    input_policy: str = "official"
 
 
 class EditReward(Reward):

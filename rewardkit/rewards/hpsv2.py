@@ -41,6 +41,9 @@ class HPSv2Config(CLIPRewardConfig):
     model: str = ""          # directory written by `rewardkit convert hpsv2`
     scale: float = 1.0       # 100 = the leaderboard convention (27.xx)
     batch_size: int = 16
+    # images from files, bytes, PIL: "official" (as the original package reads them) or "corrected" (EXIF
+    # rotation, 16-bit / 257, transparency on white); docs/zoo.md "Input policy"
+    input_policy: str = "official"
 
 
 class HPSv2(CLIPReward):
@@ -89,6 +92,11 @@ class HPSv2(CLIPReward):
             hpsv2_resize_shape(h, w, int(self.backbone.model.config.vision_config.image_size))
         except ValueError as exc:
             raise media._Bad(str(exc)) from None
+
+    def _official_rgb(self, im):
+        from ..models.zoo import official_hpsv2_rgb
+
+        return official_hpsv2_rgb(im)  # RGBA: refused, the official call crashes on it
 
     def _score(self, batch: RewardBatch) -> RewardOutput:
         from ..models.zoo import clip_image_embeddings, hpsv2_pixel_values, hpsv2_pixels

@@ -35,6 +35,9 @@ class HPSv3Config(PreferenceRewardConfig):
     batch_size: int = 8
     # rotary positions: "" = as converted (official: "sequential"), or "sequential" / "mrope"
     positions: str = ""
+    # images from files, bytes, PIL: "official" (as the original package reads them) or "corrected" (EXIF
+    # rotation, 16-bit / 257, transparency on white); docs/zoo.md "Input policy"
+    input_policy: str = "official"
 
 
 def resolve_positions(override: str, manifest: dict, model_type: str | None) -> str:

@@ -35,6 +35,9 @@ class ImageRewardConfig(RewardConfig):
     dtype: str = "float32"
     batch_size: int = 16
     normalize: bool = True   # the published (r - mean) / std
+    # images from files, bytes, PIL: "official" (as the original package reads them) or "corrected" (EXIF
+    # rotation, 16-bit / 257, transparency on white); docs/zoo.md "Input policy"
+    input_policy: str = "official"
 
 
 class ImageReward(Reward):
@@ -95,6 +98,11 @@ class ImageReward(Reward):
         from types import SimpleNamespace
 
         return [SimpleNamespace(do_resize=True, size={"shortest_edge": self.image_size})]
+
+    def _official_rgb(self, im):
+        from ..models.zoo import official_openai_clip_rgb
+
+        return official_openai_clip_rgb(im, self.image_size)  # resize and crop as opened, then RGB
 
     def raw_scores(self, pixels: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         """Raw MLP outputs ``[B]`` (fp32) for preprocessed pixels ``[B, 3, S, S]`` and B prompts."""

@@ -24,6 +24,9 @@ class PickScoreConfig(CLIPRewardConfig):
     model: str = "yuvalkirstain/PickScore_v1"
     # processor default: the model directory if it has processor files, else the CLIP-H processor
     scale: float = 1.0
+    # images from files, bytes, PIL: "official" (as the original package reads them) or "corrected" (EXIF
+    # rotation, 16-bit / 257, transparency on white); docs/zoo.md "Input policy"
+    input_policy: str = "official"
 
 
 class PickScore(CLIPReward):

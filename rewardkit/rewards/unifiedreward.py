@@ -291,6 +291,9 @@ class UnifiedRewardConfig(RewardConfig):
     #: what a failing judge call gives (rewardkit.judges.policy): "auto" (follow the call's on_error), "nan", "raise"
     on_judge_error: str = "auto"
     batch_size: int = 8
+    # images from files, bytes, PIL: "official" (as the original package reads them) or "corrected" (EXIF
+    # rotation, 16-bit / 257, transparency on white); docs/zoo.md "Input policy"
+    input_policy: str = "official"
 
 
 class UnifiedReward(JudgePolicyMixin, Reward):
@@ -346,6 +349,15 @@ class UnifiedReward(JudgePolicyMixin, Reward):
 
     def _call_scope(self):
         return self.judge.session()
+
+    def _official_rgb(self, im):
+        """The template's scripts: UnifiedReward's vLLM client (2.0, edit: JPEG-encoded) ``convert("RGB")``s; its
+        transformers scripts (t2i, think) go through qwen-vl-utils ``to_rgb`` (RGBA on white, other modes
+        ``convert("RGB")``)."""
+        from ..models.zoo import official_convert_rgb, official_qwen_vl_rgb
+
+        native_jpeg = str(self.template.get("reencode", "none")) != "none"
+        return official_convert_rgb(im) if native_jpeg else official_qwen_vl_rgb(im)
 
     def _ask(self, convs: list) -> tuple[list[str], list[str | None]]:
         """The judge's answers and, per conversation, the failure of its request (None when answered). A
@@ -483,7 +495,7 @@ class UnifiedReward(JudgePolicyMixin, Reward):
             errors[i] = self._check_prompt(prompts[i])
             if errors[i] is None:
                 try:
-                    pil[i] = (media._to_pil(a[i]), media._to_pil(b[i]))
+                    pil[i] = (self.decode_image(a[i]), self.decode_image(b[i]))
                 except media._Bad as exc:
                     errors[i] = str(exc)
             if errors[i] is not None and on_error == "raise":

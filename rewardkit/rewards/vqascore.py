@@ -78,6 +78,9 @@ class VQAScoreConfig(RewardConfig):
     #: what a failing judge call gives (rewardkit.judges.policy): "auto" (follow the call's on_error), "nan", "raise"
     on_judge_error: str = "auto"
     batch_size: int = 16
+    # images from files, bytes, PIL: "official" (as the original package reads them) or "corrected" (EXIF
+    # rotation, 16-bit / 257, transparency on white); docs/zoo.md "Input policy"
+    input_policy: str = "official"
 
 
 #: ``probability=`` options: full-vocabulary P(Yes) (t2v_metrics) or renormalised over Yes / No

@@ -3,9 +3,11 @@
 Runs in every virtual environment (the official packages' and ours): standard library, numpy and Pillow only.
 
 ``python scripts/parity/common.py inputs DIR`` writes DIR/images/* and DIR/inputs.json:
-``{"images": [{"file", "mode", "size", "rgb"}], "prompts": [...]}``. ``rgb`` is False for inputs whose colour
-mode is not RGB (gray, palette, RGBA): those are compared only where the official path does not crash, and a
-difference there is reported, not failed (see CONTRIBUTING.md, "Parity with the official packages").
+``{"images": [{"file", "mode", "size", "kind", "rgb"}], "prompts": [...]}``. ``rgb`` is False for inputs whose
+colour mode is not RGB (gray, 16-bit gray, palette, transparent palette, RGBA, LA) and for EXIF-rotated photos.
+rewardkit scores every input twice: with ``input_policy="official"`` (the default), which must equal the official
+package on every input where the official call does not crash, and with ``input_policy="corrected"``, whose
+difference per input kind is reported, not failed (docs/zoo.md, "Input policy").
 """
 
 from __future__ import annotations
@@ -77,6 +79,13 @@ def write_inputs(out: Path) -> dict:
         ("gray_200x200.jpg", (200, 200), "L", "JPEG"),
         ("palette_200x150.png", (200, 150), "P", "PNG"),
         ("rgba_180x240.png", (180, 240), "RGBA", "PNG"),
+        # the input kinds where rewardkit's corrected decoding and the official packages part (docs/zoo.md,
+        # "Input policy"): EXIF-rotated photos, 16-bit gray, gray + alpha, a palette with a transparent index
+        ("exif6_320x200.jpg", (320, 200), "RGB", "JPEG"),  # EXIF orientation 6: displayed rotated 90 degrees
+        ("exif3_240x180.png", (240, 180), "RGB", "PNG"),   # orientation 3: displayed upside down
+        ("gray16_256x160.png", (256, 160), "I;16", "PNG"),  # 16-bit gray over the whole 0-65535 range
+        ("la_200x240.png", (200, 240), "LA", "PNG"),
+        ("ptrans_220x150.png", (220, 150), "P", "PNG"),     # palette, index 0 transparent
     ]
     images = []
     for i, (name, (w, h), mode, fmt) in enumerate(specs):
@@ -86,12 +95,28 @@ def write_inputs(out: Path) -> dict:
             im = im.convert("L")
         elif mode == "P":
             im = im.quantize(colors=64, method=Image.Quantize.MEDIANCUT)
+            if name.startswith("ptrans"):  # the most frequent palette index is transparent
+                im.info["transparency"] = int(np.bincount(np.asarray(im).ravel()).argmax())
         elif mode == "RGBA":
             alpha = np.tile(np.linspace(0, 255, w).astype(np.uint8), (h, 1))
             im = Image.fromarray(np.dstack([arr, alpha]), "RGBA")
-        kw = {"quality": 90} if fmt == "JPEG" else {}
+        elif mode == "I;16":  # smooth 16-bit gray: most values above 255, as a real 16-bit file
+            im = Image.fromarray((arr.astype(np.uint16).mean(-1) * 257).astype(np.uint16))
+        elif mode == "LA":
+            alpha = np.tile(np.linspace(255, 0, h).astype(np.uint8)[:, None], (1, w))
+            alpha[:, : w // 3] = 0  # a fully transparent band
+            im = Image.fromarray(np.dstack([np.asarray(im.convert("L")), alpha]), "LA")
+        kw: dict = {"quality": 90} if fmt == "JPEG" else {}
+        if name.startswith("exif"):
+            exif = Image.Exif()
+            exif[0x0112] = int(name[4])
+            kw["exif"] = exif
+        if "transparency" in im.info:
+            kw["transparency"] = im.info["transparency"]
         im.save(imgdir / name, fmt, **kw)
-        images.append({"file": f"images/{name}", "mode": mode, "size": [w, h], "rgb": mode == "RGB"})
+        kind = name.split("_")[0]
+        images.append({"file": f"images/{name}", "mode": mode, "size": [w, h], "kind": kind,
+                       "rgb": mode == "RGB" and not name.startswith("exif")})
     spec = {"images": images, "prompts": PROMPTS}
     (out / "inputs.json").write_text(json.dumps(spec, indent=1, ensure_ascii=False))
     return spec

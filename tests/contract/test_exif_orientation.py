@@ -101,3 +101,16 @@ def test_one_copy_of_a_callers_image_none_of_a_decoded_one(monkeypatch):
     assert copies == []
     rotated = media.load_image(_png_with_orientation(_asymmetric(), 6))  # turned: a new image, still no copy
     assert np.array_equal(np.asarray(rotated), EXIF_TO_UPRIGHT[6](_asymmetric())) and copies == []
+
+
+@pytest.mark.parametrize("orientation", [3, 6, 8])
+def test_official_reading_ignores_exif_and_carries_none_on(orientation, tmp_path):
+    """A published reward's official reading (``official=``, no EXIF rotation, as the original packages'
+    ``Image.open``) gives the stored pixels from bytes, a path and an open PIL image; the result carries no
+    orientation, so a later corrected decode of it (a judge backend's) does not turn it either."""
+    a = _asymmetric()
+    data = _png_with_orientation(a, orientation)
+    for src in (data, _write(tmp_path / "x.png", data), Image.open(io.BytesIO(data))):
+        got = media.load_image(src, official=lambda im: im.convert("RGB"))
+        assert np.array_equal(np.asarray(got), a), type(src)
+        assert np.array_equal(np.asarray(media.load_image(got)), a), type(src)

@@ -1,10 +1,11 @@
-"""Zoo rewards on inputs the official packages handle their own way: transparent and palette images.
+"""Zoo rewards on inputs the official packages handle their own way: EXIF-rotated, 16-bit, transparent and
+palette images (docs/zoo.md, "Input policy").
 
-rewardkit composites transparency on white before any model sees the image (one rule for every reward); the
-official aesthetic / ImageReward / HPSv3 / EditReward code does not (docs/zoo.md, "Transparent and palette
-images", gives each difference and its measured size). These tests check that such images never crash, score
-exactly like their white composite computed here by hand, and that the documented upstream behaviour (the
-transcribed official pre-processing) really differs as stated.
+By default (``input_policy="official"``) a published reward reads files, bytes and PIL images as its original
+package does; the reference here is that package's reading transcribed in the test (``Image.open(path)`` and its
+own conversion, or transformers' real ``convert_to_rgb``), never rewardkit's code path. ``input_policy="corrected"``
+keeps rewardkit's rules (EXIF rotation, 16-bit / 257, transparency composited on white), checked against the
+corrected images computed here by hand.
 """
 
 from __future__ import annotations
@@ -80,11 +81,31 @@ def _assert_same_image(a: Image.Image, b: Image.Image):
     assert d.max() <= 1, d.max()  # PIL's compositing rounds in fixed point: at most one level apart
 
 
+class _policy:
+    """``with _policy(reward, "corrected"):`` the same loaded reward under another input policy."""
+
+    def __init__(self, reward, policy):
+        self.reward, self.policy = reward, policy
+
+    def __enter__(self):
+        self.prev = self.reward.config.input_policy
+        self.reward.config.input_policy = self.policy
+        return self.reward
+
+    def __exit__(self, *exc):
+        self.reward.config.input_policy = self.prev
+
+
 @pytest.mark.parametrize("name", T2I)
 def test_transparent_and_palette_images_score_as_their_white_composite(zoo, name, tmp_path):
+    """input_policy="corrected": transparency composited on white, for every input form."""
+    with _policy(zoo(name), "corrected") as reward:
+        _check_white_composites(reward, tmp_path)
+
+
+def _check_white_composites(reward, tmp_path):
     from rewardkit import media
 
-    reward = zoo(name)
     cases = _transparent_cases()
     ims, want = [], []
     for kind, (im, composite) in cases.items():
@@ -100,14 +121,161 @@ def test_transparent_and_palette_images_score_as_their_white_composite(zoo, name
     torch.testing.assert_close(out.scores, ref, atol=1e-4, rtol=1e-4)
 
 
+# ------------------------------------------------------------------------------ input policies (issue 36)
+def _policy_inputs(tmp_path) -> dict:
+    """The input kinds where the official packages and rewardkit's corrected decoding part, as files."""
+    rgb, a = _base(), _alpha()
+    out = {}
+    exif = Image.Exif()
+    exif[0x0112] = 6  # displayed rotated 90 degrees clockwise
+    Image.fromarray(rgb).save(tmp_path / "exif6.png", exif=exif)
+    out["exif6"] = tmp_path / "exif6.png"
+    Image.fromarray((rgb.astype(np.uint16).mean(-1) * 257).astype(np.uint16)).save(tmp_path / "gray16.png")
+    out["gray16"] = tmp_path / "gray16.png"
+    for kind in ("RGBA", "LA", "P+transparency"):
+        im = _transparent_cases()[kind][0]
+        im.save(tmp_path / f"{kind}.png")
+        out[kind] = tmp_path / f"{kind}.png"
+    return out
+
+
+def _corrected_by_hand(kind, path) -> Image.Image:
+    """rewardkit's corrected reading, computed here: EXIF rotation, 16-bit / 257, alpha composited on white."""
+    if kind == "exif6":
+        return Image.fromarray(np.rot90(_base(), k=-1).copy())
+    if kind == "gray16":
+        g = np.round(np.asarray(Image.open(path), dtype=np.float64) / 257.0).astype(np.uint8)
+        return Image.fromarray(np.repeat(g[..., None], 3, -1))
+    return _transparent_cases()[kind][1]
+
+
+def _official_reading(name, reward, path):
+    """What each original package makes of ``Image.open(path)`` before its resize (transcribed; the reference):
+    hpsv3 ``hpsv3/dataset/utils.py`` fetch_image ``image_obj.convert("RGB")`` (EditReward, t2v_metrics the same);
+    hpsv2 1.2.0 ``_convert_to_rgb_or_rgba`` (RGBA kept: its ViT then fails, None here); OpenAI CLIP's ``_transform``
+    for aesthetic / imagereward (resize and crop as opened, then RGB); transformers' own ``convert_to_rgb`` for
+    PickScore / CLIPScore. EXIF is applied by none of them."""
+    im = Image.open(path)
+    if name in ("aesthetic", "imagereward"):
+        size = reward.image_size if name == "imagereward" else int(reward.backbone.model.config.vision_config.image_size)
+        return Image.fromarray(_official_clip_transform(im, size))
+    if name in ("pickscore", "clipscore"):
+        from transformers.image_transforms import convert_to_rgb
+
+        return Image.fromarray(convert_to_rgb(im, return_numpy=True))
+    if name == "hpsv2" and im.mode == "RGBA":
+        return None
+    return im.convert("RGB")
+
+
+@pytest.mark.parametrize("name", T2I + ["vqascore"])
+def test_official_input_policy_is_the_default_and_reads_images_as_the_package(zoo, name, tmp_path):
+    """Default: each input kind scores like the original package's reading of the file (no EXIF rotation, 16-bit
+    clipped, alpha dropped / on black / on white as each package does), from a path, bytes and the PIL image as
+    opened. input_policy="corrected": like the hand-made corrected image. The two differ on every kind."""
+    reward = zoo(name)
+    assert reward.config.input_policy == "official"
+    prompt = None if not reward.uses_prompt else "a photo"
+    for kind, path in _policy_inputs(tmp_path).items():
+        ref = _official_reading(name, reward, path)
+        forms = [str(path), path.read_bytes(), Image.open(path)]
+        out = reward(forms, prompt, on_error="nan")
+        if ref is None:  # hpsv2 on RGBA: the official call crashes, so no number (NaN + reason)
+            assert not bool(out.valid.any()) and "input_policy='corrected'" in out.errors[0], out.errors
+        else:
+            assert bool(out.valid.all()), (kind, out.errors)
+            want = reward([ref], prompt).scores.expand(3)
+            torch.testing.assert_close(out.scores, want, atol=1e-5, rtol=1e-5, msg=f"{name} {kind}")
+        with _policy(reward, "corrected"):
+            fixed = reward(forms, prompt, on_error="raise").scores
+        want = reward([_corrected_by_hand(kind, path)], prompt).scores.expand(3)
+        torch.testing.assert_close(fixed, want, atol=1e-4, rtol=1e-4, msg=f"{name} {kind} corrected")
+        same = name in ("pickscore", "clipscore") and kind in ("RGBA", "LA", "P+transparency")  # white in both
+        if ref is not None and not same:
+            with _policy(reward, "corrected"):  # the policy matters here (the cosine: clipscore's 2.5 max(cos, 0) is
+                fixed = reward(forms[:1], prompt).dimensions.get("cosine", fixed)  # 0 on the tiny model)
+            off = out.dimensions.get("cosine", out.scores)
+            assert abs(float(fixed[0]) - float(off[0])) > 1e-7, (name, kind)
+
+
+def test_arrays_tensors_and_rgb_images_do_not_depend_on_the_policy(zoo):
+    """numpy / torch inputs are decoded as always (uint16 arrays scaled by 1/257 under both policies), and a plain
+    RGB image scores the same under both."""
+    reward = zoo("aesthetic")
+    rgb = _base()
+    inputs = [rgb, torch.from_numpy(rgb).permute(2, 0, 1).contiguous(), (rgb.astype(np.uint16) * 257),
+              Image.fromarray(rgb)]
+    a = reward(inputs).scores
+    with _policy(reward, "corrected"):
+        b = reward(inputs).scores
+    assert torch.equal(a, b)
+
+
+def test_unifiedreward_reads_images_as_each_templates_scripts(zoo):
+    """t2i / think (transformers scripts, qwen-vl-utils ``to_rgb``): RGBA pasted on white with its alpha as the mask,
+    LA ``convert("RGB")``; 2.0 / edit (the vLLM client): ``convert("RGB")`` for both. Transcribed here."""
+    from rewardkit.rewards.unifiedreward import UnifiedReward
+
+    t2i = zoo("unifiedreward")
+    v2 = UnifiedReward(judge=t2i.judge, template="2.0")
+    rgba, la = _transparent_cases()["RGBA"][0], _transparent_cases()["LA"][0]
+    pasted = Image.new("RGB", rgba.size, (255, 255, 255))
+    pasted.paste(rgba, mask=rgba.split()[3])
+    assert np.array_equal(np.asarray(t2i.decode_image(rgba)), np.asarray(pasted))
+    assert np.array_equal(np.asarray(v2.decode_image(rgba)), np.asarray(rgba.convert("RGB")))
+    for r in (t2i, v2):
+        assert np.array_equal(np.asarray(r.decode_image(la)), np.asarray(la.convert("RGB")))
+        with _policy(r, "corrected"):
+            _assert_same_image(r.decode_image(rgba), _transparent_cases()["RGBA"][1])
+
+
+def test_input_policy_is_settable_and_checked(zoo, tmp_path):
+    """load_reward keyword, a config dict, `--set input_policy=...` on the command line; a wrong value is refused.
+    rewardkit's own rewards have no such option and keep the corrected reading."""
+    import argparse
+
+    from rewardkit import load_reward
+    from rewardkit.commands.score import reward_kwargs
+    from rewardkit.rewards.aesthetic import Aesthetic
+
+    model = zoo("aesthetic").config.model
+    assert load_reward("aesthetic", model=model, input_policy="corrected").config.input_policy == "corrected"
+    assert Aesthetic({"model": model, "input_policy": "corrected"}).config.input_policy == "corrected"
+    assert reward_kwargs(argparse.Namespace(overrides=["input_policy=corrected"])) == {"input_policy": "corrected"}
+    with pytest.raises(ValueError, match="input_policy must be one of"):
+        load_reward("aesthetic", model=model, input_policy="exif")
+    from rewardkit.rewards.preference import PreferenceRewardConfig
+
+    assert not hasattr(PreferenceRewardConfig(), "input_policy")
+
+
+def test_server_decodes_with_the_rewards_policy(zoo, tmp_path):
+    """The server decodes wire bytes with the reward's own policy (an EXIF file stays unrotated by default)."""
+    from rewardkit._serve_batch import _decode
+
+    reward = zoo("hpsv2")
+    data = _policy_inputs(tmp_path)["exif6"].read_bytes()
+    assert np.array_equal(np.asarray(_decode(data, reward)), _base())
+    with _policy(reward, "corrected"):
+        assert np.array_equal(np.asarray(_decode(data, reward)), np.rot90(_base(), k=-1))
+
+
 def test_editreward_transparent_source_and_edit(zoo):
+    """EditReward's fetch_image ``convert("RGB")``s edits and sources (official, the default: alpha dropped);
+    corrected: both composited on white."""
     reward = zoo("editreward")
     rgba, white = _transparent_cases()["RGBA"]
     plain = random_images(1, size=48, seed=3)[0]
     out = reward([rgba, plain], "make it blue", sources=[[plain], [rgba]], on_error="raise")
-    ref = reward([white, plain], "make it blue", sources=[[plain], [white]])
+    dropped = rgba.convert("RGB")
+    ref = reward([dropped, plain], "make it blue", sources=[[plain], [dropped]])
     assert bool(out.valid.all())
+    torch.testing.assert_close(out.scores, ref.scores, atol=1e-5, rtol=1e-5)
+    with _policy(reward, "corrected"):
+        out = reward([rgba, plain], "make it blue", sources=[[plain], [rgba]], on_error="raise")
+    ref = reward([white, plain], "make it blue", sources=[[plain], [white]])
     torch.testing.assert_close(out.scores, ref.scores, atol=1e-4, rtol=1e-4)
+    assert float(out.scores[0]) != float(reward([dropped], "make it blue", sources=[[plain]]).scores[0])
 
 
 def _official_clip_transform(im: Image.Image, size: int) -> np.ndarray:

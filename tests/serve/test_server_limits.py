@@ -357,10 +357,10 @@ def test_a_timed_out_request_stops_being_decoded(monkeypatch):
     decoded = []
     real = batcher._decode
 
-    def slow_decode(x):
+    def slow_decode(x, *rest):  # (rest: the reward whose input policy decodes it)
         time.sleep(0.15)
         decoded.append(1)
-        return real(x)
+        return real(x, *rest)
 
     monkeypatch.setattr(batcher, "_decode", slow_decode)
     rec = _Const()
