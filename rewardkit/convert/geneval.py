@@ -131,7 +131,7 @@ def mmdet_to_hf(sd: dict[str, torch.Tensor], cfg: dict[str, Any]) -> dict[str, t
                 f"{s}attn.w_msa.relative_position_bias_table")
             qkv(f"{d}attention.", take(f"{s}attn.w_msa.qkv.weight"),
                 take(f"{s}attn.w_msa.qkv.bias") if bb["qkv_bias"] else None)
-            used.add(f"{s}attn.w_msa.relative_position_index")  # a buffer transformers computes itself
+            _check_index(take(f"{s}attn.w_msa.relative_position_index"), int(bb["window_size"]), s)
         if i < len(bb["depths"]) - 1:
             s, d = f"backbone.stages.{i}.downsample.", f"{sw}encoder.layers.{i}.downsample."
             out[f"{d}reduction.weight"] = unfold_to_concat(take(f"{s}reduction.weight"))
@@ -197,6 +197,17 @@ def mmdet_to_hf(sd: dict[str, torch.Tensor], cfg: dict[str, Any]) -> dict[str, t
     if left:
         raise ValueError(f"mmdet tensors the key map does not place: {left[:8]}{' ...' if len(left) > 8 else ''}")
     return {k: v.float().contiguous() for k, v in out.items()}
+
+
+def _check_index(index: torch.Tensor, window: int, where: str) -> None:
+    """mmdet saves its Swin ``relative_position_index`` buffer; transformers computes its own. The two agree for
+    mmdet's standard index (flattened ``(dy + W - 1) * (2W - 1) + (dx + W - 1)``): anything else is refused."""
+    coords = torch.stack(torch.meshgrid(torch.arange(window), torch.arange(window), indexing="ij")).flatten(1)
+    rel = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0) + (window - 1)
+    want = rel[..., 0] * (2 * window - 1) + rel[..., 1]
+    if tuple(index.shape) != tuple(want.shape) or not torch.equal(index.long(), want):
+        raise ValueError(f"{where}attn.w_msa.relative_position_index is not mmdet's standard index for a {window}x"
+                         f"{window} window: this checkpoint's relative positions would be read differently")
 
 
 def convert_geneval(src: str | Path, dst: str | Path, *, clip: str = DEFAULT_CLIP, overwrite: bool = False) -> Path:

@@ -14,7 +14,15 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["mmdet_mask2former_state_dict", "write_tiny_geneval_detector"]
+__all__ = ["mmdet_mask2former_state_dict", "write_tiny_geneval_detector", "swin_relative_position_index"]
+
+
+def swin_relative_position_index(window: int) -> torch.Tensor:
+    """The ``relative_position_index`` buffer mmdet's ``WindowMSA`` computes and saves (mmdet/models/backbones/
+    swin.py: ``double_step_seq(2 * W - 1, W, 1, W)``, plus its transpose, flipped along the last axis)."""
+    seq = (torch.arange(0, (2 * window - 1) * window, 2 * window - 1)[:, None] + torch.arange(window)[None, :])
+    coords = seq.reshape(1, -1)
+    return (coords + coords.T).flip(1).contiguous()
 
 
 def mmdet_mask2former_state_dict(*, embed: int = 16, depths=(1, 1, 2, 1), heads=(1, 2, 2, 4), window: int = 7,
@@ -39,13 +47,13 @@ def mmdet_mask2former_state_dict(*, embed: int = 16, depths=(1, 1, 2, 1), heads=
     sd["backbone.patch_embed.projection.bias"] = g(embed)
     norm("backbone.patch_embed.norm", embed)
     dims = [embed * 2 ** i for i in range(len(depths))]
-    idx = torch.arange(window * window)
+    index = swin_relative_position_index(window)
     for i, (depth, d) in enumerate(zip(depths, dims)):
         for j in range(depth):
             p = f"backbone.stages.{i}.blocks.{j}"
             norm(f"{p}.norm1", d)
             sd[f"{p}.attn.w_msa.relative_position_bias_table"] = g((2 * window - 1) ** 2, heads[i], std=0.5)
-            sd[f"{p}.attn.w_msa.relative_position_index"] = (idx[:, None] + idx[None, :]) % ((2 * window - 1) ** 2)
+            sd[f"{p}.attn.w_msa.relative_position_index"] = index.clone()
             linear(f"{p}.attn.w_msa.qkv", 3 * d, d, std=0.2)
             linear(f"{p}.attn.w_msa.proj", d, d, std=0.2)
             norm(f"{p}.norm2", d)

@@ -108,3 +108,15 @@ def test_mmdet_post_processing_by_hand():
     assert got[(0, round(float(p[0, 0]) * s0, 6))] == [0, 0, 2, 2]
     # query 1 has an empty mask: score 0 (no pixel above 0), box all zeros
     assert got[(0, 0.0)] == [0, 0, 0, 0]
+
+
+def test_opencv_bilinear_emulation_by_hand():
+    """mmcv resizes with OpenCV's INTER_LINEAR on uint8: a 2x2 image to 4x4, computed by hand (taps at
+    (d + 0.5) / 2 - 0.5, clamped at the borders; 11-bit weights; rounding to the nearest level)."""
+    import numpy as np
+
+    from rewardkit.rewards._geneval_detect import cv2_bilinear_u8
+
+    a = np.array([[0, 100], [200, 40]], dtype=np.uint8)[:, :, None]
+    assert cv2_bilinear_u8(a, 4, 4)[:, :, 0].tolist() == [[0, 25, 75, 100], [50, 59, 76, 85],
+                                                          [150, 126, 79, 55], [200, 160, 80, 40]]
