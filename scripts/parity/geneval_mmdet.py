@@ -90,6 +90,139 @@ def official(ckpt: str, images: str, out: str) -> None:
     Path(out).write_text(json.dumps(report))
 
 
+COLOR_CLIP = dict(embed_dim=32, vision_cfg=dict(image_size=224, layers=2, width=64, patch_size=14, head_width=32),
+                  text_cfg=dict(context_length=77, vocab_size=49408, width=32, heads=2, layers=2))
+CLASSNAMES = ("car", "computer mouse", "teddy bear")
+
+
+def official_colors(out: str) -> None:
+    """GenEval's ``color_classification`` (evaluate_images.py:83-123) with open_clip + clip_benchmark on a tiny
+    OpenAI-style CLIP (QuickGELU), on the crops in ``OUT/crops.json``. ``amp=False``: GenEval runs clip_benchmark's
+    default ``amp=True`` on CUDA (fp16); on this CPU that would be bfloat16, so both sides compare in fp32."""
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    import numpy as np
+    import open_clip
+    import torch
+    from clip_benchmark.metrics import zeroshot_classification as zsc
+    from PIL import Image
+
+    zsc.tqdm = lambda it, *a, **k: it
+    torch.manual_seed(0)
+    model = open_clip.model.CLIP(**COLOR_CLIP, quick_gelu=True).eval()
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name != "logit_scale":
+                p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    torch.save(model.state_dict(), Path(out) / "openclip-tiny-state.pt")
+    tokenizer = open_clip.get_tokenizer("ViT-L-14")
+    tok = getattr(tokenizer, "tokenizer", tokenizer)
+    d = Path(out) / "tokenizer"
+    d.mkdir(exist_ok=True)
+    # open_clip names its special tokens <start_of_text> / <end_of_text>; the transformers CLIP tokenizer expects
+    # OpenAI's <|startoftext|> / <|endoftext|> (same ids)
+    special = {"<start_of_text>": "<|startoftext|>", "<end_of_text>": "<|endoftext|>"}
+    vocab = {special.get(k, k): v for k, v in tok.encoder.items()}
+    (d / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+    merges = sorted(tok.bpe_ranks, key=tok.bpe_ranks.get)
+    (d / "merges.txt").write_text("#version: 0.2\n" + "\n".join(" ".join(m) for m in merges) + "\n")
+    transform = open_clip.image_transform(224, is_train=False, mean=open_clip.OPENAI_DATASET_MEAN,
+                                          std=open_clip.OPENAI_DATASET_STD)
+    colors = ["red", "orange", "yellow", "green", "blue", "purple", "pink", "brown", "black", "white"]
+    spec = json.loads((Path(out) / "crops.json").read_text())
+    result = {}
+    for item in spec:
+        image = Image.open(item["image"]).convert("RGB")
+        blank = Image.new("RGB", image.size, color="#999")
+        crops = []
+        for box, mask in zip(item["boxes"], item["masks"]):
+            m = np.asarray(mask, dtype=bool)
+            crops.append((transform(Image.composite(image, blank, Image.fromarray(m)).crop(box[:4])), 0))
+        clf = zsc.zero_shot_classifier(model, tokenizer, colors, [
+            f"a photo of a {{c}} {item['classname']}", f"a photo of a {{c}}-colored {item['classname']}",
+            f"a photo of a {{c}} object"], "cpu", amp=False)
+        loader = torch.utils.data.DataLoader(crops, batch_size=16)
+        with torch.no_grad():
+            pred, _ = zsc.run_classification(model, clf, loader, "cpu", amp=False)
+        result[item["image"] + "|" + item["classname"]] = {"logits": pred.tolist(),
+                                                           "colors": [colors[i] for i in pred.argmax(1).tolist()]}
+    (Path(out) / "colors.json").write_text(json.dumps(result))
+
+
+def compare_colors(root: Path, py: str) -> tuple[int, int, float]:
+    """Our colour path (``GenEval._colors``) vs :func:`official_colors` on the same crops: (equal colours, crops,
+    max |logit| difference)."""
+    import numpy as np
+    import torch
+    import transformers
+    from PIL import Image
+
+    from rewardkit.convert.openclip import clip_config_from_openclip, openclip_to_hf
+    from rewardkit.models.clip import CLIPBackbone
+    from rewardkit.rewards.geneval import GenEval
+    from rewardkit.testing import random_images
+
+    cdir = root / "colors"
+    cdir.mkdir(exist_ok=True)
+    rng = np.random.default_rng(0)
+    spec = []
+    for i, im in enumerate(random_images(3, seed=21, sizes=[(96, 80), (120, 64), (64, 64)])):
+        path = cdir / f"img{i}.png"
+        im.save(path)
+        w, h = im.size
+        boxes, masks = [], []
+        for _ in range(4):
+            x0, y0 = int(rng.integers(0, w // 2)), int(rng.integers(0, h // 2))
+            x1, y1 = int(rng.integers(x0 + 4, w + 1)), int(rng.integers(y0 + 4, h + 1))
+            m = np.zeros((h, w), dtype=bool)
+            m[y0:y1, x0:x1] = rng.random((y1 - y0, x1 - x0)) < 0.7
+            boxes.append([float(x0), float(y0), float(x1), float(y1), 0.9])
+            masks.append(m.tolist())
+        spec.append({"image": str(path), "classname": CLASSNAMES[i], "boxes": boxes, "masks": masks})
+    (cdir / "crops.json").write_text(json.dumps(spec))
+    subprocess.run([py, __file__, "official_colors", str(cdir)], check=True)
+    off = json.loads((cdir / "colors.json").read_text())
+    sd = torch.load(cdir / "openclip-tiny-state.pt", weights_only=True)
+    # transformers 5 takes vocab= / merges= (vocab_file= is silently ignored: an empty vocabulary)
+    tok = transformers.CLIPTokenizer(vocab=str(cdir / "tokenizer" / "vocab.json"),
+                                     merges=str(cdir / "tokenizer" / "merges.txt"))
+    if tok("a photo of a red car")["input_ids"][:3] != [49406, 320, 1125]:
+        raise SystemExit("the transformers tokenizer built from open_clip's BPE does not give OpenAI CLIP's ids")
+    cfg = clip_config_from_openclip(sd, vision_heads=2, text_heads=2, eos_token_id=tok.eos_token_id,
+                                    bos_token_id=tok.bos_token_id, pad_token_id=tok.pad_token_id)
+    for tower in ("text_config", "vision_config"):
+        cfg[tower]["hidden_act"] = "quick_gelu"
+    model = transformers.CLIPModel(transformers.CLIPConfig(**cfg))
+    model.load_state_dict(openclip_to_hf(sd, cfg), strict=False)
+    hf = cdir / "hf-clip"
+    model.save_pretrained(hf)
+    ip = transformers.CLIPImageProcessorPil(size={"shortest_edge": 224}, crop_size={"height": 224, "width": 224})
+    transformers.CLIPProcessor(image_processor=ip, tokenizer=tok).save_pretrained(hf)
+    rk = GenEval.__new__(GenEval)  # only the colour path: no detector needed
+    rk.clip = CLIPBackbone(str(hf), device="cpu", dtype="float32", text_cleaning="openclip")
+    rk._classifiers = {}
+    same = total = 0
+    worst = 0.0
+    for item in spec:
+        image = Image.open(item["image"]).convert("RGB")
+        crops = [(b, np.asarray(m, dtype=bool)) for b, m in zip(item["boxes"], item["masks"])]
+        ours = rk._colors(image, item["classname"], crops)
+        want = off[item["image"] + "|" + item["classname"]]
+        same += sum(a == b for a, b in zip(ours, want["colors"]))
+        total += len(ours)
+        from rewardkit.models.zoo import clip_image_embeddings, openai_clip_pixels
+
+        blank = Image.new("RGB", image.size, color="#999")
+        ims = [Image.composite(image, blank, Image.fromarray(m)).crop(tuple(b[:4])) for b, m in crops]
+        with torch.no_grad():
+            feats = clip_image_embeddings(rk.clip.model, openai_clip_pixels(ims, 224))
+            logits = 100.0 * feats @ rk._classifier(item["classname"])
+        worst = max(worst, float((logits - torch.tensor(want["logits"])).abs().max()))
+    return same, total, worst
+
+
 def run(work: str | None) -> int:
     import numpy as np
 
@@ -164,11 +297,21 @@ def run(work: str | None) -> int:
           f"max |box| diff {worst_box:.3g} px; max |score| diff {worst_score:.3g}; mask pixels that differ: "
           f"{mask_diff}; GenEval's kept objects per class equal on {kept_same}/{kept_total} (image, tag) pairs; "
           f"images needing no resize with every box equal: {sum(unresized_exact)}/{len(unresized_exact)}")
-    return 0 if count_mismatch == 0 and kept_same == kept_total else 1
+    same, total, worst_logit = compare_colors(root, py)
+    print(f"colours (open_clip + clip_benchmark vs rewardkit, tiny CLIP, fp32): {same}/{total} equal; "
+          f"max |100 x cosine| difference {worst_logit:.3g}")
+    return 0 if same == total and count_mismatch == 0 and kept_same == kept_total else 1
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "official":
         official(*sys.argv[2:5])
+    elif sys.argv[1] == "official_colors":
+        official_colors(sys.argv[2])
+    elif sys.argv[1] == "colors":  # the colour comparison alone
+        root = Path(sys.argv[2])
+        root.mkdir(parents=True, exist_ok=True)
+        print("colours: %d/%d equal; max |100 x cosine| difference %.3g"
+              % compare_colors(root, os.environ["GENEVAL_PARITY_PY"]))
     else:
         sys.exit(run(sys.argv[2] if len(sys.argv) > 2 else None))
