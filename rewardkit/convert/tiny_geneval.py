@@ -28,11 +28,15 @@ def swin_relative_position_index(window: int) -> torch.Tensor:
 def mmdet_mask2former_state_dict(*, embed: int = 16, depths=(1, 1, 2, 1), heads=(1, 2, 2, 4), window: int = 7,
                                  feat: int = 32, attn_heads: int = 4, enc_layers: int = 1, enc_ffn: int = 64,
                                  dec_layers: int = 2, dec_ffn: int = 64, queries: int = 12, classes: int = 80,
-                                 cls_std: float = 1.0, seed: int = 0) -> "OrderedDict[str, torch.Tensor]":
+                                 cls_std: float = 1.0, seed: int = 0, meta: bool = False
+                                 ) -> "OrderedDict[str, torch.Tensor]":
+    """``meta=True``: shapes only (tensors on the meta device), for checking the map at the published sizes."""
     gen = torch.Generator().manual_seed(seed)
     sd: OrderedDict[str, torch.Tensor] = OrderedDict()
 
     def g(*shape: int, std: float = 0.05) -> torch.Tensor:
+        if meta:
+            return torch.empty(*shape, device="meta")
         return torch.randn(*shape, generator=gen) * std
 
     def norm(prefix: str, d: int) -> None:

@@ -15,6 +15,12 @@ from rewardkit.rewards._geneval_detect import instance_postprocess, mask2bbox, r
 from tests.helpers.geneval_official import mmdet_patch_merging  # noqa: E402
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _import_mask2former():
+    """transformers' lazy Mask2Former / Swin modules import in the setup, not in the first test's call."""
+    return transformers.Mask2FormerForUniversalSegmentation, transformers.SwinConfig, transformers.CLIPModel
+
+
 def _model(sd):
     kw = mask2former_config_from_mmdet(sd)
     cfg = transformers.Mask2FormerConfig(**{**kw, "backbone_config": transformers.SwinConfig(
@@ -120,3 +126,20 @@ def test_opencv_bilinear_emulation_by_hand():
     a = np.array([[0, 100], [200, 40]], dtype=np.uint8)[:, :, None]
     assert cv2_bilinear_u8(a, 4, 4)[:, :, 0].tolist() == [[0, 25, 75, 100], [50, 59, 76, 85],
                                                           [150, 126, 79, 55], [200, 160, 80, 40]]
+
+
+def test_key_map_at_the_published_swin_s_sizes_on_meta():
+    """GenEval's detector (mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco): Swin-S (96, depths 2-2-18-2, heads
+    3-6-12-24, window 7), 256 channels, 8 heads, 6 encoder and 9 decoder layers, 100 queries, 80 classes."""
+    from rewardkit.convert.hpsv2 import check_against_class
+
+    sd = mmdet_mask2former_state_dict(embed=96, depths=(2, 2, 18, 2), heads=(3, 6, 12, 24), feat=256, attn_heads=8,
+                                      enc_layers=6, enc_ffn=1024, dec_layers=9, dec_ffn=2048, queries=100, meta=True)
+    kw = mask2former_config_from_mmdet(sd)
+    assert kw["backbone_config"]["num_heads"] == [3, 6, 12, 24] and kw["decoder_layers"] == 10
+    assert (kw["num_attention_heads"], kw["encoder_layers"], kw["num_queries"], kw["num_labels"]) == (8, 6, 100, 80)
+    cfg = transformers.Mask2FormerConfig(**{**kw, "backbone_config": transformers.SwinConfig(
+        **{k: v for k, v in kw["backbone_config"].items() if k != "model_type"})})
+    state = mmdet_to_hf(sd, kw)
+    state["criterion.empty_weight"] = torch.empty(81, device="meta")
+    check_against_class(transformers.Mask2FormerForUniversalSegmentation, cfg, state)
