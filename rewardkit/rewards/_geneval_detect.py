@@ -18,7 +18,7 @@ mmdet 2.28.2's ``configs/mask2former/mask2former_r50_lsj_8x2_50e_coco.py``; ``Ma
 Known differences from mmdet (documented in docs/zoo.md): mmcv resizes the uint8 image with OpenCV's fixed-point
 bilinear kernel, emulated here in integers (:func:`cv2_bilinear_u8`; a pixel differs by one level in well under
 1 % of cases); transformers' Swin drops the window shift when a stage's feature map is no larger than the window
-(images whose resized short side is below 224 pixels), mmdet's does not.
+(images whose resized short side is 224 pixels or less), mmdet's does not.
 """
 
 from __future__ import annotations

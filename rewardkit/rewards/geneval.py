@@ -50,7 +50,11 @@ checkpoint by ``rewardkit convert geneval``; mmdet's test pipeline and instance 
 in :mod:`rewardkit.rewards._geneval_detect`. Colours: CLIP ViT-L/14 (OpenAI) zero-shot on each object's masked
 crop over a grey (#999) background, GenEval's three templates averaged as clip_benchmark does.
 Rule constants (score threshold 0.3, 0.9 for ``counting``, 16 objects per class, no NMS, position margin 0.1):
-:mod:`rewardkit.rewards.geneval_rules`.
+:mod:`rewardkit.rewards.geneval_rules`; GenEval's ``--options`` are config fields (``threshold``,
+``counting_threshold``, ``max_objects``, ``max_overlap``, ``position_threshold``). ``detector_channels="bgr"``
+feeds the detector as flow_grpo's reward server does (RGB arrays that mmdet takes for BGR); the default ``"rgb"`` is
+the benchmark's (image files). Parity with mmdet 2.28 and open_clip + clip_benchmark: ``bash scripts/parity.sh
+geneval`` (figures in docs/zoo.md).
 """
 
 from __future__ import annotations
