@@ -44,6 +44,7 @@ BUILTIN: dict[str, str] = {
     "unifiedreward": "rewardkit.rewards.unifiedreward:UnifiedReward",
     "remote": "rewardkit.client:RemoteReward",
     "rational": "rewardkit.rewards.rational:RationalReward",
+    "geneval": "rewardkit.rewards.geneval:GenEval",
 }
 
 # Alternative names -> canonical name.

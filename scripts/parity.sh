@@ -7,6 +7,7 @@
 #
 #   bash scripts/parity.sh                 # every model
 #   bash scripts/parity.sh hpsv2 aesthetic # some of them (hpsv2 imagereward aesthetic hpsv3 vqascore editreward)
+#   bash scripts/parity.sh geneval         # GenEval's detector (mmdet 2.x) and colours (open_clip); not in the default list
 #
 # Tolerance: |official - rewardkit| <= 1e-5 * max(scale, |official|) on every input the official call scores, RGB or
 # not (gray, palette, transparent palette, RGBA, LA, 16-bit gray, EXIF-rotated), under rewardkit's default
@@ -177,6 +178,19 @@ for m in "${MODELS[@]}"; do
     "${RK[@]}" -m rewardkit.cli convert hpsv3 "$WORK/hpsv3/HPSv3.safetensors" "$WORK/hpsv3/converted" \
       --base "$WORK/hpsv3/base" >/dev/null
     compare hpsv3 "$WORK/hpsv3/converted"
+    ;;
+  geneval)
+    # mmdet 2.x wants mmcv-full 1.x, whose compiled ops need a CUDA build: mmcv 1.7.1 is its pure-Python build (an
+    # sdist that needs setuptools < 70); geneval_mmdet.py loads mmcv.ops without the compiled ops, which GenEval's
+    # CPU path never calls (scripts/parity/geneval_mmdet.py says why). numpy < 2 for mmcv 1.x.
+    make_env geneval "setuptools<70 wheel ;; mmcv==1.7.1 mmdet==2.28.2 open_clip_torch==3.3.0 clip-benchmark==1.6.2 torchvision==0.28.0 --no-deps --no-build-isolation ;; addict yapf==0.40.1 packaging pyyaml opencv-python-headless numpy<2 ftfy regex huggingface_hub safetensors tqdm terminaltables six scipy pycocotools matplotlib scikit-learn"
+    mkdir -p "$WORK/geneval"
+    step "geneval: mmdet / open_clip vs rewardkit (tiny checkpoints)"
+    if GENEVAL_PARITY_PY="$ENV/bin/python" "${RK[@]}" "$ROOT/scripts/parity/geneval_mmdet.py" run "$WORK/geneval"; then
+      printf 'geneval\t-\t-\t-\t-\tdetections and colours as mmdet / open_clip (scripts/parity/geneval_mmdet.py)\n' >> "$SUMMARY"
+    else
+      printf 'geneval\t-\t-\t-\t-\tDIFFERS: see the figures above (docs/zoo.md, geneval)\n' >> "$SUMMARY"; status=1
+    fi
     ;;
   vqascore)
     # t2v-metrics 3.0 (PyPI) pins torch 2.5.1, transformers 4.49.0, numpy 1.26.4, apex, deepspeed, xformers,

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 
-KINDS = ("hpsv2", "aesthetic", "imagereward", "hpsv3", "editreward")
+KINDS = ("hpsv2", "aesthetic", "imagereward", "hpsv3", "editreward", "geneval")
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("convert",
-                       help="convert an official reward checkpoint (HPSv2, aesthetic, ImageReward, HPSv3, EditReward)",
+                       help="convert an official reward checkpoint (HPSv2, aesthetic, ImageReward, HPSv3, EditReward, GenEval)",
                        description="Convert an official reward checkpoint to a rewardkit directory. Pickled "
                                    "sources are scanned against an allow-list (tensors, storages, ordered dicts) and "
                                    "read with torch's weights-only unpickler; anything else is refused. See "
@@ -24,7 +24,7 @@ def add_parser(sub) -> None:
     p.add_argument("--heads", help="hpsv2: attention heads VISION,TEXT (default 16,16 for ViT-H-14)")
     p.add_argument("--version", help="hpsv2: v2.0 or v2.1 (default: from the file name)")
     p.add_argument("--dtype", help="hpsv2: cast weights to float16 / float32 (default: keep)")
-    p.add_argument("--clip", help="aesthetic: CLIP ViT-L/14 checkpoint (default openai/clip-vit-large-patch14)")
+    p.add_argument("--clip", help="aesthetic / geneval: CLIP ViT-L/14 checkpoint (default openai/clip-vit-large-patch14)")
     p.add_argument("--base", help="hpsv3 / editreward: base model for config + processor (default Qwen/Qwen2-VL-7B-Instruct / Qwen/Qwen2.5-VL-7B-Instruct)")
     p.add_argument("--med-config", help="imagereward: med_config.json of the BLIP text encoder (default: "
                                         "the published values)")
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
             opts["version"] = args.version
         if args.dtype:
             opts["dtype"] = args.dtype
-    elif args.kind == "aesthetic":
+    elif args.kind in ("aesthetic", "geneval"):
         if args.clip:
             opts["clip"] = args.clip
     elif args.kind == "imagereward":

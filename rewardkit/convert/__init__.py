@@ -23,6 +23,7 @@ CONVERTERS: dict[str, str] = {
     "imagereward": ".imagereward:convert_imagereward",
     "hpsv3": ".hpsv3:convert_hpsv3",
     "editreward": ".editreward:convert_editreward",
+    "geneval": ".geneval:convert_geneval",
 }
 
 

@@ -51,6 +51,7 @@ FIXES = {
     "aesthetic": [torchvision_without_compiled_ops],
     "hpsv3": [torchvision_without_compiled_ops],
     "vqascore": [torchvision_without_compiled_ops],
+    "geneval": [torchvision_without_compiled_ops],
 }
 
 if __name__ == "__main__":
