@@ -44,6 +44,9 @@ BUILTIN: dict[str, str] = {
     "unifiedreward": "rewardkit.rewards.unifiedreward:UnifiedReward",
     "remote": "rewardkit.client:RemoteReward",
     "rational": "rewardkit.rewards.rational:RationalReward",
+    "jpeg-compressibility": "rewardkit.rewards.jpeg:JpegCompressibility",
+    "jpeg-incompressibility": "rewardkit.rewards.jpeg:JpegIncompressibility",
+    "qwenvl": "rewardkit.rewards.qwenvl:QwenVLAesthetic",
 }
 
 # Alternative names -> canonical name.
