@@ -72,3 +72,44 @@ def flow_grpo_qwenvl_score(text: str) -> float:
     """flow_grpo/qwenvl.py:16-24 (extract_scores, one answer): first ``<Score>(\\d+)</Score>`` / 5, else 0."""
     m = re.search(r"<Score>(\d+)</Score>", text)
     return float(m.group(1)) / 5 if m else 0
+
+
+# ---------------------------------------------------------------------------------------------------- GenEval
+#: yifan123/reward-server @ 92ac29f, reward_server/gen_eval.py:321 (``required_keys``)
+GENEVAL_REQUIRED_KEYS = ["single_object", "two_object", "counting", "colors", "position", "color_attr"]
+
+
+def reward_server_compute_geneval(results: list[dict]) -> tuple:
+    """reward_server/gen_eval.py:320-340 after ``evaluate_image`` (``results``: its per-image dicts, :296-308):
+    ``(scores, rewards, strict_rewards, grouped_rewards, grouped_strict_rewards)``."""
+    from collections import defaultdict
+
+    scores, strict_rewards, rewards = [], [], []
+    grouped_strict_rewards, grouped_rewards = defaultdict(list), defaultdict(list)
+    for result in results:
+        strict_rewards.append(1.0 if result["strict_correct"] else 0.0)
+        scores.append(result["score"])
+        rewards.append(1.0 if result["correct"] else 0.0)
+        tag = result["tag"]
+        for key in GENEVAL_REQUIRED_KEYS:
+            if key != tag:
+                grouped_strict_rewards[key].append(-10.0)
+                grouped_rewards[key].append(-10.0)
+            else:
+                grouped_strict_rewards[tag].append(1.0 if result["strict_correct"] else 0.0)
+                grouped_rewards[tag].append(1.0 if result["correct"] else 0.0)
+    return scores, rewards, strict_rewards, dict(grouped_rewards), dict(grouped_strict_rewards)
+
+
+def flow_grpo_multi_score_geneval(results: list[dict], weight: float = 1.0) -> dict:
+    """flow_grpo/rewards.py @ ac4c86e :377-401 with only ``geneval`` weighted: the score_details dict (the server's
+    ``correct`` is already False under ``only_strict``, gen_eval.py:292-293)."""
+    scores, rewards, strict_rewards, group_rewards, group_strict_rewards = reward_server_compute_geneval(results)
+    score_details = {"accuracy": rewards, "strict_accuracy": strict_rewards}
+    for key, value in group_strict_rewards.items():
+        score_details[f"{key}_strict_accuracy"] = value
+    for key, value in group_rewards.items():
+        score_details[f"{key}_accuracy"] = value
+    score_details["geneval"] = scores
+    score_details["avg"] = [weight * s for s in scores]
+    return score_details
