@@ -60,6 +60,7 @@ ALIASES: dict[str, str] = {
     "arena-rm": "preference",
     "hps": "hpsv2",
     "hpsv2.1": "hpsv2",
+    "hpsv2-score": "hpsv2",  # flow_grpo @ 94e23ee's multi_score name (hpsv2_score)
     "laion-aesthetic": "aesthetic",
     "image-reward": "imagereward",
     "edit-reward": "editreward",

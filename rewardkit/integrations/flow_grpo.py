@@ -87,9 +87,6 @@ FLOW_GRPO_CONVENTIONS: dict[str, Convention] = {
     "geneval": Convention({}, 1.0, "rewards.py:113-160, gen_eval.py:320-345"),
 }
 
-#: host names that are not registry names: flow_grpo @ 94e23ee calls HPSv2 "hpsv2_score"
-HOST_ALIASES = {"hpsv2_score": "hpsv2"}
-
 _NOT_IN_REWARDKIT = {
     "deqa": "DeQA-Score (zhiyuanyou/DeQA-Score-Mix3, reward-server's deqa.py:5-11) is an mPLUG-Owl2 model whose "
             "modelling code ships inside the checkpoint (trust_remote_code=True); transformers has no class for it "
@@ -144,15 +141,10 @@ def _named(name: str, kwargs: Mapping[str, Any] | None, conventions: str) -> tup
                          f"rewards={{{name!r}: <a rewardkit Reward>}}")
     from ..registry import resolve_name
 
-    conv = FLOW_GRPO_CONVENTIONS.get(resolve_name(_registry_name(name))) if conventions == "flow_grpo" else None
+    conv = FLOW_GRPO_CONVENTIONS.get(resolve_name(name)) if conventions == "flow_grpo" else None
     if conv is None:
         return dict(kwargs or {}), 1.0
     return {**conv.kwargs, **dict(kwargs or {})}, conv.factor
-
-
-def _registry_name(name: str) -> str:
-    """The registry name for a host name (``hpsv2_score`` -> ``hpsv2``; the rest as given)."""
-    return HOST_ALIASES.get(name, name)
 
 
 def _metadata(metadata: Any, n: int) -> list | None:
@@ -239,8 +231,6 @@ def flow_grpo_scorer(reward: Any, device: Any = None, *, nan_policy: str = "rais
         reward_kwargs, factor = _named(reward, reward_kwargs, conventions)
     elif conventions not in CONVENTIONS:
         raise ValueError(f"conventions must be one of {CONVENTIONS}, got {conventions!r}")
-    if isinstance(reward, str):
-        reward = _registry_name(reward)
     return _Scorer(LazyReward(reward, device, reward_kwargs), nan_policy, fill, batch_size, allow_batch_relative,
                    factor)
 
@@ -305,7 +295,7 @@ def multi_score(device: Any, score_dict: Any, *, rewards: Mapping[str, Any] | No
             kwargs, factor = reward_kwargs.get(name), 1.0
         else:
             kwargs, factor = _named(name, reward_kwargs.get(name), conventions)
-        scorers[name] = _Scorer(LazyReward(rewards.get(name, _registry_name(name)), device, kwargs), nan_policy,
+        scorers[name] = _Scorer(LazyReward(rewards.get(name, name), device, kwargs), nan_policy,
                                 fill, batch_size, allow_batch_relative, factor)
 
     def _fn(images, prompts, metadata, ref_images=None, only_strict=True):

@@ -113,3 +113,24 @@ def flow_grpo_multi_score_geneval(results: list[dict], weight: float = 1.0) -> d
     score_details["geneval"] = scores
     score_details["avg"] = [weight * s for s in scores]
     return score_details
+
+
+# ----------------------------------------------------------------------------------------- DiffusionNFT config
+def diffusionnft_sd3_geneval(n_gpus: int = 8) -> dict:
+    """NVlabs/DiffusionNFT @ 24af555 ``config/nft.py:82-94`` (``sd3_geneval``: reward {"geneval": 1},
+    gradient_step_per_epoch 1, dataset geneval) through ``_get_config`` (:11-67) on ``config/base.py``
+    (seed :13, save_freq :20, eval_freq :21, fp16 :23, learning_rate :66, adam_weight_decay :72), the batch-size
+    search of :31-47 written out."""
+    num_image_per_prompt, num_groups, bsz, steps = 24, 48, 9, 1                      # :26-29
+    while True:                                                                      # :31-47
+        assert bsz >= 1
+        if num_groups * num_image_per_prompt % (n_gpus * bsz) == 0 and bsz * n_gpus % num_image_per_prompt == 0:
+            if (num_groups * num_image_per_prompt // (n_gpus * bsz)) % steps == 0:
+                break
+        bsz -= 1
+    return {"pretrained": "stabilityai/stable-diffusion-3.5-medium", "num_steps": 10, "eval_num_steps": 40,
+            "resolution": 512, "kl_coef": 0.0001, "group_size": num_image_per_prompt, "num_groups": num_groups,
+            "batch_size": bsz, "train_batch_size": bsz, "steps_per_epoch": steps, "guidance_scale": 1.0,
+            "solver": "dpm2", "decay_type": 1, "beta": 1.0, "adv_mode": "all", "rewards": {"geneval": 1.0},
+            "seed": 42, "save_every": 30, "eval_every": 10, "mixed_precision": "fp16", "lr": 3e-4,
+            "weight_decay": 1e-4}

@@ -282,11 +282,11 @@ HOST_NAMES = {"deqa", "ocr", "video_ocr", "hpsv2_score", "imagereward", "picksco
 
 
 def test_every_host_name_is_scored_or_refused_with_the_reason():
-    from rewardkit.integrations.flow_grpo import _NOT_IN_REWARDKIT, HOST_ALIASES
+    from rewardkit.integrations.flow_grpo import _NOT_IN_REWARDKIT
     from rewardkit.registry import resolve_name
 
     for name in sorted(HOST_NAMES - set(_NOT_IN_REWARDKIT)):
-        canon = resolve_name(HOST_ALIASES.get(name, name)) if name != "geneval" else "geneval"
+        canon = resolve_name(name) if name != "geneval" else "geneval"   # hpsv2_score: a registry alias
         assert canon in FLOW_GRPO_CONVENTIONS, name
     with pytest.raises(ValueError, match="deqa.*trust_remote_code"):
         multi_score("cpu", {"deqa": 1.0})
