@@ -82,9 +82,11 @@ FLOW_GRPO_CONVENTIONS: dict[str, Convention] = {
     "jpeg-incompressibility": Convention({}, 1.0, "rewards.py:8-20"),
     # <Score>N</Score> / 5 (yifan123/flow_grpo @ ac4c86e qwenvl.py:16-24): rewardkit's score is N in [1, 5]
     "qwenvl": Convention({}, 0.2, "flow_grpo qwenvl.py:16-24"),
-    # GenEval (gen_eval.py, reward-server's rules): the reward's score; the extra accuracy keys come from its
-    # per-sample details (rewardkit.rewards._geneval_records.flow_grpo_geneval)
-    "geneval": Convention({}, 1.0, "rewards.py:113-160, gen_eval.py:320-345"),
+    # GenEval: the reward server's partial score (`scores`, what the hosts sum into "avg"; gen_eval.py:320-340),
+    # with the detector fed as the hosts' servers feed it (RGB arrays that mmdet takes for BGR); the extra
+    # accuracy keys come from the per-sample details (rewardkit.rewards._geneval_records.flow_grpo_geneval)
+    "geneval": Convention({"form": "score", "detector_channels": "bgr"}, 1.0,
+                          "rewards.py:113-160, gen_eval.py:286-340"),
 }
 
 _NOT_IN_REWARDKIT = {

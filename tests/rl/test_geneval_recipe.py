@@ -38,6 +38,10 @@ def test_sd3_geneval_recipe_mirrors_the_official_config():
     off["decay_type"] = DECAY[off["decay_type"]]
     assert got == off
     assert cfg.prompts.endswith("geneval/train_metadata.jsonl")
+    # DiffusionNFT trains on multi_score's "avg" = its gen_eval's partial `scores` (flow_grpo/rewards.py:280-300,
+    # gen_eval.py:350-358), detector fed the RGB arrays (gen_eval.py:286) that mmdet reads as BGR
+    assert cfg.reward_kwargs["geneval"]["form"] == "score"
+    assert cfg.reward_kwargs["geneval"]["detector_channels"] == "bgr"
 
 
 def test_tiny_recipe_prompt_rows_are_geneval_metadata():
