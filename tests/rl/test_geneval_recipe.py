@@ -38,8 +38,8 @@ def test_sd3_geneval_recipe_mirrors_the_official_config():
     off["decay_type"] = DECAY[off["decay_type"]]
     assert got == off
     assert cfg.prompts.endswith("geneval/train_metadata.jsonl")
-    # DiffusionNFT trains on multi_score's "avg" = its gen_eval's partial `scores` (flow_grpo/rewards.py:280-300,
-    # gen_eval.py:350-358), detector fed the RGB arrays (gen_eval.py:286) that mmdet reads as BGR
+    # DiffusionNFT trains on multi_score's "avg" = its gen_eval's partial `scores` (flow_grpo/rewards.py:282-302,
+    # gen_eval.py:343-377), detector fed the RGB arrays (gen_eval.py:286) that mmdet reads as BGR
     assert cfg.reward_kwargs["geneval"]["form"] == "score"
     assert cfg.reward_kwargs["geneval"]["detector_channels"] == "bgr"
 
