@@ -33,11 +33,10 @@ def _layout(root):
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def test_generate_writes_the_layout_bench_geneval_reads(tmp_path, tiny_sd3_dir, capsys):
+def test_generate_writes_the_layout_bench_geneval_reads(tmp_path, tiny_sd3_dir, capsys, monkeypatch):
     """The done-when path on a generated tiny set: generate, then `bench geneval` prints the official table."""
     from rewardkit.cli import main
-    from rewardkit.registry import register_reward
-    from tests.helpers.geneval_layouts import BrightIsCorrect
+    from tests.helpers.geneval_layouts import register_bright
 
     meta = write_metadata(tmp_path / "meta.jsonl", METADATA[:3])
     out = tmp_path / "outputs"
@@ -55,7 +54,7 @@ def test_generate_writes_the_layout_bench_geneval_reads(tmp_path, tiny_sd3_dir, 
                  *ARGS]) == 0  # complete folders are skipped (a rerun resumes)
     assert (out / "00001/samples/00000.png").stat().st_mtime_ns == mtime
     capsys.readouterr()
-    register_reward("bright-is-correct", BrightIsCorrect, overwrite=True)
+    register_bright(monkeypatch)
     assert main(["bench", "geneval", "--images", str(out), "--metadata", str(meta), "--reward", "bright-is-correct",
                  "--outfile", str(tmp_path / "results.jsonl")]) == 0
     printed = capsys.readouterr().out

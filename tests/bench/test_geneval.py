@@ -98,12 +98,10 @@ def _run(args, capsys):
 
 
 @pytest.fixture
-def bright_reward():
-    from rewardkit.registry import register_reward
+def bright_reward(monkeypatch):
+    from tests.helpers.geneval_layouts import register_bright
 
-    register_reward("bright-is-correct", BrightIsCorrect, overwrite=True)
-    BrightIsCorrect.seen.clear()
-    return "bright-is-correct"
+    return register_bright(monkeypatch)
 
 
 def test_bench_geneval_writes_the_official_records_and_prints_the_official_table(tmp_path, capsys, bright_reward):

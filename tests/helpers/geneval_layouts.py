@@ -70,3 +70,15 @@ class BrightIsCorrect(Reward):
     @classmethod
     def tiny(cls, workdir):
         return cls()
+
+
+def register_bright(monkeypatch) -> str:
+    """Register :class:`BrightIsCorrect` as ``bright-is-correct`` for one test (a CLI run finds it by name); the
+    registry's run-time registrations and cache are restored afterwards, so ``rewardkit ls`` never lists it."""
+    from rewardkit import registry
+
+    monkeypatch.setattr(registry, "_programmatic", dict(registry._programmatic))
+    monkeypatch.setattr(registry, "_registry", None)
+    registry.register_reward("bright-is-correct", BrightIsCorrect)
+    BrightIsCorrect.seen.clear()
+    return "bright-is-correct"

@@ -69,12 +69,10 @@ def _run(tmp_path, monkeypatch, *over):
 def test_tiny_recipe_trains_two_steps_with_metadata_reaching_the_reward(tmp_path, monkeypatch):
     """Until the geneval reward is merged: the recipe with a stand-in that records the metadata it is given
     (built through the same `{tiny: true}` path as the recipe's geneval)."""
-    from rewardkit.registry import register_reward
     from rewardkit.rl.prompts import load_prompt_set
-    from tests.helpers.geneval_layouts import BrightIsCorrect
+    from tests.helpers.geneval_layouts import BrightIsCorrect, register_bright
 
-    register_reward("bright-is-correct", BrightIsCorrect, overwrite=True)
-    BrightIsCorrect.seen.clear()
+    register_bright(monkeypatch)
     metrics = _run(tmp_path, monkeypatch, "rewards={bright-is-correct: 1.0}",
                    "reward_kwargs={bright-is-correct: {tiny: true}}")
     assert [m["global_step"] for m in metrics if "final" not in m] == [1, 2]
