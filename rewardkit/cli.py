@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "score": "rewardkit.commands.score",
     "compare": "rewardkit.commands.compare",
     "bench": "rewardkit.commands.bench",
+    "generate": "rewardkit.commands.generate",
     "calibrate": "rewardkit.commands.calibrate",
     "compose": "rewardkit.commands.compose",
     "convert": "rewardkit.commands.convert",

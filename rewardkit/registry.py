@@ -45,6 +45,9 @@ BUILTIN: dict[str, str] = {
     "remote": "rewardkit.client:RemoteReward",
     "rational": "rewardkit.rewards.rational:RationalReward",
     "geneval": "rewardkit.rewards.geneval:GenEval",
+    "jpeg-compressibility": "rewardkit.rewards.jpeg:JpegCompressibility",
+    "jpeg-incompressibility": "rewardkit.rewards.jpeg:JpegIncompressibility",
+    "qwenvl": "rewardkit.rewards.qwenvl:QwenVLAesthetic",
 }
 
 # Alternative names -> canonical name.
@@ -58,6 +61,7 @@ ALIASES: dict[str, str] = {
     "arena-rm": "preference",
     "hps": "hpsv2",
     "hpsv2.1": "hpsv2",
+    "hpsv2-score": "hpsv2",  # flow_grpo @ 94e23ee's multi_score name (hpsv2_score)
     "laion-aesthetic": "aesthetic",
     "image-reward": "imagereward",
     "edit-reward": "editreward",

@@ -6,7 +6,8 @@
 # exit 1 when an RGB input differs by more than the tolerance.
 #
 #   bash scripts/parity.sh                 # every model
-#   bash scripts/parity.sh hpsv2 aesthetic # some of them (hpsv2 imagereward aesthetic hpsv3 vqascore editreward)
+#   bash scripts/parity.sh hpsv2 aesthetic # some of them (hpsv2 imagereward aesthetic hpsv3 vqascore editreward
+#                                          # geneval_summary)
 #   bash scripts/parity.sh geneval         # GenEval's detector (mmdet 2.x) and colours (open_clip); not in the default list
 #
 # Tolerance: |official - rewardkit| <= 1e-5 * max(scale, |official|) on every input the official call scores, RGB or
@@ -30,7 +31,7 @@ T0=$SECONDS
 step() { printf '[parity %4ds] %s\n' "$((SECONDS - T0))" "$*" >&2; }
 
 MODELS=("$@")
-if [ ${#MODELS[@]} -eq 0 ]; then MODELS=(hpsv2 imagereward aesthetic hpsv3 vqascore editreward); fi
+if [ ${#MODELS[@]} -eq 0 ]; then MODELS=(hpsv2 imagereward aesthetic hpsv3 vqascore editreward geneval_summary); fi
 VENVS="${PARITY_VENVS:-$ROOT/.venv-parity}"
 case "$VENVS" in /*) ;; *) VENVS="$ROOT/$VENVS" ;; esac
 PY="${PYTHON:-python3}"
@@ -207,8 +208,27 @@ for m in "${MODELS[@]}"; do
     printf 'editreward\t-\t-\t-\t-\tnot on PyPI: no official package to run (reference transcribed in tests/rewards/test_zoo_hpsv3.py)\n' >> "$SUMMARY"
     printf '!!!!!! editreward: not on PyPI, no official package to compare against (see tests/rewards/test_zoo_hpsv3.py)\n' >&2
     ;;
+  geneval_summary)
+    # GenEval's evaluation/summary_scores.py runs on pandas (its only dependency besides numpy): an environment
+    # with pandas runs its line-for-line transcription (tests/helpers/geneval_summary_official.py), or the official
+    # script itself when GENEVAL_REPO names a djghosh13/geneval checkout, on the same results files as
+    # `rewardkit bench geneval`'s summary (tests/bench/test_geneval.py, *equals_the_official*).
+    make_env geneval_summary "pandas==3.1.1"
+    step "geneval_summary: rewardkit's GenEval summary vs summary_scores.py under pandas"
+    pv=$("$ENV/bin/python" -c 'import pandas; print(pandas.__version__)')
+    want=2; [ -n "${GENEVAL_REPO:-}" ] && want=3   # a skipped comparison is not a pass
+    if REWARDKIT_PANDAS_PYTHON="$ENV/bin/python" "${RK[@]}" -m pytest -q -p no:cacheprovider \
+        "$ROOT/tests/bench/test_geneval.py" -k equals_the_official > "$WORK/geneval_summary.log" 2>&1 \
+        && grep -q "^$want passed" "$WORK/geneval_summary.log"; then
+      printf 'geneval_summary\tpandas %s\t0 (text)\t-\t%s\tOK\n' "$pv" \
+        "$([ -n "${GENEVAL_REPO:-}" ] && echo "the official script too" || echo "transcription (GENEVAL_REPO unset)")" >> "$SUMMARY"
+    else
+      cat "$WORK/geneval_summary.log" >&2; status=1
+      printf 'geneval_summary\tpandas %s\t-\t-\t-\tFAIL: the summary text differs\n' "$pv" >> "$SUMMARY"
+    fi
+    ;;
   *)
-    echo "unknown model $m (hpsv2 imagereward aesthetic hpsv3 vqascore editreward)" >&2; exit 2 ;;
+    echo "unknown model $m (hpsv2 imagereward aesthetic hpsv3 vqascore editreward geneval_summary)" >&2; exit 2 ;;
   esac
 done
 

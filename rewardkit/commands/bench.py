@@ -18,9 +18,20 @@ def add_parser(sub) -> None:
                     "  rewardkit bench --reward pickscore --benchmark mmrb2/t2i,genaibench/t2i\n"
                     "  rewardkit bench --reward clipscore --model ./clip --benchmark mmrb2/t2i --data-dir ./data\n"
                     "  rewardkit bench --report bench-results/*.json --plot rewards.png\n"
+                    "  rewardkit bench geneval --images outputs/ --outfile results.jsonl   (GenEval of a generator)\n"
                     "Local data: hf download --repo-type dataset DATASET --local-dir DIR, then --data-dir DIR\n"
                     "(files count only when their path names the benchmark's split and config exactly).",
         epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("suite", nargs="?", choices=("geneval",),
+                   help="geneval: score a generator's images in GenEval's layout (--images) with the geneval "
+                        "reward, write the official per-image results and print the official summary")
+    p.add_argument("--images", type=Path, metavar="DIR",
+                   help="geneval: the folder of prompt folders (00000/metadata.jsonl + samples/NNNNN.png)")
+    p.add_argument("--metadata", type=Path, metavar="FILE",
+                   help="geneval: the prompt metadata file (e.g. GenEval's prompts/evaluation_metadata.jsonl); "
+                        "each folder's metadata.jsonl must equal its row")
+    p.add_argument("--outfile", type=Path, metavar="FILE",
+                   help="geneval: the per-image results JSONL (default <--output-dir>/geneval_results.jsonl)")
     p.add_argument("--reward", "-r", help="registry name (see `rewardkit ls`)")
     p.add_argument("--model", "-m", help="hub id or local checkpoint directory for model-backed rewards")
     p.add_argument("--benchmark", "-b", default="",
@@ -85,6 +96,10 @@ def _safe(name: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from ..bench.spec import get_spec, list_benchmarks
 
+    if args.suite == "geneval":
+        return _run_geneval(args)
+    if args.images is not None or args.metadata is not None or args.outfile is not None:
+        raise UsageError("--images, --metadata and --outfile go with `rewardkit bench geneval`")
     if args.list:
         for name in list_benchmarks():
             s = get_spec(name)
@@ -273,3 +288,34 @@ def _summary(rec: dict, quiet: bool = False) -> int:
         print(f"error: every score of this run is invalid ({bad} of {total})", file=sys.stderr)
         return EXIT_INVALID
     return EXIT_INVALID if bad else EXIT_OK
+
+
+def _run_geneval(args: argparse.Namespace) -> int:
+    """``rewardkit bench geneval --images DIR``: the official per-image results and summary (rewardkit.bench.geneval)."""
+    from ..bench import geneval as ge
+    from ..config import parse_overrides
+    from ._common import load_reward_cli
+
+    if args.images is None:
+        raise UsageError("rewardkit bench geneval needs --images DIR (one folder per prompt: metadata.jsonl + samples/)")
+    if args.benchmark or args.report or args.list or args.write_synthetic is not None:
+        raise UsageError("rewardkit bench geneval takes --images, not --benchmark / --report / --list")
+    if args.batch_size is not None and args.batch_size < 1:
+        raise UsageError("--batch-size must be >= 1")
+    try:
+        rows = ge.read_metadata_file(args.metadata) if args.metadata is not None else None
+        folders = ge.read_layout(args.images, rows)
+    except (OSError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    kwargs = parse_overrides(args.overrides)
+    for key in ("model", "device", "dtype"):
+        if getattr(args, key) is not None:
+            kwargs[key] = getattr(args, key)
+    reward = load_reward_cli(args.reward or "geneval", args.config, kwargs)
+    n = sum(len(f.images) for f in folders)
+    print(f"scoring {n} images of {len(folders)} prompts with {reward.name}", file=sys.stderr)
+    records = ge.score_layout(folders, reward, batch_size=args.batch_size or 16)
+    out = ge.write_results(records, args.outfile or args.output_dir / "geneval_results.jsonl")
+    print(ge.format_summary(ge.summarize(records)), end="")
+    print(f"wrote {out}", file=sys.stderr)
+    return 0

@@ -55,9 +55,9 @@ class Convention:
 
 
 #: flow_grpo's scale per reward name (the table in docs/integrations.md; tests/integrations/test_flow_grpo.py
-#: checks each against a transcription of flow_grpo's code). Names flow_grpo has and rewardkit has not
-#: (``geneval``, ``jpeg_compressibility``, ``jpeg_incompressibility``, ``deqa``, ``qwenvl``) are refused with
-#: that reason.
+#: checks each against a transcription of flow_grpo's code). The names flow_grpo has and rewardkit cannot score
+#: (``deqa``, ``video_ocr``, ``image_similarity``, ``seedscore``: :data:`_NOT_IN_REWARDKIT`) are refused with the
+#: reason.
 FLOW_GRPO_CONVENTIONS: dict[str, Convention] = {
     # logit_scale.exp() * cos(text, image) / 26 (pickscore_scorer.py:46-50)
     "pickscore": Convention({"scale": 1.0 / 26.0}, 1.0, "pickscore_scorer.py:46-50"),
@@ -76,15 +76,33 @@ FLOW_GRPO_CONVENTIONS: dict[str, Convention] = {
                       "ocr.py:27,44-58"),
     # "Final Score: x" / 5 (rewards.py:250): rewardkit's score is x in [1, 5]
     "unifiedreward": Convention({"template": "t2i"}, 0.2, "rewards.py:250"),
+    # -(JPEG quality-95 size in kB of 1000 bytes) / 500 (rewards.py:8-30); DDPO's is -kB (rewardkit's default)
+    "jpeg-compressibility": Convention({"divisor": 500.0}, 1.0, "rewards.py:8-30"),
+    # +kB (rewards.py:8-20; not in multi_score's table there, accepted here as DDPO's name)
+    "jpeg-incompressibility": Convention({}, 1.0, "rewards.py:8-20"),
+    # <Score>N</Score> / 5 (yifan123/flow_grpo @ ac4c86e qwenvl.py:16-24): rewardkit's score is N in [1, 5]
+    "qwenvl": Convention({}, 0.2, "flow_grpo qwenvl.py:16-24"),
+    # GenEval: the reward server's partial score (`scores`, what the hosts sum into "avg"; gen_eval.py:320-340),
+    # with the detector fed as the hosts' servers feed it (RGB arrays that mmdet takes for BGR); the extra
+    # accuracy keys come from the per-sample details (rewardkit.rewards._geneval_records.flow_grpo_geneval)
+    "geneval": Convention({"form": "score", "detector_channels": "bgr"}, 1.0,
+                          "rewards.py:113-160, gen_eval.py:286-340"),
 }
 
 _NOT_IN_REWARDKIT = {
-    "geneval": "flow_grpo's GenEval (object detection + rules) has no rewardkit counterpart",
-    "jpeg_compressibility": "flow_grpo's -JPEG-size/500 has no rewardkit counterpart",
-    "jpeg_incompressibility": "flow_grpo's JPEG size has no rewardkit counterpart",
-    "deqa": "flow_grpo's DeQA server has no rewardkit counterpart",
-    "qwenvl": "flow_grpo's QwenVL scorer has no rewardkit counterpart",
+    "deqa": "DeQA-Score (zhiyuanyou/DeQA-Score-Mix3, reward-server's deqa.py:5-11) is an mPLUG-Owl2 model whose "
+            "modelling code ships inside the checkpoint (trust_remote_code=True); transformers has no class for it "
+            "and rewardkit never runs a checkpoint's code, so its level-token scoring cannot run on the judge engine",
+    "video_ocr": "flow_grpo's video_ocr scores videos (5-D frame tensors); rewardkit scores images: use 'ocr' for "
+                 "images",
+    "image_similarity": "flow_grpo's image_similarity (CLIP image-to-reference cosine, called with ref_images) has "
+                        "no rewardkit counterpart yet",
+    "seedscore": "flow_grpo's seedscore calls ByteDance's Seed-VL service (seedvl.py), which rewardkit does not "
+                 "wrap",
 }
+
+#: the key flow_grpo's multi_score gives GenEval (its extra accuracy keys are added beside it)
+_GENEVAL = "geneval"
 
 
 def _items(score_dict: Any) -> list[tuple[str, Any]]:
@@ -180,6 +198,12 @@ class _Scorer:
 
     def score(self, images: Any, prompts: Any, metadata: Any = None, ref_images: Any = None,
               ) -> tuple[np.ndarray, dict[str, Any]]:
+        values, report, _ = self.score_output(images, prompts, metadata, ref_images)
+        return values, report
+
+    def score_output(self, images: Any, prompts: Any, metadata: Any = None, ref_images: Any = None,
+                     ) -> tuple[np.ndarray, dict[str, Any], Any]:
+        """:meth:`score` and the reward's own ``RewardOutput`` (GenEval's details feed the extra keys)."""
         reward = self.handle.get()
         refuse_batch_relative(reward, _HOST, self.allow_batch_relative)
         if isinstance(prompts, str):
@@ -194,7 +218,7 @@ class _Scorer:
             out = dataclasses.replace(out, scores=out.scores.double() * self.factor)
         values, report = apply_nan_policy(out, host=_HOST, name=self.handle.name, nan_policy=self.nan_policy,
                                           fill_value=self.fill_value)
-        return np.asarray(values, dtype=np.float32), report
+        return np.asarray(values, dtype=np.float32), report, out
 
     def __call__(self, images: Any, prompts: Any, metadata: Any = None) -> tuple[np.ndarray, dict[str, Any]]:
         return self.score(images, prompts, metadata)
@@ -253,7 +277,10 @@ def multi_score(device: Any, score_dict: Any, *, rewards: Mapping[str, Any] | No
     ``fn(images, prompts, metadata, ref_images=None, only_strict=True)`` returns
     ``({name: scores, ..., "avg": sum_k w_k * scores_k}, info)``: ``"avg"`` is flow_grpo's weighted **sum**.
     ``ref_images`` (newer flow_grpo) become each editing reward's ``sources`` (one reference per sample);
-    ``only_strict`` (GenEval's switch) is accepted and ignored.
+    With ``geneval`` weighted, the result also holds flow_grpo's GenEval keys (``accuracy``, ``strict_accuracy``,
+    ``<tag>_strict_accuracy``, ``<tag>_accuracy``; -10.0 on images of another tag), read from the reward's
+    per-sample details with each image's ``metadata`` row; ``only_strict=True`` (the hosts' training default)
+    gives ``accuracy`` 0.0 as the hosts' server does, which skips that verdict then.
 
     Args:
         device: as flow_grpo passes it (``accelerator.device``), or an int ordinal.
@@ -288,8 +315,8 @@ def multi_score(device: Any, score_dict: Any, *, rewards: Mapping[str, Any] | No
             kwargs, factor = reward_kwargs.get(name), 1.0
         else:
             kwargs, factor = _named(name, reward_kwargs.get(name), conventions)
-        scorers[name] = _Scorer(LazyReward(rewards.get(name, name), device, kwargs), nan_policy, fill, batch_size,
-                                allow_batch_relative, factor)
+        scorers[name] = _Scorer(LazyReward(rewards.get(name, name), device, kwargs), nan_policy,
+                                fill, batch_size, allow_batch_relative, factor)
 
     def _fn(images, prompts, metadata, ref_images=None, only_strict=True):
         # the weights as score_dict holds them now: flow_grpo reads score_dict.items() at every call
@@ -303,7 +330,10 @@ def multi_score(device: Any, score_dict: Any, *, rewards: Mapping[str, Any] | No
         info: dict[str, Any] = {}
         total = None
         for name, w in now.items():
-            scores, report = scorers[name].score(images, prompts, metadata, ref_images)
+            rows = _geneval_rows(metadata, prompts) if name == _GENEVAL else None   # before the reward runs
+            scores, report, out = scorers[name].score_output(images, prompts, metadata, ref_images)
+            if rows is not None:  # flow_grpo's extra keys, before "geneval" as there (rewards.py:280-287)
+                details.update(_geneval_keys(out, rows, only_strict))
             details[name] = scores
             info[name] = report
             total = w * scores.astype(np.float64) if total is None else total + w * scores.astype(np.float64)
@@ -312,3 +342,22 @@ def multi_score(device: Any, score_dict: Any, *, rewards: Mapping[str, Any] | No
 
     _fn.__name__ = "rewardkit_multi_score"
     return _fn
+
+
+def _geneval_rows(metadata: Any, prompts: Any) -> list[dict[str, Any]]:
+    """Each image's GenEval metadata row (flow_grpo's ``prompt_metadata``), one per prompt."""
+    n = 1 if isinstance(prompts, str) else len(prompts)
+    metas = _metadata(metadata, n)
+    if metas is None or len(metas) != n or not all(isinstance(m, Mapping) and "tag" in m for m in metas):
+        raise ValueError(f"geneval needs each image's GenEval metadata row (tag, include, ...): got "
+                         f"{0 if metas is None else len(metas)} rows for {n} prompts"
+                         + ("" if metas is None else ", some without a 'tag'"))
+    return metas
+
+
+def _geneval_keys(out: Any, rows: list[dict[str, Any]], only_strict: bool) -> dict[str, np.ndarray]:
+    """flow_grpo's ``accuracy``, ``strict_accuracy``, ``<tag>_strict_accuracy`` and ``<tag>_accuracy`` arrays
+    (-10.0 on images of another tag; ``accuracy`` all 0.0 under ``only_strict``, as the host's server skips it)."""
+    from ..rewards._geneval_records import flow_grpo_geneval
+
+    return {k: np.asarray(v, dtype=np.float32) for k, v in flow_grpo_geneval(out, rows, bool(only_strict)).items()}

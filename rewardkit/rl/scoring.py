@@ -22,6 +22,18 @@ def _resolve_tiny_tree(obj: Any, root: Path, dist: "_Dist") -> Any:
     return resolve_tiny(obj, root, dist)
 
 
+def _tiny_reward(name: str, root: Path, dist: "_Dist") -> Any:
+    """``reward_kwargs: {NAME: {tiny: true}}``: the registered reward's ``tiny(workdir)`` test instance (random
+    weights, written under ``root``), for tiny recipes of rewards whose checkpoints ``tiny:<kind>`` cannot name.
+    The main process writes the files first, then the others load them."""
+    from ..registry import get_reward_class
+
+    cls, workdir = get_reward_class(name), str(root / f"reward-{name}")
+    reward = cls.tiny(workdir) if dist.main else None
+    dist.barrier()
+    return reward if reward is not None else cls.tiny(workdir)
+
+
 def _batch_relative(reward: Any) -> bool:
     """A local composite whose score depends on the other samples of the call (its ``batch_relative``: z-scored
     per batch or group), or a :class:`~rewardkit.GroupReward`, which :meth:`_RewardScorer.finalize` can combine
@@ -107,6 +119,9 @@ class _RewardScorer:
             raise ValueError(f"reward_kwargs for rewards not in `rewards`: {sorted(unknown)}")
         self.rewards = []
         for name, raw in zip(self.names, cfg.rewards):
+            if cfg.reward_kwargs.get(raw) == {"tiny": True}:  # a tiny recipe: the reward's own tiny() instance
+                self.rewards.append(_tiny_reward(name, tiny_root, dist))
+                continue
             kwargs = _resolve_tiny_tree(dict(cfg.reward_kwargs.get(raw, {})), tiny_root, dist)
             self.rewards.append(_load(name, kwargs))
         self.keys = list(cfg.rewards)
