@@ -62,7 +62,9 @@ def test_rl_start_checks_fail_before_any_model_loads(tmp_path):
              "sample": {"batch_size": 4, "num_groups": 2, "group_size": 4}, "train": {"batch_size": 4}}
     from rewardkit.config import _merge
 
-    with pytest.raises(RegistryError, match=r"'geneval'.*Known rewards: .*pickscore"):
+    with pytest.raises(RegistryError, match=r"'no-such-reward'.*Known rewards: .*pickscore"):
+        NFTTrainer(build_config(NFTConfig, _merge(small, {"rewards": {"no-such-reward": 1.0}})))
+    with pytest.raises(ValueError, match="geneval needs model=.*rewardkit convert geneval"):  # registered; no weights
         NFTTrainer(build_config(NFTConfig, _merge(preset("geneval"), small)))
     with pytest.raises(ValueError, match="hpsv2 needs model=.*rewardkit convert hpsv2"):  # registered; no weights
         NFTTrainer(build_config(NFTConfig, _merge(preset("hpsv2"), small)))
