@@ -58,7 +58,7 @@ def main() -> None:
 
     import httpx
 
-    from rewardkit.client import RemoteReward
+    from rewardkit.serve.client import RemoteReward
     from rewardkit.testing import random_images, save_tiny_checkpoint
 
     model = args.model or str(save_tiny_checkpoint("clip", tempfile.mkdtemp(), image_size=args.image_size))
@@ -95,8 +95,8 @@ def main() -> None:
 
     # The load generator must not be the bottleneck (2 cores here): each client thread posts a pre-encoded
     # single-image body over its own keep-alive connection, and every answer is checked.
-    from rewardkit._serve_binary import CONTENT_TYPE, pack_body
-    from rewardkit.client import encode_image, image_bytes
+    from rewardkit.serve.binary import CONTENT_TYPE, pack_body
+    from rewardkit.serve.client import encode_image, image_bytes
 
     wires = [w.strip() for w in args.wire.split(",") if w.strip()]
     bodies = {"json": [json.dumps({"images": [encode_image(im, "raw")], "prompt": prompt}).encode() for im in images],

@@ -37,7 +37,7 @@ _SERVER = textwrap.dedent("""
     import sys
     import numpy as np, torch
     from rewardkit import Reward, RewardOutput
-    from rewardkit.server import ServerConfig, serve_in_thread
+    from rewardkit.serve.server import ServerConfig, serve_in_thread
 
     class Mean(Reward):
         name = "mean"; tasks = frozenset({"t2i"}); thread_safe = False

@@ -42,7 +42,7 @@ BUILTIN: dict[str, str] = {
     "editreward": "rewardkit.rewards.editreward:EditReward",
     "vqascore": "rewardkit.rewards.vqascore:VQAScore",
     "unifiedreward": "rewardkit.rewards.unifiedreward:UnifiedReward",
-    "remote": "rewardkit.client:RemoteReward",
+    "remote": "rewardkit.serve.client:RemoteReward",
     "rational": "rewardkit.rewards.rational:RationalReward",
     "geneval": "rewardkit.rewards.geneval:GenEval",
     "jpeg-compressibility": "rewardkit.rewards.jpeg:JpegCompressibility",

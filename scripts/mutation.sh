@@ -44,7 +44,7 @@ MODULES=(
   "integrations|rewardkit/integrations/_common.py|*|tests/integrations/test_adapters.py"
   "nft|rewardkit/rl/nft.py|*|tests/rl/test_math.py tests/rl/test_nft_float64.py"
   "exploration|rewardkit/rl/exploration.py|*|tests/rl/test_exploration.py tests/rl/test_math.py"
-  "server|rewardkit/server.py rewardkit/_serve_batch.py|*|tests/serve/test_server.py"
+  "server|rewardkit/serve/server.py rewardkit/serve/batch.py|*|tests/serve/test_server.py"
   "parrot_format|rewardkit/parrot/format.py|*|tests/parrot/test_pipeline.py tests/rewards/test_rational.py"
 )
 

@@ -273,7 +273,7 @@ def test_lone_surrogate_real_reward_server_and_cli(tiny_clip_dir, tmp_path):
 
     pytest.importorskip("starlette")
     httpx = pytest.importorskip("httpx")
-    from rewardkit.server import ServerConfig, serve_in_thread
+    from rewardkit.serve.server import ServerConfig, serve_in_thread
 
     handle = serve_in_thread(clip, ServerConfig(max_batch=8, max_wait_ms=5.0))
     try:

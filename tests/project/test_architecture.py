@@ -79,6 +79,10 @@ def test_every_top_level_module_is_in_a_layer():
     ("rl/nft.py", "from ..bench import metrics as _m", "The consumers do not import each other"),
     # import rewardkit pulling torch
     ("__init__.py", "import torch as _t", "import rewardkit stays light"),
+    # the serve folder loading a reward by name (what rewardkit.server's load_replicas does, above it)
+    ("serve/server.py", "from ..registry import load_reward as _l", "The serve folder knows the contract"),
+    # the binary body importing the JSON body back (the circle the move to serve/checks.py removed)
+    ("serve/binary.py", "from . import wire as _w", "The serve folder's own layers"),
 ])
 def test_a_planted_upward_import_breaks_a_contract(tmp_path, module, line, broken):
     """Non-vacuity: each contract fails on a copy of the package with one planted import."""

@@ -56,7 +56,7 @@ class Client:
         self.conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
 
     def score(self, im, prompt: str) -> tuple[float, float]:
-        from rewardkit.client import encode_image
+        from rewardkit.serve.client import encode_image
 
         body = json.dumps({"images": [encode_image(im, "raw")], "prompt": prompt})
         t0 = time.perf_counter()
@@ -89,7 +89,7 @@ def clients(url: str, n: int):
 
 @pytest.fixture()
 def server():
-    from rewardkit.server import ServerConfig, serve_in_thread
+    from rewardkit.serve.server import ServerConfig, serve_in_thread
 
     rec = Recorder()
     handle = serve_in_thread(rec, ServerConfig(max_batch=8, max_wait_ms=1e3 * WAIT))
@@ -195,7 +195,7 @@ def test_without_the_servers_protocol_a_batch_always_waits():
 
     import uvicorn
 
-    from rewardkit.server import ServerConfig, create_app
+    from rewardkit.serve.server import ServerConfig, create_app
 
     rec = Recorder()
     app = create_app(rec, ServerConfig(max_batch=8, max_wait_ms=1e3 * WAIT / 2))

@@ -21,9 +21,9 @@ pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
 from rewardkit import Reward, RewardOutput  # noqa: E402
-from rewardkit import _serve_wire as wire  # noqa: E402
-from rewardkit._serve_binary import pack_body  # noqa: E402
-from rewardkit.server import RewardServer, ServerConfig, serve_in_thread  # noqa: E402
+from rewardkit.serve import checks  # noqa: E402
+from rewardkit.serve.binary import pack_body  # noqa: E402
+from rewardkit.serve.server import RewardServer, ServerConfig, serve_in_thread  # noqa: E402
 
 
 class _Mean(Reward):
@@ -101,7 +101,7 @@ def test_json_values_are_counted_before_the_body_is_parsed(monkeypatch):
         seen.append(bytes(raw) if isinstance(raw, (bytes, bytearray)) else raw.encode())
         return real(raw, *a, **kw)
 
-    monkeypatch.setattr(wire.json, "loads", spy)
+    monkeypatch.setattr(checks.json, "loads", spy)
     handle = serve_in_thread(_Mean(), ServerConfig(max_json_items=63))
     img = _png_b64(4)
     try:
@@ -133,7 +133,7 @@ def test_a_binary_header_over_the_json_limit_is_refused_before_it_is_parsed(monk
     body limit was parsed, in a thread that still holds the interpreter for the whole parse)."""
     seen: list[bytes] = []
     real = json.loads
-    monkeypatch.setattr(wire.json, "loads", lambda raw, *a, **kw: (seen.append(raw), real(raw, *a, **kw))[1])
+    monkeypatch.setattr(checks.json, "loads", lambda raw, *a, **kw: (seen.append(raw), real(raw, *a, **kw))[1])
     handle = serve_in_thread(_Mean(), ServerConfig(max_json_bytes=2000))
     try:
         head = json.dumps({"images": [{"shape": [2, 2, 3], "dtype": "uint8"}], "prompt": "x" * 3000}).encode()

@@ -29,8 +29,8 @@ pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
 from rewardkit import load_reward  # noqa: E402
-from rewardkit.client import RemoteReward  # noqa: E402
-from rewardkit.server import ServerConfig, serve_in_thread  # noqa: E402
+from rewardkit.serve.client import RemoteReward  # noqa: E402
+from rewardkit.serve.server import ServerConfig, serve_in_thread  # noqa: E402
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "serve.md"
 # Debian puts nginx in /usr/sbin, which is not on a non-root user's PATH

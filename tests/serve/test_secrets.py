@@ -18,10 +18,10 @@ pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
 from rewardkit import Reward, RewardOutput  # noqa: E402
-from rewardkit._serve_binary import pack_body  # noqa: E402
-from rewardkit._serve_secrets import RedactingFilter, Redactor  # noqa: E402
+from rewardkit.serve.binary import pack_body  # noqa: E402
+from rewardkit.serve.secrets import RedactingFilter, Redactor  # noqa: E402
 from rewardkit.reward import RewardConfig  # noqa: E402
-from rewardkit.server import ServerConfig, serve_in_thread  # noqa: E402
+from rewardkit.serve.server import ServerConfig, serve_in_thread  # noqa: E402
 
 # Every planted secret contains "PLANT": the answers and logs are searched for that marker, so a secret left
 # over in part (``***-PLANT-...``) is caught too. Nothing else the test sends or configures contains it.

@@ -20,9 +20,9 @@ pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
 from rewardkit import Reward, RewardOutput, load_reward  # noqa: E402
-from rewardkit.client import RemoteReward, RemoteRewardError  # noqa: E402
+from rewardkit.serve.client import RemoteReward, RemoteRewardError  # noqa: E402
 from rewardkit.reward import RewardConfig  # noqa: E402
-from rewardkit.server import ServerConfig, serve_in_thread  # noqa: E402
+from rewardkit.serve.server import ServerConfig, serve_in_thread  # noqa: E402
 from rewardkit.testing import random_images  # noqa: E402
 
 SIZES = [(32, 32), (40, 64), (64, 40), (33, 47), (96, 24), (17, 17)]
@@ -524,7 +524,7 @@ def test_credentials_never_leave_the_server(monkeypatch, caplog):
 
 
 def test_redactor_keys_and_values():
-    from rewardkit._serve_secrets import Redactor
+    from rewardkit.serve.secrets import Redactor
 
     red = Redactor(["tok-123456"], env={"HF_TOKEN": "hf_abcdefgh", "HOME": "/root", "MY_SECRET_X": "zzzz9999",
                                         "USE_AUTH_TOKEN": "true"})  # a flag, not a secret: too short to redact
@@ -545,7 +545,7 @@ def test_redactor_learns_every_secret_under_a_credential_key_and_url_passwords()
     values were not learned, so an error quoting one of them went out as it was; so did the token of an
     ``Authorization: Bearer <token>`` header quoted without its scheme, and the password of a judge URL with
     credentials (``https://user:password@host/v1``)."""
-    from rewardkit._serve_secrets import Redactor
+    from rewardkit.serve.secrets import Redactor
 
     red = Redactor([], env={})
     red.collect({"judge_kwargs": {"api_keys": ["sk-first-1234", "sk-second-5678"],
@@ -755,7 +755,7 @@ def test_float_tensors_are_served_bit_identical(clip, served, dtype):
 @pytest.mark.parametrize("encoding", ["raw", "png"])
 def test_binary_and_json_bodies_give_bit_identical_scores(clip, served, encoding):
     """RemoteReward sends the binary body by default; JSON stays available; both score the very same."""
-    from rewardkit._serve_binary import CONTENT_TYPE
+    from rewardkit.serve.binary import CONTENT_TYPE
 
     assert "binary" in httpx.get(served.url + "/info", timeout=10).json()["wire_formats"]
     binary = RemoteReward(url=served.url, encoding=encoding)
@@ -784,7 +784,7 @@ def test_binary_and_json_bodies_give_bit_identical_scores(clip, served, encoding
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_binary_float_tensors_are_bit_identical(clip, served, dtype):
-    from rewardkit._serve_binary import pack_body
+    from rewardkit.serve.binary import pack_body
 
     x = torch.rand(3, 3, 32, 32).to(dtype)
     prompts = ["a", "b", "c"]
@@ -805,7 +805,7 @@ def test_binary_float_tensors_are_bit_identical(clip, served, dtype):
 def test_malformed_binary_bodies_are_400s(served):
     import struct
 
-    from rewardkit._serve_binary import MAGIC, pack_body
+    from rewardkit.serve.binary import MAGIC, pack_body
 
     im = random_images(1, size=8)[0]
     import numpy as np
@@ -872,8 +872,8 @@ class _RecordingCLIP:
 def _mixed_requests():
     """Five /score requests, each with its own prompt: binary raw pixels, binary PNG with a corrupt file, JSON raw,
     JSON PNG with a corrupt file, binary raw. Returns [(prompt, images as the client holds them, body, type)]."""
-    from rewardkit._serve_binary import CONTENT_TYPE, pack_body
-    from rewardkit.client import encode_image, image_bytes
+    from rewardkit.serve.binary import CONTENT_TYPE, pack_body
+    from rewardkit.serve.client import encode_image, image_bytes
 
     ims = random_images(6, sizes=SIZES, seed=11)
     corrupt = b"\x89PNG\r\n\x1a\n not a png"
@@ -961,7 +961,7 @@ def test_binary_bodies_checked_on_the_event_loop_are_those_with_raw_pixels_only(
     stay views of the body). Encoded files, float images (also as sources) and long headers go to a thread."""
     import numpy as np
 
-    from rewardkit._serve_binary import LIGHT_HEADER_BYTES, light_header, only_raw_pixels, pack_body, parse_body
+    from rewardkit.serve.binary import LIGHT_HEADER_BYTES, light_header, only_raw_pixels, pack_body, parse_body
 
     px = ({"shape": [4, 4, 3], "dtype": "uint8"}, np.zeros((4, 4, 3), np.uint8).tobytes())
     gray = ({"shape": [4, 4]}, bytes(16))  # uint8 by default
@@ -987,7 +987,7 @@ def test_binary_bodies_keep_the_request_limits(clip):
     """Body bytes, images per request and decoded pixels per request bound the binary body as the JSON one."""
     import numpy as np
 
-    from rewardkit._serve_binary import pack_body
+    from rewardkit.serve.binary import pack_body
 
     handle = serve_in_thread(clip, ServerConfig(max_body_bytes=20_000, max_images=4, max_request_pixels=150))
     try:
@@ -1068,7 +1068,7 @@ def test_env_factory_errors_name_the_variable(monkeypatch):
 def test_a_batch_fills_to_exactly_max_batch():
     import asyncio
 
-    from rewardkit.server import RewardServer
+    from rewardkit.serve.server import RewardServer
 
     # catches `>=` at the batch limit: five one-image requests already waiting with max_batch 4 are scored as
     # 4 + 1 model calls (a request that brings the batch to exactly max_batch joins it), not 3 + 2
@@ -1119,7 +1119,7 @@ def test_the_sources_of_a_request_reach_the_reward():
     import numpy as np
     from PIL import Image
 
-    from rewardkit.server import RewardServer
+    from rewardkit.serve.server import RewardServer
 
     class EditGap(Reward):
         """Score = (mean of the image - mean of its first source) / 255."""
@@ -1149,3 +1149,21 @@ def test_the_sources_of_a_request_reach_the_reward():
             await server.shutdown()
 
     assert asyncio.run(main())["scores"] == [pytest.approx(150 / 255)]
+
+
+def test_the_old_public_import_paths_keep_working():
+    """The server and client moved into rewardkit/serve/; ``rewardkit.server`` and ``rewardkit.client`` (and the
+    registry's ``remote``) still give the very same objects, and ``rewardkit.server`` keeps loading by name
+    (the serve folder itself knows no reward: ``.importlinter``'s serve-knows-the-contract)."""
+    import rewardkit.client as old_client
+    import rewardkit.server as old_server
+    from rewardkit.registry import get_reward_class
+    from rewardkit.serve import client, server
+
+    for name in server.__all__:
+        assert getattr(old_server, name) is getattr(server, name), name
+    assert set(server.__all__) | {"app_from_env", "load_replicas"} == set(old_server.__all__)
+    assert callable(old_server.app_from_env) and callable(old_server.load_replicas)
+    for name in ("RemoteReward", "RemoteRewardConfig", "RemoteRewardError", "encode_image", "image_bytes"):
+        assert getattr(old_client, name) is getattr(client, name), name
+    assert get_reward_class("remote") is client.RemoteReward

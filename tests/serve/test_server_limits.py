@@ -26,7 +26,7 @@ pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
 from rewardkit import Reward, RewardOutput  # noqa: E402
-from rewardkit.server import ServerConfig, serve_in_thread  # noqa: E402
+from rewardkit.serve.server import ServerConfig, serve_in_thread  # noqa: E402
 from rewardkit.testing import random_images  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,7 +78,7 @@ _SERVER = textwrap.dedent("""
         resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     import numpy as np, torch
     from rewardkit import Reward, RewardOutput
-    from rewardkit.server import ServerConfig, serve_in_thread
+    from rewardkit.serve.server import ServerConfig, serve_in_thread
 
     class Mean(Reward):
         name = "mean"; tasks = frozenset({"t2i"}); thread_safe = False
@@ -352,7 +352,7 @@ def test_a_timed_out_request_stops_being_decoded(monkeypatch):
     """A request of 6 images, each taking 0.15 s to decode, with a server timeout of 0.3 s: the client gets its
     504 and the replica stops decoding at the next image (before: every image was decoded and scored after
     the client was gone)."""
-    import rewardkit._serve_batch as batcher
+    import rewardkit.serve.batch as batcher
 
     decoded = []
     real = batcher._decode
@@ -512,7 +512,7 @@ def test_connections_have_nagle_off_whatever_socket_the_server_was_given(proto):
     accepted sockets, for its own ``bind_socket`` and for a proto-0 socket handed to the protocol."""
     import uvicorn
 
-    from rewardkit.server import bind_socket, create_app, uvicorn_config
+    from rewardkit.serve.server import bind_socket, create_app, uvicorn_config
 
     if proto == "bind_socket":
         sock = bind_socket("127.0.0.1", 0)

@@ -57,7 +57,7 @@ def serve_mod():
 
 
 def test_max_batch_bounds_every_merged_model_call(serve_mod):
-    from rewardkit.client import RemoteReward
+    from rewardkit.serve.client import RemoteReward
 
     rec = MetaRecorder(delay=0.15)
     handle = serve_mod.serve_in_thread(rec, serve_mod.ServerConfig(max_batch=3, max_wait_ms=100.0))
@@ -82,7 +82,7 @@ def test_max_batch_bounds_every_merged_model_call(serve_mod):
 
 
 def test_max_wait_ms_holds_a_batch_open_for_late_requests(serve_mod):
-    from rewardkit.client import RemoteReward
+    from rewardkit.serve.client import RemoteReward
 
     rec = MetaRecorder()
     handle = serve_mod.serve_in_thread(rec, serve_mod.ServerConfig(max_batch=8, max_wait_ms=1500.0))
@@ -100,7 +100,7 @@ def test_max_wait_ms_holds_a_batch_open_for_late_requests(serve_mod):
 
 
 def test_requests_with_and_without_metadata_are_never_merged(serve_mod):
-    from rewardkit.client import RemoteReward
+    from rewardkit.serve.client import RemoteReward
 
     class Blocking(MetaRecorder):
         """The first model call holds the model until the other requests have queued up (deterministic merging,
@@ -153,7 +153,7 @@ def test_requests_with_and_without_metadata_are_never_merged(serve_mod):
 
 
 def test_client_validates_inputs_before_sending(serve_mod):
-    from rewardkit.client import RemoteReward
+    from rewardkit.serve.client import RemoteReward
 
     rec = MetaRecorder()
     handle = serve_mod.serve_in_thread(rec, serve_mod.ServerConfig())
@@ -168,7 +168,7 @@ def test_client_validates_inputs_before_sending(serve_mod):
 
 
 def test_client_token_from_the_environment(serve_mod, monkeypatch):
-    from rewardkit.client import RemoteReward, RemoteRewardError
+    from rewardkit.serve.client import RemoteReward, RemoteRewardError
 
     handle = serve_mod.serve_in_thread(MetaRecorder(), serve_mod.ServerConfig(token="env-secret"))
     try:
@@ -326,7 +326,7 @@ class _ScriptedRewardServer:
 @pytest.mark.parametrize("status", [429, 502, 503, 504])
 def test_client_retries_the_documented_statuses(status):
     pytest.importorskip("httpx")
-    from rewardkit.client import RemoteReward
+    from rewardkit.serve.client import RemoteReward
 
     s = _ScriptedRewardServer([(status, {"Retry-After": "0"}), (status, {"Retry-After": "0"})])
     try:
@@ -339,7 +339,7 @@ def test_client_retries_the_documented_statuses(status):
 @pytest.mark.parametrize("status", [400, 404, 500, 413])
 def test_client_other_errors_raise_at_once_with_the_message(status):
     pytest.importorskip("httpx")
-    from rewardkit.client import RemoteReward, RemoteRewardError
+    from rewardkit.serve.client import RemoteReward, RemoteRewardError
 
     s = _ScriptedRewardServer([(status, {})])
     try:
@@ -352,7 +352,7 @@ def test_client_other_errors_raise_at_once_with_the_message(status):
 
 def test_client_retry_after_is_honoured_and_capped_and_retries_are_bounded():
     pytest.importorskip("httpx")
-    from rewardkit.client import RemoteReward, RemoteRewardError
+    from rewardkit.serve.client import RemoteReward, RemoteRewardError
 
     s = _ScriptedRewardServer([(503, {"Retry-After": "0.6"})])
     try:
@@ -420,8 +420,8 @@ def test_client_sends_raw_pixels_by_default_and_png_on_request(serve_mod, monkey
 
     from PIL import Image
 
-    from rewardkit._serve_binary import parse_body
-    from rewardkit.client import RemoteReward
+    from rewardkit.serve.binary import parse_body
+    from rewardkit.serve.client import RemoteReward
 
     handle = serve_mod.serve_in_thread(MetaRecorder(), serve_mod.ServerConfig())
     try:

@@ -27,7 +27,7 @@ import json
 import struct
 from typing import Any
 
-from ._serve_wire import HTTPError, loads_json
+from .checks import HTTPError, check_raw, loads_json
 
 __all__ = ["MAGIC", "CONTENT_TYPE", "BinaryImage", "parse_body", "pack_body", "light_header", "only_raw_pixels"]
 
@@ -38,7 +38,7 @@ _IMAGE_FIELDS = ("images", "images_a", "images_b")
 
 class BinaryImage:
     """One image of a binary body: its descriptor and its bytes (a view of the request body, not a copy).
-    :func:`rewardkit._serve_wire.decode_image` turns it into what the JSON form gives."""
+    :func:`rewardkit.serve.wire.decode_image` turns it into what the JSON form gives."""
 
     __slots__ = ("desc", "data")
 
@@ -49,8 +49,6 @@ class BinaryImage:
 def _nbytes(desc: Any, where: str) -> int:
     """Bytes a descriptor takes in the payload, after checking it as the JSON form is checked (pixel limit
     included: nothing is read for an image over it)."""
-    from ._serve_wire import check_raw
-
     if not isinstance(desc, dict):
         raise HTTPError(400, f"{where}: an image descriptor is {{'shape', 'dtype'}} or {{'encoded': N}}, "
                              f"got {type(desc).__name__}")
@@ -99,10 +97,10 @@ def parse_body(raw: bytes, kind: str, max_json_bytes: int | None = None,
 
     Raises :class:`HTTPError` 400 for a body that does not follow the layout (and 413 for an image over the
     pixel limit, or a header over ``max_json_bytes`` / ``max_json_items``: see
-    :func:`rewardkit._serve_wire.loads_json`), before any image is decoded."""
+    :func:`rewardkit.serve.checks.loads_json`), before any image is decoded."""
     if len(raw) < 8 or raw[:4] != MAGIC:
         raise HTTPError(400, "a binary body starts with b'RKB1' and the header's length "
-                             "(see rewardkit._serve_binary)")
+                             "(see rewardkit.serve.binary)")
     (hlen,) = struct.unpack_from("<I", raw, 4)
     if hlen > len(raw) - 8:
         raise HTTPError(400, f"the binary header claims {hlen:,} bytes; the body has {len(raw) - 8:,} after the "

@@ -1,5 +1,5 @@
 """The reward server's limits and batching settings (:class:`ServerConfig`; docs/serve.md, "Exposing the server").
-Re-exported by :mod:`rewardkit.server`."""
+Re-exported by :mod:`rewardkit.serve.server` (and :mod:`rewardkit.server`)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ byte every few seconds hold a socket each, forever, until the process runs out o
 - every connection has Nagle's algorithm off (:func:`set_nodelay`), whatever socket the server was given;
 - a connection whose answers stay unread for ``send_timeout`` seconds (its write buffer full: a client that
   pipelines requests and never reads) is dropped; uvicorn would wait for it forever;
-- with ``connections`` (a :class:`rewardkit._serve_batch.Connections`), each connection is registered there for
+- with ``connections`` (a :class:`rewardkit.serve.batch.Connections`), each connection is registered there for
   as long as it is open, and its requests carry it in the ASGI scope's ``state`` (dynamic batching reads it).
 """
 
@@ -121,7 +121,7 @@ def protocol_class(max_connections: int, header_timeout: float, send_timeout: fl
                 transport.close()
                 return
             if connections is not None:
-                from ._serve_batch import CONNECTION_KEY
+                from .batch import CONNECTION_KEY
 
                 # every request's scope["state"] is a copy of this dict: its own, with this connection in it
                 self._tracked = connections.opened()
@@ -187,7 +187,7 @@ def protocol_class(max_connections: int, header_timeout: float, send_timeout: fl
 def uvicorn_config(app: Any, cfg: Any, connections: Any = None, **kw: Any) -> Any:
     """A ``uvicorn.Config`` for ``app`` with ``cfg``'s (a ``ServerConfig``) connection bounds, tracking its
     connections in ``connections`` when given (see :func:`protocol_class`)."""
-    from ._imports import require
+    from .._imports import require
 
     uvicorn = require("uvicorn", "serve")
     cap, backlog = connection_cap(cfg.max_connections, cfg.backlog)

@@ -1,7 +1,7 @@
 """``rewardkit serve``: an HTTP reward server on Starlette + uvicorn, with dynamic batching.
 
 Endpoints (JSON in, JSON out; no pickle anywhere; a request body may also be the binary form of
-:mod:`rewardkit._serve_binary`, ``Content-Type: application/octet-stream``: the same JSON fields in a small
+:mod:`rewardkit.serve.binary`, ``Content-Type: application/octet-stream``: the same JSON fields in a small
 header, the images' raw bytes after it, read in place; what ``RemoteReward`` sends):
 
 - ``POST /score``    ``{"images": [IMG, ...], "prompt": str | [str], "sources": [[IMG, ...], ...] | null,
@@ -13,20 +13,20 @@ header, the images' raw bytes after it, read in place; what ``RemoteReward`` sen
 ``IMG`` is a base64 string of an encoded file (PNG / JPEG / WebP ...; decoded by :mod:`rewardkit.media` with
 its decompression-bomb guard), ``{"data": base64, "shape": [H, W, 3], "dtype": "uint8"}`` for raw pixels, or
 ``{"data": base64, "shape": [3, H, W], "dtype": "float32" | "float16" | "bfloat16"}`` for a float tensor
-scored losslessly by the reward's tensor path (see :mod:`rewardkit._serve_wire`).
+scored losslessly by the reward's tensor path (see :mod:`rewardkit.serve.wire`).
 
 **Bounds.** Every resource a client can claim is bounded (``ServerConfig``; docs/serve.md, "Exposing the
-server"): connections, header and body read time (:mod:`rewardkit._serve_net`), requests in flight, body
+server"): connections, header and body read time (:mod:`rewardkit.serve.net`), requests in flight, body
 bytes, the bytes and values of the JSON a request carries (checked before it is parsed: the parser holds the
 interpreter; a JSON body over 64 KiB is parsed in a worker thread), images, and the decoded pixels of a request
 and of a model call, checked from the image headers before anything is decoded. Credentials never leave the
-server: every answer and log record is redacted on its way out (:mod:`rewardkit._serve_secrets`).
+server: every answer and log record is redacted on its way out (:mod:`rewardkit.serve.secrets`).
 
 A sample that cannot be decoded or scored comes back NaN with ``valid=false`` and a reason (the server always
 scores with ``on_error="nan"``); a request that is malformed as a whole gets a 4xx with ``{"error": ...}``.
 
-**Dynamic batching** (:mod:`rewardkit._serve_batch`; its limits are :class:`ServerConfig`'s, in
-:mod:`rewardkit._serve_config`). Each model replica has a queue and one worker. The worker takes the oldest
+**Dynamic batching** (:mod:`rewardkit.serve.batch`; its limits are :class:`ServerConfig`'s, in
+:mod:`rewardkit.serve.config`). Each model replica has a queue and one worker. The worker takes the oldest
 request, then every compatible request already waiting (up to ``max_batch`` images and ``max_batch_pixels``
 decoded pixels; a request of another kind, e.g. with metadata when the first has none, keeps its place in line
 for the next batch), waits at most ``max_wait_ms`` for more while the batch is not full, and scores all of them
@@ -47,18 +47,16 @@ import struct
 import time
 from typing import Any
 
-from . import _serve_wire as wire
-from ._serve_binary import LIGHT_HEADER_BYTES as LIGHT_BODY_BYTES
-from ._serve_batch import CONNECTION_KEY, Connection, Connections, _Job, _Replica
-from ._serve_batch import _decode, _split_pair, _split_score  # noqa: F401 - re-exported
-from ._serve_config import ServerConfig
-from ._serve_secrets import RedactingFilter, Redactor
-from ._serve_wire import HTTPError, decode_image
-from .reward import PairwiseOutput, Reward, RewardOutput, config_dict  # noqa: F401 - outputs re-exported
+from ..reward import PairwiseOutput, Reward, RewardOutput, config_dict  # noqa: F401 - outputs re-exported
+from . import wire
+from .batch import CONNECTION_KEY, Connection, Connections, _Job, _Replica
+from .binary import LIGHT_HEADER_BYTES as LIGHT_BODY_BYTES
+from .config import ServerConfig
+from .secrets import RedactingFilter, Redactor
+from .wire import HTTPError, decode_image
 
-__all__ = ["ServerConfig", "RewardServer", "create_app", "app_from_env", "load_replicas", "serve_in_thread",
-           "ServerHandle", "decode_image", "uvicorn_config", "run_server", "bind_socket", "token_from_env",
-           "LOOPBACK_HOSTS"]
+__all__ = ["ServerConfig", "RewardServer", "create_app", "serve_in_thread", "ServerHandle", "decode_image",
+           "uvicorn_config", "run_server", "bind_socket", "token_from_env", "LOOPBACK_HOSTS"]
 
 log = logging.getLogger("rewardkit.server")
 
@@ -77,7 +75,7 @@ class RewardServer:
         self.cfg = cfg or ServerConfig()
         self.reward = rewards[0]
         # the open connections, when the server runs on its own protocol (uvicorn_config): lets a batch close
-        # before its wait is over once every known client is in (see _serve_batch)
+        # before its wait is over once every known client is in (see serve.batch)
         self.connections = Connections()
         self.replicas = [_Replica(r, self.cfg, i, self.connections) for i, r in enumerate(rewards)]
         self.started = time.time()
@@ -115,7 +113,7 @@ class RewardServer:
 
         import torch
 
-        from ._version import __version__
+        from .._version import __version__
 
         rw = self.reward
         versions = {"rewardkit": __version__, "torch": torch.__version__, "python": platform.python_version()}
@@ -211,7 +209,7 @@ def _log_handlers() -> list[logging.Handler]:
 
 
 def _is_binary(content_type: str | None) -> bool:
-    from ._serve_binary import CONTENT_TYPE
+    from .binary import CONTENT_TYPE
 
     return content_type is not None and content_type.split(";", 1)[0].strip().lower() == CONTENT_TYPE
 
@@ -235,7 +233,7 @@ def _jsonable(obj: Any) -> Any:
 def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
     """A Starlette ASGI app serving ``rewards`` (one instance, or one per device). Run it with uvicorn
     (:func:`uvicorn_config` adds the connection bounds), or mount it in any ASGI server."""
-    from ._imports import require
+    from .._imports import require
 
     require("starlette", "serve")
     from contextlib import asynccontextmanager
@@ -245,8 +243,8 @@ def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
-    from . import _serve_binary as binary
-    from ._serve_binary import parse_body as parse_binary
+    from . import binary
+    from .binary import parse_body as parse_binary
 
     server = RewardServer(rewards if isinstance(rewards, list) else [rewards], cfg)
     cfg = server.cfg
@@ -415,8 +413,8 @@ def create_app(rewards: Reward | list[Reward], cfg: ServerConfig | None = None):
 def uvicorn_config(app: Any, cfg: ServerConfig | None = None, **kw: Any) -> Any:
     """A ``uvicorn.Config`` serving ``app`` with ``cfg``'s connection bounds: the connection cap (kept under
     the file-descriptor limit), header timeout, keep-alive, header size and backlog (see
-    :mod:`rewardkit._serve_net`). ``kw`` goes to ``uvicorn.Config`` (``host``, ``port``, ``log_level``...)."""
-    from ._serve_net import uvicorn_config as _config
+    :mod:`rewardkit.serve.net`). ``kw`` goes to ``uvicorn.Config`` (``host``, ``port``, ``log_level``...)."""
+    from .net import uvicorn_config as _config
 
     server = app.state.rewardkit
     return _config(app, cfg or server.cfg, connections=server.connections, **kw)
@@ -440,7 +438,7 @@ def serve_in_thread(rewards: Reward | list[Reward], cfg: ServerConfig | None = N
     import socket
     import threading
 
-    from ._imports import require
+    from .._imports import require
 
     uvicorn = require("uvicorn", "serve")
     sock = bind_socket(host, port)
@@ -463,7 +461,7 @@ def serve_in_thread(rewards: Reward | list[Reward], cfg: ServerConfig | None = N
 def run_server(app: Any, sock: Any, cfg: ServerConfig | None = None) -> None:
     """Serve ``app`` (from :func:`create_app`) on the bound socket ``sock`` with uvicorn and ``cfg``'s
     connection bounds, until interrupted."""
-    from ._imports import require
+    from .._imports import require
 
     uvicorn = require("uvicorn", "serve")
     uvicorn.Server(uvicorn_config(app, cfg)).run(sockets=[sock])
@@ -475,7 +473,7 @@ def bind_socket(host: str, port: int):
     import socket
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # IPPROTO_TCP, not 0: asyncio turns Nagle off only on sockets that say they are TCP (see _serve_net)
+    # IPPROTO_TCP, not 0: asyncio turns Nagle off only on sockets that say they are TCP (see serve.net)
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers only, never a live port
@@ -497,37 +495,3 @@ def token_from_env(env: dict[str, str] | None = None) -> str | None:
         raise ValueError("REWARDKIT_SERVE_TOKEN is set but empty: set a token, or unset it to serve without "
                          "authentication")
     return token
-
-
-def app_from_env():
-    """App factory for running under an external ASGI server (``uvicorn --factory`` / gunicorn workers):
-    ``REWARDKIT_SERVE_REWARD`` (registry name), ``REWARDKIT_SERVE_CONFIG`` (YAML, optional),
-    ``REWARDKIT_SERVE_DEVICES`` (comma-separated, one replica each; default ``cpu``) and
-    ``REWARDKIT_SERVE_TOKEN`` (optional bearer token; set but empty is an error). The outer server owns the
-    connection bounds: give uvicorn ``--limit-concurrency``, ``--timeout-keep-alive``, ``--backlog``
-    (docs/serve.md, "Exposing the server")."""
-    token = token_from_env()  # before loading anything
-    name = os.environ.get("REWARDKIT_SERVE_REWARD")
-    if not name:
-        raise RuntimeError("set REWARDKIT_SERVE_REWARD to the reward's registry name")
-    conf = os.environ.get("REWARDKIT_SERVE_CONFIG") or None
-    devices = [d.strip() for d in os.environ.get("REWARDKIT_SERVE_DEVICES", "cpu").split(",") if d.strip()]
-    rewards = load_replicas(name, conf, {}, devices)
-    return create_app(rewards, ServerConfig(token=token))
-
-
-def load_replicas(name: str, config: Any, overrides: dict[str, Any], devices: list[str]) -> list[Reward]:
-    """One reward instance per device (``["cuda:0", "cuda:1"]``); ``device`` is passed only to rewards whose
-    config has that option (e.g. OCR runs on the CPU and has none)."""
-    from .registry import get_reward_class, load_reward
-
-    has_device = "device" in {f.name for f in dataclasses.fields(get_reward_class(name).Config)}
-    if len(devices) > 1 and not has_device:
-        raise ValueError(f"reward {name!r} has no device option: run one replica")
-    out = []
-    for d in devices or [None]:
-        kw = dict(overrides)
-        if d is not None and has_device:
-            kw["device"] = d
-        out.append(load_reward(name, config, **kw))
-    return out

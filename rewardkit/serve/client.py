@@ -34,8 +34,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .errors import RewardkitError
-from .reward import PairwiseOutput, Reward, RewardBatch, RewardConfig, RewardOutput
+from ..errors import RewardkitError
+from ..reward import PairwiseOutput, Reward, RewardBatch, RewardConfig, RewardOutput
 
 __all__ = ["RemoteReward", "RemoteRewardConfig", "RemoteRewardError"]
 
@@ -196,7 +196,7 @@ def _bounded_transport(httpx: Any) -> Any:
 
 def image_bytes(im: Any, encoding: str) -> tuple[dict, bytes]:
     """A canonical RGB PIL image, or a float ``[3, H, W]`` tensor (the tensor path), -> (descriptor, bytes)
-    of the binary body (:mod:`rewardkit._serve_binary`). Floats travel losslessly: little-endian bytes of their
+    of the binary body (:mod:`rewardkit.serve.binary`). Floats travel losslessly: little-endian bytes of their
     own dtype."""
     if isinstance(im, torch.Tensor):
         t = im.detach().to("cpu").contiguous()
@@ -219,7 +219,7 @@ def image_bytes(im: Any, encoding: str) -> tuple[dict, bytes]:
 
 def encode_image(im: Any, encoding: str) -> Any:
     """A canonical RGB PIL image, or a float ``[3, H, W]`` tensor (the tensor path), -> its JSON wire form (see
-    :mod:`rewardkit._serve_wire`): the bytes of :func:`image_bytes`, base64-encoded."""
+    :mod:`rewardkit.serve.wire`): the bytes of :func:`image_bytes`, base64-encoded."""
     desc, raw = image_bytes(im, encoding)
     if "encoded" in desc:
         return base64.b64encode(raw).decode("ascii")
@@ -269,7 +269,7 @@ class RemoteReward(Reward):
 
     # ------------------------------------------------------------------ HTTP
     def _client(self):
-        from ._imports import require
+        from .._imports import require
 
         httpx = require("httpx", "serve")
         with self._http_lock:
@@ -306,7 +306,7 @@ class RemoteReward(Reward):
         """One HTTP exchange, in a pool thread. Every socket operation is bounded by the time left until
         ``deadline``, and the response is read only until then (or until the caller gives up: ``stop``), so
         the thread ends with the call even when the server drips its answer one byte at a time."""
-        from ._serve_binary import CONTENT_TYPE
+        from .binary import CONTENT_TYPE
 
         client = self._client()
         binary = isinstance(body, bytes)
@@ -393,7 +393,7 @@ class RemoteReward(Reward):
     def _body(self, images: dict[str, Any], batch: RewardBatch) -> dict[str, Any] | bytes:
         """The request body for ``images`` (``{"images": ...}`` or ``images_a`` / ``images_b``; a tensor: its
         rows) with ``batch``'s prompts, sources and metadata: binary bytes or a JSON object."""
-        from ._serve_binary import pack_body
+        from .binary import pack_body
 
         enc = self.config.encoding
         fields: dict[str, Any] = {"prompt": list(batch.prompts) if self.uses_prompt else None}
@@ -421,11 +421,11 @@ class RemoteReward(Reward):
                 batch_size: int | None = None, on_error: str = "raise") -> PairwiseOutput:
         """The server's ``compare`` (a judge's native pairwise question where it has one). Inputs are
         validated locally first, exactly as a local reward's ``__call__`` does."""
-        from . import media
+        from .. import media
 
         a, b = media.split_batch(images_a), media.split_batch(images_b)
         if len(a) != len(b):
-            from .errors import RewardInputError
+            from ..errors import RewardInputError
 
             raise RewardInputError(f"compare got {len(a)} images_a but {len(b)} images_b")
         n = len(a)
@@ -497,9 +497,9 @@ class RemoteReward(Reward):
     @classmethod
     def tiny(cls, workdir: str) -> "RemoteReward":
         """A client of a tiny CLIP reward served in a background thread on 127.0.0.1 (an ephemeral port)."""
-        from .registry import load_reward
+        from ..registry import load_reward
         from .server import ServerConfig, serve_in_thread
-        from .testing import save_tiny_checkpoint
+        from ..testing import save_tiny_checkpoint
 
         path = save_tiny_checkpoint("clip", os.path.join(workdir, "remote-tiny-clip"))
         handle = serve_in_thread(load_reward("clipscore", model=str(path)), ServerConfig(max_wait_ms=2.0))

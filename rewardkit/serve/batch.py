@@ -1,5 +1,5 @@
 """The reward server's dynamic batching: one queue and one worker thread per model replica (see
-:mod:`rewardkit.server`).
+:mod:`rewardkit.serve.server`).
 
 Each model replica has a queue and one worker. The worker takes the oldest request, then every compatible
 request already waiting (up to ``max_batch`` images and ``max_batch_pixels`` decoded pixels; a request of
@@ -9,7 +9,7 @@ are split back per request. Rewards whose scores depend on the other samples of 
 e.g. z-scored composites) are never merged across requests.
 
 **Closing a batch before its wait is over** (:class:`Connections`). When the server runs on its own protocol
-(:func:`rewardkit.server.uvicorn_config`), it knows its open connections, and which of them have been answered a
+(:func:`rewardkit.serve.server.uvicorn_config`), it knows its open connections, and which of them have been answered a
 scoring request before ("known"). A batch stops waiting once every request in it came on a known connection and
 no known connection is left without a request in the server (from the moment a request's result is set, its
 connection counts as without one: the next batch, formed at once, waits for it). Every client the server knows of
@@ -28,8 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._serve_config import ServerConfig
-from .reward import PairwiseOutput, Reward, RewardOutput
+from ..reward import PairwiseOutput, Reward, RewardOutput
+from .config import ServerConfig
 
 log = logging.getLogger("rewardkit.server")  # the server's logger: its redacting filter covers these records
 
@@ -114,7 +114,7 @@ def _decode(x: Any, reward: Any = None) -> Any:
     was, for the reward to report."""
     if not isinstance(x, (bytes, bytearray)):
         return x
-    from . import media
+    from .. import media
 
     try:
         return reward.decode_image(x) if hasattr(reward, "decode_image") else media.load_image(x)
