@@ -74,10 +74,9 @@ API_PAGES = {
                         ["rewardkit.datasets.scoring", "rewardkit.datasets.filtering", "rewardkit.datasets.sources",
                          "rewardkit.datasets.readers", "rewardkit.datasets.output", "rewardkit.datasets.expr",
                          "rewardkit.datasets.parrot", "rewardkit.integrations.ray"]),
-    "api/serve.md": ("Serving", "The HTTP reward server and its client (`rewardkit/serve/`; `rewardkit.server` "
-                     "re-exports the server and loads a reward by name, `rewardkit.client` re-exports the client).",
-                     ["rewardkit.serve.server", "rewardkit.serve.config", "rewardkit.server",
-                      "rewardkit.serve.client"]),
+    "api/serve.md": ("Serving", "The HTTP reward server and its client, in `rewardkit/serve/`: `rewardkit.server` "
+                     "re-exports the server and loads a reward by name; `rewardkit.client` re-exports the client.",
+                     ["rewardkit.server", "rewardkit.serve.client"]),
     "api/view.md": ("Reports", "`rewardkit view`: one static HTML page of score outputs, bench records and rl runs.",
                     ["rewardkit.view", "rewardkit.view.images", "rewardkit.view.scores", "rewardkit.view.multi",
                      "rewardkit.view.bench", "rewardkit.view.rl"]),

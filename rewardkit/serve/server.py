@@ -33,6 +33,9 @@ for the next batch), waits at most ``max_wait_ms`` for more while the batch is n
 in one reward call; outputs are split back per request. Rewards whose scores depend on the other samples of a
 call (``batch_relative``, e.g. z-scored composites) are never merged across requests. Several replicas (e.g.
 one per GPU) share one endpoint; a request goes to the replica with the fewest queued images.
+
+This module serves the ``Reward`` objects it is given; loading one by its registry name (``load_replicas``, the
+``app_from_env`` factory) is :mod:`rewardkit.server`'s, which also re-exports everything here.
 """
 
 from __future__ import annotations
