@@ -100,9 +100,7 @@ def test_a_planted_upward_import_breaks_a_contract(tmp_path, module, line, broke
 
 # ------------------------------------------------------------------------------------------------ import cycles
 # Cycles left in place, each with its reason. An entry that matches no cycle any more fails the check: remove it.
-ALLOWED_CYCLES = {
-    frozenset({"rewardkit._serve_binary", "rewardkit._serve_wire"}),  # serve folder move pending
-}
+ALLOWED_CYCLES: set[frozenset[str]] = set()
 
 # grimp's graph of the package, the one import-linter checks the contracts on: an import under `if TYPE_CHECKING:`
 # is no edge (annotations only); an import inside a function is one (it defers loading, not the dependency: the

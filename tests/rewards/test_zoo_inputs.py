@@ -251,7 +251,7 @@ def test_input_policy_is_settable_and_checked(zoo, tmp_path):
 
 def test_server_decodes_with_the_rewards_policy(zoo, tmp_path):
     """The server decodes wire bytes with the reward's own policy (an EXIF file stays unrotated by default)."""
-    from rewardkit._serve_batch import _decode
+    from rewardkit.serve.batch import _decode
 
     reward = zoo("hpsv2")
     data = _policy_inputs(tmp_path)["exif6"].read_bytes()
