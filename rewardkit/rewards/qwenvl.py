@@ -72,7 +72,7 @@ class QwenVLConfig(RewardConfig):
 
 
 class QwenVLAesthetic(JudgePolicyMixin, Reward):
-    """flow_grpo's QwenVL aesthetic judge: 1-5 from ``<Score>N</Score>`` (see the module docstring)."""
+    """flow_grpo's QwenVL aesthetic judge: a 1-5 score read from its ``<Score>N</Score>`` answer."""
 
     name: ClassVar[str] = "qwenvl"
     uses_prompt = False

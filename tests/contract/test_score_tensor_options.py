@@ -34,7 +34,7 @@ def test_processor_settings_the_torch_path_cannot_follow_keep_the_processor_path
 
     calls = {"pil": 0}
     real = media._to_pil
-    monkeypatch.setattr(media, "_to_pil", lambda v: (calls.__setitem__("pil", calls["pil"] + 1), real(v))[1])
+    monkeypatch.setattr(media, "_to_pil", lambda v, *a: (calls.__setitem__("pil", calls["pil"] + 1), real(v, *a))[1])
     x = _pixels(b=2)
     auto = load_reward("clipscore", model=str(tiny_clip_dir), convention="cosine", device="cpu")
     assert auto.supports_tensor_input

@@ -415,6 +415,7 @@ FAULTS = {
     "unifiedreward": (lambda j, **kw: load_reward("unifiedreward", judge=j, **kw), {}, "Final Score: 4"),
     "vqascore": (lambda j, **kw: load_reward("vqascore", judge=j, **kw), {}, ""),
     "rational": (lambda j, **kw: load_reward("rational", judge=j, **kw), {}, RATIONAL_OK),
+    "qwenvl": (lambda j, **kw: load_reward("qwenvl", judge=j, **kw), {}, "<Score>4</Score>"),
     "composite": (lambda j, **kw: load_reward("composite", _AXES, judge=j, **kw), {"metadata": _TWO}, ""),
     "weighted-sum": (lambda j, **kw: load_reward("weighted-sum", _AXES, judge=j, **kw), {"metadata": _TWO}, ""),
 }
