@@ -111,17 +111,35 @@ def test_reward_scorer_in_a_users_ray_data_pipeline(cluster, reward, tiny_clip_d
     assert "image" in got["error"][4].lower() and got["error"][0] == ""
 
 
+# The driver of the interrupted run: the real CLI in its own process, which sends itself SIGINT right after its first
+# shard file is committed (while the actors are still scoring the rest), so where the run stops does not depend on
+# how fast the machine is or on when an outside observer happens to look.
+_SIGINT_AFTER_FIRST_SHARD = """
+import os, signal, sys
+from rewardkit.cli import main
+from rewardkit.datasets import output
+
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as at a terminal, even if the runner ignores SIGINT
+commit = output.ShardWriter.commit
+
+def commit_then_sigint(self):
+    commit(self)
+    os.kill(os.getpid(), signal.SIGINT)
+
+output.ShardWriter.commit = commit_then_sigint
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 def test_ray_engine_resumes_after_sigint_with_the_local_bytes(cluster, reward, tiny_clip_dir, tmp_path):
     """SIGINT to a `--engine ray` run once its first shard is written; the rerun redoes only the rest.
 
-    Both runs join this module's cluster (``--ray-address``) rather than each starting one. Nothing waits on the
-    clock: the test waits for events (the first shard's file, the process's exit), so a loaded machine only makes
-    it slower; the ``timeout`` bounds are hang guards, far above any run."""
+    Both runs are separate driver processes that join this module's cluster (``--ray-address``) instead of each
+    starting one. The signal comes at a fixed point (after the first shard's commit), never by the clock; the
+    ``timeout`` bounds only guard against a hang."""
     import os
-    import signal
     import subprocess
     import sys
-    import time
 
     from rewardkit.datasets import score_dataset
 
@@ -131,25 +149,21 @@ def test_ray_engine_resumes_after_sigint_with_the_local_bytes(cluster, reward, t
         pq.write_table(pa.table({"image": [png_bytes(7000 + 50 * s + i) for i in range(40)],
                                  "prompt": [f"p{i}" for i in range(40)]}), data / f"part-{s}.parquet")
     score_dataset(reward, data, tmp_path / "local", batch_size=8, progress=False)
-    cmd = [sys.executable, "-m", "rewardkit.cli", "score", "-r", "pickscore", "-m", str(tiny_clip_dir), "--dataset",
-           str(data), "--output", str(tmp_path / "ray"), "--batch-size", "8", "--engine", "ray", "--no-progress",
-           "--ray-address", ray.get_runtime_context().gcs_address]
+    args = ["score", "-r", "pickscore", "-m", str(tiny_clip_dir), "--dataset", str(data), "--output",
+            str(tmp_path / "ray"), "--batch-size", "8", "--engine", "ray", "--no-progress",
+            "--ray-address", ray.get_runtime_context().gcs_address]
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    first = tmp_path / "ray" / "part-0.parquet"
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    while proc.poll() is None and not first.exists():
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=900)
-    assert first.exists(), err[-2000:]  # the run got as far as one shard before it ended
+    stopped = subprocess.run([sys.executable, "-c", _SIGINT_AFTER_FIRST_SHARD, *args], env=env, capture_output=True,
+                             text=True, timeout=900)
+    assert stopped.returncode == 130, stopped.stderr[-2000:]  # KeyboardInterrupt: the CLI's exit code
     done = sorted(p.name for p in (tmp_path / "ray").glob("*.parquet"))
-    assert proc.returncode == 130, err[-2000:]
-    assert 1 <= len(done) < 6, done  # interrupted mid-run: some shards finished, not all
-    finished = {n: (tmp_path / "ray" / n).stat().st_mtime_ns for n in done}
-    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert done == ["part-0.parquet"], done  # interrupted mid-run: the first shard finished, none of the rest
+    finished = (tmp_path / "ray" / "part-0.parquet").stat().st_mtime_ns
+    again = subprocess.run([sys.executable, "-m", "rewardkit.cli", *args], env=env, capture_output=True, text=True,
+                           timeout=900)
     assert again.returncode == 0, again.stderr[-2000:]
-    assert f"{len(done)} shard(s) already done" in again.stderr
-    assert {n: (tmp_path / "ray" / n).stat().st_mtime_ns for n in done} == finished  # never rescored
+    assert "1 shard(s) already done" in again.stderr and "scored 200 row(s) in 5 shard(s)" in again.stderr
+    assert (tmp_path / "ray" / "part-0.parquet").stat().st_mtime_ns == finished  # never rescored
     assert not list((tmp_path / "ray").glob("*.tmp"))
     _same_folders(tmp_path / "local", tmp_path / "ray")
 

@@ -43,9 +43,9 @@ def _layer_modules() -> set[str]:
 
 
 def test_the_import_contracts_hold():
-    """Every contract of .importlinter is kept: the layers (commands > consumers > composite > registry > rewards
-    > judges > models > the contract), the consumers' independence, the contract importing no implementation,
-    preprocess below reward, and a light ``import rewardkit``."""
+    """Every contract of .importlinter is kept: the layers (commands > consumers > datasets > composite > registry
+    > rewards > judges > models > the contract), the consumers' independence, the contract importing no
+    implementation, preprocess below reward, and a light ``import rewardkit``."""
     res = _lint(ROOT)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "0 broken" in res.stdout and "broken" not in res.stdout.replace("0 broken", "")
