@@ -66,7 +66,7 @@ def local_child(model: Path, data: Path, out: Path) -> dict:
 
 
 def ray_run(model: Path, data: Path, out: Path, actors: int) -> dict:
-    from rewardkit.integrations.ray import RewardSpec, score_dataset_ray
+    from rewardkit.datasets import RewardSpec, score_dataset_ray
 
     t = time.perf_counter()
     s = score_dataset_ray(RewardSpec("pickscore", None, {"model": str(model)}), data, out, batch_size=64,

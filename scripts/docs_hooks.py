@@ -73,7 +73,8 @@ API_PAGES = {
     "api/datasets.md": ("Datasets", "Scoring and filtering Parquet, WebDataset and Hugging Face datasets; Ray.",
                         ["rewardkit.datasets.scoring", "rewardkit.datasets.filtering", "rewardkit.datasets.sources",
                          "rewardkit.datasets.readers", "rewardkit.datasets.output", "rewardkit.datasets.expr",
-                         "rewardkit.datasets.parrot", "rewardkit.integrations.ray"]),
+                         "rewardkit.datasets.parrot", "rewardkit.datasets.ray_engine",
+                         "rewardkit.integrations.ray"]),
     "api/serve.md": ("Serving", "The HTTP reward server and its client, in `rewardkit/serve/`: `rewardkit.server` "
                      "re-exports the server and loads a reward by name; `rewardkit.client` re-exports the client.",
                      ["rewardkit.server", "rewardkit.serve.client"]),

@@ -65,7 +65,8 @@ def run_dataset(args: argparse.Namespace, kwargs: dict) -> int:
         raise UsageError("--ray-address needs --engine ray")
     if args.engine == "ray":
         from ..distributed import launched_world_size
-        from ..integrations.ray import RewardSpec, score_dataset_ray
+        from ..datasets.ray_engine import score_dataset_ray
+        from ..datasets.scoring import RewardSpec
 
         if launched_world_size() > 1:
             raise UsageError("--engine ray runs from one driver process; do not launch it with torchrun")
@@ -86,8 +87,7 @@ def run_dataset(args: argparse.Namespace, kwargs: dict) -> int:
             kwargs["device"] = device
         main = rank() == 0
         common["progress"] = common["progress"] and main
-    from ..datasets.scoring import score_dataset
-    from ..integrations.ray import RewardSpec
+    from ..datasets.scoring import RewardSpec, score_dataset
 
     class _CliSpec(RewardSpec):  # the manifest is checked first: a finished rerun never loads the model
         def build(self):

@@ -3,14 +3,16 @@
 =============================  ==========================================================================
 :func:`score_dataset`          score every row into one Parquet score file per input shard (streaming,
                                resumable per shard, torchrun-sharded)
+:func:`score_dataset_ray`      the same files from a Ray cluster (``--engine ray``, :mod:`.ray_engine`)
+:class:`RewardSpec`            a reward as a recipe: either engine loads it only if a shard is left
 :func:`filter_dataset`         keep the rows a score expression / top-k / top-p selects, written in the
                                input's own format
 :func:`open_dataset`           resolve paths, globs, ``save_to_disk`` folders and hub ids into shards
 :func:`parse_expression`       the safe expression language of ``rewardkit filter`` (no ``eval``)
 =============================  ==========================================================================
 
-On a Ray cluster, :mod:`rewardkit.integrations.ray`. See ``docs/datasets.md``. Nothing heavy is imported
-until a function runs (pyarrow / datasets load inside them).
+For a Ray Data pipeline of your own, :mod:`rewardkit.integrations.ray`. See ``docs/datasets.md``. Nothing heavy
+is imported until a function runs (pyarrow / datasets load inside them).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ _LAZY = {
     "score_dataset": "rewardkit.datasets.scoring",
     "score_batch": "rewardkit.datasets.scoring",
     "ScoreSummary": "rewardkit.datasets.scoring",
+    "RewardSpec": "rewardkit.datasets.scoring",
+    "score_dataset_ray": "rewardkit.datasets.ray_engine",
     "filter_dataset": "rewardkit.datasets.filtering",
     "FilterReport": "rewardkit.datasets.filtering",
     "open_dataset": "rewardkit.datasets.sources",

@@ -202,7 +202,7 @@ class _RationaleActor:
         self.pipe = _pipeline(cfg)
 
     def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
-        from ..integrations.ray import _Box
+        from .ray_engine import _Box
 
         ids, rows, errs = row["batch"].value
         return {"shard": row["shard"], "start": row["start"],
@@ -210,7 +210,7 @@ class _RationaleActor:
 
 
 def _ray_results(cfg, ds, todo, cols, batch_size, address, concurrency, num_gpus):
-    from ..integrations.ray import _Box, run_on_ray
+    from .ray_engine import _Box, run_on_ray
 
     def read(item: dict[str, Any]):
         shard = ds.shards[item["index"]]

@@ -115,9 +115,56 @@ def manifest_extra(ds: Dataset) -> dict[str, Any]:
             "shard_paths": [str(s) for s in ds.shards]}
 
 
+@dataclasses.dataclass
+class RewardSpec:
+    """A reward as a picklable recipe, not a model: ``load_reward(name, config, **kwargs)``, built where it scores
+    (in each Ray actor; by the local engine only once a shard is left to score)."""
+
+    name: str
+    config: Any = None
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def build(self) -> Any:
+        from ..registry import load_reward
+
+        return load_reward(self.name, self.config, **self.kwargs)
+
+    def describe(self) -> Any:
+        """An object with the reward's ``name`` and ``config`` (no model loaded): what the manifest records."""
+        from ..config import build_config
+        from ..registry import get_reward_class
+        from ..reward import _device_arg
+
+        cls = get_reward_class(self.name)
+        kw = dict(self.kwargs)
+        if "device" in kw:
+            kw["device"] = _device_arg(kw["device"])
+        return _Described(cls.name, build_config(cls.Config, self.config, kw), tuple(cls.dimensions or ()),
+                          cls.uses_prompt)
+
+
+@dataclasses.dataclass
+class _Described:
+    name: str
+    config: Any
+    dimensions: tuple[str, ...]
+    uses_prompt: bool
+
+
+def _as_spec(reward: Any) -> RewardSpec:
+    if isinstance(reward, RewardSpec):
+        return reward
+    if isinstance(reward, str):
+        return RewardSpec(reward)
+    if isinstance(reward, dict):
+        return RewardSpec(**reward)
+    raise TypeError("reward must be a registry name, a RewardSpec or a dict of its fields, "
+                    f"got {type(reward).__name__}")
+
+
 def is_spec(reward: Any) -> bool:
-    """A recipe (``describe()`` without a model, ``build()`` to load), e.g. :class:`rewardkit.integrations.ray.
-    RewardSpec`, rather than a loaded reward."""
+    """A recipe (``describe()`` without a model, ``build()`` to load), e.g. :class:`RewardSpec`, rather than a
+    loaded reward."""
     return callable(getattr(reward, "describe", None)) and callable(getattr(reward, "build", None))
 
 
@@ -131,8 +178,8 @@ def score_dataset(reward: Any, dataset: Any, output: str | Path, *, image_column
 
     Args:
         reward: a :class:`~rewardkit.Reward` (anything callable like one), or a recipe with ``describe()`` and
-            ``build()`` (:class:`rewardkit.integrations.ray.RewardSpec`): then the resume manifest is checked
-            first and the reward is loaded only if a shard is left to score.
+            ``build()`` (:class:`RewardSpec`): then the resume manifest is checked first and the reward is
+            loaded only if a shard is left to score.
         dataset: Parquet files / folders, ``.tar`` shards or globs, a ``save_to_disk`` folder or a hub id (see
             :func:`~rewardkit.datasets.open_dataset`), or an opened :class:`~rewardkit.datasets.Dataset`.
         output: folder for ``<shard>.parquet`` score files and the resume manifest.

@@ -71,7 +71,7 @@ def test_ray_engine_writes_the_local_engines_parquet_on_200_rows(cluster, reward
     t = pq.read_table(tmp_path / "ray" / "part-1.parquet")
     assert t.column("id").to_pylist()[:2] == ["u1-0", "u1-1"] and not t.column("valid")[17].as_py()
     # a rerun on Ray finds every shard finished and scores nothing
-    from rewardkit.integrations.ray import RewardSpec, score_dataset_ray
+    from rewardkit.datasets import RewardSpec, score_dataset_ray
 
     again = score_dataset_ray(RewardSpec("pickscore", None, {"model": str(tiny_clip_dir)}), data,
                               tmp_path / "ray", id_column="uid", batch_size=16, progress=False)
@@ -79,8 +79,7 @@ def test_ray_engine_writes_the_local_engines_parquet_on_200_rows(cluster, reward
 
 
 def test_ray_engine_on_three_webdataset_shards_matches_local(cluster, reward, tiny_clip_dir, tmp_path):
-    from rewardkit.datasets import score_dataset
-    from rewardkit.integrations.ray import score_dataset_ray
+    from rewardkit.datasets import score_dataset, score_dataset_ray
 
     wds_set(tmp_path / "wds", shards=3, rows=7)
     local = score_dataset(reward, tmp_path / "wds", tmp_path / "local", batch_size=4, progress=False)
@@ -112,13 +111,35 @@ def test_reward_scorer_in_a_users_ray_data_pipeline(cluster, reward, tiny_clip_d
     assert "image" in got["error"][4].lower() and got["error"][0] == ""
 
 
-def test_ray_engine_resumes_after_sigint_with_the_local_bytes(reward, tiny_clip_dir, tmp_path):
-    """SIGINT to a `--engine ray` run once its first shard is written; the rerun redoes only the rest."""
+# The driver of the interrupted run: the real CLI in its own process, which sends itself SIGINT right after its first
+# shard file is committed (while the actors are still scoring the rest), so where the run stops does not depend on
+# how fast the machine is or on when an outside observer happens to look.
+_SIGINT_AFTER_FIRST_SHARD = """
+import os, signal, sys
+from rewardkit.cli import main
+from rewardkit.datasets import output
+
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as at a terminal, even if the runner ignores SIGINT
+commit = output.ShardWriter.commit
+
+def commit_then_sigint(self):
+    commit(self)
+    os.kill(os.getpid(), signal.SIGINT)
+
+output.ShardWriter.commit = commit_then_sigint
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_ray_engine_resumes_after_sigint_with_the_local_bytes(cluster, reward, tiny_clip_dir, tmp_path):
+    """SIGINT to a `--engine ray` run once its first shard is written; the rerun redoes only the rest.
+
+    Both runs are separate driver processes that join this module's cluster (``--ray-address``) instead of each
+    starting one. The signal comes at a fixed point (after the first shard's commit), never by the clock; the
+    ``timeout`` bounds only guard against a hang."""
     import os
-    import signal
     import subprocess
     import sys
-    import time
 
     from rewardkit.datasets import score_dataset
 
@@ -128,24 +149,21 @@ def test_ray_engine_resumes_after_sigint_with_the_local_bytes(reward, tiny_clip_
         pq.write_table(pa.table({"image": [png_bytes(7000 + 50 * s + i) for i in range(40)],
                                  "prompt": [f"p{i}" for i in range(40)]}), data / f"part-{s}.parquet")
     score_dataset(reward, data, tmp_path / "local", batch_size=8, progress=False)
-    cmd = [sys.executable, "-m", "rewardkit.cli", "score", "-r", "pickscore", "-m", str(tiny_clip_dir), "--dataset",
-           str(data), "--output", str(tmp_path / "ray"), "--batch-size", "8", "--engine", "ray", "--no-progress"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", RAY_num_cpus="2")
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 240
-    while time.time() < deadline and not (tmp_path / "ray" / "part-0.parquet").exists():
-        time.sleep(0.05)
-    assert (tmp_path / "ray" / "part-0.parquet").exists(), proc.communicate(timeout=60)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    args = ["score", "-r", "pickscore", "-m", str(tiny_clip_dir), "--dataset", str(data), "--output",
+            str(tmp_path / "ray"), "--batch-size", "8", "--engine", "ray", "--no-progress",
+            "--ray-address", ray.get_runtime_context().gcs_address]
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    stopped = subprocess.run([sys.executable, "-c", _SIGINT_AFTER_FIRST_SHARD, *args], env=env, capture_output=True,
+                             text=True, timeout=900)
+    assert stopped.returncode == 130, stopped.stderr[-2000:]  # KeyboardInterrupt: the CLI's exit code
     done = sorted(p.name for p in (tmp_path / "ray").glob("*.parquet"))
-    assert proc.returncode == 130, err[-2000:]
-    assert 1 <= len(done) < 6, done  # interrupted mid-run: some shards finished, not all
-    finished = {n: (tmp_path / "ray" / n).stat().st_mtime_ns for n in done}
-    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done == ["part-0.parquet"], done  # interrupted mid-run: the first shard finished, none of the rest
+    finished = (tmp_path / "ray" / "part-0.parquet").stat().st_mtime_ns
+    again = subprocess.run([sys.executable, "-m", "rewardkit.cli", *args], env=env, capture_output=True, text=True,
+                           timeout=900)
     assert again.returncode == 0, again.stderr[-2000:]
-    assert f"{len(done)} shard(s) already done" in again.stderr
-    assert {n: (tmp_path / "ray" / n).stat().st_mtime_ns for n in done} == finished  # never rescored
+    assert "1 shard(s) already done" in again.stderr and "scored 200 row(s) in 5 shard(s)" in again.stderr
+    assert (tmp_path / "ray" / "part-0.parquet").stat().st_mtime_ns == finished  # never rescored
     assert not list((tmp_path / "ray").glob("*.tmp"))
     _same_folders(tmp_path / "local", tmp_path / "ray")
 
@@ -173,8 +191,8 @@ def test_a_worker_killed_mid_run_loses_no_row_and_scores_none_twice(cluster, rew
 
     from rewardkit.datasets import score_dataset
     from rewardkit.datasets.readers import Columns
-    from rewardkit.datasets.scoring import plan
-    from rewardkit.integrations.ray import RewardSpec, _chunks, run_on_ray
+    from rewardkit.datasets.ray_engine import _chunks, run_on_ray
+    from rewardkit.datasets.scoring import RewardSpec, plan
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the dying actor below, for the workers
     data = tmp_path / "data"
@@ -200,7 +218,7 @@ def test_a_worker_killed_mid_run_loses_no_row_and_scores_none_twice(cluster, rew
 
 class _DiesOnce:
     def __init__(self, marker, **kw):
-        from rewardkit.integrations.ray import _ChunkScorer
+        from rewardkit.datasets.ray_engine import _ChunkScorer
 
         self.inner, self.marker = _ChunkScorer(**kw), marker
 
@@ -218,8 +236,7 @@ def test_ray_engine_quarantines_bad_shards_and_resumes_a_shard_after_its_row_gro
     """Issue 36 item 7 on ``--engine ray``: an unreadable shard is quarantined (manifest, summary) instead of
     stopping the run, and a shard an interrupted run left with committed row groups is read from the row after
     them; the finished files are the local engine's bytes."""
-    from rewardkit.datasets import output, score_dataset
-    from rewardkit.integrations.ray import RewardSpec, score_dataset_ray
+    from rewardkit.datasets import RewardSpec, output, score_dataset, score_dataset_ray
 
     monkeypatch.setattr(output, "ROW_GROUP", 4)
     data = tmp_path / "data"

@@ -296,3 +296,20 @@ def test_score_files_hold_few_row_groups_and_on_error_raise_names_the_row(reward
     err = capsys.readouterr().err
     assert rc == 2 and "part-0.parquet row 2 (id 2)" in err, err
     assert not (tmp_path / "o2" / "part-0.parquet").exists()
+
+
+def test_the_ray_engine_lives_in_datasets_and_the_old_imports_still_work():
+    """Issue 39 item 3: both dataset engines live in ``rewardkit.datasets`` (``scoring`` local, ``ray_engine`` Ray);
+    ``rewardkit.integrations.ray`` keeps ``RewardScorer`` and hands on the names that moved, as the same objects.
+    Catches a moved name not re-exported (users' ``from rewardkit.integrations.ray import ...`` breaking) and a
+    second copy of a class left behind (``isinstance`` against the old path failing)."""
+    import rewardkit.datasets as datasets
+    import rewardkit.integrations.ray as glue
+    from rewardkit.datasets import ray_engine, scoring
+
+    assert glue.RewardSpec is datasets.RewardSpec is scoring.RewardSpec
+    assert glue.score_dataset_ray is datasets.score_dataset_ray is ray_engine.score_dataset_ray
+    assert glue.run_on_ray is ray_engine.run_on_ray
+    assert sorted(glue.__all__) == ["RewardScorer", "RewardSpec", "run_on_ray", "score_dataset_ray"]
+    assert glue.RewardScorer.__module__ == "rewardkit.integrations.ray"
+    assert scoring.is_spec(glue.RewardSpec("pickscore"))  # the local engine takes the recipe from either path

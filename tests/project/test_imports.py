@@ -22,8 +22,8 @@ STAGES = {
     "judges": ("import rewardkit.judges, rewardkit.judges.transformers_backend, rewardkit.judges.openai_backend, "
                "rewardkit.judges.vllm_backend, rewardkit.rewards.evr"),
     "datasets": ("import rewardkit.datasets, rewardkit.datasets.scoring, rewardkit.datasets.filtering, "
-                 "rewardkit.datasets.expr, rewardkit.datasets.parrot, rewardkit.integrations.ray, "
-                 "rewardkit.commands.filter"),
+                 "rewardkit.datasets.expr, rewardkit.datasets.parrot, rewardkit.datasets.ray_engine, "
+                 "rewardkit.integrations.ray, rewardkit.commands.filter"),
 }
 # what each stage must not have imported (cumulative: every stage runs after the previous ones)
 FORBIDDEN = {
