@@ -29,7 +29,10 @@ from rewardkit.server import ServerConfig, serve_in_thread  # noqa: E402
 pytestmark = pytest.mark.slow
 
 TOKEN = "s3cret-ray-serve-token"
-LIMITS = dict(max_images=4, max_body_bytes=200_000, max_request_pixels=3 * 48 * 48)
+# --max-batch 2: each test request (2 or more images) is its own model call, so that its scores can be compared
+# bit for bit with the in-process call of the same images (merged requests differ from it by the model's float
+# rounding across batch sizes, as with rewardkit serve: tests/serve/test_server.py)
+LIMITS = dict(max_images=4, max_body_bytes=200_000, max_request_pixels=3 * 48 * 48, max_batch=2)
 
 
 def _free_port() -> int:
@@ -49,7 +52,7 @@ def served(tiny_clip_dir):
     cli = subprocess.Popen(
         [sys.executable, "-m", "rewardkit.cli", "serve", "--engine", "ray", "--reward", "pickscore", "--model",
          str(tiny_clip_dir), "--replicas", "2", "--num-cpus", "0.5", "--port", str(port), "--ray-address",
-         ray.get_runtime_context().gcs_address, "--max-images", "4", "--max-body-mb", str(200_000 / 2**20),
+         ray.get_runtime_context().gcs_address, "--max-images", "4", "--max-batch", "2", "--max-body-mb", str(200_000 / 2**20),
          "--max-request-mpixels", str(3 * 48 * 48 / 2**20)], env=env, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -136,32 +139,35 @@ def _replicas() -> list[str]:
             if a["State"] == "ALIVE" and a["Name"].startswith("SERVE_REPLICA::rewardkit")]
 
 
-class _CountingRemote(RemoteReward):
-    """A RemoteReward that counts the answers it was given, to see the retries (the client is unchanged)."""
+def _counting(remote: RemoteReward, statuses: list) -> RemoteReward:
+    """Records the HTTP status of every answer ``remote`` is given, to see its retries (the client is unchanged)."""
+    once = remote._once
 
-    def _once(self, method, url, body, deadline, stop):
-        status, headers, data = super()._once(method, url, body, deadline, stop)
-        self.statuses.append(status)
+    def counted(*args, **kw):
+        status, headers, data = once(*args, **kw)
+        statuses.append(status)
         return status, headers, data
+
+    remote._once = counted
+    return remote
 
 
 def test_a_replica_killed_under_8_clients_loses_nothing_and_mixes_nothing(served):
     url, _, reward = served
     names = _replicas()
     assert len(names) == 2, names
-    calls = 12
+    calls = 20
     inputs = {(c, k): (_images(2, 100 + 16 * c + k), [f"client {c} call {k}", f"other {c} {k}"])
               for c in range(8) for k in range(calls)}
     results: dict[tuple, list] = {key: [] for key in inputs}
-    failures, statuses, started = [], [], threading.Barrier(9)
+    failures, statuses, started = [], [], threading.Barrier(9, timeout=60)
+    remotes = [_counting(RemoteReward(url=url, token=TOKEN, max_retries=5), statuses) for _ in range(8)]
 
     def client(c: int) -> None:
-        remote = _CountingRemote(url=url, token=TOKEN, max_retries=5)
-        remote.statuses = statuses
         started.wait()
         for k in range(calls):
             try:
-                results[(c, k)].append(remote(*inputs[(c, k)]).scores)
+                results[(c, k)].append(remotes[c](*inputs[(c, k)]).scores)
             except Exception as exc:  # noqa: BLE001 - collected, asserted below
                 failures.append(f"client {c} call {k}: {exc}")
 
@@ -169,7 +175,7 @@ def test_a_replica_killed_under_8_clients_loses_nothing_and_mixes_nothing(served
     for t in threads:
         t.start()
     started.wait()
-    time.sleep(1.0)  # every client is in its loop: requests in flight on both replicas
+    time.sleep(0.5)  # every client is in its loop: requests in flight on both replicas
     ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True)
     for t in threads:
         t.join(120)
