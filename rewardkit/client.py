@@ -14,7 +14,8 @@ the thread doing the request stops with it (a server dripping its answer cannot 
 connection errors, 429, 502, 503 and 504 are retried ``max_retries`` times with exponential backoff (a
 ``Retry-After`` header is honoured, capped at ``max_backoff``), and so is a 500 that is not the server's own
 JSON error (it comes from a proxy in front of it, e.g. Ray Serve's when a replica died mid-request: scoring is
-idempotent, so sending it again is safe); other 4xx / 5xx answers raise at once with the server's message. A response that is not the documented shape raises: no score is ever made up.
+idempotent, so sending it again is safe); other 4xx / 5xx answers raise at once with the server's message.
+A response that is not the documented shape raises: no score is ever made up.
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ class _Deadline(Exception):
 @dataclass
 class RemoteRewardConfig(RewardConfig):
     #: the server, or several replicas of one served reward: a list or a comma-separated string. Requests go
-    #: round-robin over them, and a request that fails on one (connection error, 429/502/503/504, timeout) is
-    #: retried on the next; every replica must answer /info at start and serve the same reward and options
+    #: round-robin over them, and a request that fails on one (connection error, 429/502/503/504, a proxy's 500,
+    #: timeout) is retried on the next; every replica must answer /info at start and serve the same reward and options
     url: Any = "http://127.0.0.1:8000"
     #: bearer token; default: the ``REWARDKIT_SERVE_TOKEN`` environment variable
     token: str | None = None

@@ -52,7 +52,8 @@ def served(tiny_clip_dir):
     cli = subprocess.Popen(
         [sys.executable, "-m", "rewardkit.cli", "serve", "--engine", "ray", "--reward", "pickscore", "--model",
          str(tiny_clip_dir), "--replicas", "2", "--num-cpus", "0.5", "--port", str(port), "--ray-address",
-         ray.get_runtime_context().gcs_address, "--max-images", "4", "--max-batch", "2", "--max-body-mb", str(200_000 / 2**20),
+         ray.get_runtime_context().gcs_address, "--max-images", "4", "--max-batch", "2",
+         "--max-body-mb", str(200_000 / 2**20),
          "--max-request-mpixels", str(3 * 48 * 48 / 2**20)], env=env, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
