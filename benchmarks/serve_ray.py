@@ -11,7 +11,7 @@ the figures show Ray Serve's overhead (one more hop per request, the proxy's own
 
     python benchmarks/serve_ray.py [--clients 8] [--requests 40] [--model DIR --device cuda] [--num-gpus 1]
 
-``--dry-run``: a few requests each, to check the script runs (tests/project).
+``--dry-run``: a few requests each, 2 replicas only, to check the script runs (tests/project).
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def main() -> None:
     try:
         sport = _port()
         serve.start(http_options={"host": "127.0.0.1", "port": sport})
-        for n in (1, 2):
+        for n in ((2,) if args.dry_run else (1, 2)):  # the dry run: the same code, one deployment less
             serve.run(deployment(args.reward, overrides={"model": model}, num_replicas=n, num_cpus=args.num_cpus,
                                  num_gpus=args.num_gpus / n), name="rewardkit", route_prefix="/")
             surl = f"http://127.0.0.1:{sport}"
