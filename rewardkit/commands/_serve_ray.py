@@ -74,6 +74,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"rewardkit serve: {args.reward} on http://{shown}:{args.port} (Ray Serve, {n} replica(s), max batch "
           f"{cfg.max_batch}, max wait {cfg.max_wait_ms:g} ms, auth {'on' if token else 'off'})",
           file=sys.stderr, flush=True)
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a stop from a process manager: delete the app too
     try:
         while True:
             time.sleep(3600)
