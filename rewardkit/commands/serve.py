@@ -65,6 +65,9 @@ def add_parser(sub) -> None:
                    help="decoded pixels per request, in Mi (2**20) pixels, from the image headers (default 64)")
     g.add_argument("--max-batch-mpixels", type=float, default=64.0,
                    help="decoded pixels per model call, in Mi pixels (default 64)")
+    from ._serve_ray import add_arguments
+
+    add_arguments(p)
 
 
 def _token(args: argparse.Namespace) -> str | None:
@@ -95,34 +98,54 @@ def _token(args: argparse.Namespace) -> str | None:
     return token
 
 
-def run(args: argparse.Namespace) -> int:
-    from .._imports import require
-    from ..config import parse_overrides
-    from ..server import LOOPBACK_HOSTS, ServerConfig, bind_socket, create_app, load_replicas, run_server
+def server_config(args: argparse.Namespace, token: str | None):
+    """The limits of the command line as a ``ServerConfig`` (a bad value: a usage error)."""
+    from ..server import ServerConfig
 
     from . import UsageError
 
+    mi = 1024 * 1024
+    try:
+        return ServerConfig(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
+                            max_body_bytes=int(args.max_body_mb * mi), max_images=args.max_images,
+                            max_json_bytes=int(args.max_json_mb * mi), max_json_items=args.max_json_items,
+                            timeout=args.timeout, token=token, header_timeout=args.header_timeout,
+                            body_timeout=args.body_timeout, keep_alive=args.keep_alive,
+                            max_connections=args.max_connections, max_in_flight=args.max_in_flight,
+                            max_request_pixels=int(args.max_request_mpixels * mi),
+                            max_batch_pixels=int(args.max_batch_mpixels * mi))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def reward_overrides(args: argparse.Namespace) -> dict:
+    """``--set`` options plus ``--model`` / ``--dtype``."""
+    from ..config import parse_overrides
+
+    overrides = parse_overrides(args.overrides)
+    for key in ("model", "dtype"):
+        if getattr(args, key) is not None:
+            overrides[key] = getattr(args, key)
+    return overrides
+
+
+def run(args: argparse.Namespace) -> int:
+    from .._imports import require
+    from ..server import LOOPBACK_HOSTS, bind_socket, create_app, load_replicas, run_server
+
+    from . import UsageError
+
+    if args.engine == "ray":
+        from ._serve_ray import run as run_ray
+
+        return run_ray(args)
     # everything that can be refused is refused before any model loads (it takes minutes on a cold cache)
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in 0..65535, got {args.port}")
     require("uvicorn", "serve")
     token = _token(args)
-    mi = 1024 * 1024
-    try:
-        cfg = ServerConfig(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
-                           max_body_bytes=int(args.max_body_mb * mi), max_images=args.max_images,
-                           max_json_bytes=int(args.max_json_mb * mi), max_json_items=args.max_json_items,
-                           timeout=args.timeout, token=token, header_timeout=args.header_timeout,
-                           body_timeout=args.body_timeout, keep_alive=args.keep_alive,
-                           max_connections=args.max_connections, max_in_flight=args.max_in_flight,
-                           max_request_pixels=int(args.max_request_mpixels * mi),
-                           max_batch_pixels=int(args.max_batch_mpixels * mi))
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    overrides = parse_overrides(args.overrides)
-    for key in ("model", "dtype"):
-        if getattr(args, key) is not None:
-            overrides[key] = getattr(args, key)
+    cfg = server_config(args, token)
+    overrides = reward_overrides(args)
     devices = [d.strip() for d in args.devices.split(",") if d.strip()] if args.devices else []
     try:
         sock = bind_socket(args.host, args.port)

@@ -12,8 +12,10 @@ The reward's metadata (name, tasks, dimensions, scale) is read from the server's
 ``timeout`` bounds each HTTP request as a whole (connect, upload, scoring, download), not each socket read;
 the thread doing the request stops with it (a server dripping its answer cannot keep it reading);
 connection errors, 429, 502, 503 and 504 are retried ``max_retries`` times with exponential backoff (a
-``Retry-After`` header is honoured, capped at ``max_backoff``); other 4xx / 5xx answers raise at once with
-the server's message. A response that is not the documented shape raises: no score is ever made up.
+``Retry-After`` header is honoured, capped at ``max_backoff``), and so is a 500 that is not the server's own
+JSON error (it comes from a proxy in front of it, e.g. Ray Serve's when a replica died mid-request: scoring is
+idempotent, so sending it again is safe); other 4xx / 5xx answers raise at once with the server's message.
+A response that is not the documented shape raises: no score is ever made up.
 """
 
 from __future__ import annotations
@@ -53,8 +55,8 @@ class _Deadline(Exception):
 @dataclass
 class RemoteRewardConfig(RewardConfig):
     #: the server, or several replicas of one served reward: a list or a comma-separated string. Requests go
-    #: round-robin over them, and a request that fails on one (connection error, 429/502/503/504, timeout) is
-    #: retried on the next; every replica must answer /info at start and serve the same reward and options
+    #: round-robin over them, and a request that fails on one (connection error, 429/502/503/504, a proxy's 500,
+    #: timeout) is retried on the next; every replica must answer /info at start and serve the same reward and options
     url: Any = "http://127.0.0.1:8000"
     #: bearer token; default: the ``REWARDKIT_SERVE_TOKEN`` environment variable
     token: str | None = None
@@ -366,7 +368,7 @@ class RemoteReward(Reward):
                     except (UnicodeDecodeError, json.JSONDecodeError):
                         raise RemoteRewardError(f"{method} {path}: the server's answer is not JSON") from None
                 message = _error_message(data)
-                if status not in _RETRY_STATUS:
+                if status not in _RETRY_STATUS and not _proxy_failure(status, data):
                     raise RemoteRewardError(f"{method} {path}: HTTP {status}: {message}")
                 last = f"{url}: HTTP {status}: {message}"
                 retry_after = _retry_after(headers)
@@ -514,6 +516,18 @@ def _error_message(data: bytes) -> str:
     except (UnicodeDecodeError, json.JSONDecodeError):
         pass
     return data[:200].decode("utf-8", "replace")
+
+
+def _proxy_failure(status: int, data: bytes) -> bool:
+    """A 500 without the server's JSON ``{"error": ...}``: the request failed in a proxy in front of the server
+    (Ray Serve answers a request whose replica died with a plain-text 500), not in the reward; worth a retry."""
+    if status != 500:
+        return False
+    try:
+        obj = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return True
+    return not (isinstance(obj, dict) and isinstance(obj.get("error"), str))
 
 
 def _retry_after(headers: dict[str, str]) -> float | None:
