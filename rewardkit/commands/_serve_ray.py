@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from ..integrations import ray_serve
 
     from . import UsageError
-    from .serve import _token, reward_overrides, server_config
+    from ._serve_options import _token, reward_overrides, server_config
 
     if args.devices:
         raise UsageError("--devices is for --engine local; with --engine ray give --replicas and --num-gpus")
