@@ -17,7 +17,9 @@ batch size (the official API's batch form: a list of image paths and one prompt)
 batch): the median over rounds of the official / rewardkit wall-time and CPU-time ratios (> 1: rewardkit is
 faster), the largest score difference relative to the score scale, each side's peak RSS, and rewardkit's own
 time per call outside the model forward (forward hooks on the outermost modules, measured in separate calls so
-the hooks do not slow the timed rounds) as a share of the forward. "equal": every image 512x512; "mixed": six
+the hooks do not slow the timed rounds) and its share of the forward, twice: from the image files (decoding and
+resizing included, which the official code pays as well) and from decoded RGB PIL images (rewardkit's own work:
+checks, pixel values, tokens, plumbing). "equal": every image 512x512; "mixed": six
 sizes from 97x61 to 1000x250, the official code's crash-free ones.
 """
 
@@ -108,15 +110,20 @@ def worker(side: str, model: str, work: str) -> None:
             for root in _modules(reward):
                 mods += [root, *root.children()]
             handles = [h for m in mods for h in (m.register_forward_pre_hook(pre), m.register_forward_hook(post))]
-            score(chunks[0], req["prompt"])  # warm
-            inside[0] = 0.0
-            w0 = time.perf_counter()
-            for c in chunks:
-                score(c, req["prompt"])
-            wall = time.perf_counter() - w0
+            from PIL import Image
+
+            res = {"calls": len(chunks)}
+            decoded = [[Image.open(p).convert("RGB") for p in c] for c in chunks]
+            for kind, batches in (("files", chunks), ("pil", decoded)):
+                score(batches[0], req["prompt"])  # warm
+                inside[0] = 0.0
+                w0 = time.perf_counter()
+                for c in batches:
+                    score(c, req["prompt"])
+                res[kind] = (time.perf_counter() - w0, inside[0])
             for h in handles:
                 h.remove()
-            print(json.dumps({"wall": wall, "forward": inside[0], "calls": len(chunks)}), flush=True)
+            print(json.dumps(res), flush=True)
             continue
         scores = []
         try:
@@ -212,7 +219,8 @@ def main() -> int:
     print(f"load average {os.getloadavg()[0]:.1f} / {os.cpu_count()} cores; one torch thread per side; "
           f"{rounds} interleaved rounds of {n_img} images; ratios = official / rewardkit (> 1: rewardkit faster)")
     head = (f"{'model':12s} {'sizes':6s} {'batch':>5s} {'wall x':>7s} {'cpu x':>7s} {'official ms/img':>15s} "
-            f"{'rk ms/img':>9s} {'max rel diff':>12s} {'RSS off/rk MiB':>15s} {'rk outside fwd/call':>20s}")
+            f"{'rk ms/img':>9s} {'max rel diff':>12s} {'RSS off/rk MiB':>15s} {'rk outside fwd/call: files':>27s} "
+            f"{'PIL in':>16s}")
     print(head, flush=True)
     rows = []
     for m in models:
@@ -240,15 +248,17 @@ def main() -> int:
                 scale = max(abs(x) for x in o_last["scores"]) or 1.0
                 diff = max(abs(x - y) / max(scale, abs(x)) for x, y in zip(o_last["scores"], r_last["scores"]))
                 prof = rk.ask(**req, profile=True)
-                outside = (prof["wall"] - prof["forward"]) / prof["calls"] * 1e3
-                share = (prof["wall"] - prof["forward"]) / prof["forward"]
+                (fw, ff), (pw, pf) = prof["files"], prof["pil"]
+                outside, share = (fw - ff) / prof["calls"] * 1e3, (fw - ff) / ff
+                own, own_share = (pw - pf) / prof["calls"] * 1e3, (pw - pf) / pf
                 row = dict(model=m, sizes=kind, batch=b, wall=statistics.median(wr), cpu=statistics.median(cr),
                            off_ms=o_last["wall"] / n_img * 1e3, rk_ms=r_last["wall"] / n_img * 1e3, diff=diff,
-                           rss_off=o_last["rss_mib"], rss_rk=r_last["rss_mib"], outside_ms=outside, share=share)
+                           rss_off=o_last["rss_mib"], rss_rk=r_last["rss_mib"], outside_ms=outside, share=share,
+                           own_ms=own, own_share=own_share)
                 rows.append(row)
                 print(f"{m:12s} {kind:6s} {b:5d} {row['wall']:6.2f}x {row['cpu']:6.2f}x {row['off_ms']:15.2f} "
                       f"{row['rk_ms']:9.2f} {diff:12.2g} {row['rss_off']:7.0f}/{row['rss_rk']:<7.0f} "
-                      f"{outside:8.2f} ms ({share:4.0%})", flush=True)
+                      f"{outside:8.2f} ms ({share:4.0%}) {own:8.2f} ms ({own_share:4.0%})", flush=True)
         off.close()
         rk.close()
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
