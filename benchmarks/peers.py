@@ -233,7 +233,7 @@ def main() -> int:
                 req = {"paths": paths, "prompt": PROMPT, "batch": b}
                 off.ask(**{**req, "paths": paths[:b]})  # warm both sides on this batch size
                 rk.ask(**{**req, "paths": paths[:b]})
-                wr, cr, o_last, r_last, err = [], [], None, None, None
+                wr, cr, o_last, r_last, err, ow, rw = [], [], None, None, None, [], []
                 for _ in range(rounds):
                     o, r = off.ask(**req), rk.ask(**req)
                     if "error" in o or "error" in r:
@@ -241,6 +241,8 @@ def main() -> int:
                         break
                     wr.append(o["wall"] / r["wall"])
                     cr.append(o["cpu"] / r["cpu"])
+                    ow.append(o["wall"])
+                    rw.append(r["wall"])
                     o_last, r_last = o, r
                 if err:
                     print(f"{m:12s} {kind:6s} {b:5d}  error: {err}", flush=True)
@@ -252,7 +254,7 @@ def main() -> int:
                 outside, share = (fw - ff) / prof["calls"] * 1e3, (fw - ff) / ff
                 own, own_share = (pw - pf) / prof["calls"] * 1e3, (pw - pf) / pf
                 row = dict(model=m, sizes=kind, batch=b, wall=statistics.median(wr), cpu=statistics.median(cr),
-                           off_ms=o_last["wall"] / n_img * 1e3, rk_ms=r_last["wall"] / n_img * 1e3, diff=diff,
+                           off_ms=statistics.median(ow) / n_img * 1e3, rk_ms=statistics.median(rw) / n_img * 1e3, diff=diff,
                            rss_off=o_last["rss_mib"], rss_rk=r_last["rss_mib"], outside_ms=outside, share=share,
                            own_ms=own, own_share=own_share)
                 rows.append(row)
