@@ -9,7 +9,6 @@ call: ``hpsv2_pixels``, ``openai_clip_pixels``) and a torch one on float ``[B, 3
 
 from __future__ import annotations
 
-import functools
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -196,28 +195,16 @@ def openai_clip_pixels(images: Sequence[Any], size: int = 224, mean: Sequence[fl
     """
     from PIL import Image
 
-    from .pil_pixels import _table_lookup
-
-    if not images:
-        return torch.zeros(0, 3, size, size)
-    arrays = []
+    out = []
     for im in images:
         w, h = im.size
         nh, nw = openai_clip_resize_shape(h, w, size)
         if (nw, nh) != (w, h):
             im = im.resize((nw, nh), Image.BICUBIC)
         top, left = int(round((nh - size) / 2.0)), int(round((nw - size) / 2.0))
-        arrays.append(np.asarray(im.crop((left, top, left + size, top + size)).convert("RGB"), dtype=np.uint8))
-    # ToTensor then mean / std, per 8-bit value: one 256-entry table per channel, all images in one look-up
-    # (the same float32 operations as _normalize(to_unit_tensor(im)), so the same bits; tests/models/test_pil_pixels.py)
-    return _table_lookup(arrays, _unit_normalize_table(tuple(mean), tuple(std))).contiguous()
-
-
-@functools.lru_cache(maxsize=8)
-def _unit_normalize_table(mean: tuple, std: tuple) -> torch.Tensor:
-    """``[3, 256]`` float32: ``_normalize(to_unit_tensor(.))`` of each 8-bit value of each channel."""
-    v = torch.arange(256, dtype=torch.float32).div_(255.0)
-    return _normalize(v.expand(3, 256).reshape(3, 256, 1), mean, std).reshape(3, 256)
+        im = im.crop((left, top, left + size, top + size))
+        out.append(_normalize(to_unit_tensor(im), mean, std))
+    return torch.stack(out) if out else torch.zeros(0, 3, size, size)
 
 
 def openai_clip_resize_shape(h: int, w: int, size: int = 224) -> tuple[int, int]:

@@ -80,31 +80,3 @@ def test_clip_backbone_uses_the_batched_pixels_after_checking_them(tiny_clip_dir
     assert reward.backbone._fast_pixels is True
     assert torch.equal(reward(ims, "a cat").scores, first)  # the batched path: the same scores, bit for bit
 
-
-def test_openai_clip_pixels_table_equals_totensor_then_normalize():
-    """ImageReward's / the aesthetic predictor's pixels through the 256-entry table (issue 41) are bit for bit
-    the per-image ``ToTensor`` (``/ 255`` in float32) then ``Normalize`` (``(x - mean) / std``) they replace,
-    for every 8-bit value of every channel and at odd sizes (vector tails)."""
-    from PIL import Image
-
-    from rewardkit.models.zoo import CLIP_MEAN, CLIP_STD, _normalize, openai_clip_pixels, to_unit_tensor
-
-    rng = np.random.default_rng(0)
-    every = np.zeros((16, 16, 3), dtype=np.uint8)
-    every[..., 0] = np.arange(256).reshape(16, 16)
-    every[..., 1] = every[..., 0].T
-    every[..., 2] = 255 - every[..., 0]
-    ims = [Image.fromarray(every).resize((224, 224), Image.NEAREST)]
-    ims += [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in [(61, 97), (300, 301), (224, 250)]]
-    ims.append(ims[1].convert("L"))
-    for size in (224, 33):
-        got = openai_clip_pixels(ims, size)
-        for i, im in enumerate(ims):
-            w, h = im.size  # the old per-image path: resize and crop as openai_clip_pixels, then ToTensor + Normalize
-            nh, nw = (int(size * h / w), size) if w <= h else (size, int(size * w / h))
-            if (nw, nh) != (w, h):
-                im = im.resize((nw, nh), Image.BICUBIC)
-            top, left = int(round((nh - size) / 2.0)), int(round((nw - size) / 2.0))
-            want = _normalize(to_unit_tensor(im.crop((left, top, left + size, top + size))), CLIP_MEAN, CLIP_STD)
-            assert got[i].is_contiguous() and torch.equal(got[i], want), (size, i)
-    assert openai_clip_pixels([], 224).shape == (0, 3, 224, 224)
