@@ -357,6 +357,33 @@ class PreferenceModel(nn.Module):
             return y[:, 0], y[:, 1]
         return y[:, 0], None
 
+    def forward_grouped(self, **inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`forward` on an encoded batch, run on CPU as one forward per distinct sequence length (no
+        padding within a forward; :func:`~rewardkit.models.preference_inputs.split_by_length`), the results put
+        back in order. A batch of one length, or on another device, is one forward as before. Each group's
+        scores are the ones that group gets scored alone (equal to one by one within the batched bound)."""
+        cfg = _base(self.vlm).config
+        merge = getattr(getattr(cfg, "vision_config", None), "spatial_merge_size", None)
+        ids = inputs.get("input_ids")
+        groups = None
+        if ids is not None and ids.device.type == "cpu" and merge and getattr(cfg, "image_token_id", None) is not None:
+            from .preference_inputs import split_by_length
+
+            groups = split_by_length(inputs, int(cfg.image_token_id), int(merge))
+        if groups is None:
+            return self(**inputs)
+        n = ids.shape[0]
+        r_all = l_all = None
+        for idx, sub in groups:
+            r, l = self(**sub)
+            if r_all is None:
+                r_all = r.new_empty(n)
+                l_all = None if l is None else l.new_empty(n)
+            r_all = r_all.index_copy(0, idx, r)  # out of place: keeps autograd through every group
+            if l is not None:
+                l_all = l_all.index_copy(0, idx, l)
+        return r_all, l_all
+
     @torch.inference_mode()
     def score(self, images: Sequence[Any], prompts: Sequence[str], sources: Sequence[Sequence[Any]] | None = None,
               *, batch_size: int = 16) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -366,7 +393,7 @@ class PreferenceModel(nn.Module):
         for s in range(0, len(images), batch_size):
             enc = self.encode(images[s:s + batch_size], prompts[s:s + batch_size],
                               None if sources is None else sources[s:s + batch_size])
-            r, l = self(**{k: v.to(dev) for k, v in enc.items()})
+            r, l = self.forward_grouped(**{k: v.to(dev) for k, v in enc.items()})
             rs.append(r.float().cpu())
             if l is not None:
                 ls.append(l.float().cpu())

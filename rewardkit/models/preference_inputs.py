@@ -218,3 +218,59 @@ class InputEncoder:
         if text is None:
             return None
         return {**text, "pixel_values": pixel_values, "image_grid_thw": grid}
+
+
+# ---------------------------------------------------------------------------------------------- length groups
+#: the encoded keys :func:`split_by_length` knows how to split (anything else: no split)
+_SPLITTABLE = {"input_ids", "attention_mask", "mm_token_type_ids", "pixel_values", "image_grid_thw"}
+
+
+def split_by_length(enc: dict[str, torch.Tensor], image_token_id: int,
+                    merge: int) -> list[tuple[torch.Tensor, dict[str, torch.Tensor]]] | None:
+    """A padded batch of encoded samples -> ``[(sample indices, inputs)]``, one entry per distinct sequence
+    length, each without padding: the inputs each group would get encoded alone (its samples' rows, the padding
+    columns dropped, their images' ``pixel_values`` rows and ``image_grid_thw``). None when every sample has the
+    same length (nothing to gain) or the batch holds keys this does not know how to split.
+
+    Why (issue 41): a padded batch gives the language model an explicit attention mask, and PyTorch's CPU SDPA
+    with a mask is several times slower per sample than its causal kernel on unpadded rows, so a batch of mixed
+    image sizes (or prompts) cost more per image than one by one. Images of a sample are found by counting its
+    image tokens (``t * h * w / merge**2`` per image, in order)."""
+    mask = enc.get("attention_mask")
+    ids = enc.get("input_ids")
+    if mask is None or ids is None or ids.ndim != 2 or set(enc) - _SPLITTABLE:
+        return None
+    lengths = mask.sum(1)
+    if bool((lengths == lengths[0]).all()):
+        return None
+    img_rows = img_tokens = None
+    if "image_grid_thw" in enc:
+        grid = enc["image_grid_thw"]
+        img_rows = grid.prod(-1)
+        img_tokens = (img_rows // merge ** 2).tolist()
+        per_sample = (ids == image_token_id).sum(1).tolist()
+        owner, k = [], 0  # image -> sample
+        for i, n in enumerate(per_sample):
+            while n > 0:
+                if k >= len(img_tokens) or img_tokens[k] > n:
+                    return None  # the image tokens do not add up: leave the batch as it is
+                owner.append(i)
+                n -= img_tokens[k]
+                k += 1
+        if k != len(img_tokens) or int(img_rows.sum()) != enc["pixel_values"].shape[0]:
+            return None
+        owner_t = torch.tensor(owner)
+        row_start = torch.cumsum(img_rows, 0) - img_rows
+    out = []
+    for length in sorted(set(lengths.tolist())):
+        idx = torch.nonzero(lengths == length).flatten()
+        keep = mask[idx].bool().any(0)
+        sub = {k: enc[k][idx][:, keep] for k in ("input_ids", "attention_mask", "mm_token_type_ids") if k in enc}
+        if img_rows is not None:
+            imgs = torch.nonzero(torch.isin(owner_t, idx)).flatten()
+            rows = torch.cat([torch.arange(int(row_start[j]), int(row_start[j] + img_rows[j])) for j in imgs.tolist()]) \
+                if len(imgs) else torch.zeros(0, dtype=torch.long)
+            sub["pixel_values"] = enc["pixel_values"][rows]
+            sub["image_grid_thw"] = enc["image_grid_thw"][imgs]
+        out.append((idx, sub))
+    return out

@@ -101,7 +101,7 @@ class EditReward(Reward):
         outs = []
         for m in (self.following, self.quality):  # one forward pass per head, each with its own prompt
             enc = m.encode(batch.images, batch.prompts, batch.sources)
-            mu, log_sigma = m(**{k: v.to(self._device) for k, v in enc.items()})
+            mu, log_sigma = m.forward_grouped(**{k: v.to(self._device) for k, v in enc.items()})
             outs.append((mu.float().cpu(), log_sigma.float().cpu()))
         (mu_f, ls_f), (mu_q, ls_q) = outs
         return RewardOutput(scores=(mu_f + mu_q) / 2,

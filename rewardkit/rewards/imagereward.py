@@ -27,6 +27,9 @@ import torch
 
 from ..reward import Reward, RewardBatch, RewardConfig, RewardOutput
 
+#: prompts whose token rows are kept (then the cache starts over)
+TOKEN_ROWS_KEPT = 4096
+
 
 @dataclass
 class ImageRewardConfig(RewardConfig):
@@ -104,12 +107,27 @@ class ImageReward(Reward):
 
         return official_openai_clip_rgb(im, self.image_size)  # resize and crop as opened, then RGB
 
+    def _token_rows(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        """BERT ``input_ids`` / ``attention_mask`` ``[B, max_length]`` (padded to the window, as upstream), each
+        prompt's row tokenized once and kept (the same rows as one tokenizer call on the batch)."""
+        cache = self.__dict__.setdefault("_tok_rows", {})
+        missing = [p for p in dict.fromkeys(prompts) if p not in cache]
+        if missing and len(cache) + len(missing) > TOKEN_ROWS_KEPT:
+            cache.clear()
+            missing = list(dict.fromkeys(prompts))
+        if missing:
+            enc = self.tokenizer(missing, padding="max_length", truncation=True, max_length=self.max_length,
+                                 return_tensors="pt")
+            for i, p in enumerate(missing):
+                cache[p] = (enc["input_ids"][i], enc["attention_mask"][i])
+        rows = [cache[p] for p in prompts]
+        return {"input_ids": torch.stack([r[0] for r in rows]), "attention_mask": torch.stack([r[1] for r in rows])}
+
     def raw_scores(self, pixels: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         """Raw MLP outputs ``[B]`` (fp32) for preprocessed pixels ``[B, 3, S, S]`` and B prompts."""
         dev, dt = self._device, next(self.vision.parameters()).dtype
         img = self.vision(pixel_values=pixels.to(dev, dt)).last_hidden_state  # [B, 1 + N, Wv]
-        enc = self.tokenizer(list(prompts), padding="max_length", truncation=True, max_length=self.max_length,
-                             return_tensors="pt")
+        enc = self._token_rows(prompts)
         out = self.text(input_ids=enc["input_ids"].to(dev), attention_mask=enc["attention_mask"].to(dev),
                         encoder_hidden_states=img,
                         encoder_attention_mask=torch.ones(img.shape[:2], dtype=torch.long, device=dev),

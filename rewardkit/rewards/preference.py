@@ -107,7 +107,7 @@ class PreferenceReward(Reward):
         from ..models.preference import apply_calibration
 
         enc = self._encode(batch)
-        r, log_sigma = self.model(**{k: v.to(self._device) for k, v in enc.items()})
+        r, log_sigma = self.model.forward_grouped(**{k: v.to(self._device) for k, v in enc.items()})
         raw = r.float()
         if self.config.normalize == "none":
             scores = raw

@@ -33,15 +33,12 @@ CLIP = dict(embed_dim=768, image_resolution=224, vision_layers=2, vision_width=1
             context_length=77, vocab_size=49408, transformer_width=64, transformer_heads=1, transformer_layers=2)
 
 
-def official(inputs: str, out_dir: str) -> None:
+def _official_modules():
+    """(``clip``, the ``ImageReward.models.AestheticScore`` module)."""
+    import importlib
     import importlib.util
     import types
 
-    import torch
-
-    warnings.filterwarnings("ignore")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     # ImageReward/__init__.py imports its ReFL training script (accelerate, datasets, diffusers): skipped, as in
     # official_imagereward.py
     spec = importlib.util.find_spec("ImageReward")
@@ -49,8 +46,38 @@ def official(inputs: str, out_dir: str) -> None:
     pkg.__path__ = list(spec.submodule_search_locations)
     sys.modules["ImageReward"] = pkg
     import clip
+    return clip, importlib.import_module("ImageReward.models.AestheticScore")  # the module, not the class
+
+
+def load_scorer(out_dir: str):
+    """``f(image_paths, prompt) -> [score]``: ``AestheticScore.score(None, paths)`` on the files ``official``
+    wrote in OUT (for benchmarks/peers.py)."""
+    import torch
+
+    warnings.filterwarnings("ignore")
+    out = Path(out_dir).resolve()
+    clip, AS = _official_modules()
+    real_load = clip.load
+    AS.clip.load = lambda name, **kw: real_load(str(out / "openai-clip-tiny.pt"), **kw)
+    scorer = AS.AestheticScore(download_root=str(out), device="cpu")
+    scorer.mlp.load_state_dict(torch.load(out / "aesthetic.pth", weights_only=True))
+    scorer.eval()
+
+    def score(paths: list, prompt: str) -> list:
+        with torch.no_grad():
+            r = scorer.score(None, list(paths) if len(paths) > 1 else paths[0])
+        return [float(x) for x in r] if isinstance(r, list) else [float(r)]
+    return score
+
+
+def official(inputs: str, out_dir: str) -> None:
+    import torch
+
+    warnings.filterwarnings("ignore")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    clip, AS = _official_modules()
     from clip.simple_tokenizer import SimpleTokenizer
-    AS = importlib.import_module("ImageReward.models.AestheticScore")  # the module (the package exports the class)
 
     torch.manual_seed(0)
     model = clip.model.CLIP(**CLIP)

@@ -31,27 +31,52 @@ TINY = {"embed_dim": 32,
 NAME = "parity-tiny-ViT"
 
 
+def _create(out: Path):
+    """The tiny model through ``initialize_model()``'s call (its keyword arguments, model name and pretrained tag
+    aside): (model, preprocess_val)."""
+    from hpsv2.src.open_clip import add_model_config, create_model_and_transforms
+
+    cfg_path = out / f"{NAME}.json"
+    cfg_path.write_text(json.dumps(TINY))
+    add_model_config(cfg_path)
+    model, _, preprocess_val = create_model_and_transforms(
+        NAME, None, precision="amp", device="cpu", jit=False, force_quick_gelu=False, force_custom_text=False,
+        force_patch_dropout=False, force_image_size=None, pretrained_image=False, image_mean=None, image_std=None,
+        light_augmentation=True, aug_cfg={}, output_dict=True, with_score_predictor=False,
+        with_region_predictor=False)
+    return model, preprocess_val
+
+
+def load_scorer(out_dir: str):
+    """``f(image_paths, prompt) -> [score]``: the official call on the checkpoint ``main`` wrote in OUT (for
+    benchmarks/peers.py). ``img_score.score`` reloads the checkpoint on every call, as it does for users."""
+    import torch
+    from hpsv2 import img_score
+
+    warnings.filterwarnings("ignore")
+    out = Path(out_dir)
+    model, preprocess_val = _create(out)
+    img_score.model_dict["model"] = model
+    img_score.model_dict["preprocess_val"] = preprocess_val
+    ckpt = str(out / "HPS_v2.1_compressed.pt")
+
+    def score(paths: list, prompt: str) -> list:
+        with torch.no_grad():
+            return [float(x) for x in img_score.score(list(paths), prompt, cp=ckpt, hps_version="v2.1")]
+    return score
+
+
 def main(inputs: str, out_dir: str) -> None:
     import torch
 
     warnings.filterwarnings("ignore")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    cfg_path = out / f"{NAME}.json"
-    cfg_path.write_text(json.dumps(TINY))
-
     from hpsv2 import img_score
-    from hpsv2.src.open_clip import add_model_config, create_model_and_transforms
     from hpsv2.src.open_clip.tokenizer import _tokenizer
 
-    add_model_config(cfg_path)
     torch.manual_seed(0)
-    # the keyword arguments of hpsv2/img_score.py initialize_model(), model name and pretrained tag aside
-    model, _, preprocess_val = create_model_and_transforms(
-        NAME, None, precision="amp", device="cpu", jit=False, force_quick_gelu=False, force_custom_text=False,
-        force_patch_dropout=False, force_image_size=None, pretrained_image=False, image_mean=None, image_std=None,
-        light_augmentation=True, aug_cfg={}, output_dict=True, with_score_predictor=False,
-        with_region_predictor=False)
+    model, preprocess_val = _create(out)
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, p in model.named_parameters():

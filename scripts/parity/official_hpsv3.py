@@ -92,6 +92,23 @@ def write_base(base: Path) -> None:
     Qwen2VLForConditionalGeneration(cfg).save_pretrained(base, safe_serialization=True)
 
 
+def load_scorer(out_dir: str):
+    """``f(image_paths, prompt) -> [score]``: ``HPSv3RewardInferencer(...).reward(paths, prompts)`` (one batch, the
+    mean ``mu``) on the files ``main`` wrote in OUT (for benchmarks/peers.py)."""
+    import torch
+    from hpsv3 import HPSv3RewardInferencer
+
+    warnings.filterwarnings("ignore")
+    out = Path(out_dir).resolve()
+    inferencer = HPSv3RewardInferencer(config_path=str(out / "HPSv3_tiny.yaml"),
+                                       checkpoint_path=str(out / "HPSv3.safetensors"), device="cpu")
+
+    def score(paths: list, prompt: str) -> list:
+        with torch.no_grad():
+            return [float(x) for x in inferencer.reward(list(paths), [prompt] * len(paths))[:, 0].tolist()]
+    return score
+
+
 def main(inputs: str, out_dir: str) -> None:
     import safetensors.torch
     import torch

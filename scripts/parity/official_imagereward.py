@@ -58,13 +58,10 @@ def _import_without_refl() -> None:
     sys.modules["ImageReward"] = pkg
 
 
-def official(inputs: str, out_dir: str) -> None:
-    import torch
-
-    warnings.filterwarnings("ignore")
-    out = Path(out_dir).resolve()
-    inputs = str(Path(inputs).resolve())
-    os.chdir(out)  # BertTokenizer.from_pretrained('bert-base-uncased') -> ./bert-base-uncased
+def _official_classes(out: Path):
+    """(``ImageReward.utils``, ``ImageReward.ImageReward.ImageReward``) with the small ViT in place of ViT-L; the
+    working directory becomes OUT (BertTokenizer.from_pretrained('bert-base-uncased') -> ./bert-base-uncased)."""
+    os.chdir(out)
     _import_without_refl()
     from ImageReward import utils as RM  # ImageReward/__init__.py does `from .utils import *`: RM.load is utils.load
     from ImageReward.ImageReward import ImageReward
@@ -79,6 +76,34 @@ def official(inputs: str, out_dir: str) -> None:
                                  drop_path_rate=0.1 or drop_path_rate), VIT["embed_dim"]
 
     blip_pretrain.create_vit = small_vit
+    return RM, ImageReward
+
+
+def load_scorer(out_dir: str):
+    """``f(image_paths, prompt) -> [score]``: ``ImageReward.load(...).score(prompt, paths)`` on the checkpoint
+    ``official`` wrote in OUT (for benchmarks/peers.py)."""
+    import torch
+
+    warnings.filterwarnings("ignore")
+    out = Path(out_dir).resolve()
+    RM, _ = _official_classes(out)
+    model = RM.load(str(out / "ImageReward.pt"), device="cpu", med_config=str(out / "med_config.json"))
+
+    def score(paths: list, prompt: str) -> list:
+        paths = [str(Path(p).resolve()) for p in paths]
+        with torch.no_grad():
+            r = model.score(prompt, paths if len(paths) > 1 else paths[0])
+        return [float(x) for x in r] if isinstance(r, list) else [float(r)]
+    return score
+
+
+def official(inputs: str, out_dir: str) -> None:
+    import torch
+
+    warnings.filterwarnings("ignore")
+    out = Path(out_dir).resolve()
+    inputs = str(Path(inputs).resolve())
+    RM, ImageReward = _official_classes(out)
     vocab = len((out / "bert-base-uncased" / "vocab.txt").read_text().splitlines()) + 2  # + [DEC], [ENC]
     med = {"architectures": ["BertModel"], "attention_probs_dropout_prob": 0.1, "hidden_act": "gelu",
            "hidden_dropout_prob": 0.1, "hidden_size": 768, "initializer_range": 0.02, "intermediate_size": 128,

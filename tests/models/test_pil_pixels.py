@@ -79,3 +79,4 @@ def test_clip_backbone_uses_the_batched_pixels_after_checking_them(tiny_clip_dir
     first = reward(ims, "a cat").scores  # checked against the processor: its output is used
     assert reward.backbone._fast_pixels is True
     assert torch.equal(reward(ims, "a cat").scores, first)  # the batched path: the same scores, bit for bit
+

@@ -112,14 +112,21 @@ def _own_forward_scores(model, rgb_images, prompts):
     from rewardkit.models import rope
 
     texts = [model.template.render(model.processor, p, 0) for p in prompts]
-    ref = dict(model.processor(text=texts, images=rgb_images, padding=True, return_tensors="pt"))
+    lengths = model.processor(text=texts, images=rgb_images, padding=True, return_tensors="pt")["attention_mask"].sum(1)
     model.vision_layout, patch_embed = False, model.patch_embed
     model.patch_embed = "conv"
     saved_fn = rope.batch_position_ids
     rope.batch_position_ids = lambda *a, **k: None
     try:
-        with torch.no_grad():
-            return model(**ref)[0]
+        # one forward per sequence length (unpadded rows), as a batch runs on CPU since issue 41
+        out = torch.empty(len(texts))
+        for n in set(lengths.tolist()):
+            idx = [i for i in range(len(texts)) if lengths[i] == n]
+            ref = dict(model.processor(text=[texts[i] for i in idx], images=[rgb_images[i] for i in idx],
+                                       padding=True, return_tensors="pt"))
+            with torch.no_grad():
+                out[idx] = model(**ref)[0]
+        return out
     finally:
         rope.batch_position_ids = saved_fn
         model.vision_layout, model.patch_embed = True, patch_embed
@@ -452,3 +459,50 @@ def test_sliding_window_backbone_keeps_its_window(tiny_qwen2_5_vl_dir, tmp_path)
     s = torch.cat([m.score([im], [p])[0] for im, p in zip(imgs, PROMPTS[:3])])
     torch.testing.assert_close(b, s, atol=1e-5, rtol=0)
     assert (b - full.score(imgs, PROMPTS[:3])[0]).abs().min() > 1e-4
+
+
+def test_split_by_length_gives_each_group_its_own_encoding(model, images):
+    """Issue 41: a padded batch is split into one group per sequence length, each exactly what encoding its
+    samples alone gives (rows, padding columns dropped, their images' pixel rows and grids), sources included."""
+    from rewardkit.models.preference import _base
+    from rewardkit.models.preference_inputs import split_by_length
+
+    cfg = _base(model.vlm).config
+    srcs = [[], [images[4]], [], [images[3], images[0]], [], []]  # t2i, edit, multi-reference in one batch
+    prompts = ["a cat", "a cat", "a red car on a long road", "x", "a cat", "a bowl"]
+    enc = model.encode(images, prompts, srcs)
+    groups = split_by_length(enc, int(cfg.image_token_id), int(cfg.vision_config.spatial_merge_size))
+    assert groups is not None and len(groups) > 1
+    seen = torch.cat([idx for idx, _ in groups]).sort().values
+    assert torch.equal(seen, torch.arange(6))
+    for idx, sub in groups:
+        i = idx.tolist()
+        alone = model.encode([images[j] for j in i], [prompts[j] for j in i], [srcs[j] for j in i])
+        assert set(sub) == set(alone) and all(torch.equal(sub[k], alone[k]) for k in alone), i
+        assert bool(sub["attention_mask"].all())
+    same = model.encode([images[0]] * 3, ["a cat"] * 3)  # one length: nothing to split
+    assert split_by_length(same, int(cfg.image_token_id), int(cfg.vision_config.spatial_merge_size)) is None
+
+
+def test_grouped_forward_scores_mixed_sizes_as_one_by_one(model, images):
+    """The batched call on mixed image sizes and prompts runs one forward per length: each score equals its
+    sample scored alone (exactly for a sample alone in its group), in the caller's order, with log-sigma."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1)
+        unc = PreferenceModel.from_backbone("tiny:qwen2_5_vl", head="uncertainty").eval()
+    for m in (model, unc):
+        batched, ls = m.score(images, PROMPTS, batch_size=6)
+        alone = [m.score([im], [p]) for im, p in zip(images, PROMPTS)]
+        single = torch.cat([a[0] for a in alone])
+        assert torch.allclose(batched, single, atol=1e-6, rtol=0), (batched - single).abs().max()
+        enc = m.encode(images, PROMPTS)
+        padded, _ = m(**enc)  # the former single padded forward: the same scores within the batched bound
+        assert torch.allclose(batched, padded, atol=1e-5)
+        if ls is not None:
+            assert torch.allclose(ls, torch.cat([a[1] for a in alone]), atol=1e-6, rtol=0)
+    lengths = model.encode(images, PROMPTS)["attention_mask"].sum(1)
+    lone = [i for i in range(6) if int((lengths == lengths[i]).sum()) == 1]
+    assert lone, "the fixture should give some sample a length of its own"
+    batched, _ = model.score(images, PROMPTS, batch_size=6)
+    for i in lone:
+        assert torch.equal(batched[i], model.score([images[i]], [PROMPTS[i]])[0][0]), i

@@ -543,3 +543,40 @@ def test_hpsv2_cleans_prompts_as_its_official_tokenizer(hps):
         txt = nn.functional.normalize(ref.encode_text(ids, tok.eos_token_id), dim=-1)
     got = HPSv2(model=str(out), device="cpu")(ims, raw)
     torch.testing.assert_close(got.scores, (img * txt).sum(-1), atol=1e-5, rtol=1e-4)
+
+
+def test_token_rows_are_cached_and_equal_a_fresh_tokenizer_call(hps, tmp_path, monkeypatch):
+    """Issue 41: HPSv2's (CLIP backbone's) and ImageReward's token rows, kept per text, are the rows one
+    tokenizer call on the batch gives (cleaning included), on a first call and a repeated one, in any order and
+    with repeats; an over-long prompt still counts as truncated; a caller changing the returned tensors does
+    not change the next call's."""
+    from rewardkit.models.clip import openclip_clean
+    from rewardkit.rewards.hpsv2 import HPSv2
+    from rewardkit.rewards.imagereward import ImageReward
+
+    _, out, _ = hps
+    bb = HPSv2(model=str(out), device="cpu").backbone
+    long = " ".join(["a quiet village by the sea"] * 30)
+    for texts in (["fish &amp;amp; chips", "a cat", long], ["a cat", "a cat"], ["a cat", "fish &amp;amp; chips", long]):
+        for _ in range(2):
+            ids, mask, truncated = bb.tokenize(texts)
+            tok = bb.processor.tokenizer
+            want = tok([openclip_clean(t) for t in texts], padding=True, truncation=True, max_length=bb.max_length,
+                       return_tensors="pt")
+            assert torch.equal(ids, want["input_ids"]) and torch.equal(mask, want["attention_mask"])
+            assert truncated == (long in texts)
+            ids.zero_()  # the caller's copy
+    ir = ImageReward.tiny(str(tmp_path))
+    prompts = ["a dog", long, "a dog", "", "CAFÉ au lait"]
+    for _ in range(2):
+        got = ir._token_rows(prompts)
+        want = ir.tokenizer(prompts, padding="max_length", truncation=True, max_length=ir.max_length,
+                            return_tensors="pt")
+        assert torch.equal(got["input_ids"], want["input_ids"]) and torch.equal(got["attention_mask"],
+                                                                                 want["attention_mask"])
+        got["input_ids"].zero_()
+    monkeypatch.setattr("rewardkit.rewards.imagereward.TOKEN_ROWS_KEPT", 5)  # the cache starts over mid-call
+    more = ["a new one", "a dog", "another", long]
+    got = ir._token_rows(more)
+    want = ir.tokenizer(more, padding="max_length", truncation=True, max_length=ir.max_length, return_tensors="pt")
+    assert torch.equal(got["input_ids"], want["input_ids"])
