@@ -46,6 +46,8 @@ MODULES=(
   "exploration|rewardkit/rl/exploration.py|*|tests/rl/test_exploration.py tests/rl/test_math.py"
   "server|rewardkit/serve/server.py rewardkit/serve/batch.py|*|tests/serve/test_server.py"
   "parrot_format|rewardkit/parrot/format.py|*|tests/parrot/test_pipeline.py tests/rewards/test_rational.py"
+  "expr|rewardkit/datasets/expr.py|*|tests/datasets/test_filter.py"
+  "secrets|rewardkit/serve/secrets.py|*|tests/serve/test_secrets.py"
 )
 
 want=("$@")
