@@ -46,6 +46,8 @@ MODULES=(
   "exploration|rewardkit/rl/exploration.py|*|tests/rl/test_exploration.py tests/rl/test_math.py"
   "server|rewardkit/serve/server.py rewardkit/serve/batch.py|*|tests/serve/test_server.py"
   "parrot_format|rewardkit/parrot/format.py|*|tests/parrot/test_pipeline.py tests/rewards/test_rational.py"
+  "expr|rewardkit/datasets/expr.py|*|tests/datasets/test_filter.py"
+  "secrets|rewardkit/serve/secrets.py|*|tests/serve/test_secrets.py"
 )
 
 want=("$@")
@@ -64,6 +66,12 @@ for entry in "${MODULES[@]}"; do
   # the scratch tests/ keeps the suite's layout: the root conftest, tests/helpers, and each listed file at its path
   # with its folder's __init__.py and conftest.py
   cp "$ROOT/tests/__init__.py" "$ROOT/tests/conftest.py" "$dir/tests/"
+  if [ "$name" = expr ]; then
+    # mutmut calls every function of the mutated file through a trampoline (extra frames per call): the recursive
+    # descent parser then hit Python's recursion limit (1000) before its own 64-level nesting refusal. Doubled
+    # in the scratch copy only; a 3000-operator chain still overflows it, as the test of that refusal needs
+    printf '\nimport sys as _sys\n\n_sys.setrecursionlimit(2000)  # scripts/mutation.sh: trampolines\n' >>"$dir/tests/conftest.py"
+  fi
   cp -r "$ROOT/tests/helpers" "$dir/tests/helpers"
   for t in $tests; do
     [ -f "$ROOT/$t" ] || continue

@@ -172,6 +172,36 @@ def test_expressions_parse_without_eval():
             parse_expression(bad).evaluate(cols)
 
 
+def test_expression_constants_keywords_and_messages():
+    """What the first mutation run of datasets/expr left (issue 39 item 5), expected values by hand: a constant
+    condition covers every row (or the rows in play; none without columns), before: ``len(None)`` without
+    ``rows``; ``true`` consumes one token (``true and ...`` parses); only ``or`` continues an ``or`` chain and only
+    ``(`` opens a group (``score > 1 not score > 2`` and ``score > * 3`` are refused where they stop making sense);
+    each refusal names what was expected, and where."""
+    import re
+
+    from rewardkit.commands import UsageError
+    from rewardkit.datasets import parse_expression
+
+    assert parse_expression("true").evaluate({"score": np.zeros(3)}).tolist() == [True, True, True]
+    assert parse_expression("1 > 2").evaluate({"score": np.zeros(2)}, rows=np.array([0])).tolist() == [False]
+    assert parse_expression("true").evaluate({}).tolist() == []
+    cols = {"score": np.array([1.0, 3.0]), "valid": np.array([True, True])}
+    assert parse_expression("valid == true and score > 2").evaluate(cols).tolist() == [False, True]
+    refusals = {
+        "score > * 3": "expected a number, a column or '(' at '*' (character 8)",
+        "(score > 1": "expected ')' at the end",
+        "score > 1 not score > 2": "expected an operator, 'and' or 'or' at 'not' (character 10)",
+        "score > 1 2": "expected an operator, 'and' or 'or' at 2.0 (character 10)",
+    }
+    for text, why in refusals.items():
+        with pytest.raises(UsageError, match=re.escape(f"expression {text!r}: {why}") + "$"):
+            parse_expression(text)
+    with pytest.raises(UsageError, match=re.escape("expression 'p > 3': cannot compare str 'a' > float 3.0 "
+                                                   "(text is ordered only against text)") + "$"):
+        parse_expression("p > 3").evaluate({"p": np.array(["a"], dtype=object)})
+
+
 # ----------------------------------------------------------------------------- issue 36 item 6, issue 39 item 4
 def test_chained_comparisons_keep_both_bounds():
     """Bug it catches: a chain ``a < x <= b`` reduced to its last comparison (``x <= b``) or its first. The

@@ -22,6 +22,8 @@ class FakeServer:
         self.poison: str | None = None  # requests holding this string (an image's data URL) get HTTP 400
         self.script: list[str] = []
         self.count = 0
+        self.huge_sent = 0                   # bytes of the last huge body written before the client hung up
+        self.huge_done = threading.Event()   # set when the last huge body's handler stopped writing
         self.lock = threading.Lock()
         server = self
 
@@ -77,13 +79,19 @@ class FakeServer:
                         time.sleep(0.5)
                     return
                 if mode in ("huge", "huge_nolength"):
-                    self.send_response(200)
-                    chunk, total = b" " * (1 << 20), 64 << 20   # 64 MiB of whitespace (valid JSON padding)
-                    if mode == "huge":
-                        self.send_header("Content-Length", str(total))
-                    self.end_headers()
-                    for _ in range(total // len(chunk)):
-                        self.wfile.write(chunk)
+                    server.huge_sent = 0
+                    server.huge_done.clear()
+                    try:
+                        self.send_response(200)
+                        chunk, total = b" " * (1 << 20), 64 << 20   # 64 MiB of whitespace (valid JSON padding)
+                        if mode == "huge":
+                            self.send_header("Content-Length", str(total))
+                        self.end_headers()
+                        for _ in range(total // len(chunk)):
+                            self.wfile.write(chunk)
+                            server.huge_sent += len(chunk)
+                    finally:
+                        server.huge_done.set()
                     return
                 if server.poison and server.poison in json.dumps(body):
                     return self._json(400, {"error": "this request exceeds the maximum context length"})

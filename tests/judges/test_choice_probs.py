@@ -383,7 +383,7 @@ def misbehaving():
 
 @pytest.mark.parametrize("probability", ["full", "yes_no"])
 @pytest.mark.parametrize("case", sorted(VQA_CASES))
-def test_vqascore_through_the_misbehaving_server(misbehaving, case, probability):
+def test_vqascore_through_the_misbehaving_server(misbehaving, case, probability, monkeypatch):
     """Every case ends in the judge's own P(Yes) (0.1: the question holds "NOPE") or NaN + a reason, never a
     finite score the judge did not give; a failing request is NaN with on_error="nan" (judge policy "auto")."""
     import time
@@ -401,9 +401,12 @@ def test_vqascore_through_the_misbehaving_server(misbehaving, case, probability)
         misbehaving.script = list(mode)
     else:
         misbehaving.mode = mode
-    t = time.monotonic()
+    from rewardkit.judges import openai_backend
+
+    waits: list[float] = []   # the backoff waits, recorded (not slept): each bounded by the 0.01 s backoff
+    monkeypatch.setattr(openai_backend, "time", types.SimpleNamespace(monotonic=time.monotonic, sleep=waits.append))
     out = r(random_images(2, seed=6), "a NOPE cat", on_error="nan")
-    assert time.monotonic() - t < 15
+    assert all(0 <= w <= 0.01 for w in waits), waits
     must = must_full if probability == "full" else must_yn
     for i in range(2):
         if must is None:

@@ -42,6 +42,19 @@ def fresh(server):
     return server
 
 
+@pytest.fixture
+def sleeps(monkeypatch):
+    """The backend's retry waits, recorded instead of slept: what a test checks is the wait the backend asks for
+    (Retry-After honoured, capped, or ignored), not how long a loaded machine took."""
+    import types
+
+    from rewardkit.judges import openai_backend
+
+    asked: list[float] = []
+    monkeypatch.setattr(openai_backend, "time", types.SimpleNamespace(monotonic=time.monotonic, sleep=asked.append))
+    return asked
+
+
 def judge(server, **kw):
     opts = dict(model="fake", api_key="", timeout=1.0, max_retries=1, backoff=0.01, concurrency=4,
                 check_tokens=False, max_response_bytes=256 * 1024)
@@ -50,30 +63,31 @@ def judge(server, **kw):
 
 
 # ------------------------------------------------------------------------------- item 4: the backend
+# The drips send a byte every 0.5 s for DRIP_SECONDS (20 s); each socket read alone waits at most `timeout`
+# (1 s). Only the request's deadline (each read gets min(timeout, time left)) ends the call in a Timeout; without
+# it (before) every read stayed alive, the call lasted the whole drip and ended in the server's hang-up
+# (RemoteProtocolError), not a Timeout. A loaded machine can only make a read time out sooner, never later.
 def test_total_timeout_bounds_a_body_drip(fresh):
     fresh.mode = "drip"
-    t = time.monotonic()
-    with pytest.raises(JudgeServerError, match="Timeout"):
+    with pytest.raises(JudgeServerError, match=r"last error: Timeout \("):
         judge(fresh, timeout=1.0, max_retries=0).generate([[{"role": "user", "content": "q"}]])
-    assert time.monotonic() - t < 2.5   # before: one byte every 0.5 s kept every read alive for the whole drip
 
 
 def test_total_timeout_bounds_a_header_drip(fresh):
     fresh.mode = "header_drip"
-    t = time.monotonic()
-    with pytest.raises(JudgeServerError, match="Timeout"):
+    with pytest.raises(JudgeServerError, match=r"last error: Timeout \("):
         judge(fresh, timeout=1.0, max_retries=0).generate([[{"role": "user", "content": "q"}]])
-    assert time.monotonic() - t < 2.5
 
 
 @pytest.mark.parametrize("mode", ["huge", "huge_nolength"])
 def test_response_size_cap(fresh, mode):
     fresh.mode = mode
-    t = time.monotonic()
     j = judge(fresh, timeout=30.0, max_retries=3)
     with pytest.raises(JudgeServerError, match="max_response_bytes=262144"):
         j.generate([[{"role": "user", "content": "q"}]])
-    assert fresh.count == 1 and time.monotonic() - t < 5.0   # refused at once, not retried
+    assert fresh.count == 1   # refused at once, not retried
+    # and the client hung up: the server's write of its 64 MiB failed part-way (the wait is a hang guard only)
+    assert fresh.huge_done.wait(60) and fresh.huge_sent < 64 << 20
     with pytest.raises(ValueError, match="max_response_bytes"):
         judge(fresh, max_response_bytes=0)
 
@@ -85,11 +99,11 @@ def test_undecodable_body_is_a_judge_failure(fresh):
     assert fresh.count == 2   # retried once
 
 
-def test_unusable_retry_after_is_ignored(fresh):
+def test_unusable_retry_after_is_ignored(fresh, sleeps):
     fresh.script = ["retry_after_nan"]
-    t = time.monotonic()
     assert judge(fresh).generate([[{"role": "user", "content": "q"}]]) == [["Reason: looks right.\nScore: 4"]]
-    assert time.monotonic() - t < 5.0   # before: Retry-After "nan" / "inf" slept 60 s
+    # one wait, the backoff's (0.01 s x a jitter in [0.5, 1)); before: Retry-After "nan" / "inf" asked for 60 s
+    assert len(sleeps) == 1 and 0.005 <= sleeps[0] <= 0.01
 
 
 # ------------------------------------------------------------------------------- the rewards
@@ -150,15 +164,15 @@ CASES = {  # case -> (server mode or script, what a NaN's reason must mention)
 }
 
 
-# cases that wait out a real second (Retry-After: 1) or a drip's deadlines run for one kind in the inner loop
-# (-m "not slow") and for every kind in the whole suite
-WAITING_CASES = {"429_retry_after", "slow_drip"}
+# cases that wait out a drip's deadlines run for one kind in the inner loop (-m "not slow") and for every kind in
+# the whole suite (Retry-After: 1 is recorded by the `sleeps` fixture, not slept)
+WAITING_CASES = {"slow_drip"}
 
 
 @pytest.mark.parametrize("kind, case", [
     pytest.param(kind, case, marks=[pytest.mark.slow] if case in WAITING_CASES and kind != KINDS[0] else [])
     for kind in KINDS for case in sorted(CASES)])
-def test_reward_through_misbehaving_server(fresh, tmp_path, kind, case):
+def test_reward_through_misbehaving_server(fresh, sleeps, tmp_path, kind, case):
     mode, must_mention = CASES[case]
     # slow_drip: a 0.25 s deadline, below the drip's 0.5 s between bytes (the total deadline against a drip that
     # keeps every read alive is test_total_timeout_bounds_a_body_drip's); each stage waits 2 x the deadline
@@ -167,10 +181,9 @@ def test_reward_through_misbehaving_server(fresh, tmp_path, kind, case):
         fresh.script = list(mode)
     else:
         fresh.mode = mode
-    t = time.monotonic()
     out = run(kind, r)
-    elapsed = time.monotonic() - t
-    assert elapsed < 15   # every request bounded: timeout x (1 + max_retries) + backoff, a few judge calls
+    # every wait bounded: the backoff (<= 0.01 s here) or the server's Retry-After (1 s), never more
+    assert all(0 <= w <= 1.0 for w in sleeps), sleeps
     for i in range(2):
         s, ok, err = float(out.scores[i]), bool(out.valid[i]), out.errors[i]
         if ok:   # a finite score must be exactly what the judge's answers give
@@ -186,7 +199,7 @@ def test_reward_through_misbehaving_server(fresh, tmp_path, kind, case):
     else:
         assert not out.valid.any(), (kind, case, out.scores)
     if case == "429_retry_after":
-        assert elapsed >= 0.9          # Retry-After: 1 honoured
+        assert 1.0 in sleeps          # Retry-After: 1 honoured (recorded, not slept)
     if case == "off_scale" and kind == "evr":
         assert "Score: 7" in out.errors[0]    # the raw answer in the reason
     if case == "off_scale" and kind != "evr":
@@ -286,9 +299,7 @@ def test_version_probe_is_bounded_like_every_request(mode):
     try:
         j = OpenAIJudge(srv.url, model="fake", api_key="", timeout=1.0, max_retries=0, check_tokens=False,
                         max_response_bytes=256 * 1024)
-        t = time.monotonic()
-        assert j.is_vllm is False
-        assert time.monotonic() - t < 3.0
+        assert j.is_vllm is False   # (drip: without the deadline the 21 bytes, each read in time, gave a version)
         if mode != "drip":
             assert srv.sent < 16 * 1024 * 1024      # the client stopped reading (before: the whole 32 MiB)
         j.close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import io
 import math
-import time
 
 import pytest
 
@@ -88,12 +87,11 @@ def test_retries_exhausted_raise(server):
 
 
 def test_timeout_is_retried_then_raises(server):
-    server.default = "slow"
+    server.default = "slow"   # answers after 1 s: without the 0.2 s timeout the call succeeds (no clock needed)
     judge = judge_for(server, timeout=0.2, max_retries=1)
-    t = time.perf_counter()
-    with pytest.raises(JudgeServerError, match="Timeout"):
+    with pytest.raises(JudgeServerError, match="2 attempts.*Timeout"):
         judge.generate([conv([], "q")])
-    assert time.perf_counter() - t < 3.0
+    assert len(server.requests) == 2
 
 
 def test_garbage_and_missing_logprobs(server):

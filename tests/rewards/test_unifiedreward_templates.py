@@ -5,7 +5,6 @@ template through the conformance checks on a tiny real judge."""
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 import torch
@@ -483,14 +482,20 @@ def test_parse_edit_scores_adversarial_answers():
         assert vals is None and why, bad[:60]
 
 
-def test_parse_think_verdict_is_linear_in_the_answer_length():
+def test_parse_think_verdict_is_linear_in_the_answer_length(monkeypatch):
     """Bug: the lazy <answer>(.*?)</answer> search ran before the count of opening tags: 12 000 unclosed
-    '<answer>' took ~5 s (quadratic; 8 000: 2.4 s on this machine). The count now refuses them first."""
+    '<answer>' took ~5 s (quadratic; 8 000: 2.4 s on this machine). The count now refuses them first: checked
+    with a block search that fails the test if it runs on such an answer (not with a clock)."""
+    from rewardkit.rewards import unifiedreward
     from rewardkit.rewards.unifiedreward import parse_think_verdict
 
-    t0 = time.perf_counter()
-    v, why = parse_think_verdict("<think>" + "<answer>" * 12_000)
-    assert time.perf_counter() - t0 < 1.0
+    class NoSearch:
+        def findall(self, text):
+            raise AssertionError("the quadratic <answer> block search ran on an answer with many opening tags")
+
+    with monkeypatch.context() as m:
+        m.setattr(unifiedreward, "_ANSWER", NoSearch())
+        v, why = parse_think_verdict("<think>" + "<answer>" * 12_000)
     assert v is None and "12000 <answer> blocks" in why
     v, why = parse_think_verdict("<answer>" * 3 + "<answer>Image 1 is better</answer>")
     assert v is None and "4 <answer> blocks" in why

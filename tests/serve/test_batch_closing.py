@@ -122,8 +122,8 @@ def test_a_client_calling_in_a_loop_waits_only_on_its_first_call(server):
             times.append(dt)
     # the first request came on a new connection: its batch held open for late requests, the whole wait
     assert times[0] >= 0.9 * WAIT, times
-    # then the connection is known, and it is the only one: nobody known is still to come
-    assert max(times[1:]) < EARLY, times
+    # then the connection is known, and it is the only one: nobody known is still to come, so each later batch
+    # closed early (the server's own count, not a clock: a loaded machine cannot make it pass or fail)
     assert rec.calls == [1, 1, 1, 1]
     stats = httpx.get(url + "/info", timeout=10).json()["stats"]
     assert (stats["batches"], stats["batches_closed_early"]) == (4, 3), stats
@@ -166,8 +166,9 @@ def test_a_connection_that_only_checked_health_is_not_waited_for(server):
         a.score(ims[0], "a")                # A becomes known (this one waits: its connection was new)
         assert probe.get("/health") == 200  # an open keep-alive connection that never scored
         assert probe.get("/info") == 200
-        dt, _ = a.score(ims[0], "a")
-        assert dt < EARLY, dt
+        a.score(ims[0], "a")
+    stats = httpx.get(url + "/info", timeout=10).json()["stats"]
+    assert (stats["batches"], stats["batches_closed_early"]) == (2, 1), stats   # the second closed early
 
 
 @pytest.mark.slow  # waits out max_wait_ms several times

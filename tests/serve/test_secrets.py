@@ -158,3 +158,35 @@ def test_the_log_filter_keeps_a_formatter_s_arguments():
     assert RedactingFilter(red).filter(rec)
     assert rec.args == ("1.2.3.4", "GET", "/score?api_key=***") and rec.getMessage() == '1.2.3.4 - "GET /score?api_key=***"'
     assert json.dumps(rec.args)  # still plain values
+
+
+def test_colon_passwords_env_lengths_and_adjacent_secrets():
+    """Bugs mutation testing found room for (each expected string written by hand): the user information split
+    at its last ':' left the start of a password holding ':' (``bob:pa:***``) and learned only its tail;
+    environment values shorter than 8 characters ("true" under ``USE_AUTH_TOKEN``) redacted as secrets; two
+    secrets side by side counted as two runs (``******``: the count of stars tells how many secrets met)."""
+    red = Redactor([], env={})
+    assert red.text("https://bob:pa:ss@judge.example/v1") == "https://bob:***@judge.example/v1"
+    red.collect({"judge": "openai:https://bob:pa55:word@judge.example/v1"})
+    assert red.text("password pa55:word refused") == "password *** refused"
+    env = {"USE_AUTH_TOKEN": "true", "HF_TOKEN": "hf_abcde", "MY_TOKEN": "abcdefg", "HOME": "/home/someone-else"}
+    assert Redactor([], env=env).text("true hf_abcde abcdefg /home/someone-else") == \
+        "true *** abcdefg /home/someone-else"   # 8 characters (hf_abcde) is a secret, 7 (abcdefg) is not
+    red = Redactor(["abcd", "wxyz"], env={})
+    assert red.text("<abcdwxyz> <abcd wxyz>") == "<***> <*** ***>"
+
+
+def test_the_log_filter_flattens_what_it_cannot_redact_argument_by_argument():
+    """A secret split across a record's arguments (no argument holds it whole) and records without a format
+    tuple (an exception as the message, a mapping of arguments) still log only redacted text; before (as
+    mutants), the split secret went out through the kept arguments, and a record without a tuple raised."""
+    red = Redactor(["sk-secret-99"], env={})
+    split = logging.LogRecord("x", logging.INFO, __file__, 1, "key %s%s", ("sk-sec", "ret-99"), None)
+    assert RedactingFilter(red).filter(split)
+    assert split.getMessage() == "key ***" and split.args is None
+    exc = logging.LogRecord("x", logging.ERROR, __file__, 1, RuntimeError("refused sk-secret-99"), None, None)
+    assert RedactingFilter(red).filter(exc)
+    assert exc.getMessage() == "refused ***"
+    mapping = logging.LogRecord("x", logging.INFO, __file__, 1, "key %(k)s", ({"k": "sk-secret-99"},), None)
+    assert RedactingFilter(red).filter(mapping)
+    assert mapping.getMessage() == "key ***"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import types
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -350,22 +351,24 @@ def test_client_other_errors_raise_at_once_with_the_message(status):
         s.close()
 
 
-def test_client_retry_after_is_honoured_and_capped_and_retries_are_bounded():
+def test_client_retry_after_is_honoured_and_capped_and_retries_are_bounded(monkeypatch):
     pytest.importorskip("httpx")
     from rewardkit.serve.client import RemoteReward, RemoteRewardError
 
+    from rewardkit.serve import client
+
+    waits: list[float] = []   # the client's retry waits, recorded (not slept): the wait asked, not the clock
+    monkeypatch.setattr(client, "time", types.SimpleNamespace(monotonic=time.monotonic, sleep=waits.append))
     s = _ScriptedRewardServer([(503, {"Retry-After": "0.6"})])
     try:
-        t0 = time.monotonic()
         RemoteReward(url=s.url, max_retries=1)(random_images(1), "a")
-        assert time.monotonic() - t0 >= 0.55            # waited as told
+        assert waits == [0.6]                           # waited as told
     finally:
         s.close()
     s = _ScriptedRewardServer([(429, {"Retry-After": "30"})])
     try:
-        t0 = time.monotonic()
         RemoteReward(url=s.url, max_retries=1, max_backoff=0.2)(random_images(1), "a")
-        assert time.monotonic() - t0 < 5                # capped at max_backoff
+        assert waits == [0.6, 0.2]                      # capped at max_backoff
     finally:
         s.close()
     s = _ScriptedRewardServer([(503, {"Retry-After": "0"})] * 5)
