@@ -29,6 +29,13 @@ RemoteReward` retries connection errors, 429/502/503/504 and a 500 that is not r
 (``max_retries`` times, exponential backoff), and gets its scores from a live replica. Each answer belongs to
 its own HTTP exchange, so a retried request never receives another request's scores.
 
+**A body lost on Serve's own retry.** When a replica dies after it took a request's body from the proxy, Serve
+may hand the request to another replica with the body already gone (the proxy does not keep it), and that
+replica would wait for it until ``body_timeout`` (60 s) and answer 408, which no client retries. A replica
+therefore answers ``503`` with ``Retry-After: 0`` when no byte of a body it expects has arrived within
+``LOST_BODY_S`` seconds: the proxy holds a client's body before it routes the request, so only a lost body
+takes that long. The client sends the request again, and a live replica scores it.
+
 Ray is imported only when a function here runs (``pip install 'rewardkit-vision[ray]'``).
 """
 
@@ -41,6 +48,8 @@ from typing import Any
 __all__ = ["deployment", "app_builder", "serve_config", "DEFAULT_NAME"]
 
 DEFAULT_NAME = "rewardkit"
+#: seconds a replica waits for the first message of a request body before answering 503 (see above)
+LOST_BODY_S = 10.0
 
 
 def _options(num_replicas: int | None, min_replicas: int | None, max_replicas: int | None,
@@ -116,7 +125,7 @@ def _replica_class(max_batch: int, wait_s: float):
             self._rk_server.handle = self._handle
 
         def __serve_build_asgi_app__(self):
-            return self._rk_app
+            return _lost_body_guard(self._rk_app, LOST_BODY_S)
 
         async def _handle(self, job: Any, connection: Any = None) -> dict:
             server = self._rk_server
@@ -155,6 +164,52 @@ def _replica_class(max_batch: int, wait_s: float):
                     for j in jobs]
 
     return RewardReplica
+
+
+def _expects_body(scope: dict) -> bool:
+    """Whether an HTTP request announces a body (a positive Content-Length, or a chunked one)."""
+    if scope.get("type") != "http":
+        return False
+    headers = dict(scope.get("headers") or [])
+    length = headers.get(b"content-length")
+    if length is not None:
+        return length.strip() not in (b"", b"0")
+    return b"chunked" in headers.get(b"transfer-encoding", b"").lower()
+
+
+def _lost_body_guard(app: Any, seconds: float):
+    """``app`` with a deadline on the first body message of a request that has one: after ``seconds`` without
+    it, 503 + ``Retry-After: 0`` (a retryable answer) instead of waiting out the body timeout for a body that
+    Serve lost when it re-routed the request (module docstring)."""
+    import json
+
+    async def guarded(scope, receive, send):
+        if not _expects_body(scope):
+            return await app(scope, receive, send)
+        first = asyncio.ensure_future(receive())
+        done, _ = await asyncio.wait({first}, timeout=seconds)
+        if not done:
+            first.cancel()
+            body = json.dumps({"error": f"no byte of the request body reached this replica in {seconds:g} s (Ray "
+                                        "Serve loses a body when it re-routes a request after a replica dies); "
+                                        "sending it again is safe"}).encode()
+            await send({"type": "http.response.start", "status": 503,
+                        "headers": [(b"content-type", b"application/json"), (b"retry-after", b"0"),
+                                    (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+            return None
+        message, replayed = first.result(), False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return message
+            return await receive()
+
+        return await app(scope, replay, send)
+
+    return guarded
 
 
 def _groups(jobs: list, cfg: Any, mergeable: bool) -> list[list]:
