@@ -38,6 +38,7 @@ from ..compose.rubric import RubricCache, yes_no_conversation
 from ..judges.policy import (JUDGE_FAILURE_PREFIX, JudgePolicyMixin, call_rows, check_policy, describe_failure,
                              is_judge_failure, judge_policy, usable_rows)
 from ..reward import Reward, RewardBatch, RewardConfig, RewardOutput
+from ._judge_setup import judge_overrides
 
 __all__ = ["Detectors", "DetectorsConfig"]
 
@@ -81,9 +82,7 @@ class Detectors(JudgePolicyMixin, Reward):
     def __init__(self, config=None, /, *, judge: Any = None, **overrides: Any) -> None:
         from ..judges import load_template, resolve_judge
 
-        if isinstance(judge, str):
-            overrides["judge"] = judge
-        super().__init__(config, **overrides)
+        super().__init__(config, **judge_overrides(overrides, judge=judge))
         cfg = self.config
         if cfg.applicability not in ("prompt", "always"):
             raise ValueError(f"applicability must be 'prompt' or 'always', got {cfg.applicability!r}")

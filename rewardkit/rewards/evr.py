@@ -41,6 +41,7 @@ from ..judges.policy import (JUDGE_FAILURE_PREFIX, JudgePolicyMixin, call_rows, 
 from ..reward import PairwiseOutput, Reward, RewardBatch, RewardConfig, RewardOutput
 # the formula and the answer parser, pure functions, have their own module; importable from here as before
 from ._evr_formula import aggregate_dimensions, dimension_scores, normalise, parse_hypothesis
+from ._judge_setup import judge_from_config, judge_overrides
 
 __all__ = ["EVR", "EVRConfig", "dimension_scores", "aggregate_dimensions", "normalise", "parse_hypothesis",
            "DIMENSIONS"]
@@ -104,47 +105,26 @@ class EVR(JudgePolicyMixin, Reward):
     Config = EVRConfig
 
     def __init__(self, config=None, /, *, judge: Any = None, verifier_judge: Any = None, **overrides: Any) -> None:
-        from ..judges import JudgeBackend, load_judge, load_template
+        from ..judges import load_template
 
-        if isinstance(judge, str):
-            overrides["judge"] = judge
-        if isinstance(verifier_judge, str):
-            overrides["verifier_judge"] = verifier_judge
         if "dimensions" in overrides and isinstance(overrides["dimensions"], (list, str)):
             d = overrides["dimensions"]
             overrides["dimensions"] = tuple(d.split(",") if isinstance(d, str) else d)
-        super().__init__(config, **overrides)
+        super().__init__(config, **judge_overrides(overrides, judge=judge, verifier_judge=verifier_judge))
         cfg = self.config
         self._check_config()
-        if judge is not None and not isinstance(judge, str):
-            if not isinstance(judge, (JudgeBackend, tuple)):
-                raise TypeError(f"judge must be a JudgeBackend, a (model, processor) tuple or a spec string, got {type(judge).__name__}")
-            self.judge = load_judge(judge)
-        elif cfg.judge or cfg.model:
-            spec, kw = self._spec(cfg.judge or cfg.model)
-            self.judge = load_judge(spec, **kw)
-        else:
-            raise ValueError("EVR needs a judge: load_reward('evr', judge='transformers:<checkpoint>') "
-                             "(or 'vllm:<checkpoint>', 'openai:<url>' with judge_kwargs={'model': ...}, or a backend)")
-        if verifier_judge is not None and not isinstance(verifier_judge, str):
-            self.verifier_backend = load_judge(verifier_judge)
-        elif cfg.verifier_judge:
-            spec, kw = self._spec(cfg.verifier_judge)
-            self.verifier_backend = load_judge(spec, **kw)
-        else:
-            self.verifier_backend = self.judge
+        self.judge = judge_from_config(judge, cfg, owner=self.name, missing=(
+            "EVR needs a judge: load_reward('evr', judge='transformers:<checkpoint>') "
+            "(or 'vllm:<checkpoint>', 'openai:<url>' with judge_kwargs={'model': ...}, or a backend)"))
+        separate = (verifier_judge is not None and not isinstance(verifier_judge, str)) or cfg.verifier_judge
+        self.verifier_backend = (judge_from_config(verifier_judge, cfg, owner=self.name, spec=cfg.verifier_judge)
+                                 if separate else self.judge)
         self.template = load_template("evr", cfg.template)
         self.dims = tuple(_SHORT.get(d.lower(), d) for d in cfg.dimensions) if cfg.use_dimensions else ("overall",)
         self.dimensions = self.dims + ("raw",)
         if cfg.output == "raw":
             self.score_range = (0.0, 5.0)
         self.default_batch_size = cfg.batch_size
-
-    def _spec(self, spec: str) -> tuple[str, dict[str, Any]]:
-        """A judge spec with its backend prefix, and load_judge kwargs (judge_kwargs + device/dtype)."""
-        from ..judges import judge_spec
-
-        return judge_spec(spec, self.config.judge_kwargs, device=self.config.device, dtype=self.config.dtype)
 
     def _check_config(self) -> None:
         cfg = self.config

@@ -31,6 +31,7 @@ import torch
 from ..compose.rubric import QuestionTree, RubricCache, answer_trees, generate_trees, tree_score, unanswered
 from ..judges.policy import JudgePolicyMixin, check_policy, describe_failure, is_judge_failure, judge_policy
 from ..reward import Reward, RewardBatch, RewardConfig, RewardOutput
+from ._judge_setup import judge_overrides
 
 __all__ = ["Faithfulness", "RubricReward", "RubricConfig"]
 
@@ -72,9 +73,7 @@ class RubricReward(JudgePolicyMixin, Reward):
     def __init__(self, config=None, /, *, judge: Any = None, **overrides: Any) -> None:
         from ..judges import load_template, resolve_judge
 
-        if isinstance(judge, str):
-            overrides["judge"] = judge
-        super().__init__(config, **overrides)
+        super().__init__(config, **judge_overrides(overrides, judge=judge))
         cfg = self.config
         if cfg.scoring not in ("hard", "soft"):
             raise ValueError(f"scoring must be 'hard' or 'soft', got {cfg.scoring!r}")

@@ -22,16 +22,16 @@ which is lossless for PNG and the same ``smart_resize`` rule as the processor's)
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 
-from ..judges.policy import (JUDGE_FAILURE_PREFIX, JudgeError, JudgePolicyMixin, call_rows, check_policy,
-                             describe_failure, is_judge_failure, judge_policy)
+from ..judges.policy import (JUDGE_FAILURE_PREFIX, JudgeError, JudgePolicyMixin, call_rows, describe_failure,
+                             is_judge_failure, judge_policy)
 from ..reward import Reward, RewardBatch, RewardConfig, RewardOutput
+from ._judge_setup import judge_from_config, judge_overrides, scored_template
 
 __all__ = ["QwenVLAesthetic", "parse_score_tag"]
 
@@ -81,24 +81,11 @@ class QwenVLAesthetic(JudgePolicyMixin, Reward):
     Config = QwenVLConfig
 
     def __init__(self, config=None, /, *, judge: Any = None, **overrides: Any) -> None:
-        from ..judges import load_template
-        from .vqascore import judge_from_config
-
-        if isinstance(judge, str):
-            overrides["judge"] = judge
-        super().__init__(config, **overrides)
+        super().__init__(config, **judge_overrides(overrides, judge=judge))
         cfg = self.config
-        check_policy(cfg.on_judge_error, self.name)
-        t = self.template = load_template("qwenvl", cfg.template)
-        self.max_new_tokens = int(cfg.max_new_tokens if cfg.max_new_tokens is not None
-                                  else t.get("max_new_tokens", 2048))
-        if cfg.batch_size < 1 or self.max_new_tokens < 1:
-            raise ValueError("batch_size and max_new_tokens must be >= 1")
-        self.score_range = (float(t["score_min"]), float(t["score_max"]))
-        lo, hi = self.score_range
-        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
-            raise ValueError(f"template {t.id}: score_min < score_max required, got {lo}, {hi}")
-        self.text = t.render("pointwise")
+        self.template, self.max_new_tokens, self.score_range = scored_template(
+            cfg, "qwenvl", owner=self.name, default_max_new_tokens=2048)
+        self.text = self.template.render("pointwise")
         self.judge = judge_from_config(judge, cfg, owner=self.name)
         self.default_batch_size = cfg.batch_size
 

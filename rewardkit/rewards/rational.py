@@ -31,6 +31,7 @@ from ..judges.base import check_temperature
 from ..judges.policy import (JUDGE_FAILURE_PREFIX, JudgeError, JudgePolicyMixin, call_rows, check_policy,
                              describe_failure, is_judge_failure, judge_policy)
 from ..reward import PairwiseOutput, Reward, RewardBatch, RewardConfig, RewardOutput
+from ._judge_setup import judge_from_config, judge_overrides
 
 __all__ = ["RationalReward", "RationalConfig"]
 
@@ -69,11 +70,9 @@ class RationalReward(JudgePolicyMixin, Reward):
     Config = RationalConfig
 
     def __init__(self, config=None, /, *, judge: Any = None, **overrides: Any) -> None:
-        from ..judges import JudgeBackend, load_judge, load_template
+        from ..judges import load_template
 
-        if isinstance(judge, str):
-            overrides["judge"] = judge
-        super().__init__(config, **overrides)
+        super().__init__(config, **judge_overrides(overrides, judge=judge))
         cfg = self.config
         if cfg.compare_mode not in ("pairwise", "scores"):
             raise ValueError(f"rational compare_mode must be 'pairwise' or 'scores', got {cfg.compare_mode!r}")
@@ -81,17 +80,9 @@ class RationalReward(JudgePolicyMixin, Reward):
         if cfg.max_new_tokens < 1:
             raise ValueError("rational needs max_new_tokens >= 1")
         check_temperature(cfg.temperature, "rational temperature")
-        if judge is not None and not isinstance(judge, str):
-            if not isinstance(judge, (JudgeBackend, tuple)):
-                raise TypeError(f"judge must be a JudgeBackend, a (model, processor) tuple or a spec string, "
-                                f"got {type(judge).__name__}")
-            self.judge = load_judge(judge)
-        elif cfg.judge or cfg.model:
-            spec, kw = self._spec(cfg.judge or cfg.model)
-            self.judge = load_judge(spec, **kw)
-        else:
-            raise ValueError("rational needs a model: load_reward('rational', model='<distilled checkpoint>') "
-                             "(or judge='vllm:<path>' / 'openai:<url>' with judge_kwargs={'model': ...}, or a backend)")
+        self.judge = judge_from_config(judge, cfg, owner=self.name, missing=(
+            "rational needs a model: load_reward('rational', model='<distilled checkpoint>') "
+            "(or judge='vllm:<path>' / 'openai:<url>' with judge_kwargs={'model': ...}, or a backend)"))
         self.template = load_template("parrot", cfg.template)
         self.default_batch_size = cfg.batch_size
 
@@ -116,12 +107,6 @@ class RationalReward(JudgePolicyMixin, Reward):
         if len(items) > 2:
             return [], f"{len(items) - 1} source images given but rational takes one"
         return items, None
-
-    def _spec(self, spec: str) -> tuple[str, dict[str, Any]]:
-        """A judge spec with its backend prefix, and load_judge kwargs (judge_kwargs + device/dtype)."""
-        from ..judges import judge_spec
-
-        return judge_spec(spec, self.config.judge_kwargs, device=self.config.device, dtype=self.config.dtype)
 
     def _call_scope(self):
         return self.judge.session()

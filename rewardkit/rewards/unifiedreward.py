@@ -48,8 +48,9 @@ import torch
 
 from ..judges.base import DECIMAL
 from ..judges.policy import (JUDGE_FAILURE_PREFIX, JudgeError, JudgePolicyMixin, call_on_error, call_rows,
-                             check_policy, describe_failure, is_judge_failure, join_reasons, judge_policy)
+                             describe_failure, is_judge_failure, join_reasons, judge_policy)
 from ..reward import PairwiseOutput, Reward, RewardBatch, RewardConfig, RewardOutput
+from ._judge_setup import judge_from_config, judge_overrides, scored_template
 
 __all__ = ["UnifiedReward", "jpeg_roundtrip", "parse_final_score", "parse_pair_verdict", "parse_axis_scores", "parse_pair_axis_scores",
            "parse_think_verdict", "parse_edit_scores"]
@@ -307,26 +308,15 @@ class UnifiedReward(JudgePolicyMixin, Reward):
     Config = UnifiedRewardConfig
 
     def __init__(self, config=None, /, *, judge: Any = None, **overrides: Any) -> None:
-        from ..judges import load_template
-        from .vqascore import judge_from_config
-
-        if isinstance(judge, str):
-            overrides["judge"] = judge
-        super().__init__(config, **overrides)
+        super().__init__(config, **judge_overrides(overrides, judge=judge))
         cfg = self.config
-        check_policy(cfg.on_judge_error, self.name)
-        t = self.template = load_template("unifiedreward", cfg.template)
-        self.max_new_tokens = int(cfg.max_new_tokens if cfg.max_new_tokens is not None
-                                  else t.get("max_new_tokens", 512))
-        if cfg.batch_size < 1 or self.max_new_tokens < 1:
-            raise ValueError("batch_size and max_new_tokens must be >= 1")
+        t, self.max_new_tokens, self.score_range = scored_template(
+            cfg, "unifiedreward", owner=self.name, default_max_new_tokens=512)
+        self.template = t
         self.reencode = str(t.get("reencode", "none") if cfg.reencode == "auto" else cfg.reencode)
         self.jpeg_quality = _jpeg_quality(self.reencode)
         self._sent: dict[int, tuple[Any, Any]] = {}
-        self.score_range = (float(t["score_min"]), float(t["score_max"]))
         lo, hi = self.score_range
-        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
-            raise ValueError(f"template {t.id}: score_min < score_max required, got {lo}, {hi}")
         self.compare_temperature = (hi - lo) / 8.0  # 0.5 on the 1-5 scale
         task = str(t.get("task", "t2i"))
         if task not in ("t2i", "edit"):

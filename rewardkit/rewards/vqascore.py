@@ -40,23 +40,7 @@ import torch
 from ..judges.policy import (JUDGE_FAILURE_PREFIX, JudgePolicyMixin, call_rows, check_policy, describe_failure,
                              is_judge_failure, judge_policy, usable_rows)
 from ..reward import Reward, RewardBatch, RewardConfig, RewardOutput
-
-
-def judge_from_config(judge: Any, cfg: Any, *, owner: str):
-    """The judge backend of a judge reward: ``judge`` (a backend / ``(model, processor)`` / spec), else the
-    config's ``judge`` spec or ``model`` shorthand, with ``device`` / ``dtype`` merged into ``judge_kwargs``."""
-    from ..judges import BACKENDS, resolve_judge
-
-    spec = cfg.judge or cfg.model
-    if spec and spec.partition(":")[0] not in BACKENDS:
-        spec = f"transformers:{spec}"
-    kind = spec.partition(":")[0] if spec else ""
-    kw = dict(cfg.judge_kwargs)
-    if cfg.device is not None and kind in ("transformers", "hf"):
-        kw.setdefault("device", cfg.device)
-    if cfg.dtype is not None and kind in ("transformers", "hf", "vllm"):
-        kw.setdefault("dtype", cfg.dtype)
-    return resolve_judge(judge, spec, kw, owner=owner)
+from ._judge_setup import judge_from_config, judge_overrides  # judge_from_config: also imported from here
 
 
 @dataclass
@@ -100,9 +84,7 @@ class VQAScore(JudgePolicyMixin, Reward):
     def __init__(self, config=None, /, *, judge: Any = None, **overrides: Any) -> None:
         from ..judges import load_template
 
-        if isinstance(judge, str):
-            overrides["judge"] = judge
-        super().__init__(config, **overrides)
+        super().__init__(config, **judge_overrides(overrides, judge=judge))
         cfg = self.config
         if cfg.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {cfg.batch_size}")
