@@ -45,8 +45,8 @@ BUILTIN: dict[str, str] = {
     "remote": "rewardkit.serve.client:RemoteReward",
     "rational": "rewardkit.rewards.rational:RationalReward",
     "geneval": "rewardkit.rewards.geneval:GenEval",
-    "jpeg-compressibility": "rewardkit.rewards.jpeg:JpegCompressibility",
-    "jpeg-incompressibility": "rewardkit.rewards.jpeg:JpegIncompressibility",
+    "jpeg-compressibility": "rewardkit.rewards.jpeg_compressibility:JpegCompressibility",
+    "jpeg-incompressibility": "rewardkit.rewards.jpeg_incompressibility:JpegIncompressibility",
     "qwenvl": "rewardkit.rewards.qwenvl:QwenVLAesthetic",
 }
 

@@ -87,3 +87,21 @@ def test_bad_options_are_refused(bad):
 
     with pytest.raises(Exception, match="quality|divisor"):
         load_reward("jpeg_compressibility", **bad)
+
+
+def test_each_reward_has_its_module_and_the_old_import_paths_still_work():
+    """One public reward class per module; ``rewardkit.rewards.jpeg`` re-exports both (and the config and size
+    helper), and the registry builds the classes of the new modules."""
+    import rewardkit.rewards.jpeg as family
+    from rewardkit.registry import get_reward_class
+    from rewardkit.rewards.jpeg_compressibility import JpegCompressibility
+    from rewardkit.rewards.jpeg_incompressibility import JpegConfig, JpegIncompressibility, jpeg_size_kb
+
+    assert JpegCompressibility.__module__ == "rewardkit.rewards.jpeg_compressibility"
+    assert JpegIncompressibility.__module__ == "rewardkit.rewards.jpeg_incompressibility"
+    assert (family.JpegCompressibility, family.JpegIncompressibility, family.JpegConfig, family.jpeg_size_kb) == (
+        JpegCompressibility, JpegIncompressibility, JpegConfig, jpeg_size_kb)
+    assert set(family.__all__) == {"JpegCompressibility", "JpegIncompressibility", "jpeg_size_kb"}
+    assert get_reward_class("jpeg-compressibility") is JpegCompressibility
+    assert get_reward_class("jpeg_incompressibility") is JpegIncompressibility
+    assert issubclass(JpegCompressibility, JpegIncompressibility)  # as before the split
