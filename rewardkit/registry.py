@@ -19,7 +19,8 @@ from typing import Any
 
 from .errors import RegistryError
 
-__all__ = ["load_reward", "list_rewards", "register_reward", "get_reward_class", "resolve_name", "ENTRY_POINT_GROUP"]
+__all__ = ["load_reward", "list_rewards", "register_reward", "get_reward_class", "resolve_name", "refusal_reason",
+           "ENTRY_POINT_GROUP", "REFUSED"]
 
 ENTRY_POINT_GROUP = "rewardkit.rewards"
 
@@ -68,6 +69,21 @@ ALIASES: dict[str, str] = {
     "vqa-score": "vqascore",
     "unified-reward": "unifiedreward",
     "rationalrewards": "rational",
+}
+
+# Reward names of the RL hosts (flow_grpo's / DiffusionNFT's multi_score) that rewardkit cannot score, with the
+# reason; resolving one raises it (rewardkit.integrations.flow_grpo refuses them with it too). Keys as the hosts
+# spell them; looked up with case and '-' vs '_' forgiven (refusal_reason).
+REFUSED: dict[str, str] = {
+    "deqa": "DeQA-Score (zhiyuanyou/DeQA-Score-Mix3, reward-server's deqa.py:5-11) is an mPLUG-Owl2 model whose "
+            "modelling code ships inside the checkpoint (trust_remote_code=True); transformers has no class for it "
+            "and rewardkit never runs a checkpoint's code, so its level-token scoring cannot run on the judge engine",
+    "video_ocr": "flow_grpo's video_ocr scores videos (5-D frame tensors); rewardkit scores images: use 'ocr' for "
+                 "images",
+    "image_similarity": "flow_grpo's image_similarity (CLIP image-to-reference cosine, called with ref_images) has "
+                        "no rewardkit counterpart yet",
+    "seedscore": "flow_grpo's seedscore calls ByteDance's Seed-VL service (seedvl.py), which rewardkit does not "
+                 "wrap",
 }
 
 _lock = threading.Lock()
@@ -133,10 +149,21 @@ def resolve_name(name: str) -> str:
             return cand
         if cand in ALIASES:
             return ALIASES[cand]
+    reason = refusal_reason(name)
+    if reason is not None:
+        raise RegistryError(f"reward {name!r} is refused: {reason}")
     known = sorted(set(reg) | set(ALIASES))
     close = difflib.get_close_matches(name.lower(), known, n=3, cutoff=0.5)
     hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
     raise RegistryError(f"unknown reward {name!r}.{hint} Known rewards: {', '.join(sorted(reg))}")
+
+
+def refusal_reason(name: str) -> str | None:
+    """Why rewardkit refuses the host reward name ``name`` (:data:`REFUSED`; case and '-' vs '_' forgiven), or
+    None when it does not. A reward registered under that name (a plugin) is not refused: it resolves first."""
+    if not isinstance(name, str):
+        return None
+    return REFUSED.get(name.lower().replace("-", "_"))
 
 
 def get_reward_class(name: str) -> type:

@@ -73,6 +73,10 @@ def run(args: argparse.Namespace) -> int:
         print(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False), end="")
         return 0
     cfg.validate()
+    from ..registry import resolve_name
+
+    for name in cfg.rewards:  # an unknown or refused name (with the reason) exits 2 before anything loads
+        resolve_name(name)
     from .._imports import require
 
     for module in ("diffusers", "peft"):  # the rl extra, before the reward (a model load) is built

@@ -32,6 +32,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from ..registry import REFUSED
 from ._common import LazyReward, _check_policy, apply_nan_policy, is_group_reward, refuse_batch_relative
 
 __all__ = ["flow_grpo_scorer", "flow_grpo_factory", "multi_score", "FLOW_GRPO_CONVENTIONS", "Convention",
@@ -89,17 +90,9 @@ FLOW_GRPO_CONVENTIONS: dict[str, Convention] = {
                           "rewards.py:113-160, gen_eval.py:286-340"),
 }
 
-_NOT_IN_REWARDKIT = {
-    "deqa": "DeQA-Score (zhiyuanyou/DeQA-Score-Mix3, reward-server's deqa.py:5-11) is an mPLUG-Owl2 model whose "
-            "modelling code ships inside the checkpoint (trust_remote_code=True); transformers has no class for it "
-            "and rewardkit never runs a checkpoint's code, so its level-token scoring cannot run on the judge engine",
-    "video_ocr": "flow_grpo's video_ocr scores videos (5-D frame tensors); rewardkit scores images: use 'ocr' for "
-                 "images",
-    "image_similarity": "flow_grpo's image_similarity (CLIP image-to-reference cosine, called with ref_images) has "
-                        "no rewardkit counterpart yet",
-    "seedscore": "flow_grpo's seedscore calls ByteDance's Seed-VL service (seedvl.py), which rewardkit does not "
-                 "wrap",
-}
+#: flow_grpo's names rewardkit cannot score, with the reason (one table: the registry's, so that every
+#: entry point, ``load_reward`` and ``rewardkit rl nft`` too, names the reason)
+_NOT_IN_REWARDKIT = REFUSED
 
 #: the key flow_grpo's multi_score gives GenEval (its extra accuracy keys are added beside it)
 _GENEVAL = "geneval"
