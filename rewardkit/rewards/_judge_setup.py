@@ -1,11 +1,14 @@
-"""The constructor set-up the judge rewards share (vqascore, unifiedreward, qwenvl, evr, rational): a judge spec
-given as ``judge=`` moved into the config, the judge backend from the config, and the template, answer scale and
-token budget of a generative judge that answers on its template's scale. No reward lives here."""
+"""The constructor set-up the judge rewards share (vqascore, unifiedreward, qwenvl, evr, rational; detectors and
+faithfulness: the ``judge=`` spec string): a judge spec given as ``judge=`` moved into the config, the judge backend
+from the config, and the template, answer scale and token budget of a generative judge that answers on its
+template's scale. No reward lives here."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
+
+__all__ = ["judge_overrides", "judge_from_config", "scored_template"]
 
 
 def judge_overrides(overrides: dict[str, Any], **judges: Any) -> dict[str, Any]:
@@ -17,7 +20,8 @@ def judge_overrides(overrides: dict[str, Any], **judges: Any) -> dict[str, Any]:
 def judge_from_config(judge: Any, cfg: Any, *, owner: str, spec: str | None = None, missing: str | None = None):
     """The judge backend of a judge reward: ``judge`` (a backend / ``(model, processor)`` / spec), else the
     config's ``judge`` spec or ``model`` shorthand (``spec`` when given), with ``device`` / ``dtype`` merged into
-    ``judge_kwargs``. ``missing``: the error when there is neither (default: :func:`~rewardkit.judges.resolve_judge`'s)."""
+    ``judge_kwargs``. ``missing``: the error when there is neither (default:
+    :func:`~rewardkit.judges.resolve_judge`'s)."""
     from ..judges import judge_spec, resolve_judge
 
     spec = (cfg.judge or cfg.model) if spec is None else spec
