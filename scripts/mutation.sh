@@ -48,6 +48,8 @@ MODULES=(
   "parrot_format|rewardkit/parrot/format.py|*|tests/parrot/test_pipeline.py tests/rewards/test_rational.py"
   "expr|rewardkit/datasets/expr.py|*|tests/datasets/test_filter.py"
   "secrets|rewardkit/serve/secrets.py|*|tests/serve/test_secrets.py"
+  "flow_grpo|rewardkit/integrations/flow_grpo.py|*|tests/integrations/test_flow_grpo.py tests/integrations/test_adapters.py tests/integrations/test_adapter_options.py tests/integrations/test_group_hosts.py tests/integrations/test_flow_grpo_contracts.py"
+  "evaluation|rewardkit/rl/evaluation.py|*|tests/rl/test_evaluation.py tests/rl/test_evaluation_contracts.py"
 )
 
 want=("$@")
