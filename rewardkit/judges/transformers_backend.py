@@ -29,6 +29,7 @@ from collections import Counter
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
+from ._pixels import JudgePixels
 from ._prep import SegmentTokenizer, TemplateCache, lcp, positions
 from ._transformers_cache import (PrefixCacheMixin, _additive_mask, _cache_arg, _cache_of, _left_padded,
                                   unsupported_attention)
@@ -214,6 +215,8 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
         # the chat template run once per conversation shape, each text piece tokenized once (judges._prep)
         self._templates = TemplateCache(self._render)
         self._segments = SegmentTokenizer(self.tokenizer)
+        # the image processor's pixel_values / image_grid_thw built for the batch at once, bit for bit (_pixels)
+        self.pixels = JudgePixels(processor.image_processor)
 
     # ------------------------------------------------------------------ protocol
     def describe(self) -> dict[str, Any]:
@@ -392,7 +395,7 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
         missing = [h for h in pending if h not in cache]
         for s in range(0, len(missing), 16):  # bounded vision batches
             part = missing[s:s + 16]
-            enc = self.processor.image_processor(images=[pending[h] for h in part], return_tensors="pt")
+            enc = self.pixels([pending[h] for h in part])
             pv = enc["pixel_values"].to(self.device)
             thw = enc["image_grid_thw"].to(self.device)
             out = self.model.model.get_image_features(pv, thw, return_dict=True)
