@@ -297,6 +297,38 @@ def _left_padded(rows: Sequence[Sequence[int]], width: int, pad: int, device: An
     return ids.to(device), mask.to(device)
 
 
+def _stack_states(parts: list[tuple[list[int], dict[str, Any]]], n_rows: int, config: Any) -> dict[str, Any]:
+    """One left-padded batch state of ``n_rows`` prefixes from the states of groups of them, each prefilled
+    without padding (:meth:`TransformersJudge._prefill`): ``parts`` is ``[(rows of the batch, group state)]``.
+    Row ``r`` holds its group's keys / values, ids and positions in its last columns, zeros in the masked
+    columns before them (positions of padding are never read: only a row's own columns are)."""
+    import torch
+    from transformers import DynamicCache
+
+    L = max(st["mask"].shape[1] for _, st in parts)
+    first = parts[0][1]
+    dev = first["ids"].device
+    ids = torch.zeros((n_rows, L), dtype=first["ids"].dtype, device=dev)
+    mask = torch.zeros((n_rows, L), dtype=first["mask"].dtype, device=dev)
+    pos = torch.zeros((first["pos"].shape[0], n_rows, L), dtype=first["pos"].dtype, device=dev)
+    next_pos = torch.zeros(n_rows, dtype=first["next_pos"].dtype, device=dev)
+    layers = first["cache"].layers
+    kv = [(k.new_zeros((n_rows, *k.shape[1:2], L, k.shape[3])), v.new_zeros((n_rows, *v.shape[1:2], L, v.shape[3])))
+          for k, v in ((layer.keys, layer.values) for layer in layers)]
+    for rows, st in parts:
+        n = st["mask"].shape[1]
+        idx = torch.tensor(rows, dtype=torch.long, device=dev)
+        ids[idx, L - n:] = st["ids"]
+        mask[idx, L - n:] = st["mask"]
+        pos[:, idx, L - n:] = st["pos"]
+        next_pos[idx] = st["next_pos"]
+        for (K, V), layer in zip(kv, st["cache"].layers):
+            K[idx, :, L - n:] = layer.keys[:, :, :n]
+            V[idx, :, L - n:] = layer.values[:, :, :n]
+    return {"cache": DynamicCache(ddp_cache_data=kv, config=config), "ids": ids, "mask": mask, "next_pos": next_pos,
+            "pos": pos}
+
+
 def _additive_mask(mask: Any, offset: int, n_queries: int, dtype: Any, out: Any = None):
     """The 4-D additive attention mask ``[R, 1, n_queries, W]`` (0: attend, -inf: not) of ``n_queries`` queries
     in columns ``offset ..`` of a batch whose 2-D key mask is ``mask`` ``[R, W]``: query i sees the unmasked keys

@@ -32,7 +32,7 @@ from typing import Any, Iterator, Sequence
 from ._pixels import JudgePixels
 from ._prep import SegmentTokenizer, TemplateCache, lcp, positions
 from ._transformers_cache import (PrefixCacheMixin, _additive_mask, _cache_arg, _cache_of, _left_padded,
-                                  unsupported_attention)
+                                  _stack_states, unsupported_attention)
 from ._transformers_decode import DecodeMixin
 from ._transformers_packed import PackedScoringMixin
 from ._transformers_types import _Conv, _Img
@@ -217,6 +217,8 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
         self._segments = SegmentTokenizer(self.tokenizer)
         # the image processor's pixel_values / image_grid_thw built for the batch at once, bit for bit (_pixels)
         self.pixels = JudgePixels(processor.image_processor)
+        #: prefixes of different lengths prefilled one forward per length on CPU, unpadded (see _prefill)
+        self.group_prefill = True
 
     # ------------------------------------------------------------------ protocol
     def describe(self) -> dict[str, Any]:
@@ -459,6 +461,23 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
                 yield chunk, (lambda extra=0, st=state, w=which, sf=suffixes: self._continue(st, w, sf, extra))
 
     def _prefill(self, prefixes: list[tuple[list[int], list[str]]], feats: dict[str, _Img]) -> dict[str, Any]:
+        """The left-padded batch state of ``prefixes`` (cache, ids, mask, positions): on CPU one forward per
+        distinct prefix length, without padding (:func:`_stack_states` lays the results out as one padded
+        forward would), else one padded forward (:meth:`_prefill_padded`).
+
+        Why (issue 41): a padded forward gives every layer an explicit mask, and PyTorch's CPU attention with a
+        mask costs more per token than its causal kernel on unpadded rows, so prefixes of mixed image sizes cost
+        more per image prefilled together than one by one. Each group is what it would be prefilled alone."""
+        lengths = [len(p) for p, _ in prefixes]
+        if not self.group_prefill or len(set(lengths)) < 2 or self.device.type != "cpu":
+            return self._prefill_padded(prefixes, feats)
+        groups: dict[int, list[int]] = {}
+        for j, n in enumerate(lengths):
+            groups.setdefault(n, []).append(j)
+        parts = [(rows, self._prefill_padded([prefixes[j] for j in rows], feats)) for rows in groups.values()]
+        return _stack_states(parts, len(prefixes), self.model.config)
+
+    def _prefill_padded(self, prefixes: list[tuple[list[int], list[str]]], feats: dict[str, _Img]) -> dict[str, Any]:
         """One batched forward over left-padded prefixes. Returns the cache and per-row position bookkeeping."""
         import torch
 
