@@ -15,7 +15,8 @@ Prints, per batch size: the median per-call wall and process CPU time of each pa
 median time of the pixel step alone for that batch (processor vs batched) and its share of an old call, and
 checks that both paths give the same scores (``torch.equal``). For a batch over 1 it also gives the CPU time per
 image of the batch against the same images one call each (new path, interleaved; issue 41 item 2: batching
-must not cost more per image). The load average is printed at the start and end.
+must not cost more per image), and of the batch with its prefixes prefilled in one padded forward
+(``judge.group_prefill = False``, the judge before item 2) instead of one forward per prefix length. The load average is printed at the start and end.
 """
 
 from __future__ import annotations
@@ -87,15 +88,18 @@ def main() -> None:
                 scores[fast] = out.scores
         judge.pixels.fast = True
         # item 2: the same images one call each (new path), against the batch of b (new path), interleaved
-        per_image: dict[str, list[float]] = {"batch": [], "one": []}
+        per_image: dict[str, list[float]] = {"batch": [], "padded": [], "one": []}
         if b > 1 and args.one_by_one:
+            ways = ("batch", "padded", "one")
             for r in range(args.rounds):
-                for way in (("batch", "one") if r % 2 == 0 else ("one", "batch")):
-                    if way == "batch":
-                        per_image[way].append(_timed(lambda: reward(images, prompts))[2] / b)
-                    else:
+                for way in ways[r % 3:] + ways[:r % 3]:  # each way first, second and last in turn
+                    judge.group_prefill = way != "padded"
+                    if way == "one":
                         per_image[way].append(sum(_timed(lambda i=i: reward(images[i:i + 1], prompts[i:i + 1]))[2]
                                                   for i in range(b)) / b)
+                    else:
+                        per_image[way].append(_timed(lambda: reward(images, prompts))[2] / b)
+            judge.group_prefill = True
         # the pixel step alone, on the canonical images the judge sees
         from rewardkit.media import _to_pil
 
@@ -115,9 +119,9 @@ def main() -> None:
               f"{pmed[False]:>8.2f} / {pmed[True]:>6.2f} | {pcpu[False]:>9.2f} / {pcpu[True]:>6.2f} | "
               f"{pcpu[False] / med[False][1]:>22.0%} | {same}")
         if per_image["batch"]:
-            pb, po = statistics.median(per_image["batch"]) * 1e3, statistics.median(per_image["one"]) * 1e3
-            print(f"      batch of {b} vs one by one (new path, CPU ms per image): {pb:.2f} vs {po:.2f}, "
-                  f"batching {po / pb:.2f}x")
+            pb, pp, po = (statistics.median(per_image[k]) * 1e3 for k in ("batch", "padded", "one"))
+            print(f"      CPU ms per image (new pixels): batch of {b} {pb:.2f} (prefill in one padded forward: "
+                  f"{pp:.2f}), one by one {po:.2f}; batch vs one by one {po / pb:.2f}x (padded: {po / pp:.2f}x)")
     print(f"load average at the end {os.getloadavg()}")
 
 

@@ -297,11 +297,40 @@ def _left_padded(rows: Sequence[Sequence[int]], width: int, pad: int, device: An
     return ids.to(device), mask.to(device)
 
 
+def length_buckets(lengths: Sequence[int], forward_tokens: float) -> list[list[int]]:
+    """The rows of a batch of prefixes of ``lengths`` split into buckets, one padded forward each, so that the
+    cost ``sum over buckets of (forward_tokens + rows * longest length)`` is least (exact, over the lengths
+    sorted: a bucket is a run of consecutive distinct lengths). ``forward_tokens``: what one more forward costs,
+    in prefill tokens (0: one bucket per distinct length; a large value: one bucket). Buckets in order of
+    length, rows in their original order within a bucket."""
+    by: dict[int, list[int]] = {}
+    for r, n in enumerate(lengths):
+        by.setdefault(int(n), []).append(r)
+    sizes = sorted(by)
+    counts = [len(by[n]) for n in sizes]
+    U = len(sizes)
+    best = [0.0] + [float("inf")] * U  # best[j]: least cost of the first j distinct lengths
+    cut = [0] * (U + 1)
+    for j in range(1, U + 1):
+        rows = 0
+        for i in range(j, 0, -1):  # bucket = distinct lengths i-1 .. j-1, padded to sizes[j - 1]
+            rows += counts[i - 1]
+            c = best[i - 1] + forward_tokens + rows * sizes[j - 1]
+            if c < best[j]:
+                best[j], cut[j] = c, i - 1
+    out, j = [], U
+    while j > 0:
+        i = cut[j]
+        out.append(sorted(r for n in sizes[i:j] for r in by[n]))
+        j = i
+    return out[::-1]
+
+
 def _stack_states(parts: list[tuple[list[int], dict[str, Any]]], n_rows: int, config: Any) -> dict[str, Any]:
-    """One left-padded batch state of ``n_rows`` prefixes from the states of groups of them, each prefilled
-    without padding (:meth:`TransformersJudge._prefill`): ``parts`` is ``[(rows of the batch, group state)]``.
-    Row ``r`` holds its group's keys / values, ids and positions in its last columns, zeros in the masked
-    columns before them (positions of padding are never read: only a row's own columns are)."""
+    """One left-padded batch state of ``n_rows`` prefixes from the states of buckets of them, each prefilled in
+    its own forward (:meth:`TransformersJudge._prefill`): ``parts`` is ``[(rows of the batch, bucket state)]``.
+    Row ``r`` holds its bucket's keys / values, ids, mask and positions in its last columns, zeros in the
+    masked columns before them (positions of padding are never read: only a row's own columns are)."""
     import torch
     from transformers import DynamicCache
 
