@@ -297,6 +297,67 @@ def _left_padded(rows: Sequence[Sequence[int]], width: int, pad: int, device: An
     return ids.to(device), mask.to(device)
 
 
+def length_buckets(lengths: Sequence[int], forward_tokens: float) -> list[list[int]]:
+    """The rows of a batch of prefixes of ``lengths`` split into buckets, one padded forward each, so that the
+    cost ``sum over buckets of (forward_tokens + rows * longest length)`` is least (exact, over the lengths
+    sorted: a bucket is a run of consecutive distinct lengths). ``forward_tokens``: what one more forward costs,
+    in prefill tokens (0: one bucket per distinct length; a large value: one bucket). Buckets in order of
+    length, rows in their original order within a bucket."""
+    by: dict[int, list[int]] = {}
+    for r, n in enumerate(lengths):
+        by.setdefault(int(n), []).append(r)
+    sizes = sorted(by)
+    counts = [len(by[n]) for n in sizes]
+    U = len(sizes)
+    best = [0.0] + [float("inf")] * U  # best[j]: least cost of the first j distinct lengths
+    cut = [0] * (U + 1)
+    for j in range(1, U + 1):
+        rows = 0
+        for i in range(j, 0, -1):  # bucket = distinct lengths i-1 .. j-1, padded to sizes[j - 1]
+            rows += counts[i - 1]
+            c = best[i - 1] + forward_tokens + rows * sizes[j - 1]
+            if c < best[j]:
+                best[j], cut[j] = c, i - 1
+    out, j = [], U
+    while j > 0:
+        i = cut[j]
+        out.append(sorted(r for n in sizes[i:j] for r in by[n]))
+        j = i
+    return out[::-1]
+
+
+def _stack_states(parts: list[tuple[list[int], dict[str, Any]]], n_rows: int, config: Any) -> dict[str, Any]:
+    """One left-padded batch state of ``n_rows`` prefixes from the states of buckets of them, each prefilled in
+    its own forward (:meth:`TransformersJudge._prefill`): ``parts`` is ``[(rows of the batch, bucket state)]``.
+    Row ``r`` holds its bucket's keys / values, ids, mask and positions in its last columns, zeros in the
+    masked columns before them (positions of padding are never read: only a row's own columns are)."""
+    import torch
+    from transformers import DynamicCache
+
+    L = max(st["mask"].shape[1] for _, st in parts)
+    first = parts[0][1]
+    dev = first["ids"].device
+    ids = torch.zeros((n_rows, L), dtype=first["ids"].dtype, device=dev)
+    mask = torch.zeros((n_rows, L), dtype=first["mask"].dtype, device=dev)
+    pos = torch.zeros((first["pos"].shape[0], n_rows, L), dtype=first["pos"].dtype, device=dev)
+    next_pos = torch.zeros(n_rows, dtype=first["next_pos"].dtype, device=dev)
+    layers = first["cache"].layers
+    kv = [(k.new_zeros((n_rows, *k.shape[1:2], L, k.shape[3])), v.new_zeros((n_rows, *v.shape[1:2], L, v.shape[3])))
+          for k, v in ((layer.keys, layer.values) for layer in layers)]
+    for rows, st in parts:
+        n = st["mask"].shape[1]
+        idx = torch.tensor(rows, dtype=torch.long, device=dev)
+        ids[idx, L - n:] = st["ids"]
+        mask[idx, L - n:] = st["mask"]
+        pos[:, idx, L - n:] = st["pos"]
+        next_pos[idx] = st["next_pos"]
+        for (K, V), layer in zip(kv, st["cache"].layers):
+            K[idx, :, L - n:] = layer.keys[:, :, :n]
+            V[idx, :, L - n:] = layer.values[:, :, :n]
+    return {"cache": DynamicCache(ddp_cache_data=kv, config=config), "ids": ids, "mask": mask, "next_pos": next_pos,
+            "pos": pos}
+
+
 def _additive_mask(mask: Any, offset: int, n_queries: int, dtype: Any, out: Any = None):
     """The 4-D additive attention mask ``[R, 1, n_queries, W]`` (0: attend, -inf: not) of ``n_queries`` queries
     in columns ``offset ..`` of a batch whose 2-D key mask is ``mask`` ``[R, W]``: query i sees the unmasked keys
