@@ -45,7 +45,9 @@ MODULES=(
   "nft|rewardkit/rl/nft.py|*|tests/rl/test_math.py tests/rl/test_nft_float64.py"
   "exploration|rewardkit/rl/exploration.py|*|tests/rl/test_exploration.py tests/rl/test_math.py"
   "server|rewardkit/serve/server.py rewardkit/serve/batch.py|*|tests/serve/test_server.py"
-  "parrot_format|rewardkit/parrot/format.py|*|tests/parrot/test_pipeline.py tests/rewards/test_rational.py"
+  "output|rewardkit/datasets/output.py|*|tests/datasets/test_output_contracts.py"
+  "binary|rewardkit/serve/binary.py rewardkit/serve/wire.py|*|tests/serve/test_binary_contracts.py"
+  "parrot_format|rewardkit/parrot/format.py|*|tests/rewards/test_rational.py tests/parrot/test_format_contracts.py"
   "expr|rewardkit/datasets/expr.py|*|tests/datasets/test_filter.py"
   "secrets|rewardkit/serve/secrets.py|*|tests/serve/test_secrets.py"
 )
