@@ -161,6 +161,12 @@ def test_check_manifest_overwrite_clears_the_scores_only_when_writing(tmp_path):
     out.check_manifest(tmp_path, desc(), {"shards": []}, overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["_rewardkit_scores.json", "notes.txt"]
     assert json.loads((tmp_path / "_rewardkit_scores.json").read_text()) == {**desc(), "shards": []}
+    # nothing to clear (no score file, no _partial, no _quarantine): overwriting is no error
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "_rewardkit_scores.json").write_text(json.dumps(desc("9" * 16)))
+    out.check_manifest(bare, desc(), {}, overwrite=True)
+    assert json.loads((bare / "_rewardkit_scores.json").read_text())["fingerprint"] == FP
 
 
 # ------------------------------------------------------------------------------- finished, partial, quarantined
@@ -192,6 +198,9 @@ def test_partial_parts_are_sorted_counted_and_refused_from_another_reward(tmp_pa
         out.partial_parts(tmp_path, "s0", desc())
     assert str(e.value) == (f"{d / '00000002.parquet'}: rows of shard s0 scored by another reward (fingerprint "
                             f"{'a' * 16} vs {FP}); remove {d} or use another --output folder")
+    scored_file(d / "00000002.parquet", None)  # a part without rewardkit's metadata: refused the same way
+    with pytest.raises(UsageError, match=f"scored by another reward \\(fingerprint None vs {FP}\\)"):
+        out.partial_rows(tmp_path, "s0", desc())
 
 
 def test_quarantine_round_trip_and_manifest_record(tmp_path):
@@ -228,6 +237,7 @@ def test_shard_writer_columns_values_and_metadata(tmp_path):
     w.write([7, 8], [rec(0.5, dimensions={"text faith": 1.5}), rec(None, valid=False, error="bad image")])
     w.write([9], [rec(2, dimensions={"text faith": None, "q": 3})])
     assert w.rows == 3 and w.invalid == 1 and not w.final.exists()
+    assert w.tmp == tmp_path / "o" / "s0.parquet.tmp"  # the documented name of a shard being joined
     w.commit()
     assert w.final == tmp_path / "o" / "s0.parquet" and not w.tmp.exists()
     t = _read(w.final)
