@@ -152,6 +152,8 @@ def test_light_header_reads_the_announced_length_only():
     assert light_header(b"RKB1" + struct.pack("<I", 65536))
     assert not light_header(b"RKB1" + struct.pack("<I", 65537))
     assert not light_header(b"RKB1" + struct.pack("<I", 10 ** 6))  # 8 bytes: the length alone decides
+    # the length is unsigned: 2**31 and more are long headers, not negative (short) ones
+    assert not light_header(b"RKB1" + bytes([0, 0, 0, 0x80])) and not light_header(b"RKB1" + b"\xff" * 4)
     assert light_header(b"RKB1" + struct.pack("<I", 4) + b"{}{}")
 
 
