@@ -63,3 +63,85 @@ evr                    (1,) NaN   reference_consistency: 2/2 hypotheses unparsea
 True True
 '''),
 ]
+
+EXAMPLES += [(
+    "The answer parsers of the judge rewards: a value, or None and the reason",
+    '''\
+from rewardkit.rewards.qwenvl import parse_score_tag
+from rewardkit.rewards.unifiedreward import (parse_axis_scores, parse_edit_scores, parse_final_score,
+                                             parse_pair_axis_scores, parse_pair_verdict, parse_think_verdict)
+
+print(parse_final_score("The apple is red. Final Score: 4.5"))
+print(parse_final_score("Final Score: 7"))                           # off the 1-5 scale: refused, with why
+print(parse_score_tag("<Score>3</Score>"), parse_score_tag("three"))
+print(parse_axis_scores("Alignment Score (1-5): 4\\nCoherence Score (1-5): 3\\nStyle Score (1-5): 5"))
+print(parse_pair_axis_scores("Alignment Score:\\nImage 1: 0.7\\nImage 2: 0.3", axes=("Alignment",)))
+print(parse_pair_verdict("Image 1 is better"), parse_think_verdict("<answer>Image 2 is better</answer>"))
+print(parse_edit_scores('{"reasoning": "the hat is blue", "score": [20, 18]}'))
+''',
+    '''\
+(4.5, None)
+(None, 'score 7 outside [1, 5]')
+(3.0, None) (None, 'no <Score>N</Score> in the answer')
+({'alignment': 4.0, 'coherence': 3.0, 'style': 5.0}, None)
+({'alignment': (0.7, 0.3)}, None)
+(1.0, None) (0.0, None)
+([20.0, 18.0], None)
+'''), (
+    "OCR's text rules and JPEG sizes, by hand",
+    '''\
+import io
+
+from PIL import Image
+from rewardkit.rewards.jpeg import jpeg_size_kb
+from rewardkit.rewards.ocr import (edit_distance, extract_quoted, normalize_text, ocr_similarity,
+                                   substring_edit_distance)
+from rewardkit.rewards.unifiedreward import jpeg_roundtrip
+
+print(extract_quoted('a shop sign that says "OPEN 24h" and "" nothing else'))
+print(repr(normalize_text("Open  24H")), repr(normalize_text("Open  24H", whitespace="collapse")))
+print(edit_distance("kitten", "sitting"), substring_edit_distance("open", "we are open now"))
+print(ocr_similarity("open24h", "opem24h"))                       # 1 - 1 / 7 (one substitution)
+image = Image.new("RGB", (64, 64), (90, 140, 200))
+buf = io.BytesIO()
+image.save(buf, format="JPEG", quality=95)
+print(jpeg_size_kb(image) == len(buf.getvalue()) / 1000)          # kB of 1000 bytes, quality 95 by default
+print(jpeg_roundtrip(image, 90).size, jpeg_roundtrip(image, 90).mode)
+''',
+    '''\
+['OPEN 24h']
+'open24h' 'open 24h'
+3 0
+(0.8571428571428572, 1)
+True
+(64, 64) RGB
+'''), (
+    "A judge reward's judge, and HPSv3's rotary positions",
+    '''\
+from rewardkit.judges.base import JudgeBackend
+from rewardkit.rewards.hpsv3 import resolve_positions
+from rewardkit.rewards.vqascore import VQAScoreConfig, judge_from_config
+
+class Always(JudgeBackend):
+    def generate(self, conversations, **kw):
+        return [["Yes"] for _ in conversations]
+
+    def choice_probs(self, conversations, choices):
+        raise NotImplementedError
+
+backend = Always()
+print(judge_from_config(backend, VQAScoreConfig(), owner="vqascore") is backend)   # an object: used as is
+try:
+    judge_from_config(None, VQAScoreConfig(), owner="vqascore")                      # neither: a clear error
+except ValueError as exc:
+    print(str(exc).split(":")[0])
+# the override, else what the converter recorded, else the official positions of the backbone
+print(resolve_positions("mrope", {"positions": "sequential"}, "qwen2_vl"),
+      resolve_positions("", {"positions": "mrope"}, None), resolve_positions("", {}, "qwen2_vl"))
+''',
+    '''\
+True
+vqascore needs a judge
+mrope mrope sequential
+'''),
+]
