@@ -113,7 +113,8 @@ step first-result "cd $TMP/rewardkit
 source .venv/bin/activate
 $(commands "$FIRST")"
 
-cat > "$TMP/in_python.py" <<'PY'
+mkdir -p "$TMP/driver"  # not next to the clone: python puts the script's folder first on sys.path
+cat > "$TMP/driver/in_python.py" <<'PY'
 # the README's "In Python" block, each statement run in order from the clone's root; a bare expression is
 # echoed as a REPL would, and a comment after it that shows a value must be its repr (spaces aside)
 import ast, re, sys
@@ -138,9 +139,9 @@ for node in ast.parse(src).body:
             bad += 1
 sys.exit(1 if bad else 0)
 PY
-printf '%s' "$PYBLOCK" > "$TMP/readme_block.py"
+printf '%s' "$PYBLOCK" > "$TMP/driver/readme_block.py"
 step in-python "cd $TMP/rewardkit
-.venv/bin/python $TMP/in_python.py $TMP/readme_block.py"
+.venv/bin/python $TMP/driver/in_python.py $TMP/driver/readme_block.py"
 
 for f in get-started first-result in-python; do
   echo "---- $f (stdout, last lines)"
