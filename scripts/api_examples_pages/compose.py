@@ -124,3 +124,35 @@ strict open
 False 0 True
 '''),
 ]
+
+EXAMPLES += [(
+    "Generating question trees and intent labels with a judge",
+    '''\
+from rewardkit.compose.rubric import classify_intents, generate_trees
+from rewardkit.judges import load_template
+from rewardkit.judges.base import JudgeBackend
+
+class Scripted(JudgeBackend):
+    "Answers by a script: questions and the label 'strict' for the zebra prompt, nothing usable for the other."
+    def generate(self, conversations, **kw):
+        texts = [" ".join(p["text"] for p in conv[-1]["content"] if p["type"] == "text") for conv in conversations]
+        return [["Strict"] if "zebra" in t and t.startswith("Classify the intent") else
+                ['["Is there a zebra?", "Is the zebra on a beach?"]'] if "zebra" in t else ["I cannot say"]
+                for t in texts]
+
+    def choice_probs(self, conversations, choices):
+        raise NotImplementedError
+
+template = load_template("rubric", "constraints")          # the published generator and classifier prompts
+cache = generate_trees(Scripted(), ["a zebra on a beach", "a quokka"], template)
+print([q.text for q in cache.tree("a zebra on a beach").questions])
+print(cache.tree("a quokka"), cache.get("a quokka")["error"] is not None)   # no made-up questions: none, and why
+cache = classify_intents(Scripted(), ["a zebra on a beach", "a quokka"], template, cache=cache)
+print(cache.get("a zebra on a beach")["intent"], cache.get("a quokka")["intent"])
+''',
+    '''\
+['Is there a zebra?', 'Is the zebra on a beach?']
+None True
+strict None
+'''),
+]

@@ -114,3 +114,35 @@ print(summary["epoch"], summary["global_step"], sorted(summary))
 ''',
     ""),
 ]
+
+EXAMPLES += [(
+    "E²PO on a tiny CLIP text encoder: K perturbed conditions per prompt",
+    '''\
+import torch
+from rewardkit.rl.exploration import (E2POConfig, Perturbations, embedding_offset, optimize_perturbations,
+                                      optimize_perturbations_loop, pooled_embeddings)
+from rewardkit.testing import tiny_clip
+
+model, processor = tiny_clip()
+encoder = model.text_model                                  # any CLIP text model (SD3's clip_l / clip_g)
+batch = processor.tokenizer(["a red cube", "two cats"], padding="max_length", max_length=16, truncation=True,
+                            return_tensors="pt")
+ids, mask = batch["input_ids"], batch["attention_mask"]
+base = pooled_embeddings(model.text_model, ids)
+offset = torch.zeros(2, 16, encoder.config.hidden_size)
+offset[:, 1] = 0.5                                          # move the first content token's embedding
+with embedding_offset(encoder, offset):
+    moved = encoder(input_ids=ids).pooler_output
+print(base.shape, not torch.allclose(moved, encoder(input_ids=ids).pooler_output))
+cfg = E2POConfig(enabled=True, num_variants=3, steps=5, lr=1e-2)
+out = optimize_perturbations(encoder, ids, mask, cfg, generator=torch.Generator().manual_seed(0))
+print(isinstance(out, Perturbations), tuple(out.delta.shape), tuple(out.anchor_sim.shape))  # [P, K - 1, ...]
+one = optimize_perturbations_loop(encoder, ids[:1], mask[:1], cfg, generator=torch.Generator().manual_seed(0))
+print(tuple(one.delta.shape), bool(torch.isfinite(one.delta).all()))   # the paper's pseudocode, prompt by prompt
+''',
+    '''\
+torch.Size([2, 32]) True
+True (2, 2, 16, 32) (2, 2)
+(1, 2, 16, 32) True
+'''),
+]

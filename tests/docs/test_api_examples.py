@@ -23,7 +23,7 @@ def _examples():
 
 
 # an example that builds a tiny model (transformers: seconds in a fresh process) is slow; the pure ones are not
-_LOADS_A_MODEL = ("save_tiny_checkpoint", ".tiny(", "from rewardkit.testing import tiny_")
+_LOADS_A_MODEL = ("save_tiny_checkpoint", ".tiny(", "from rewardkit.testing import tiny_", "tiny:")
 
 
 def _needs(code: str) -> bool:
