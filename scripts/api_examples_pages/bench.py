@@ -89,3 +89,42 @@ single_object    = 100.00% (1 / 1)
 Overall score (avg. over tasks): 1.00000
 '''),
 ]
+
+EXAMPLES += [(
+    "The harness end to end on a synthetic copy of two benchmarks",
+    '''\
+import tempfile
+
+import numpy as np
+import torch
+from rewardkit import Reward, RewardOutput
+from rewardkit.bench.harness import check_data_dir_keys, evaluate
+from rewardkit.bench.spec import get_spec
+from rewardkit.bench.synthetic import write_synthetic_benchmarks
+
+class Brightness(Reward):
+    "Mean pixel value in [0, 1]."
+    name = "brightness"
+    tasks = frozenset({"t2i"})
+    uses_prompt = False
+
+    def _score(self, batch):
+        return RewardOutput(scores=torch.tensor([np.asarray(im, np.float32).mean() / 255 for im in batch.images]))
+
+data = tempfile.mkdtemp()
+write_synthetic_benchmarks(data, n_pairs=12)       # the benchmarks' own file layouts, tiny random images
+result = evaluate(Brightness(), "mmrb2/t2i,genaibench/t2i", data_dir=data, cache_dir=None, n_boot=50, progress=False)
+for name in ("mmrb2/t2i", "genaibench/t2i"):
+    metrics = result[name].metrics
+    print(name, sorted(metrics), all(0 <= m.value <= 1 for m in metrics.values() if m.value is not None))
+try:
+    check_data_dir_keys({"mmrb3": data}, [get_spec("mmrb2/t2i")])   # a typo in NAME=DIR is refused
+except Exception as exc:
+    print(type(exc).__name__)
+''',
+    '''\
+mmrb2/t2i ['accuracy_with_ties', 'accuracy_without_ties', 'mmrb2_official'] True
+genaibench/t2i ['accuracy_with_ties', 'accuracy_without_ties'] True
+BenchDataError
+'''),
+]

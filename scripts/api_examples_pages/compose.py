@@ -156,3 +156,54 @@ None True
 strict None
 '''),
 ]
+
+EXAMPLES += [(
+    "A LoRA soup: the exact average of two adapters' deltas, by hand",
+    '''\
+import json
+import tempfile
+from pathlib import Path
+
+import safetensors.torch
+import torch
+from rewardkit.compose.soup import (LoraAdapter, lora_soup, match_module, merge_into_checkpoint, read_adapter,
+                                    save_soup_adapter, soup_deltas, soup_extras)
+
+root = Path(tempfile.mkdtemp())
+def adapter(name, r, alpha, A, B):                 # a peft adapter folder, written by hand
+    (root / name).mkdir()
+    (root / name / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": r, "lora_alpha": alpha,
+                                                                 "target_modules": ["q"]}))
+    safetensors.torch.save_file({"base_model.model.q.lora_A.weight": torch.tensor(A),
+                                 "base_model.model.q.lora_B.weight": torch.tensor(B)},
+                                str(root / name / "adapter_model.safetensors"))
+    return root / name
+
+a = adapter("a", 1, 2, [[1.0, 2.0]], [[3.0], [4.0]])          # s = alpha / r = 2: dW = 2 B A
+b = adapter("b", 1, 1, [[1.0, 0.0]], [[0.0], [1.0]])          # s = 1:             dW = B A
+ada, adb = read_adapter(a), read_adapter(b)
+print(isinstance(ada, LoraAdapter), ada.scaling)
+q = "base_model.model.q"                                       # peft's module name
+dw = soup_deltas([ada, adb])[q]                                # 1/2 (2 B_a A_a) + 1/2 (B_b A_b)
+print(dw.tolist())
+print(soup_extras([ada, adb], [0.5, 0.5]))                     # no trainable-token rows, no modules_to_save
+out = save_soup_adapter([ada, adb], root / "soup")             # one rank-concatenated adapter, scaling 1
+again = read_adapter(out)
+print(torch.allclose(again.B[q] @ again.A[q] * again.scaling[q], dw))
+(root / "base").mkdir()
+safetensors.torch.save_file({"model.q.weight": torch.zeros(2, 2)}, str(root / "base" / "model.safetensors"))
+print(match_module(q, ["model.q", "model.k"]))                # the base checkpoint's module it names
+merged = merge_into_checkpoint({q: dw}, root / "base", root / "merged")
+print(safetensors.torch.load_file(str(merged / "model.safetensors"))["model.q.weight"].tolist())   # 0 + dW
+print(lora_soup([a, b], root / "merged2", base=root / "base").name)   # the same in one call
+''',
+    '''\
+True {'base_model.model.q': 2.0}
+[[3.0, 6.0], [4.5, 8.0]]
+({}, {})
+True
+model.q
+[[3.0, 6.0], [4.5, 8.0]]
+merged2
+'''),
+]

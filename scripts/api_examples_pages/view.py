@@ -52,3 +52,46 @@ True True
 ViewInputError: True True
 '''),
 ]
+
+EXAMPLES += [(
+    "Compare outputs, bench records and RL runs: what `rewardkit view` recognises",
+    '''\
+import json
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from PIL import Image
+from rewardkit.view.bench import bench_section, is_bench_record
+from rewardkit.view.images import ImageStore
+from rewardkit.view.rl import eval_grids, is_rl_run, rl_section
+from rewardkit.view.scores import is_pairs, pairs_section, read_jsonl, read_parquet
+
+folder = Path(tempfile.mkdtemp())
+store = ImageStore(folder, mode="embed")
+Image.new("RGB", (8, 8), (200, 30, 30)).save(folder / "a.png")
+Image.new("RGB", (8, 8), (30, 30, 200)).save(folder / "b.png")
+pair = {"image_a": "a.png", "image_b": "b.png", "prompt": "a red square", "prob_a": 0.8, "valid": True}
+(folder / "compare.jsonl").write_text(json.dumps(pair) + "\\n")             # `rewardkit compare` output
+rows = read_jsonl(folder / "compare.jsonl")
+print(is_pairs(rows), pairs_section(folder / "compare.jsonl", rows, store, "compare")["kind"])
+pq.write_table(pa.table({"image": ["a.png"], "score": [0.5]}), folder / "scores.parquet")
+print(read_parquet(folder / "scores.parquet")[0]["score"])
+bench = {"reward": {"name": "pickscore", "config": {}}, "benchmarks": {}}                 # a bench record
+(folder / "bench.json").write_text(json.dumps(bench))
+print(is_bench_record(folder / "bench.json"), is_bench_record(folder / "compare.jsonl"),
+      bench_section([folder / "bench.json"], store)["kind"])
+run = folder / "run"                                                         # an RL run folder
+run.mkdir()
+(run / "metrics.jsonl").write_text(json.dumps({"epoch": 0, "reward_mean": 0.1}) + "\\n")
+Image.new("RGB", (8, 8)).save(run / "eval-epoch-2.png")
+print(is_rl_run(run), [(epoch, p.name) for epoch, p in eval_grids(run)], rl_section(run, store, "run")["kind"])
+''',
+    '''\
+True pairs
+0.5
+True False bench
+True [(2, 'eval-epoch-2.png')] rl
+'''),
+]
