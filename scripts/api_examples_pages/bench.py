@@ -15,7 +15,8 @@ print(accuracy_with_ties_at(h, m, eps=0.1))              # |m| <= 0.1 a predicte
 best = accuracy_with_ties(h, m)                           # the best threshold, fitted
 print(isinstance(best, MetricValue), best.value, accuracy_with_ties_naive(h, m)[0])
 print([verdict_from_margin(x) for x in (0.3, -0.1, 0.0, float("nan"))], flip_verdict("A"), flip_verdict("tie"))
-print(normalise_4way_verdict("[[A=B=Good]] because"), genaibench_4way(["leftvote", "tievote"], ["[[A>B]]", "B>A"]).value)
+votes, verdicts = ["leftvote", "tievote"], ["[[A>B]]", "B>A"]
+print(normalise_4way_verdict("[[A=B=Good]] because"), genaibench_4way(votes, verdicts).value)
 print(mmrb2_official(["A", "B"], ["A", "A"], ["B", "A"]).value)   # 4 answers, 3 right (the swap flips back)
 print(order_agreement(["A", "B", "A"], ["B", "A", "A"]).value)    # the third changed its mind under the swap
 print(group_accuracy(["g", "g", "g"], [1, 1, 1], [0.5, 0.2, 0.1]).value)   # every row of the group right

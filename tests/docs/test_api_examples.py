@@ -118,7 +118,8 @@ def documented_items() -> dict[str, list[tuple[str, object]]]:
             for name, obj in vars(mod).items():
                 if name.startswith("_") or not (inspect.isclass(obj) or inspect.isfunction(obj)):
                     continue
-                if getattr(obj, "__module__", None) != mod.__name__ or (inspect.isclass(obj) and name.endswith("Config")):
+                config = inspect.isclass(obj) and name.endswith("Config")
+                if getattr(obj, "__module__", None) != mod.__name__ or config:
                     continue
                 out.setdefault(page, []).append((f"{mod.__name__}.{name}", obj))
     return out
