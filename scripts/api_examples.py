@@ -1,7 +1,9 @@
 """Runnable examples for the API reference pages (issue 40, item 7): scripts/docs_hooks.py appends each page's
 examples, with their output, under "Examples"; tests/docs/test_api_examples.py runs every one and checks that it
 prints exactly the output shown. Each example is self-contained and offline (tiny models from
-`rewardkit.testing`, written to a temporary folder) and runs in about a second.
+`rewardkit.testing`, written to a temporary folder) and runs in seconds. The examples of the longer pages live in
+scripts/api_examples_pages/<page>.py (``EXAMPLES``, the same triples), appended here to api/<page>.md's. An example
+whose code says ``# needs ...`` (a CUDA GPU, say) is shown without output and not run; its output is "".
 
 Nothing here is part of the package."""
 
@@ -251,3 +253,17 @@ print(kept.column("prompt").to_pylist(), [Image.open(io.BytesIO(b)).getpixel((0,
 """),
     ],
 }
+
+
+def _add_page_files() -> None:
+    import importlib.util
+    from pathlib import Path
+
+    for path in sorted((Path(__file__).resolve().parent / "api_examples_pages").glob("*.py")):
+        spec = importlib.util.spec_from_file_location(f"rk_api_examples_{path.stem}", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        API_EXAMPLES.setdefault(f"api/{path.stem}.md", []).extend(mod.EXAMPLES)
+
+
+_add_page_files()

@@ -1,0 +1,23 @@
+"""More examples of the Registry page (api/registry.md): loaded by scripts/api_examples.py."""
+
+EXAMPLES = [(
+    "Registering a reward under a name of your own",
+    '''\
+import rewardkit
+from rewardkit.errors import RegistryError
+from rewardkit.registry import conflicts, get_reward_class, register_reward
+
+register_reward("small-jpeg", "rewardkit.rewards.jpeg:JpegCompressibility")   # "module:Class" or the class
+print(get_reward_class("small-jpeg").__name__, "small-jpeg" in rewardkit.list_rewards())
+try:
+    register_reward("pickscore", "rewardkit.rewards.jpeg:JpegCompressibility")
+except RegistryError as exc:
+    print(str(exc).split(";")[0])
+print(conflicts())                          # names two installed plugins claim (none here)
+''',
+    '''\
+JpegCompressibility True
+reward name 'pickscore' is already registered to 'rewardkit.rewards.pickscore:PickScore'
+{}
+'''),
+]
