@@ -20,4 +20,16 @@ JpegCompressibility True
 reward name 'pickscore' is already registered to 'rewardkit.rewards.pickscore:PickScore'
 {}
 '''),
+(
+    "Why a host's reward name is refused",
+    '''\
+from rewardkit.registry import refusal_reason
+
+print(refusal_reason("video-ocr"))         # case and '-' vs '_' forgiven
+print(refusal_reason("pickscore"))         # a name rewardkit serves is not refused
+''',
+    '''\
+flow_grpo's video_ocr scores videos (5-D frame tensors); rewardkit scores images: use 'ocr' for images
+None
+'''),
 ]
