@@ -325,7 +325,8 @@ class AtomicParquet:
 
 
 def read_scores(out_dir: Path, columns: list[str] | None = None) -> Any:
-    """All score files of a folder (in shard order of the manifest) as one ``pyarrow.Table``."""
+    """All score files of a folder (in shard order of the manifest): ``(table, manifest)``, one ``pyarrow.Table``
+    and the manifest's dict, with ``"quarantined"`` listing the shards left out."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
