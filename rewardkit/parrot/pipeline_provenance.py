@@ -2,11 +2,19 @@
 teacher, its weights, the template, seed and dataset, and for stage 2 the consistency view), and a stage rerun in
 the same ``output_dir`` with another one is refused (``ConfigError``, the CLI's exit 2) instead of reusing the old
 records as its own. :class:`ProvenanceChecks` is the part of :class:`~rewardkit.parrot.pipeline.Pipeline` that
-does it."""
+does it.
+
+The teacher is compared by its weights' content when both the record and this run know it (``teacher_weights``,
+:mod:`rewardkit.fingerprint`: the spec names a local checkpoint): then the spec string and the fields of the
+teacher's description that say where the weights lie (the transformers and vLLM backends' ``model``, the spec's
+path) are not compared, so an equal checkpoint at another path resumes and new weights at the same path are
+refused. Without a content fingerprint on either side (a hosted model, a teacher passed ready, a record written
+before fingerprints) the spec and the whole description must match."""
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any
 
@@ -18,6 +26,75 @@ _PROVENANCE = ("teacher", "template", "seed", "data")
 
 def _now() -> float:
     return round(time.time(), 3)
+
+
+def _location(spec: Any) -> str | None:
+    """Where a teacher spec's weights lie: its path part (``transformers:/ckpt`` -> ``/ckpt``; a bare path is
+    the transformers backend's, as :func:`~rewardkit.parrot.pipeline.load_teacher` reads it)."""
+    from ..judges import BACKENDS
+
+    if not isinstance(spec, str):
+        return None
+    kind, sep, rest = spec.partition(":")
+    return rest if sep and kind in BACKENDS else spec
+
+
+def _weights_key(weights: str) -> str:
+    """``teacher_weights`` with the backend prefix the spec implies (a bare checkpoint and ``hf:`` are the
+    transformers backend's): ``content:<d>``, ``hf:content:<d>`` and ``transformers:content:<d>`` are one teacher."""
+    from ..judges import BACKENDS
+
+    kind, sep, rest = weights.partition(":")
+    if not sep or kind not in BACKENDS:
+        return f"transformers:{weights}"
+    return f"transformers:{rest}" if kind == "hf" else weights
+
+
+def _same_place(a: str, b: str) -> bool:
+    return a == b or os.path.normpath(os.path.expanduser(a)) == os.path.normpath(os.path.expanduser(b))
+
+
+def _where_aside(teacher: str, spec: Any) -> str:
+    """A record's ``teacher`` (its backend's ``describe()`` JSON) without the fields naming where the weights lie:
+    those whose value is the spec's path (the transformers / vLLM backends' ``model``). The rest (backend kind,
+    dtype, logprobs...) still has to match."""
+    loc = _location(spec)
+    try:
+        desc = json.loads(teacher)
+    except (TypeError, ValueError):
+        return teacher
+    if loc is None or not isinstance(desc, dict):
+        return teacher
+    return json.dumps({k: v for k, v in desc.items() if not (isinstance(v, str) and _same_place(v, loc))},
+                      sort_keys=True)
+
+
+def _differences(rec: dict[str, Any], prov: dict[str, Any], fields: tuple[str, ...],
+                 aside: dict[tuple, str]) -> list[str]:
+    """What differs between a record's provenance and this run's, field by field (a field missing or None on
+    either side is not compared). When both know the teacher's weights content, that is compared instead of the
+    spec, and the description without where the weights lie (``aside`` memoises :func:`_where_aside`)."""
+    by_content = (rec.get("teacher_weights") is not None and prov.get("teacher_weights") is not None
+                  and "teacher_weights" in fields)
+    out = []
+    for k in fields:
+        if k not in prov or rec.get(k) is None or prov[k] is None:
+            continue
+        old, new = rec[k], prov[k]
+        if by_content and k == "teacher_spec":
+            continue  # where the weights lie: their content is compared instead
+        if by_content and k == "teacher_weights":
+            if _weights_key(old) != _weights_key(new):
+                out.append(f"{k}: {old!r} in the file, {new!r} now")
+            continue
+        if by_content and k == "teacher":
+            for key in ((old, rec.get("teacher_spec")), (new, prov.get("teacher_spec"))):
+                if key not in aside:
+                    aside[key] = _where_aside(*key)
+            old, new = aside[(old, rec.get("teacher_spec"))], aside[(new, prov.get("teacher_spec"))]
+        if old != new:
+            out.append(f"{k}: {old!r} in the file, {new!r} now")
+    return out
 
 
 class ProvenanceChecks:
@@ -72,19 +149,20 @@ class ProvenanceChecks:
         stages it reads must be of this dataset; else :class:`~rewardkit.errors.ConfigError` (the CLI's exit 2)
         naming what differs. A rerun would otherwise silently keep the old rationales as its own and mix two
         runs in one file. Use another ``output_dir`` (or delete the stage files) to start a new run. (A later
-        stage may use another teacher than an earlier one: each record names its own.)"""
+        stage may use another teacher than an earlier one: each record names its own.) The teacher is its weights'
+        content where both sides know it (the module docstring): an equal checkpoint at another path resumes."""
         from ..errors import ConfigError
 
         prov = prov or self._prov_fields()
         own = {"rationalize": self.rationales, "filter": self.filtered, "project": self.projected}.get(stage)
+        aside: dict[tuple, str] = {}
         for store in (self.rationales, self.filtered, self.projected):
             fields = _PROVENANCE + ("teacher_spec", "teacher_weights") if store is own else ("data",)
             if store is own and own is self.filtered:  # stage 2's records depend on what it showed the teacher
                 fields += ("consistency_view",)
             for rec in store.records.values():
                 # (a field this check does not know, or a record without it, e.g. a teacher passed ready: skipped)
-                diff = [f"{k}: {rec.get(k)!r} in the file, {prov[k]!r} now" for k in fields
-                        if k in prov and rec.get(k) is not None and prov[k] is not None and rec.get(k) != prov[k]]
+                diff = _differences(rec, prov, fields, aside)
                 if diff:
                     raise ConfigError(
                         f"{store.path} holds records of another run (row {rec.get('row')!r}: {'; '.join(diff)}). "
