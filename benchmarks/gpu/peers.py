@@ -312,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dry-run", action="store_true", help="the same code on the CPU, at toy sizes, 1 round")
     ap.add_argument("--device", default=None, help="default cuda:0 (--dry-run: cpu)")
-    ap.add_argument("--models", default=None, help="default hpsv2,imagereward,aesthetic,hpsv3 (--dry-run: hpsv2,aesthetic)")
+    ap.add_argument("--models", default=None,
+                    help="default hpsv2,imagereward,aesthetic,hpsv3 (--dry-run: hpsv2,aesthetic)")
     ap.add_argument("--precisions", default="float32,half")
     ap.add_argument("--batches", default=None, help="default 1,8,32 (--dry-run: 1,2)")
     ap.add_argument("--rounds", type=int, default=None, help="default 3 (--dry-run: 1)")
