@@ -28,9 +28,11 @@ rewardkit's own (minus decoding and the pre-processing recipe, timed by wrapping
 the pixel functions, as ``benchmarks/peers.py`` does).
 
 The prepared run (no arguments): the four models, mixed and equal sizes, batch 1, 8 and 32, 3 rounds of 32 images,
-both precisions: a few minutes on one GPU once the workers are up (a watchdog stops it at 280 s, printing what it
-has). ``--dry-run`` runs the same code on the CPU (float32, batch 1 and 2, 1 round of 2 images, hpsv2 and
-aesthetic, mixed sizes), which the test suite runs (``tests/project/test_gpu_scripts.py``).
+both precisions, within about 5 minutes on one GPU: the workers of every (model, precision) start at once, the
+cells run mixed sizes first, each batch size across the models, and none starts after ``--budget`` seconds
+(default 240; the ones left are printed as skipped); a watchdog ends the run at the budget + 50 s.
+``--dry-run`` runs the same code on the CPU (float32, batch 1 and 2, 1 round of 2 images, hpsv2 and aesthetic,
+mixed sizes), which the test suite runs (``tests/project/test_gpu_peers.py``).
 ``--official-python PY`` runs every official side with one interpreter instead of the parity environments (a
 machine where the official packages are installed into one Python).
 """
@@ -46,6 +48,7 @@ import os
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
@@ -201,6 +204,8 @@ def worker(side: str, model: str, work: str, device: str) -> None:
 
     torch.set_num_threads(1)
     cuda = device.startswith("cuda")
+    if cuda:  # "cuda" is then this device (hpsv2's img_score places its model on "cuda")
+        torch.cuda.set_device(device)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     d = Path(work) / model
     score = reward = None
@@ -320,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--images", type=int, default=None, help="images per round (default 32; --dry-run: 2)")
     ap.add_argument("--sizes", default=None, help="default mixed,equal (--dry-run: mixed)")
     ap.add_argument("--work", default=str(Path.home() / ".cache" / "rewardkit" / "peers" / "work"))
+    ap.add_argument("--budget", type=float, default=240.0,
+                    help="seconds after which no new cell starts (default 240; a watchdog ends the run at +50 s)")
     ap.add_argument("--official-python", default=None, help="one interpreter for every official side")
     ap.add_argument("--worker", nargs=4, metavar=("SIDE", "MODEL", "WORK", "DEVICE"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -334,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         if not torch.cuda.is_available():
             print("no CUDA device: run benchmarks/peers.py for the CPU figures (or --dry-run)")
             return 2
-        faulthandler.dump_traceback_later(280, exit=True)  # a GPU run never outlasts its 5-minute slot
+        faulthandler.dump_traceback_later(a.budget + 50, exit=True)  # a GPU run never outlasts its slot
     models = (a.models or ("hpsv2,aesthetic" if dry else ",".join(P.MODELS))).split(",")
     unknown = [m for m in models if m not in PRECISIONS]
     if unknown:
@@ -356,38 +363,54 @@ def main(argv: list[str] | None = None) -> int:
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     t_start = time.time()
-    rows, printed_head = [], False
+    trios, rows = {}, []  # (model, precision) -> (official, rewardkit, profile) workers
     for m in models:
-        off_py = a.official_python or P._venv_python(P.MODELS[m][1], venvs)
-        cmd = [HERE.as_posix(), "--worker"]
-        off = P.Worker([off_py, *cmd, "official", m, str(work), device], env)
-        rk = P.Worker([sys.executable, *cmd, "rewardkit", m, str(work), device], env)
-        prof = P.Worker([sys.executable, *cmd, "profile", m, str(work), device], env)
-        if not printed_head:
-            print(f"device {rk.ready['device']}; load average {os.getloadavg()[0]:.1f} / {os.cpu_count()} cores; "
-                  f"one torch thread per side; {rounds} interleaved rounds of {n_img} images; ratios = official / "
-                  "rewardkit (> 1: rewardkit faster); float32 agreement bound 1e-5 of the score scale", flush=True)
-            print(HEAD, flush=True)
-            printed_head = True
         for prec in wanted:
             if prec not in precisions(m, device):
                 print(f"{m:12s} {prec:9s} skipped: the official package has no {prec} mode on {device}", flush=True)
-                continue
-            loaded = [w.ask(load=prec) for w in (off, rk, prof)]
-            err = next((x["error"] for x in loaded if "error" in x), None)
-            if err:
-                print(f"{m:12s} {prec:9s} error loading: {err}", flush=True)
-                continue
-            for kind in sizes:
-                paths = P.make_images(work, P.MIXED if kind == "mixed" else P.EQUAL, n_img, kind)
-                for b in batches:
-                    row = _cell(off, rk, prof, m, prec, kind, b, paths, rounds, n_img)
-                    if "error" in row:
-                        print(f"{m:12s} {prec:9s} {kind:6s} {b:5d}  error: {row['error']}", flush=True)
-                        continue
-                    rows.append(row)
-                    print(format_row(row), flush=True)
-        for w in (off, rk, prof):
+            else:
+                trios[m, prec] = None
+    cmd = [HERE.as_posix(), "--worker"]
+
+    def start(key):  # the three workers of one (model, precision), loaded
+        m, prec = key
+        off_py = a.official_python or P._venv_python(P.MODELS[m][1], venvs)
+        ws = (P.Worker([off_py, *cmd, "official", m, str(work), device], env),
+              P.Worker([sys.executable, *cmd, "rewardkit", m, str(work), device], env),
+              P.Worker([sys.executable, *cmd, "profile", m, str(work), device], env))
+        return ws, next((x["error"] for x in (w.ask(load=prec) for w in ws) if "error" in x), None)
+
+    with ThreadPoolExecutor(max(1, len(trios))) as pool:  # all start at once: the start-up is most of a short run
+        started = dict(zip(trios, pool.map(start, trios)))
+    for (m, prec), (ws, err) in started.items():
+        if err:
+            print(f"{m:12s} {prec:9s} error loading: {err}", flush=True)
+        else:
+            trios[m, prec] = ws
+    name = next(ws for ws, _ in started.values())[1].ready["device"] if started else device
+    print(f"device {name}; workers up in {time.time() - t_start:.0f} s; load average {os.getloadavg()[0]:.1f} / "
+          f"{os.cpu_count()} cores; one torch thread per side; {rounds} interleaved rounds of {n_img} images; ratios "
+          "= official / rewardkit (> 1: rewardkit faster); float32 agreement bound 1e-5 of the score scale",
+          flush=True)
+    print(HEAD, flush=True)
+    # the most telling cells first (mixed sizes, then each batch size across the models): a budget cut drops the rest
+    for kind in sizes:
+        paths = P.make_images(work, P.MIXED if kind == "mixed" else P.EQUAL, n_img, kind)
+        for b in batches:
+            for (m, prec), ws in trios.items():
+                if ws is None:
+                    continue
+                if time.time() - t_start > a.budget:
+                    print(f"{m:12s} {prec:9s} {kind:6s} {b:5d}  skipped: past the {a.budget:.0f} s budget", flush=True)
+                    continue
+                row = _cell(*ws, m, prec, kind, b, paths, rounds, n_img)
+                if "error" in row:
+                    print(f"{m:12s} {prec:9s} {kind:6s} {b:5d}  error: {row['error']}", flush=True)
+                    continue
+                rows.append(row)
+                print(format_row(row), flush=True)
+    for ws, _ in started.values():
+        for w in ws:
             w.close()
     faulthandler.cancel_dump_traceback_later()
     print(f"{len(rows)} rows in {time.time() - t_start:.0f} s; load average at the end {os.getloadavg()[0]:.1f}")

@@ -55,7 +55,7 @@ def test_gpu_peers_script_dry_run():
                          text=True, timeout=600, env=env, cwd=ROOT)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     out = res.stdout
-    assert out.startswith("device cpu;") and "1 interleaved rounds of 2 images" in out
+    assert re.search(r"^device cpu; workers up in \d+ s; .*1 interleaved rounds of 2 images", out, re.M), out
     assert re.search(r"^model +precision +sizes +batch +wall x +cpu x .*GPU peak off/rk MiB .*rk own$", out, re.M)
     rows = re.findall(r"^hpsv2 +float32 +mixed +(\d+) +([\d.]+)x +([\d.]+)x .* (ok|OVER) .* n/a/n/a ", out, re.M)
     assert [r[0] for r in rows] == ["1", "2"], out
