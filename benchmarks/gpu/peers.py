@@ -204,16 +204,21 @@ def worker(side: str, model: str, work: str, device: str) -> None:
 
     torch.set_num_threads(1)
     cuda = device.startswith("cuda")
-    if cuda:  # "cuda" is then this device (hpsv2's img_score places its model on "cuda")
+    fatal = None
+    if cuda and not torch.cuda.is_available():  # e.g. a parity environment built with a CPU-only torch
+        fatal = f"torch {torch.__version__} of {sys.executable} sees no CUDA device"
+    elif cuda:  # "cuda" is then this device (hpsv2's img_score places its model on "cuda")
         torch.cuda.set_device(device)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     d = Path(work) / model
     score = reward = None
     print(json.dumps({"ready": True, "rss_mib": P._rss_mib(),
-                      "device": torch.cuda.get_device_name(device) if cuda else "cpu"}), flush=True)
+                      "device": torch.cuda.get_device_name(device) if cuda and not fatal else "cpu"}), flush=True)
     for line in sys.stdin:
         req = json.loads(line)
         try:
+            if fatal:
+                raise RuntimeError(fatal)
             if "load" in req:
                 score = reward = None
                 gc.collect()
