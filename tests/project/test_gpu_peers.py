@@ -4,6 +4,7 @@ path on the CPU against the official packages' parity environments; its agreemen
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import os
 import re
@@ -72,3 +73,18 @@ def test_gpu_run_needs_a_cuda_device(capsys):
         pytest.skip("a CUDA device is present")
     assert _script().main([]) == 2
     assert "no CUDA device" in capsys.readouterr().out
+
+
+def test_a_worker_without_cuda_says_so_in_its_row(tmp_path):
+    """A side whose torch sees no CUDA device (a parity environment built with a CPU-only torch) answers every
+    request with that error, which the driver prints in the row, instead of scoring on the CPU."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    res = subprocess.run([sys.executable, str(SCRIPT), "--worker", "rewardkit", "hpsv2", str(tmp_path), "cuda:0"],
+                         input='{"load": "half"}\n{"paths": ["x.png"], "prompt": "p", "batch": 1}\n',
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    ready, *answers = [json.loads(ln) for ln in res.stdout.splitlines() if ln.startswith("{")]
+    assert ready["device"] == "cpu" and len(answers) == 2
+    assert all(a["error"].startswith("RuntimeError: torch ") and "sees no CUDA device" in a["error"] for a in answers)
