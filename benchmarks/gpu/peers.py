@@ -6,7 +6,9 @@ tiny checkpoints (``~/.cache/rewardkit/peers/work``, written by the first ``benc
 device, in two long-lived worker processes per model sent the same rounds in alternation. Each timed span starts
 and ends with ``torch.cuda.synchronize()`` (the host waits for the device, so the wall time is the device's too);
 each side's peak GPU memory is ``torch.cuda.max_memory_allocated()`` in its own process, reset before each cell's
-warm-up call (model weights + activations + whatever the side reloads per call).
+warm-up call (model weights + activations + whatever the side reloads per call). The CPU time is the side's
+process time: on CUDA it includes the host's wait in ``synchronize`` (a spin by default), so it tracks the wall
+time more than on the CPU.
 
 Precisions, per model, as the official package runs on CUDA (rewardkit given the same dtype):
 
@@ -397,6 +399,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{os.cpu_count()} cores; one torch thread per side; {rounds} interleaved rounds of {n_img} images; ratios "
           "= official / rewardkit (> 1: rewardkit faster); float32 agreement bound 1e-5 of the score scale",
           flush=True)
+    for (m, prec), ws in trios.items():
+        if ws is not None:
+            official, rk_dtype = precisions(m, device)[prec]
+            print(f"{m} {prec}: official {official}, rewardkit {rk_dtype}", flush=True)
     print(HEAD, flush=True)
     # the most telling cells first (mixed sizes, then each batch size across the models): a budget cut drops the rest
     for kind in sizes:

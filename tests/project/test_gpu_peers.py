@@ -63,7 +63,7 @@ def test_gpu_peers_script_dry_run():
     assert all(float(r[1]) > 0 and float(r[2]) > 0 for r in rows)
     assert all(r[3] == "ok" for r in rows), out  # same scores within the parity tolerance
     assert "hpsv2        half      skipped: the official package has no half mode on cpu" in out
-    assert "2 rows in" in out
+    assert "hpsv2 float32: official float32, rewardkit float32" in out and "2 rows in" in out
 
 
 def test_gpu_run_needs_a_cuda_device(capsys):
