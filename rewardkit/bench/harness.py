@@ -328,7 +328,7 @@ def _evaluate_one(spec: BenchmarkSpec, reward: Reward, scorer: _Scorer, *, rows:
         names += ["order_agreement", "single_order_accuracy"]
     if "genaibench_4way" in names:
         if callable(getattr(reward, "judge_4way", None)):
-            keys = items_keys(rows, reward, use_sources)
+            keys = _items_keys(rows, reward, use_sources)
             items = {k: (c.image_a, c.image_b, c.prompt, c.sources if use_sources else [])
                      for k, c in zip(keys, rows)}
             found = scorer.verdicts4(items, use_sources, f"{spec.name} (4-way)")
@@ -404,7 +404,7 @@ def wrong_pairs(rows: Sequence[Comparison], pred: Predictions, keep: int, thumb:
             "pairs": pairs}
 
 
-def items_keys(rows: Sequence[Comparison], reward: Reward, use_sources: bool) -> list[str]:
+def _items_keys(rows: Sequence[Comparison], reward: Reward, use_sources: bool) -> list[str]:
     """Forward-order pair keys of ``rows`` (the cache keys of 4-way verdicts)."""
     return [pair_key(c.hash_a, c.hash_b, c.prompt if reward.uses_prompt else None,
                      c.source_hashes if use_sources else []) for c in rows]

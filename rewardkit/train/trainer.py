@@ -445,7 +445,7 @@ class PreferenceTrainer:
 
         # one collator (one processor copy) per worker thread; round-robin keeps each copy single-threaded
         n = self.cfg.data_workers
-        collators = [self.bg_collate] + [PairCollatorCopy(self.bg_collate) for _ in range(n - 1)]
+        collators = [self.bg_collate] + [_pair_collator_copy(self.bg_collate) for _ in range(n - 1)]
         pools = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rk-data{i}") for i in range(n)]
         pending: deque = deque()
         submitted = 0
@@ -588,7 +588,7 @@ class PreferenceTrainer:
         return summary
 
 
-def PairCollatorCopy(col):
+def _pair_collator_copy(col):
     """Another collator over its own processor copy (one per data thread)."""
     from .data import PairCollator
 

@@ -129,3 +129,45 @@ genaibench/t2i ['accuracy_with_ties', 'accuracy_without_ties'] True
 BenchDataError
 '''),
 ]
+
+EXAMPLES += [(
+    "The pairs a reward got wrong, and the --by columns a run's rows have",
+    '''\
+import io
+
+import numpy as np
+from PIL import Image
+from rewardkit.bench.data import Comparison
+from rewardkit.bench.harness import (BenchDataError, Predictions, by_columns, check_by_columns, wrong_indices,
+                                     wrong_pairs)
+
+def png(level):
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), (level, level, level)).save(buf, format="PNG")
+    return buf.getvalue()
+
+labels = [1, -1, 1, 0]                                 # human: A, B, A, tie
+rows = [Comparison(index=i, item_id=f"p{i}", group_id=f"p{i}", prompt="a cat", image_a=png(10 * i),
+                   image_b=png(200), label=h, raw_label="AB"[h < 0], extra={"meta": '{"category": "animals"}'})
+        for i, h in enumerate(labels)]
+margin = np.array([0.5, 0.2, -0.9, 0.3])             # the reward's score(A) - score(B)
+# wrong: a human preference, a finite margin of the other sign; most confident first
+print(wrong_indices(rows, margin))                     # row 2 (|-0.9|), then row 1 (|0.2|); the tie is no mistake
+pred = Predictions(margin=margin, forward=["A", "A", "B", "A"], reverse=[None] * 4)
+record = wrong_pairs(rows, pred, keep=1, thumb=16)     # what `--wrong-examples 1` keeps in the record
+pair = record["pairs"][0]
+print(record["n_wrong"], pair["index"], pair["margin"], pair["forward"], pair["image_a"][:22])
+found, columns = by_columns(rows, ["meta.category", "model_a", "lang"])   # `--by`: which names the rows have
+print(sorted(found), "lang" in columns, {"meta", "model_a", "prompt"} <= columns)
+try:
+    check_by_columns(sorted({"meta.category", "model_a", "lang"} - found), columns, ["mybench/t2i"])
+except BenchDataError as exc:
+    print(str(exc).split(";")[0])                     # then the columns there are
+''',
+    '''\
+[2, 1]
+2 2 -0.9 B data:image/png;base64,
+['meta.category'] False True
+--by / by: 'lang', 'model_a' is in none of mybench/t2i
+'''),
+]

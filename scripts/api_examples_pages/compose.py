@@ -207,3 +207,46 @@ model.q
 merged2
 '''),
 ]
+
+EXAMPLES += [(
+    'Souping two LoRA preference models: heads averaged, adapters exactly',
+    '''\
+import json
+import tempfile
+from pathlib import Path
+
+import safetensors.torch
+import torch
+from rewardkit.compose.soup import read_adapter, soup_preference_models
+
+root = Path(tempfile.mkdtemp())
+def preference_model(name, B, head_w, head_b):     # the folder `rewardkit train preference` (lora.enabled) writes
+    d = root / name
+    (d / "adapter").mkdir(parents=True)
+    (d / "adapter" / "adapter_config.json").write_text(json.dumps({"r": 1, "lora_alpha": 1, "target_modules": ["q"]}))
+    safetensors.torch.save_file({"base_model.model.q.lora_A.weight": torch.tensor([[1.0, 0.0]]),
+                                 "base_model.model.q.lora_B.weight": torch.tensor(B)},
+                                str(d / "adapter" / "adapter_model.safetensors"))
+    safetensors.torch.save_file({"w": torch.tensor(head_w), "b": torch.tensor(head_b)}, str(d / "head.safetensors"))
+    (d / "processor").mkdir()
+    (d / "processor" / "tokenizer.json").write_text("{}")
+    (d / "preference_config.json").write_text(json.dumps({"format": "rewardkit-preference", "weights": "lora",
+                                                          "head": "linear", "base_model": "tiny"}))
+    return d
+
+a = preference_model("a", [[2.0], [0.0]], [[1.0, 2.0]], [1.0])
+b = preference_model("b", [[0.0], [4.0]], [[3.0, 6.0]], [5.0])
+out = soup_preference_models([a, b], root / "soup", weights=[0.25, 0.75])     # the weights must sum to 1
+head = safetensors.torch.load_file(str(out / "head.safetensors"))
+print(head["w"].tolist(), head["b"].tolist())              # 0.25 * a + 0.75 * b, parameter by parameter
+ad = read_adapter(out / "adapter")
+q = "base_model.model.q"
+print((ad.B[q] @ ad.A[q] * ad.scaling[q]).tolist())        # 0.25 B_a A_a + 0.75 B_b A_b, exactly
+print(sorted(p.name for p in out.iterdir()), json.loads((out / "soup.json").read_text())["weights"])
+''',
+    '''\
+[[2.5, 5.0]] [4.0]
+[[0.5, 0.0], [3.0, 0.0]]
+['adapter', 'head.safetensors', 'preference_config.json', 'processor', 'soup.json'] [0.25, 0.75]
+'''),
+]

@@ -187,3 +187,85 @@ print(summary.rows, summary.invalid)
 ''',
     ""),
 ]
+
+EXAMPLES += [(
+    "One shard's score file, written by hand with ShardWriter",
+    '''\
+import json
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from rewardkit.datasets.output import ShardWriter
+
+out = Path(tempfile.mkdtemp()) / "scores"
+desc = {"reward": "brightness", "config": {}}                  # the reward's description, as the manifest holds it
+writer = ShardWriter(out, "part-0", "/data/part-0.parquet", desc, pa.string(), dimensions=["quality"])
+writer.write(["a", "b"], [{"score": 0.5, "valid": True, "error": None, "dimensions": {"quality": 2.0}},
+                          {"score": None, "valid": False, "error": "unreadable image"}])   # as records() gives them
+print(writer.rows, writer.invalid, writer.final.exists())       # buffered in row groups: no file yet
+writer.commit()                                                 # written to part-0.parquet.tmp, then renamed
+table = pq.read_table(out / "part-0.parquet")
+print(table.column_names)
+cols = table.to_pydict()
+print(cols["row"], cols["score"], cols["dim_quality"], cols["error"])   # a missing value is NaN, with its reason
+print(json.loads(table.schema.metadata[b"rewardkit"])["input_shard"])
+''',
+    '''\
+2 1 False
+['shard', 'row', 'id', 'score', 'valid', 'error', 'dim_quality']
+[0, 1] [0.5, nan] [2.0, nan] [None, 'unreadable image']
+/data/part-0.parquet
+'''),
+]
+
+EXAMPLES += [(
+    'PARROT stage 1 over a Parquet set of pairs (a rule-based stand-in teacher)',
+    '''\
+import io
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from PIL import Image
+from rewardkit.datasets.parrot import PairColumns, pair_rows, rationale_batch, rationalize_dataset
+from rewardkit.datasets.sources import open_dataset
+from rewardkit.parrot.pipeline import ParrotConfig, Pipeline, TeacherCfg
+
+def png(level):
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), (level, level, level)).save(buf, format="PNG")
+    return buf.getvalue()
+
+root = Path(tempfile.mkdtemp())
+(root / "pairs").mkdir()
+pq.write_table(pa.table({"pair_id": ["p0", "p1", "p2"], "caption": ["a dark room", "a lit room", "a cat"],
+                         "image_a": [png(30), png(220), png(90)], "image_b": [png(200), png(40), b"not a png"],
+                         "label": ["B", "A", "A"]}), root / "pairs" / "part-0.parquet")
+cols = PairColumns(prompt="caption", id="pair_id")             # which columns hold the pair's parts
+ds = open_dataset(str(root / "pairs"))
+start, ids, rows, errors = next(pair_rows(ds, ds.shards[0], cols, batch_size=8))   # decoded, labels normalised
+print(start, ids, [r["label"] for r in rows[:2]], rows[0]["image_a"].size, [e is None for e in errors])
+# a rule-based stand-in teacher (brightness); a real run names a VLM: transformers:<ckpt>, vllm:<ckpt>, openai:<url>
+cfg = ParrotConfig(output_dir=str(root / "work"), teacher=TeacherCfg(judge="scripted"), batch_size=8)
+records = rationale_batch(Pipeline(cfg, progress=False, load_data=False), rows, errors)
+print([r["status"] for r in records], records[0]["rationale_preferred"], records[2]["reason"])
+print(records[0]["rationale"].splitlines()[1])               # 1 + 3 * brightness / 255, to the nearest 0.5
+summary = rationalize_dataset(cfg, str(root / "pairs"), root / "rationales", columns=cols)   # every shard, resumable
+print(summary.rows, summary.shards_scored, summary.invalid)
+got = pq.read_table(root / "rationales" / "part-0.parquet").to_pylist()
+print([(g["id"], g["status"], g["label"]) for g in got])
+again = rationalize_dataset(cfg, str(root / "pairs"), root / "rationales", columns=cols)   # a rerun
+print(again.rows, again.shards_skipped)                      # skips the finished shard
+''',
+    '''\
+0 ['p0', 'p1', 'p2'] ['B', 'A'] (8, 8) [True, True, False]
+['ok', 'ok', 'skipped'] B unreadable row: RewardInputError: bytes is not a recognised image format
+Scores: A = 1.5, B = 3.5
+3 1 1
+[('p0', 'ok', 'B'), ('p1', 'ok', 'A'), ('p2', 'skipped', 'A')]
+0 1
+'''),
+]

@@ -90,3 +90,64 @@ synthetic:brightness bt False linear 1e-05
 2 True ['eval_accuracy', 'eval_loss', 'eval_margin']
 '''),
 ]
+
+EXAMPLES += [(
+    "Pick-a-Pic's layout, and the trainer's command line in your own script",
+    '''\
+import argparse
+import contextlib
+import io
+
+import datasets
+from rewardkit.train.data import convert_pickapic
+from rewardkit.train.trainer import add_arguments, run_cli
+
+pickapic = datasets.Dataset.from_dict({"caption": ["a cat", "a dog", "a fox"], "jpg_0": [b"..."] * 3,
+                                       "jpg_1": [b"..."] * 3, "label_0": [1.0, 0.0, 0.5], "best_image_uid": [""] * 3})
+pairs = convert_pickapic(pickapic)                     # label_0 1 / 0 / 0.5: A / B / tie
+print(sorted(pairs.column_names), list(pairs["label"]))
+
+parser = argparse.ArgumentParser(prog="mytrain")       # the trainer's command line inside your own script
+add_arguments(parser)
+args = parser.parse_args(["--print-config", "--output-dir", "runs/x", "optim.lr=3e-5", "max_steps=10"])
+print(args.overrides, args.output_dir)
+buf = io.StringIO()
+with contextlib.redirect_stdout(buf):
+    code = run_cli(args)                               # --print-config: the resolved config as YAML, no training
+lines = buf.getvalue().splitlines()
+print(code, lines[0], [x.strip() for x in lines if x.strip().startswith(("lr:", "max_steps:"))])
+''',
+    '''\
+['image_a', 'image_b', 'label', 'prompt'] ['A', 'B', 'tie']
+['optim.lr=3e-5', 'max_steps=10'] runs/x
+0 output_dir: runs/x ['lr: 3.0e-05', 'max_steps: 10']
+'''),
+]
+
+EXAMPLES += [(
+    'Collating preference pairs for one forward pass (a tiny model), a bad row skipped',
+    '''\
+import torch
+from rewardkit.models.preference import PreferenceModel
+from rewardkit.train.data import PairCollator, synthetic_brightness_pairs
+
+model = PreferenceModel.from_backbone("tiny:qwen2_5_vl")     # a real Qwen2.5-VL class, random weights
+rows = list(synthetic_brightness_pairs(3, seed=0))            # PIL images, a prompt, the brighter image wins
+rows[0] = {**rows[0], "image_a": rows[0]["image_b"], "image_b": rows[0]["image_a"], "label": "A"}   # swapped
+rows[1] = {**rows[1], "image_b": "missing.png"}               # an unreadable row
+batch = PairCollator(model, skip_bad=True)(rows)              # [a_1..a_3, b_1..b_3]: one forward pass
+print(sorted(batch), batch["inputs"]["input_ids"].shape[0])
+# skip_bad (what the trainer uses): the bad row becomes a copy of the first good one, with weight 0
+print(batch["keep"].tolist(), batch["weight"].tolist(), batch["skipped"][0].index)
+print([r["label"] for r in rows], batch["labels"].tolist())   # A -> 0, B -> 1; row 1 is row 0's copy
+with torch.no_grad():
+    rewards, _ = model(**batch["inputs"])
+print(rewards.shape)                                          # r(a_i) then r(b_i)
+''',
+    '''\
+['inputs', 'keep', 'labels', 'margin', 'skipped', 'weight'] 6
+[True, False, True] [1.0, 0.0, 1.0] 1
+['A', 'B', 'B'] [0, 0, 1]
+torch.Size([6])
+'''),
+]
