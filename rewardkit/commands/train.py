@@ -10,6 +10,7 @@ import argparse
 import importlib
 from pathlib import Path
 
+from ..train.arguments import preference_arguments
 from . import EXIT_CODES_HELP, UsageError
 
 PREFERENCE_HELP = """Train a Bradley-Terry preference reward on a vision-language model (Arena RM recipe).
@@ -20,21 +21,10 @@ Outputs in output_dir: metrics.jsonl, checkpoints/ (resumable), model/ (load it 
 --reward preference --model OUTPUT_DIR/model), config.yaml."""
 
 
-def _preference_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", "-c", type=Path, help="recipe YAML (see recipes/arena_rm/)")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                   help="config overrides, e.g. optim.lr=1e-5 output_dir=runs/x lora.enabled=true")
-    p.add_argument("--output-dir", help="shortcut for output_dir=...")
-    p.add_argument("--resume", help="auto (default), never, or a checkpoint directory")
-    p.add_argument("--print-config", action="store_true",
-                   help="print the resolved config (defaults + --config + overrides) as YAML and exit")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar (same as progress=false)")
-
-
 # kind -> (module providing run_cli(args), help text, argument declarations)
 KINDS = {
     "preference": ("rewardkit.train.trainer", "Bradley-Terry preference reward on a VLM (Arena RM recipe)",
-                   _preference_arguments, PREFERENCE_HELP),
+                   preference_arguments, PREFERENCE_HELP),
 }
 
 
@@ -52,8 +42,6 @@ def run(args: argparse.Namespace) -> int:
     kind = getattr(args, "train_kind", None)
     if not kind:
         raise UsageError("give a kind: rewardkit train KIND ...; kinds: " + ", ".join(KINDS))
-    if getattr(args, "no_progress", False):
-        args.overrides = [*args.overrides, "progress=false"]
     if args.config is not None and not Path(args.config).is_file():
         raise UsageError(f"--config {args.config}: no such file")
     if not args.print_config:

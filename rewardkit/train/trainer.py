@@ -38,6 +38,8 @@ import torch
 
 from .._imports import require
 from . import losses as L
+# the options of `rewardkit train preference`, declared once: the CLI declares them with the same function
+from .arguments import preference_arguments as add_arguments
 # The config (preference_config.py) and the checkpoint helpers (checkpoint.py) live beside this module; their names
 # stay importable from here.
 from .checkpoint import (  # noqa: F401
@@ -605,16 +607,6 @@ def train_preference(cfg: PreferenceTrainConfig | dict | str | None = None, **ov
 
 
 # ---------------------------------------------------------------------------------------------- CLI glue
-def add_arguments(p) -> None:
-    p.add_argument("--config", "-c", type=Path, help="recipe YAML (see recipes/arena_rm/)")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                   help="config overrides, e.g. optim.lr=1e-5 output_dir=runs/x lora.enabled=true")
-    p.add_argument("--output-dir", help="shortcut for output_dir=...")
-    p.add_argument("--resume", help="auto (default), never, or a checkpoint directory")
-    p.add_argument("--print-config", action="store_true",
-                   help="print the resolved config (defaults + --config + overrides) as YAML and exit")
-
-
 def run_cli(args) -> int:
     from ..config import load_config
 
@@ -623,6 +615,8 @@ def run_cli(args) -> int:
         overrides.append(f"output_dir={args.output_dir}")
     if args.resume:
         overrides.append(f"resume={args.resume}")
+    if getattr(args, "no_progress", False):
+        overrides.append("progress=false")
     cfg = load_config(PreferenceTrainConfig, args.config, overrides)
     if args.print_config:
         import yaml
