@@ -6,6 +6,7 @@ tiny demo checkpoints under a temporary folder; nothing outside the repository i
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -44,24 +45,28 @@ def test_shipped_images_are_small_licensed_and_listed():
 
 @pytest.mark.slow
 def test_relative_paths_from_another_directory_and_empty_folder(tmp_path, env):
+    """Two real runs (each a Python start-up): a folder with a broken image among good ones, from another
+    directory (relative input and `-o` paths; exit 3, the good rows scored), and an empty folder (exit 2). The
+    all-scored exit 0 of the same path: README's `bash scripts/score.sh examples/images/ ...`, run verbatim by
+    docs/test_commands.py::test_run_every_unmarked_doc_command; the pass-through of each status:
+    docs/test_readme.py::test_score_sh_with_arguments_uses_the_demo_cache_and_returns_rewardkits_status."""
     work = tmp_path / "elsewhere"
     (work / "imgs").mkdir(parents=True)
     for name in ("t2i_red_apple.png", "t2i_open_sign.png"):
         shutil.copy(IMAGES / name, work / "imgs" / name)
+    (work / "imgs" / "broken.png").write_bytes(b"not a png")
     res = _run(["imgs", "--prompt", "a red apple", "-o", "out/scores.jsonl", "--no-progress"], work, env)
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == 3 and "1 of 3 images invalid" in res.stderr, res.stderr
     assert "imgs/t2i_red_apple.png" in res.stdout and "imgs/t2i_open_sign.png" in res.stdout
+    assert "broken.png" in res.stdout
     assert (work / "out" / "scores.jsonl").is_file()  # relative to the caller's directory, not the repo
-    assert len((work / "out" / "scores.jsonl").read_text().splitlines()) == 2
+    rows = [json.loads(x) for x in (work / "out" / "scores.jsonl").read_text().splitlines()]
+    assert sorted((Path(r["image"]).name, r["valid"]) for r in rows) == [
+        ("broken.png", False), ("t2i_open_sign.png", True), ("t2i_red_apple.png", True)]
 
     (work / "empty").mkdir()
     res = _run(["empty", "--prompt", "a red apple"], work, env)
     assert res.returncode == 2 and "holds no image files" in res.stderr, res.stderr
-
-    (work / "imgs" / "broken.png").write_bytes(b"not a png")
-    res = _run(["imgs", "--prompt", "a red apple", "--no-progress"], work, env)
-    assert res.returncode == 3 and "1 of 3 images invalid" in res.stderr, res.stderr
-    assert "broken.png" in res.stdout
 
 
 @pytest.mark.slow
@@ -77,7 +82,6 @@ def test_demo_without_arguments_shows_t2i_edit_and_compare(tmp_path, env):
     # the last step: one HTML report of the three outputs, with the three example images and their scores
     report = REPO / "outputs" / "report.html"
     assert f"report: {report}" in res.stderr
-    import json
     import re
 
     html = report.read_text(encoding="utf-8")

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -183,37 +181,42 @@ WORKER = textwrap.dedent('''
     assert distributed.init_from_env("gloo")
     r, w = distributed.rank(), distributed.world_size()
     idx = distributed.shard_indices(len(IMGS))
-    c = full_comp(os.environ["NORMALIZE"])
-    ax = c.axis_scores([IMGS[i] for i in idx], [PROMPTS[i] for i in idx], metadata=[META[i] for i in idx])
-    full = distributed.gather_combine(c, ax)
-    local = distributed.gather_combine(c, ax, local=True)
+    got = {}
+    for normalize in ("batch", "group"):  # one process group for both (a start-up costs more than the checks)
+        c = full_comp(normalize)
+        ax = c.axis_scores([IMGS[i] for i in idx], [PROMPTS[i] for i in idx], metadata=[META[i] for i in idx])
+        full = distributed.gather_combine(c, ax)
+        local = distributed.gather_combine(c, ax, local=True)
+        got[normalize] = {"full": full.scores.tolist(), "errors": full.errors, "local": local.scores.tolist(),
+                          "idx": idx, "world": w}
     if r == 0:
-        json.dump({"full": full.scores.tolist(), "errors": full.errors, "local": local.scores.tolist(), "idx": idx,
-                   "world": w}, open(os.environ["OUT"], "w"))
+        json.dump(got, open(os.environ["OUT"], "w"))
     torch.distributed.destroy_process_group()
 ''')
 
 
 @pytest.mark.slow
 @pytest.mark.distributed
-@pytest.mark.parametrize("normalize", ["batch", "group"])
-def test_gather_combine_two_gloo_processes_equals_one_call(tmp_path, normalize):
+def test_gather_combine_two_gloo_processes_equals_one_call(tmp_path):
+    """Both normalisations that need the whole batch ("batch", "group") in one launch of 2 gloo processes (started
+    directly, no torchrun agent: tests/helpers/gloo.py)."""
     import json
+
+    from tests.helpers.gloo import run_two_gloo_workers
 
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     out = tmp_path / "out.json"
-    env = dict(os.environ, TEST_DIR=os.path.dirname(__file__), OUT=str(out), NORMALIZE=normalize,
-               OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(out.read_text())
-    assert got["world"] == 2 and got["idx"] == [0, 1, 2]
-    c = full_comp(normalize)
-    whole = c(IMGS, PROMPTS, metadata=META)
-    expect = [NAN if v is None else v for v in whole.scores.tolist()]
-    full = torch.tensor([NAN if v is None else v for v in got["full"]])
-    assert torch.allclose(full, torch.tensor(expect), atol=1e-6, equal_nan=True)
-    assert got["errors"] == whole.errors
-    assert torch.allclose(torch.tensor(got["local"]), full[:3], atol=0, equal_nan=True)
+    run_two_gloo_workers(script, dict(os.environ, TEST_DIR=os.path.dirname(__file__), OUT=str(out),
+                                      OMP_NUM_THREADS="1"))
+    results = json.loads(out.read_text())
+    assert sorted(results) == ["batch", "group"]
+    for normalize, got in results.items():
+        assert got["world"] == 2 and got["idx"] == [0, 1, 2]
+        c = full_comp(normalize)
+        whole = c(IMGS, PROMPTS, metadata=META)
+        expect = [NAN if v is None else v for v in whole.scores.tolist()]
+        full = torch.tensor([NAN if v is None else v for v in got["full"]])
+        assert torch.allclose(full, torch.tensor(expect), atol=1e-6, equal_nan=True), normalize
+        assert got["errors"] == whole.errors, normalize
+        assert torch.allclose(torch.tensor(got["local"]), full[:3], atol=0, equal_nan=True), normalize

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -51,15 +49,14 @@ def test_a_group_split_over_two_gloo_processes_equals_one_process(tmp_path, tiny
     from rewardkit import GroupReward, load_reward
     from rewardkit.integrations.flow_grpo import multi_score
     from rewardkit.rewards.unifiedreward import UnifiedReward
+    from tests.helpers.gloo import run_two_gloo_workers
     from tests.helpers.pairwise_judges import QualityJudge, solid
 
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, ROOT=root, OUT=str(tmp_path / "out"), CLIP=str(tiny_clip_dir), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_two_gloo_workers(script, env)  # the 2 ranks torchrun would start, without its agent (tests/helpers/gloo.py)
     got = [json.loads((tmp_path / f"out{r}").read_text()) for r in (0, 1)]
     qs = [0.1, 0.6, 0.3, 0.8, 0.5, 0.2, 0.9, 0.4]
     prompts = ("a", "b") * 4

@@ -137,7 +137,7 @@ def test_run_every_unmarked_doc_command(sandbox, monkeypatch):
     # training first: later lines read what it writes (runs/arena_tiny/model)
     order = [d.name for d in DOCS]
     cmds.sort(key=lambda t: (" train " not in f" {t[2]} ", order.index(t[0])))
-    ran = []
+    ran, two_process_rl = [], []
     for doc, line, cmd in cmds:
         if cmd in ran:  # the same line in two places (rl.md's two-process run): it ran, and passed, once
             continue
@@ -152,6 +152,8 @@ def test_run_every_unmarked_doc_command(sandbox, monkeypatch):
                                  timeout=600)
             rc, detail = res.returncode, res.stdout[-2000:] + res.stderr[-3000:]
         assert rc == 0, f"{doc}:{line}: `{cmd}` exited {rc}\n{detail}"
+        if cmd.startswith("torchrun ") and " rl nft " in f" {cmd} ":
+            two_process_rl.append(_check_two_process_rl_run(cmd, res.stdout))
         ran.append(cmd)
     assert any(c.startswith("rewardkit train preference") for c in ran)
     assert (sandbox / "outputs" / "scores.jsonl").is_file() and (sandbox / "runs" / "arena_tiny" / "model").is_dir()
@@ -163,6 +165,24 @@ def test_run_every_unmarked_doc_command(sandbox, monkeypatch):
     clip = [json.loads(x)["score"] for x in (sandbox / "outputs" / "t2i_clipscore.jsonl").read_text().splitlines()]
     assert len(clip) == 3 and len(set(clip)) == 3, clip
     _check_tiny_examples(sandbox, ran)
+    assert two_process_rl, "docs/rl.md's 2-process torchrun line was not run"
+
+
+def _check_two_process_rl_run(cmd: str, stdout: str) -> dict:
+    """docs/rl.md's `torchrun --nproc_per_node 2 ... rl nft --config recipes/nft/tiny.yaml`: 2 gloo processes whose
+    LoRA replicas end identical, every epoch of the recipe trained (formerly its own 2-process run in
+    rl/test_trainer.py::test_two_process_gloo_run_keeps_replicas_identical: one launch now checks both)."""
+    import json
+    import shlex
+
+    import yaml
+
+    toks = shlex.split(cmd)
+    recipe = yaml.safe_load((REPO / toks[toks.index("--config") + 1]).read_text())
+    summary = json.loads([ln for ln in stdout.splitlines() if ln.startswith("{")][-1])
+    assert summary["world_size"] == 2 and summary["replicas_in_sync"] is True, summary
+    assert summary["global_step"] == recipe["num_epochs"] * recipe["train"]["steps_per_epoch"], summary
+    return summary
 
 
 def _check_tiny_examples(root: Path, ran: list[str]) -> None:
