@@ -132,10 +132,15 @@ def official_openai_clip_rgb(im: Any, size: int = 224) -> Any:
 
     w, h = im.size
     nh, nw = openai_clip_resize_shape(h, w, size)
+    out = im
     if (nw, nh) != (w, h):  # torchvision's resize returns the image itself at the target size
-        im = im.resize((nw, nh), Image.BICUBIC)
+        out = out.resize((nw, nh), Image.BICUBIC)
     top, left = int(round((nh - size) / 2.0)), int(round((nw - size) / 2.0))
-    return im.crop((left, top, left + size, top + size)).convert("RGB")
+    if (left, top, nw, nh) != (0, 0, size, size):
+        out = out.crop((left, top, left + size, top + size))
+    # an RGB result is already the conversion's copy, unless it is the caller's own image (then rewardkit.media
+    # copies it: never hands it out)
+    return out if out.mode == "RGB" else out.convert("RGB")
 
 
 #: OpenAI CLIP normalisation (HPSv2, ImageReward and the aesthetic predictor all use it).
