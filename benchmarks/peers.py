@@ -96,15 +96,20 @@ def _profile(reward, score, chunks: list, prompt: str) -> dict:
     handles = [h for m in mods for h in (m.register_forward_pre_hook(lambda *_: enter("fwd")),
                                          m.register_forward_hook(lambda *_: leave("fwd")))]
 
-    def timed(fn):
+    def timed(fn, key="recipe"):
         def wrapper(*a, **k):
-            enter("recipe")
+            enter(key)
             try:
                 return fn(*a, **k)
             finally:
-                leave("recipe")
+                leave(key)
         return wrapper
 
+    # a CLIPModel's forward for rewards is its get_image_features / get_text_features method (not __call__): the
+    # model's own code, so timed as the forward (its children's hooks nest inside)
+    methods = [(m, n) for m in mods for n in ("get_image_features", "get_text_features") if hasattr(m, n)]
+    for m, n in methods:
+        setattr(m, n, timed(getattr(m, n), "fwd"))
     patched = []
     for mod_name, names in (("rewardkit.media", ("_to_pil",)),
                             ("rewardkit.models.zoo", ("openai_clip_pixels", "hpsv2_pixels")),
@@ -124,6 +129,8 @@ def _profile(reward, score, chunks: list, prompt: str) -> dict:
     finally:
         for h in handles:
             h.remove()
+        for m, n in methods:
+            delattr(m, n)  # the instance attribute set above: the class's method again
         for mod, n, fn in patched:
             setattr(mod, n, fn)
     return {"calls": len(chunks), "wall": wall, "fwd": spent["fwd"], "recipe": spent["recipe"]}
