@@ -296,8 +296,14 @@ def pixel_stats(x: torch.Tensor) -> list[tuple[bool, float, float]]:
         return []
     with torch.no_grad():
         # min / max propagate NaN and show +-Inf, so one aminmax pass is also the finiteness check
-        lo, hi = torch.aminmax(x.detach().reshape(x.shape[0], -1), dim=1)
-        stats = torch.stack([lo, hi], 1).float().cpu().tolist()
+        rows = x.detach().reshape(x.shape[0], -1)
+        if rows.device.type == "cpu":
+            # on CPU a whole-tensor aminmax per row is vectorised; the same reduction along dim=1 is not (14 vs
+            # 1.0 ms for 8 x 3 x 512 x 512 fp32 on one thread, issue 41): the values are the same (min / max)
+            stats = torch.stack([torch.stack(torch.aminmax(r)) for r in rows]).float().tolist()
+        else:
+            lo, hi = torch.aminmax(rows, dim=1)
+            stats = torch.stack([lo, hi], 1).float().cpu().tolist()
     return [(math.isfinite(a) and math.isfinite(b), a, b) for a, b in stats]
 
 

@@ -273,7 +273,9 @@ class Reward(RewardInputs, abc.ABC):
         finally:
             if bar is not None:
                 bar.close()
-        scored = RewardOutput.concat(parts) if parts else RewardOutput(scores=torch.zeros(0))
+        # one chunk (the usual call) is its own concatenation: no second output built and checked
+        scored = (parts[0] if len(parts) == 1 else RewardOutput.concat(parts)) if parts \
+            else RewardOutput(scores=torch.zeros(0))
         return scatter(scored, ok, errors, n, self.dimensions)
 
     def _call_scope(self):

@@ -122,20 +122,25 @@ def official_hpsv2_rgb(im: Any) -> Any:
 def official_openai_clip_rgb(im: Any, size: int = 224) -> Any:
     """OpenAI CLIP's ``_transform`` order (``clip/clip.py``; ImageReward ``ImageReward.py``, the aesthetic predictor):
     torchvision ``Resize(size, BICUBIC)`` and ``CenterCrop(size)`` on the image *as opened*, *then*
-    ``convert("RGB")``. For an RGB image this is the plain image (rewardkit's :func:`openai_clip_pixels` does the
-    same resize and crop); for any other mode the resize runs in that mode (PIL premultiplies alpha for RGBA / LA,
-    resizes palette images nearest-neighbour and 16-bit gray in 16 bits) and the result is the official
-    ``size x size`` RGB crop, which :func:`openai_clip_pixels` leaves unchanged."""
+    ``convert("RGB")``. The result is the official ``size x size`` RGB crop, which :func:`openai_clip_pixels`
+    leaves unchanged (no resize, a whole-image crop). For an RGB image that is the same resize and crop as
+    :func:`openai_clip_pixels` on the plain image, bit for bit; for any other mode the resize runs in that mode
+    (PIL premultiplies alpha for RGBA / LA, resizes palette images nearest-neighbour and 16-bit gray in 16 bits).
+    Decoding straight to the crop keeps only ``size x size`` pixels per image alive in a chunk and skips a
+    full-size RGB copy (issue 41)."""
     from PIL import Image
 
-    if im.mode == "RGB":
-        return im.convert("RGB")
     w, h = im.size
     nh, nw = openai_clip_resize_shape(h, w, size)
+    out = im
     if (nw, nh) != (w, h):  # torchvision's resize returns the image itself at the target size
-        im = im.resize((nw, nh), Image.BICUBIC)
+        out = out.resize((nw, nh), Image.BICUBIC)
     top, left = int(round((nh - size) / 2.0)), int(round((nw - size) / 2.0))
-    return im.crop((left, top, left + size, top + size)).convert("RGB")
+    if (left, top, nw, nh) != (0, 0, size, size):
+        out = out.crop((left, top, left + size, top + size))
+    # an RGB result is already the conversion's copy, unless it is the caller's own image (then rewardkit.media
+    # copies it: never hands it out)
+    return out if out.mode == "RGB" else out.convert("RGB")
 
 
 #: OpenAI CLIP normalisation (HPSv2, ImageReward and the aesthetic predictor all use it).
@@ -263,19 +268,34 @@ def openai_clip_pixels(images: Sequence[Any], size: int = 224, mean: Sequence[fl
     torchvision ``Resize(size, BICUBIC)`` on the PIL image (shorter side to ``size``, longer side
     ``int(size * long / short)``), ``CenterCrop(size)`` (offsets ``int(round((side - size) / 2))``), RGB,
     ``ToTensor``, mean / std. (transformers' ``CLIPImageProcessor`` differs in rounding and resampling.)
+
+    The crops are gathered as one ``uint8 [B, S, S, 3]`` array and converted, scaled and normalised in place on the
+    whole batch: the same element-wise fp32 operations as ``ToTensor`` (``div(255)``) and ``Normalize`` (``sub_``
+    then ``div_`` by per-channel tensors), so the values are those of the per-image transform, bit for bit, without
+    its per-image tensors and the final stack. Images already ``size x size`` (decoded straight to the crop by
+    :func:`official_openai_clip_rgb`) are neither resized nor copied by a crop.
     """
     from PIL import Image
 
-    out = []
+    if not images:
+        return torch.zeros(0, 3, size, size)
+    crops = []
     for im in images:
         w, h = im.size
         nh, nw = openai_clip_resize_shape(h, w, size)
         if (nw, nh) != (w, h):
             im = im.resize((nw, nh), Image.BICUBIC)
         top, left = int(round((nh - size) / 2.0)), int(round((nw - size) / 2.0))
-        im = im.crop((left, top, left + size, top + size))
-        out.append(_normalize(to_unit_tensor(im), mean, std))
-    return torch.stack(out) if out else torch.zeros(0, 3, size, size)
+        if (left, top, nw, nh) != (0, 0, size, size):
+            im = im.crop((left, top, left + size, top + size))
+        crops.append(np.asarray(im if im.mode == "RGB" else im.convert("RGB"), dtype=np.uint8))
+    u8 = torch.from_numpy(np.stack(crops))  # [B, S, S, 3]
+    x = torch.empty(u8.shape[0], 3, size, size)  # contiguous NCHW, as ToTensor's permute(...).contiguous()
+    x.copy_(u8.permute(0, 3, 1, 2))
+    x.div_(255.0)
+    m = torch.tensor(mean, dtype=x.dtype).view(1, -1, 1, 1)
+    s = torch.tensor(std, dtype=x.dtype).view(1, -1, 1, 1)
+    return x.sub_(m).div_(s)
 
 
 def openai_clip_resize_shape(h: int, w: int, size: int = 224) -> tuple[int, int]:

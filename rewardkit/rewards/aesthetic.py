@@ -65,7 +65,7 @@ class Aesthetic(CLIPReward):
     def _official_rgb(self, im):
         from ..models.zoo import official_openai_clip_rgb
 
-        return official_openai_clip_rgb(im, int(self.backbone.model.config.vision_config.image_size))
+        return official_openai_clip_rgb(im, self._image_size)
 
     def __init__(self, config=None, /, **overrides):
         super().__init__(config, **overrides)
@@ -79,6 +79,8 @@ class Aesthetic(CLIPReward):
         self.head = RatingMLP(int(h["in_features"]), h["activation"], widths=h["widths"]).float().eval()
         self.head.load_state_dict(load_file(str(Path(self.config.model) / h["file"])), strict=True)
         self.head.to(self._device).requires_grad_(False)  # frozen: score_tensor's gradients go to pixels only
+        # read once: a transformers config attribute costs microseconds per read, and both are per-image paths
+        self._image_size = int(self.backbone.model.config.vision_config.image_size)
 
     def to(self, device):
         super().to(device)
@@ -90,7 +92,7 @@ class Aesthetic(CLIPReward):
 
         from ..models.zoo import clip_image_embeddings, openai_clip_pixel_values, openai_clip_pixels
 
-        size = int(self.backbone.model.config.vision_config.image_size)
+        size = self._image_size
         if isinstance(batch.images, torch.Tensor):  # score_tensor: float [B, 3, H, W], differentiable
             pixels = openai_clip_pixel_values(batch.images.to(self._device), size)
         else:

@@ -139,6 +139,23 @@ def test_check_pixels_is_one_vectorised_check():
     assert preprocess.check_pixels(torch.rand(2, 3, 4, 4).clamp(0, 1) + 5e-4) == [None, None]  # tolerance
 
 
+def test_pixel_stats_are_each_samples_finiteness_min_and_max():
+    """Per sample, in order: (all finite, min, max), as Python's min / max over that sample's values; NaN or Inf
+    anywhere in a sample marks it (and only it) not finite."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand(4, 3, 5, 7, generator=g) * torch.tensor([1.0, 2.0, 0.5, 3.0]).view(4, 1, 1, 1) - 0.25
+    x[2, 1, 3, 4] = float("-inf")
+    x[3, 0, 0, 0] = float("nan")
+    got = preprocess.pixel_stats(x)
+    assert len(got) == 4
+    for i in range(2):
+        vals = x[i].reshape(-1).tolist()
+        assert got[i] == (True, min(vals), max(vals))
+    assert got[2][0] is False and got[2][1] == float("-inf")
+    assert got[3][0] is False
+    assert preprocess.pixel_stats(torch.zeros(0, 3, 4, 4)) == []
+
+
 # ---------------------------------------------------------------------------------------------- rewards
 def test_clip_rewards_tensor_path_matches_processor_path(clip_pair, tiny_clip_dir):
     auto, proc = clip_pair

@@ -210,6 +210,24 @@ def test_openai_clip_preprocessing_matches_recipe():
         torch.testing.assert_close(got[i], _openai_clip_reference(im, 24), atol=1e-5, rtol=1e-5)
 
 
+def test_openai_clip_pixels_equal_the_recipe_bit_for_bit_for_a_batch_and_for_decoded_crops():
+    """The batched, in-place conversion gives exactly the per-image ToTensor + Normalize values (the transcription
+    of clip/clip.py in tests/helpers/upstream_preprocess.py), for a batch of mixed sizes (upscaled, downscaled,
+    already at the size, odd crop offsets) and for the crops ImageReward / aesthetic decode to
+    (``official_openai_clip_rgb``), RGB or not."""
+    from rewardkit.models.zoo import official_openai_clip_rgb, openai_clip_pixels
+
+    sizes = [(24, 24), (25, 27), (97, 61), (61, 97), (100, 25), (13, 40)]
+    ims = random_images(len(sizes), sizes=sizes, seed=11)
+    ref = torch.stack([_openai_clip_reference(im, 24) for im in ims])
+    assert torch.equal(openai_clip_pixels(ims, 24), ref)
+    assert torch.equal(openai_clip_pixels([official_openai_clip_rgb(im, 24) for im in ims], 24), ref)
+    for mode in ("RGBA", "L", "P"):  # the official order: resize and crop in that mode, then RGB
+        crops = [official_openai_clip_rgb(im.convert(mode), 24) for im in ims]
+        assert all(c.mode == "RGB" and c.size == (24, 24) for c in crops)
+        assert torch.equal(openai_clip_pixels(crops, 24), torch.stack([_openai_clip_reference(c, 24) for c in crops]))
+
+
 class _Evil:
     def __reduce__(self):
         return (print, ("pwned",))
