@@ -57,13 +57,15 @@ class RewardOutput:
             else self.scores.float().reshape(-1)
         n = self.scores.shape[0]
         finite = torch.isfinite(self.scores.detach()).cpu()  # one transfer when scores stay on a device (grad)
-        self.valid = finite.clone() if self.valid is None else _mask(self.valid, n).cpu() & finite
+        self.valid = finite if self.valid is None else _mask(self.valid, n).cpu() & finite
         if self.errors is None:
             self.errors = [None] * n
         self.errors = list(self.errors)
         if len(self.errors) != n:  # before the loop below indexes it (a short list was an IndexError)
             raise ValueError(f"errors has {len(self.errors)} entries for {n} scores")
-        for i, (ok, fin) in enumerate(zip(self.valid.tolist(), finite.tolist())):  # Python bools: no per-item indexing
+        oks = self.valid.tolist()
+        fins = oks if self.valid is finite else finite.tolist()  # valid is finite itself when the reward gave none
+        for i, (ok, fin) in enumerate(zip(oks, fins)):  # Python bools: no per-item indexing
             if not ok and not self.errors[i]:
                 self.errors[i] = "non-finite score" if not fin else "marked invalid by the reward"
             elif ok:

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 import threading
 import types
 import warnings
@@ -222,6 +223,14 @@ def _check_encoded_source(data: bytes | None, path: Path | None) -> None:
     if data is not None and len(data) == 0:
         raise _Bad("empty bytes (zero-length input)")
     if path is not None:
+        # one stat for the usual case, a non-empty regular file (issue 41: this runs twice per image, in the
+        # header probe and the decode); anything else takes the checks below, which give its message / error
+        try:
+            st = path.stat()
+        except (OSError, ValueError):
+            st = None
+        if st is not None and not stat.S_ISDIR(st.st_mode) and st.st_size != 0:
+            return
         if not path.exists():
             raise _Bad(f"file not found: {path}")
         if path.is_dir():

@@ -410,3 +410,14 @@ def test_big_endian_16_bit_greys_are_scaled_not_clipped():
     # catches "I;16B" left out of the 16-bit modes: PIL's own convert clips 32896 to 255; 32896 / 257 = 128
     im = Image.frombytes("I;16B", (2, 1), bytes([0x80, 0x80, 0xFF, 0xFF]))
     assert np.asarray(media.load_image(im)).tolist() == [[[128, 128, 128], [255, 255, 255]]]
+
+
+def test_paths_that_cannot_be_stat_ed_are_file_not_found_in_the_probe_and_the_decoder(tmp_path):
+    """The encoded-source check stats a path once on its usual path (issue 41, item 4); a path whose stat fails
+    still gets pathlib's answer, ``Path.exists()`` False, so "file not found": a path through a regular file
+    (ENOTDIR) and a path with a NUL byte (ValueError), expected from the pathlib documentation, not our code."""
+    (tmp_path / "f.png").write_bytes(b"x")
+    for p in (tmp_path / "f.png" / "inner.png", str(tmp_path / "a\x00b.png")):
+        with pytest.raises(RewardInputError, match="^file not found: "):
+            media.probe_size(p)
+        _bad(p, "^file not found: ")
