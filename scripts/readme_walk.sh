@@ -18,7 +18,9 @@
 # Kept from this machine: its pip configuration in /etc (and PIP_FIND_LINKS / PIP_CERT / PIP_EXTRA_INDEX_URL /
 # PIP_INDEX_URL when set), so that `torch==2.13.0` resolves as it does here (a local CPU wheel on the CI
 # machines, scripts/_env.sh); everything else (pip cache, HOME, PATH beyond /usr/local/bin:/usr/bin:/bin,
-# HF caches) starts empty. Uncommitted changes are not in the clone (it says so).
+# HF caches) starts empty. Uncommitted changes are not in the clone (it says so). PIP_CACHE_DIR, when set, is
+# kept too: pip's download cache only (CI passes its own, warm from installing the suite's environment, so the
+# walk installs the same packages without downloading them again; the environment it installs into is new).
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 MODE=walk
@@ -74,7 +76,7 @@ fi
 git clone -q "$REPO" "$TMP/rewardkit"
 mkdir -p "$TMP/home"
 ENV=(env -i "HOME=$TMP/home" "PATH=/usr/local/bin:/usr/bin:/bin" "LANG=C.UTF-8" "TERM=dumb")
-for v in PIP_FIND_LINKS PIP_CERT PIP_EXTRA_INDEX_URL PIP_INDEX_URL; do
+for v in PIP_FIND_LINKS PIP_CERT PIP_EXTRA_INDEX_URL PIP_INDEX_URL PIP_CACHE_DIR; do
   if [ -n "${!v:-}" ]; then ENV+=("$v=${!v}"); fi
 done
 echo "[walk] clone: $TMP/rewardkit (HEAD $(git -C "$REPO" rev-parse --short HEAD)); HOME=$TMP/home" >&2
