@@ -66,3 +66,13 @@ def test_the_walk_starts_from_nothing():
     assert 'env -i "HOME=$TMP/home" "PATH=/usr/local/bin:/usr/bin:/bin"' in script
     assert 'git clone -q "$REPO" "$TMP/rewardkit"' in script
     assert "REWARDKIT_" not in script.split("ENV=(", 1)[1].split("\n", 1)[0]   # nothing of ours is passed in
+
+
+def test_ci_runs_the_walk_before_the_test_suite():
+    """The walk is CI's own step (it installs for about a minute: not in the pytest suite); dropping it from
+    `.ci/run`, or running it after `exec` (never reached), would leave the README's commands untested."""
+    ci = (REPO / ".ci" / "run").read_text()
+    steps = [line for line in ci.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    walk = [i for i, line in enumerate(steps) if "bash scripts/readme_walk.sh" in line]
+    tests = [i for i, line in enumerate(steps) if line.startswith("exec bash scripts/test.sh")]
+    assert walk and tests and walk[0] < tests[0], steps
