@@ -203,7 +203,12 @@ def scatter(scored: RewardOutput, ok: list[int], errors: list[str | None], n: in
     the other samples get NaN, valid=False and their reason from ``errors``; each name of ``dimensions`` the
     reward declares and did not return is NaN for all (``Reward.__call__`` and the tensor path end with it)."""
     if len(ok) == n:
-        return scored
+        missing = [d for d in dimensions if d not in scored.dimensions]
+        if not missing:
+            return scored
+        return RewardOutput(scores=scored.scores, valid=scored.valid, errors=list(scored.errors),
+                            dimensions={**scored.dimensions, **{d: torch.full((n,), float("nan")) for d in missing}},
+                            rationales=scored.rationales, info=scored.info, details=scored.details)
     idx = torch.tensor(ok, dtype=torch.long)
     scores = torch.full((n,), float("nan"))
     valid = torch.zeros(n, dtype=torch.bool)

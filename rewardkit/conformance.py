@@ -80,6 +80,11 @@ def check_output_contract(reward: Reward) -> RewardOutput:
     assert len(out.errors) == n, "errors must have B entries"
     for k, v in out.dimensions.items():
         assert v.shape == (n,) and v.dtype == torch.float32, f"dimension {k} must be float32 [B]"
+    missing = [d for d in reward.dimensions if d not in out.dimensions]
+    assert not missing, f"declared dimensions {missing} are missing from the output"
+    if bool(out.valid.any()):  # a declared dimension the reward never fills is NaN everywhere: say so
+        empty = [d for d in reward.dimensions if bool(torch.isnan(out.dimensions[d][out.valid]).all())]
+        assert not empty, f"declared dimensions {empty} are NaN for every valid sample"
     for i in range(n):
         if out.valid[i]:
             assert torch.isfinite(out.scores[i]), f"sample {i} valid but score {out.scores[i]}"

@@ -423,6 +423,25 @@ def test_scatter_fills_invalid_samples():
     assert len(Rich()([], "p")) == 0
 
 
+def test_a_declared_dimension_the_reward_does_not_return_is_nan_when_every_sample_is_valid():
+    # The bug this catches: the all-valid path returned the reward's output untouched, so a declared dimension the
+    # reward left out was absent (a KeyError for the caller) while one failed sample made it NaN for all.
+    class Partial(Red):
+        dimensions = ("d", "declared")
+
+        def _score(self, batch):
+            n = len(batch)
+            return RewardOutput(scores=[1.0] * n, dimensions={"d": [2.0] * n}, info={"n": n})
+
+    ok = Partial()([img(1), img(2)], "p")
+    one_bad = Partial()([img(1), b"junk"], "p", on_error="nan")
+    for out in (ok, one_bad):
+        assert list(out.dimensions) == ["d", "declared"]
+        assert torch.isnan(out.dimensions["declared"]).all() and out.dimensions["declared"].dtype == torch.float32
+    assert ok.valid.tolist() == [True, True] and _nan_eq(ok.dimensions["d"], [2.0, 2.0]) and ok.info == {"n": 2}
+    assert ok.records()[0]["dimensions"] == {"d": 2.0, "declared": None}
+
+
 def test_run_checks_what_score_returns():
     class Wrong(Red):
         def _score(self, batch):
