@@ -139,8 +139,18 @@ def test_batch_relative_rewards_are_never_merged():
 
 
 def test_a_failing_request_does_not_fail_the_requests_merged_with_it():
-    rec = _Recorder(delay=0.05, fail_on="boom")
-    handle = serve_in_thread(rec, ServerConfig(max_batch=64, max_wait_ms=50.0))
+    """Deterministic merging (no delays): the first model call holds until the five other requests, one of them
+    failing, have queued behind it; they are scored in one merged call, which fails, and then each alone."""
+    release = threading.Event()
+
+    class Held(_Recorder):
+        def _score(self, batch):
+            if not self.calls:
+                release.wait(30)   # a hang guard only
+            return super()._score(batch)
+
+    rec = Held(fail_on="boom")
+    handle = serve_in_thread(rec, ServerConfig(max_batch=64, max_wait_ms=0.0))
     try:
         remote = RemoteReward(url=handle.url, max_retries=0)
         images = random_images(6, seed=4)
@@ -151,13 +161,26 @@ def test_a_failing_request_does_not_fail_the_requests_merged_with_it():
             except RemoteRewardError as exc:
                 return exc
 
+        def queued(n):
+            guard = time.monotonic() + 30   # a hang guard
+            while httpx.get(handle.url + "/info", timeout=10).json()["stats"]["requests"] < n \
+                    and time.monotonic() < guard:
+                time.sleep(0.01)
+
         with ThreadPoolExecutor(6) as pool:
-            outs = list(pool.map(call, range(6)))
+            futs = [pool.submit(call, 0)]
+            queued(1)                      # request 0 holds the model
+            futs += [pool.submit(call, i) for i in range(1, 6)]
+            queued(6)                      # the other five wait behind it
+            release.set()
+            outs = [f.result(timeout=30) for f in futs]
+        assert rec.calls[:2] == [1, 5], rec.calls   # the five were merged into one (failing) model call
         assert isinstance(outs[2], RemoteRewardError) and "500" in str(outs[2]) and "model exploded" in str(outs[2])
         for i, o in enumerate(outs):
             if i != 2:
                 assert torch.equal(o.scores, rec([images[i]], f"fine {i}").scores)
     finally:
+        release.set()
         handle.stop()
 
 
@@ -276,12 +299,24 @@ def test_client_disconnects_do_not_hurt_the_server(served, clip):
                                atol=1e-5, rtol=0)
 
 
-def test_client_retries_across_a_server_restart(clip):
+def test_client_retries_across_a_server_restart(clip, monkeypatch):
+    import types
+
+    import rewardkit.serve.client as client_mod
+
     handle = serve_in_thread(clip, ServerConfig())
     port = int(handle.url.rsplit(":", 1)[1])
-    remote = RemoteReward(url=handle.url, max_retries=6, max_backoff=0.5, timeout=20)
+    # retries 0.2 s apart for about 5 s: the restart lands inside them however loaded the machine is
+    remote = RemoteReward(url=handle.url, max_retries=25, max_backoff=0.2, timeout=20)
     handle.stop()
     box: dict = {}
+    retrying = threading.Event()   # set by the client's first backoff wait: an attempt failed on the closed port
+
+    def sleep(seconds):
+        retrying.set()
+        time.sleep(seconds)
+
+    monkeypatch.setattr(client_mod, "time", types.SimpleNamespace(monotonic=time.monotonic, sleep=sleep))
 
     def call():
         try:
@@ -291,7 +326,7 @@ def test_client_retries_across_a_server_restart(clip):
 
     t = threading.Thread(target=call)
     t.start()
-    time.sleep(0.6)  # the client is retrying against a closed port
+    assert retrying.wait(30)  # the client is retrying against a closed port
     handle2 = serve_in_thread(clip, ServerConfig(), port=port)
     try:
         t.join(30)
@@ -339,14 +374,14 @@ def _drip_server(interval: float, body: bytes, status: str = "200 OK"):
 
 
 def test_client_timeout_bounds_the_whole_request():
-    url, close = _drip_server(0.2, json.dumps({"reward": "x", "tasks": ["t2i"], "dimensions": [],
+    url, close = _drip_server(0.05, json.dumps({"reward": "x", "tasks": ["t2i"], "dimensions": [],
                                                "higher_is_better": True, "score_range": None,
                                                "uses_prompt": True, "batch_relative": False}).encode())
     try:
-        # each read returns a byte within the per-read timeout: only a whole-request deadline ends the call
-        # before the ~40 s drip is over, and only it says "within 1 s" (no wall-clock bound asserted)
-        with pytest.raises(RemoteRewardError, match="within 1 s"):
-            RemoteReward(url=url, timeout=1.0, max_retries=0)
+        # each read returns a byte within the per-read timeout (0.05 s gaps, 0.5 s): only a whole-request deadline
+        # ends the call before the ~7 s drip is over, and only it says "within 0.5 s" (no wall-clock bound asserted)
+        with pytest.raises(RemoteRewardError, match=r"within 0\.5 s"):
+            RemoteReward(url=url, timeout=0.5, max_retries=0)
     finally:
         close()
 
@@ -654,18 +689,18 @@ def _busy_pool_threads():
 
 
 def test_client_threads_end_with_the_call():
-    """The drip server sends one byte every 0.1 s; the call gives up after 1 s. Before: the pool thread kept
+    """The drip server sends one byte every 0.05 s; the call gives up after 0.5 s. Before: the pool thread kept
     reading the drip (about 20 s for this body) after the call had raised; now it stops with the call."""
     body = json.dumps({"reward": "x", "tasks": ["t2i"], "dimensions": [], "higher_is_better": True,
-                       "score_range": None, "uses_prompt": True, "batch_relative": False, "pad": "x" * 100}).encode()
-    url, close = _drip_server(0.1, body)
+                       "score_range": None, "uses_prompt": True, "batch_relative": False, "pad": "x" * 300}).encode()
+    url, close = _drip_server(0.05, body)
 
     pool_threads = _busy_pool_threads
 
     try:
         before = set(pool_threads())  # a thread of an earlier test may still be finishing: only new ones count
-        with pytest.raises(RemoteRewardError, match="within 1 s"):
-            RemoteReward(url=url, timeout=1.0, max_retries=0)
+        with pytest.raises(RemoteRewardError, match=r"within 0\.5 s"):
+            RemoteReward(url=url, timeout=0.5, max_retries=0)
         deadline = time.monotonic() + 5.0   # a hang guard, far inside the ~20 s drip a thread left reading takes
         while set(pool_threads()) - before and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -675,10 +710,10 @@ def test_client_threads_end_with_the_call():
 
 
 def test_client_threads_end_with_the_call_when_the_server_drips_its_headers():
-    """The same, with the status line and headers dripped (one byte every 0.1 s, about 20 s of them). Before:
+    """The same, with the status line and headers dripped (one byte every 0.05 s, about 20 s of them). Before:
     the deadline was checked only between body chunks, and each header byte reset httpx's read timeout, so the
     pool thread stayed blocked in the header read long after the call had raised."""
-    head = b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * 200 + b"\r\n\r\n"
+    head = b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * 400 + b"\r\n\r\n"
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(2)
@@ -694,7 +729,7 @@ def test_client_threads_end_with_the_call_when_the_server_drips_its_headers():
             try:
                 conn.recv(65536)
                 for i in range(len(head)):  # bounded: len(head) bytes, ends when stop is set
-                    if stop.wait(0.1):
+                    if stop.wait(0.05):
                         return
                     conn.sendall(head[i:i + 1])
             except OSError:
@@ -706,8 +741,8 @@ def test_client_threads_end_with_the_call_when_the_server_drips_its_headers():
 
     try:
         before = set(pool_threads())  # a thread of an earlier test may still be finishing: only new ones count
-        with pytest.raises(RemoteRewardError, match="within 1 s"):
-            RemoteReward(url=f"http://127.0.0.1:{srv.getsockname()[1]}", timeout=1.0, max_retries=0)
+        with pytest.raises(RemoteRewardError, match=r"within 0\.5 s"):
+            RemoteReward(url=f"http://127.0.0.1:{srv.getsockname()[1]}", timeout=0.5, max_retries=0)
         deadline = time.monotonic() + 5.0   # a hang guard, far inside the ~20 s drip a thread left reading takes
         while set(pool_threads()) - before and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -299,26 +299,39 @@ def test_clients_that_never_read_their_answers_are_dropped():
 
 
 def test_requests_in_flight_are_capped_with_503_and_retry_after():
-    handle = serve_in_thread(_Const(delay=0.6), ServerConfig(max_in_flight=2, max_wait_ms=0))
+    """Deterministic (no delays): the model call holds until the test releases it, and the third request is sent
+    once the server has been handed the first two (one in the model call, one queued behind it: both in flight)."""
+    release = threading.Event()
+
+    class Held(_Const):
+        def _score(self, batch):
+            release.wait(60)   # a hang guard only: released once the third request has had its answer
+            return super()._score(batch)
+
+    handle = serve_in_thread(Held(), ServerConfig(max_in_flight=2, max_wait_ms=0))
     body = {"images": [_png(random_images(1, size=16)[0])], "prompt": "a"}
     try:
         results: list = [None] * 4
 
         def post(i):
-            results[i] = httpx.post(handle.url + "/score", json=body, timeout=10)
+            results[i] = httpx.post(handle.url + "/score", json=body, timeout=30)
 
         threads = [threading.Thread(target=post, args=(i,)) for i in range(2)]
         for t in threads:
             t.start()
-        time.sleep(0.3)  # both are in flight (the reward takes 0.6 s each)
+        guard = time.monotonic() + 30   # a hang guard
+        while httpx.get(handle.url + "/info", timeout=5).json()["stats"]["requests"] < 2 and time.monotonic() < guard:
+            time.sleep(0.01)
         third = httpx.post(handle.url + "/score", json=body, timeout=10)
         assert third.status_code == 503 and third.headers["retry-after"] == "1" and "in flight" in third.json()["error"]
         assert httpx.get(handle.url + "/health", timeout=5).status_code == 200  # health is never capped
+        release.set()
         for t in threads:
-            t.join(10)
+            t.join(30)
         assert [r.status_code for r in results[:2]] == [200, 200]
         assert httpx.post(handle.url + "/score", json=body, timeout=10).status_code == 200  # slots freed
     finally:
+        release.set()
         handle.stop()
 
 

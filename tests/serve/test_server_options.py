@@ -57,28 +57,62 @@ def serve_mod():
     return srv
 
 
+def _queued(url: str, n: int) -> None:
+    """Wait (a 20 s hang guard) until the server at ``url`` has been handed ``n`` scoring requests."""
+    deadline = time.monotonic() + 20.0
+    while time.monotonic() < deadline:
+        if json.loads(urllib.request.urlopen(f"{url}/info", timeout=5).read())["stats"]["requests"] >= n:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"the server never had {n} requests")
+
+
 def test_max_batch_bounds_every_merged_model_call(serve_mod):
+    """Deterministic merging (no delays): in each round the first model call holds the model until every other
+    request of the round has queued up behind it."""
     from rewardkit.serve.client import RemoteReward
 
-    rec = MetaRecorder(delay=0.15)
-    handle = serve_mod.serve_in_thread(rec, serve_mod.ServerConfig(max_batch=3, max_wait_ms=100.0))
+    class Held(MetaRecorder):
+        def __init__(self):
+            super().__init__()
+            self.hold, self.release = False, threading.Event()
+
+        def _score(self, batch):
+            if self.hold:   # the round's first call (one worker thread: no race on the flag)
+                self.hold = False
+                self.release.wait(20.0)
+            return super()._score(batch)
+
+    rec = Held()
+    handle = serve_mod.serve_in_thread(rec, serve_mod.ServerConfig(max_batch=3, max_wait_ms=5.0))
     try:
         remote = RemoteReward(url=handle.url)
         ims = random_images(10, seed=2)
+        rec.hold = True
         with ThreadPoolExecutor(10) as pool:
-            outs = list(pool.map(lambda i: remote([ims[i]], f"p{i}"), range(10)))
+            futs = [pool.submit(remote, [ims[i]], f"p{i}") for i in range(10)]
+            _queued(handle.url, 10)
+            rec.release.set()
+            outs = [f.result(timeout=30) for f in futs]
         sizes = [n for n, _ in rec.calls]
         assert sum(sizes) == 10 and max(sizes) <= 3, sizes
         assert max(sizes) >= 2, f"nothing was merged: {sizes}"
         for i, o in enumerate(outs):
             assert o.scores[0].item() == pytest.approx(MetaRecorder.expected(ims[i], f"p{i}", None), rel=1e-6)
-        # two-image requests: two of them (4 images) would exceed max_batch = 3, so none is merged
+        # two-image requests, all queued together: two of them (4 images) would exceed max_batch = 3, so none is
+        # merged
         rec.calls.clear()
+        rec.hold = True
+        rec.release.clear()
         with ThreadPoolExecutor(6) as pool:
-            outs = list(pool.map(lambda i: remote(ims[i:i + 2], "q"), range(6)))
+            futs = [pool.submit(remote, ims[i:i + 2], "q") for i in range(6)]
+            _queued(handle.url, 16)
+            rec.release.set()
+            outs = [f.result(timeout=30) for f in futs]
         assert [n for n, _ in rec.calls] == [2] * 6, rec.calls
         assert all(o.valid.all() for o in outs)
     finally:
+        rec.release.set()
         handle.stop()
 
 
@@ -86,13 +120,14 @@ def test_max_wait_ms_holds_a_batch_open_for_late_requests(serve_mod):
     from rewardkit.serve.client import RemoteReward
 
     rec = MetaRecorder()
-    handle = serve_mod.serve_in_thread(rec, serve_mod.ServerConfig(max_batch=8, max_wait_ms=1500.0))
+    # max_batch 2: the batch closes when the late request is in (its wait, not the test, takes the 1.5 s otherwise)
+    handle = serve_mod.serve_in_thread(rec, serve_mod.ServerConfig(max_batch=2, max_wait_ms=1500.0))
     try:
         remote = RemoteReward(url=handle.url)
         ims = random_images(2, seed=3)
         with ThreadPoolExecutor(2) as pool:
             first = pool.submit(remote, [ims[0]], "a")
-            time.sleep(0.3)                 # the second request arrives while the first one's batch waits
+            _queued(handle.url, 1)          # the second request arrives while the first one's batch waits
             second = pool.submit(remote, [ims[1]], "b")
             first.result(30), second.result(30)
         assert [n for n, _ in rec.calls] == [2], rec.calls
