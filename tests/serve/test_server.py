@@ -25,6 +25,8 @@ from rewardkit.reward import RewardConfig  # noqa: E402
 from rewardkit.serve.server import ServerConfig, serve_in_thread  # noqa: E402
 from rewardkit.testing import random_images  # noqa: E402
 
+from tests.helpers.serving import stop_soon  # noqa: E402
+
 SIZES = [(32, 32), (40, 64), (64, 40), (33, 47), (96, 24), (17, 17)]
 
 
@@ -120,7 +122,7 @@ def test_concurrent_clients_are_batched_and_each_gets_its_own_scores(clip):
         info = httpx.get(handle.url + "/info", timeout=10).json()
         assert info["stats"]["requests"] == 32 and info["stats"]["batches"] == len(rec.calls)
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_batch_relative_rewards_are_never_merged():
@@ -135,7 +137,7 @@ def test_batch_relative_rewards_are_never_merged():
         for o, i in zip(outs, range(2)):
             assert torch.allclose(o.scores, rec(images[2 * i:2 * i + 2], "ab").scores)
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_a_failing_request_does_not_fail_the_requests_merged_with_it():
@@ -181,7 +183,7 @@ def test_a_failing_request_does_not_fail_the_requests_merged_with_it():
                 assert torch.equal(o.scores, rec([images[i]], f"fine {i}").scores)
     finally:
         release.set()
-        handle.stop()
+        stop_soon(handle)
 
 
 # ---------------------------------------------------------------------------------------------- bad requests
@@ -231,7 +233,7 @@ def test_oversized_bodies_are_refused(clip):
         r = httpx.post(handle.url + "/score", content=chunks(), headers={"Content-Type": "application/json"}, timeout=30)
         assert r.status_code == 413
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_bearer_token(clip):
@@ -250,7 +252,7 @@ def test_bearer_token(clip):
         info = httpx.get(handle.url + "/info", headers={"Authorization": "Bearer s3cret"}, timeout=10).json()
         assert info["auth"] is True and "token" not in info["limits"] and "s3cret" not in json.dumps(info)
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 
 class _Blocked(Reward):
@@ -281,7 +283,7 @@ def test_server_timeout_is_per_request():
         assert reward.entered.is_set() and not reward.release.is_set()  # answered while the call still ran
     finally:
         reward.release.set()
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_client_disconnects_do_not_hurt_the_server(served, clip):
@@ -333,7 +335,7 @@ def test_client_retries_across_a_server_restart(clip, monkeypatch):
         assert "err" not in box, box.get("err")
         torch.testing.assert_close(box["out"].scores, clip(random_images(2), "a cat").scores, atol=1e-5, rtol=0)
     finally:
-        handle2.stop()
+        stop_soon(handle2)
 
 
 def _drip_server(interval: float, body: bytes, status: str = "200 OK"):
@@ -429,7 +431,7 @@ def test_several_replicas_behind_one_endpoint(tiny_clip_dir, clip):
         server = handle._server.config.app.state.rewardkit
         assert all(r.batches > 0 for r in server.replicas), "one replica did no work"
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_serve_command_help_and_host_warning(monkeypatch, capsys, tiny_clip_dir):
@@ -555,7 +557,7 @@ def test_credentials_never_leave_the_server(monkeypatch, caplog):
         for s in secrets:  # ... without a secret anywhere
             assert s not in json.dumps(info) and s not in r.text and s not in logged, s
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_redactor_keys_and_values():
@@ -624,7 +626,7 @@ def test_bearer_token_is_compared_whole(clip):
         got = {h: status(h) for h in expected}
         assert got == expected
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_deeply_nested_json_is_a_400(served):
@@ -664,7 +666,7 @@ def test_non_json_values_in_details_and_info_are_answered():
         assert out.valid.all() and out.details == [{"p": None, "q": 0.5, "k": 3}] * 2
         assert out.info == {"t": None, "v": [0.25, None]}
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 def test_an_integer_too_long_to_convert_is_a_400(served):
     """json.loads raises a plain ValueError (not JSONDecodeError) for an integer of more than 4300 digits
@@ -963,7 +965,7 @@ def test_merged_requests_score_as_the_in_process_call(tiny_clip_dir):
     try:
         merged = _post_all(handle.url, reqs)
     finally:
-        handle.stop()
+        stop_soon(handle)
     assert len(rec.calls) == 1 and len(rec.calls[0]) == n_images, rec.calls  # one model call for all five
     order = list(dict.fromkeys(rec.calls[0]))  # the requests in the order the batch took them
     call_images = [im for p in order for im in holds[p]]
@@ -982,7 +984,7 @@ def test_merged_requests_score_as_the_in_process_call(tiny_clip_dir):
     try:
         alone = _post_all(handle.url, reqs)
     finally:
-        handle.stop()
+        stop_soon(handle)
     assert sorted(len(c) for c in rec.calls) == sorted(len(i) for i in holds.values())  # one call per request
     for p, images in holds.items():
         want_alone = CLIPScore.__call__(rec, images, p, on_error="nan")
@@ -1043,7 +1045,7 @@ def test_binary_bodies_keep_the_request_limits(clip):
         r = post(pack_body({"prompt": "a"}, {"images": [wide]}))
         assert r.status_code == 400  # the payload does not hold the claimed pixels: nothing is read
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 
 # ---------------------------------------------------------------------------------------------- several replicas
@@ -1082,7 +1084,7 @@ def test_remote_reward_spreads_over_replicas_and_fails_over(clip, tiny_clip_dir)
             RemoteReward(url=[a.url, a.url])
     finally:
         for h in (a, b, other):
-            h.stop()
+            stop_soon(h)
 
 
 def test_env_factory_errors_name_the_variable(monkeypatch):
@@ -1145,7 +1147,7 @@ def test_an_ipv6_loopback_server_url_has_brackets():
         assert handle.url == f"http://[::1]:{port}"
         assert httpx.get(handle.url + "/health", timeout=10).status_code == 200
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_the_sources_of_a_request_reach_the_reward():

@@ -29,6 +29,8 @@ from rewardkit import Reward, RewardOutput  # noqa: E402
 from rewardkit.serve.server import ServerConfig, serve_in_thread  # noqa: E402
 from rewardkit.testing import random_images  # noqa: E402
 
+from tests.helpers.serving import stop_soon  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -213,7 +215,7 @@ def test_connection_cap_answers_503_and_frees_the_slot():
     finally:
         for s in socks:
             s.close()
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_a_dripping_body_gets_408_and_the_connection_closes():
@@ -242,7 +244,7 @@ def test_a_dripping_body_gets_408_and_the_connection_closes():
         assert b"the request body took longer than 0.5 s" in got and _closed_by_server(s), got[-200:]
     finally:
         s.close()
-        handle.stop()
+        stop_soon(handle)
 
 
 
@@ -295,7 +297,7 @@ def test_clients_that_never_read_their_answers_are_dropped():
     finally:
         for s in socks:
             s.close()
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_requests_in_flight_are_capped_with_503_and_retry_after():
@@ -332,7 +334,7 @@ def test_requests_in_flight_are_capped_with_503_and_retry_after():
         assert httpx.post(handle.url + "/score", json=body, timeout=10).status_code == 200  # slots freed
     finally:
         release.set()
-        handle.stop()
+        stop_soon(handle)
 
 
 # ---------------------------------------------------------------------------------------------- decoded pixels
@@ -388,7 +390,7 @@ def test_a_timed_out_request_stops_being_decoded(monkeypatch):
         time.sleep(0.6)  # the replica notices within one image's decode
         assert len(decoded) <= 3 and calls == [], (len(decoded), calls)
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_merged_model_calls_stay_within_the_batch_pixel_budget():
@@ -410,7 +412,7 @@ def test_merged_model_calls_stay_within_the_batch_pixel_budget():
         big = {"images": [_png(random_images(1, size=64)[0])] * 2, "prompt": "a"}
         assert httpx.post(handle.url + "/score", json=big, timeout=10).status_code == 200
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_oversized_headers_are_a_400():
@@ -430,7 +432,7 @@ def test_oversized_headers_are_a_400():
         assert got.startswith(b"HTTP/1.1 400"), got[:100]
         assert httpx.get(handle.url + "/health", timeout=5).status_code == 200
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_an_unread_body_cannot_hold_the_connection():
@@ -462,7 +464,7 @@ def test_an_unread_body_cannot_hold_the_connection():
         assert got.startswith(b"HTTP/1.1 401") and closed, got[:200]
     finally:
         s.close()
-        handle.stop()
+        stop_soon(handle)
 
 
 class _Edit(_Const):
@@ -486,7 +488,7 @@ def test_source_images_count_against_max_images():
                                                     "sources": [[one, one, one]] * 4}, timeout=30)
         assert r.status_code == 413 and "12 source images" in r.json()["error"], r.text
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_source_images_count_against_the_request_pixel_limit():
@@ -507,7 +509,7 @@ def test_source_images_count_against_the_request_pixel_limit():
             if status == 413:
                 assert "decode to 2,200 pixels" in r.json()["error"], r.text
         finally:
-            handle.stop()
+            stop_soon(handle)
 
 
 def _server_side_nodelay(server) -> list[int]:

@@ -20,6 +20,7 @@ torch = pytest.importorskip("torch")
 
 from rewardkit import Reward, RewardOutput, load_reward  # noqa: E402
 from rewardkit.testing import random_images  # noqa: E402
+from tests.helpers.serving import stop_soon  # noqa: E402
 
 
 # ============================================================================================== serve
@@ -113,7 +114,7 @@ def test_max_batch_bounds_every_merged_model_call(serve_mod):
         assert all(o.valid.all() for o in outs)
     finally:
         rec.release.set()
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_max_wait_ms_holds_a_batch_open_for_late_requests(serve_mod):
@@ -132,7 +133,7 @@ def test_max_wait_ms_holds_a_batch_open_for_late_requests(serve_mod):
             first.result(30), second.result(30)
         assert [n for n, _ in rec.calls] == [2], rec.calls
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_requests_with_and_without_metadata_are_never_merged(serve_mod):
@@ -185,7 +186,7 @@ def test_requests_with_and_without_metadata_are_never_merged(serve_mod):
         assert sizes == [1, 4, 4], rec.calls
         assert all(len(k) == 1 for k in rec.kinds), rec.kinds     # ... never across with / without metadata
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_client_validates_inputs_before_sending(serve_mod):
@@ -200,7 +201,7 @@ def test_client_validates_inputs_before_sending(serve_mod):
         assert out.valid.tolist() == [True, False, True] and out.errors[1]
         assert rec.calls == [(2, False)]          # the corrupt sample never reached the server
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_client_token_from_the_environment(serve_mod, monkeypatch):
@@ -216,7 +217,7 @@ def test_client_token_from_the_environment(serve_mod, monkeypatch):
         monkeypatch.setenv("REWARDKIT_SERVE_TOKEN", "wrong")
         assert RemoteReward(url=handle.url, token="env-secret")(random_images(1), "a").valid.all()  # token= wins
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_remote_reward_through_load_reward_and_the_score_command(serve_mod, tiny_clip_dir, tmp_path):
@@ -241,7 +242,7 @@ def test_remote_reward_through_load_reward_and_the_score_command(serve_mod, tiny
         rows = [json.loads(line) for line in out.read_text().splitlines()]
         torch.testing.assert_close(torch.tensor([r["score"] for r in rows]), want, atol=0, rtol=0)
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_serve_command_options_reach_the_server(serve_mod, monkeypatch, capsys, tiny_clip_dir, tmp_path):
@@ -446,7 +447,7 @@ def test_server_decodes_encoded_files_with_the_bomb_guard(serve_mod):
         assert httpx.post(handle.url + "/score", json={"images": [wire], "prompt": "a"}, timeout=30).status_code == 413
     finally:
         media.set_max_pixels(old)
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_client_sends_raw_pixels_by_default_and_png_on_request(serve_mod, monkeypatch):
@@ -481,4 +482,4 @@ def test_client_sends_raw_pixels_by_default_and_png_on_request(serve_mod, monkey
         decoded = Image.open(io.BytesIO(base64.b64decode(png)))
         assert decoded.format == "PNG" and decoded.convert("RGB").tobytes() == im.tobytes()
     finally:
-        handle.stop()
+        stop_soon(handle)
