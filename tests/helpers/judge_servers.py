@@ -10,15 +10,17 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 DRIP_SECONDS = 20.0  # a dripping response lasts at most this long (bounds the test even if the client hangs)
+DRIP_INTERVAL = 0.5  # seconds between two dripped bytes, unless a test sets ``FakeServer.drip_interval``
 
 
 class FakeServer:
     """OpenAI chat-completions double. ``mode`` applies to every request; ``script`` (consumed first) to the
     next ones. Modes: ok, nologprobs, labels_missing, neginf, nanlp, offscale, overunity, dupyes, malformed, 500,
-    429, drip, header_drip, huge, huge_nolength, retry_after_nan."""
+    429, drip, header_drip (a byte every ``drip_interval`` s), huge, huge_nolength, retry_after_nan."""
 
     def __init__(self):
         self.mode = "ok"
+        self.drip_interval = DRIP_INTERVAL   # drip / header_drip: seconds between two bytes
         self.poison: str | None = None  # requests holding this string (an image's data URL) get HTTP 400
         self.script: list[str] = []
         self.count = 0
@@ -68,7 +70,7 @@ class FakeServer:
                     while time.monotonic() < end:
                         self.wfile.write(b" ")
                         self.wfile.flush()
-                        time.sleep(0.5)
+                        time.sleep(server.drip_interval)
                     return
                 if mode == "header_drip":
                     end = time.monotonic() + DRIP_SECONDS
@@ -76,7 +78,7 @@ class FakeServer:
                     while time.monotonic() < end:
                         self.wfile.write(b"a")
                         self.wfile.flush()
-                        time.sleep(0.5)
+                        time.sleep(server.drip_interval)
                     return
                 if mode in ("huge", "huge_nolength"):
                     server.huge_sent = 0

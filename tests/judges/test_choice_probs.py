@@ -393,7 +393,8 @@ def test_vqascore_through_the_misbehaving_server(misbehaving, case, probability,
 
     mode, must_full, must_yn = VQA_CASES[case]
     misbehaving.mode, misbehaving.script, misbehaving.poison = "ok", [], None
-    j = OpenAIJudge(misbehaving.url, model="fake", api_key="", timeout=0.25 if case == "slow_drip" else 1.0,
+    # slow_drip: a 0.1 s deadline, a fifth of the drip's 0.5 s between bytes (each attempt waits it out)
+    j = OpenAIJudge(misbehaving.url, model="fake", api_key="", timeout=0.1 if case == "slow_drip" else 1.0,
                     max_retries=1, backoff=0.01, concurrency=4, check_tokens=False, max_response_bytes=256 * 1024,
                     server="openai")
     r = load_reward("vqascore", judge=j, probability=probability)

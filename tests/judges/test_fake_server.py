@@ -26,7 +26,7 @@ from rewardkit import load_reward  # noqa: E402
 from rewardkit.compose.composite import Composite  # noqa: E402
 from rewardkit.judges.openai_backend import JudgeServerError, OpenAIJudge  # noqa: E402
 
-from tests.helpers.judge_servers import FakeServer  # noqa: E402
+from tests.helpers.judge_servers import DRIP_INTERVAL, FakeServer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +39,7 @@ def server():
 @pytest.fixture
 def fresh(server):
     server.mode, server.script, server.count, server.poison = "ok", [], 0, None
+    server.drip_interval = DRIP_INTERVAL
     return server
 
 
@@ -63,20 +64,20 @@ def judge(server, **kw):
 
 
 # ------------------------------------------------------------------------------- item 4: the backend
-# The drips send a byte every 0.5 s for DRIP_SECONDS (20 s); each socket read alone waits at most `timeout`
-# (1 s). Only the request's deadline (each read gets min(timeout, time left)) ends the call in a Timeout; without
-# it (before) every read stayed alive, the call lasted the whole drip and ended in the server's hang-up
+# These drips send a byte every 0.1 s for DRIP_SECONDS (20 s); each socket read alone waits at most `timeout`
+# (0.4 s, 4 gaps). Only the request's deadline (each read gets min(timeout, time left)) ends the call in a Timeout;
+# without it (before) every read stayed alive, the call lasted the whole drip and ended in the server's hang-up
 # (RemoteProtocolError), not a Timeout. A loaded machine can only make a read time out sooner, never later.
 def test_total_timeout_bounds_a_body_drip(fresh):
-    fresh.mode = "drip"
+    fresh.mode, fresh.drip_interval = "drip", 0.1
     with pytest.raises(JudgeServerError, match=r"last error: Timeout \("):
-        judge(fresh, timeout=1.0, max_retries=0).generate([[{"role": "user", "content": "q"}]])
+        judge(fresh, timeout=0.4, max_retries=0).generate([[{"role": "user", "content": "q"}]])
 
 
 def test_total_timeout_bounds_a_header_drip(fresh):
-    fresh.mode = "header_drip"
+    fresh.mode, fresh.drip_interval = "header_drip", 0.1
     with pytest.raises(JudgeServerError, match=r"last error: Timeout \("):
-        judge(fresh, timeout=1.0, max_retries=0).generate([[{"role": "user", "content": "q"}]])
+        judge(fresh, timeout=0.4, max_retries=0).generate([[{"role": "user", "content": "q"}]])
 
 
 @pytest.mark.parametrize("mode", ["huge", "huge_nolength"])
@@ -174,9 +175,9 @@ WAITING_CASES = {"slow_drip"}
     for kind in KINDS for case in sorted(CASES)])
 def test_reward_through_misbehaving_server(fresh, sleeps, tmp_path, kind, case):
     mode, must_mention = CASES[case]
-    # slow_drip: a 0.25 s deadline, below the drip's 0.5 s between bytes (the total deadline against a drip that
-    # keeps every read alive is test_total_timeout_bounds_a_body_drip's); each stage waits 2 x the deadline
-    r = build(kind, judge(fresh, timeout=0.25 if case == "slow_drip" else 1.0), tmp_path)
+    # slow_drip: a 0.1 s deadline, a fifth of the drip's 0.5 s between bytes (the total deadline against a drip
+    # that keeps every read alive is test_total_timeout_bounds_a_body_drip's); each stage waits 2 x the deadline
+    r = build(kind, judge(fresh, timeout=0.1 if case == "slow_drip" else 1.0), tmp_path)
     if isinstance(mode, list):
         fresh.script = list(mode)
     else:
@@ -234,7 +235,7 @@ def test_one_failing_request_fails_only_its_sample(fresh, tmp_path, kind):
 
 # ------------------------------------------------------------------------------- the /version probe
 class VersionServer:
-    """``GET /version`` only: ``drip`` sends a version object one byte per 0.1 s (at most ~6 s), ``huge`` a valid
+    """``GET /version`` only: ``drip`` sends a version object one byte per 0.1 s (~2 s), ``huge`` a valid
     version object padded to 32 MiB without Content-Length, ``huge_length`` the same with it, ``ok`` a plain
     one. ``sent`` counts the body bytes written."""
 
@@ -258,11 +259,11 @@ class VersionServer:
                         self.send_response(200)
                         self.send_header("Content-Length", str(len(body)))
                         self.end_headers()
-                        for b in body:  # 21 bytes, 0.3 s apart: ~6 s in all, each read well inside `timeout`
+                        for b in body:  # 21 bytes, 0.1 s apart: ~2 s in all, each read well inside `timeout`
                             self.wfile.write(bytes([b]))
                             self.wfile.flush()
                             srv.sent += 1
-                            time.sleep(0.3)
+                            time.sleep(0.1)
                     else:
                         n = 32 * 1024 * 1024
                         self.send_response(200)
@@ -297,8 +298,9 @@ def test_version_probe_is_bounded_like_every_request(mode):
     request deadline (``timeout``) and ``max_response_bytes``; an answer past either is "not vLLM"."""
     srv = VersionServer(mode)
     try:
-        j = OpenAIJudge(srv.url, model="fake", api_key="", timeout=1.0, max_retries=0, check_tokens=False,
-                        max_response_bytes=256 * 1024)
+        # drip: a 0.4 s deadline, 4 of its gaps and a fifth of its ~2 s (huge: the size cap, not the deadline, stops it)
+        j = OpenAIJudge(srv.url, model="fake", api_key="", timeout=0.4 if mode == "drip" else 1.0, max_retries=0,
+                        check_tokens=False, max_response_bytes=256 * 1024)
         assert j.is_vllm is False   # (drip: without the deadline the 21 bytes, each read in time, gave a version)
         if mode != "drip":
             assert srv.sent < 16 * 1024 * 1024      # the client stopped reading (before: the whole 32 MiB)

@@ -25,6 +25,8 @@ from rewardkit.reward import RewardConfig  # noqa: E402
 from rewardkit.serve.server import ServerConfig, serve_in_thread  # noqa: E402
 from rewardkit.testing import random_images  # noqa: E402
 
+from tests.helpers.serving import stop_soon  # noqa: E402
+
 SIZES = [(32, 32), (40, 64), (64, 40), (33, 47), (96, 24), (17, 17)]
 
 
@@ -120,7 +122,7 @@ def test_concurrent_clients_are_batched_and_each_gets_its_own_scores(clip):
         info = httpx.get(handle.url + "/info", timeout=10).json()
         assert info["stats"]["requests"] == 32 and info["stats"]["batches"] == len(rec.calls)
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_batch_relative_rewards_are_never_merged():
@@ -135,12 +137,22 @@ def test_batch_relative_rewards_are_never_merged():
         for o, i in zip(outs, range(2)):
             assert torch.allclose(o.scores, rec(images[2 * i:2 * i + 2], "ab").scores)
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_a_failing_request_does_not_fail_the_requests_merged_with_it():
-    rec = _Recorder(delay=0.05, fail_on="boom")
-    handle = serve_in_thread(rec, ServerConfig(max_batch=64, max_wait_ms=50.0))
+    """Deterministic merging (no delays): the first model call holds until the five other requests, one of them
+    failing, have queued behind it; they are scored in one merged call, which fails, and then each alone."""
+    release = threading.Event()
+
+    class Held(_Recorder):
+        def _score(self, batch):
+            if not self.calls:
+                release.wait(30)   # a hang guard only
+            return super()._score(batch)
+
+    rec = Held(fail_on="boom")
+    handle = serve_in_thread(rec, ServerConfig(max_batch=64, max_wait_ms=0.0))
     try:
         remote = RemoteReward(url=handle.url, max_retries=0)
         images = random_images(6, seed=4)
@@ -151,14 +163,27 @@ def test_a_failing_request_does_not_fail_the_requests_merged_with_it():
             except RemoteRewardError as exc:
                 return exc
 
+        def queued(n):
+            guard = time.monotonic() + 30   # a hang guard
+            while httpx.get(handle.url + "/info", timeout=10).json()["stats"]["requests"] < n \
+                    and time.monotonic() < guard:
+                time.sleep(0.01)
+
         with ThreadPoolExecutor(6) as pool:
-            outs = list(pool.map(call, range(6)))
+            futs = [pool.submit(call, 0)]
+            queued(1)                      # request 0 holds the model
+            futs += [pool.submit(call, i) for i in range(1, 6)]
+            queued(6)                      # the other five wait behind it
+            release.set()
+            outs = [f.result(timeout=30) for f in futs]
+        assert rec.calls[:2] == [1, 5], rec.calls   # the five were merged into one (failing) model call
         assert isinstance(outs[2], RemoteRewardError) and "500" in str(outs[2]) and "model exploded" in str(outs[2])
         for i, o in enumerate(outs):
             if i != 2:
                 assert torch.equal(o.scores, rec([images[i]], f"fine {i}").scores)
     finally:
-        handle.stop()
+        release.set()
+        stop_soon(handle)
 
 
 # ---------------------------------------------------------------------------------------------- bad requests
@@ -208,7 +233,7 @@ def test_oversized_bodies_are_refused(clip):
         r = httpx.post(handle.url + "/score", content=chunks(), headers={"Content-Type": "application/json"}, timeout=30)
         assert r.status_code == 413
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_bearer_token(clip):
@@ -227,7 +252,7 @@ def test_bearer_token(clip):
         info = httpx.get(handle.url + "/info", headers={"Authorization": "Bearer s3cret"}, timeout=10).json()
         assert info["auth"] is True and "token" not in info["limits"] and "s3cret" not in json.dumps(info)
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 
 class _Blocked(Reward):
@@ -258,7 +283,7 @@ def test_server_timeout_is_per_request():
         assert reward.entered.is_set() and not reward.release.is_set()  # answered while the call still ran
     finally:
         reward.release.set()
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_client_disconnects_do_not_hurt_the_server(served, clip):
@@ -276,12 +301,24 @@ def test_client_disconnects_do_not_hurt_the_server(served, clip):
                                atol=1e-5, rtol=0)
 
 
-def test_client_retries_across_a_server_restart(clip):
+def test_client_retries_across_a_server_restart(clip, monkeypatch):
+    import types
+
+    import rewardkit.serve.client as client_mod
+
     handle = serve_in_thread(clip, ServerConfig())
     port = int(handle.url.rsplit(":", 1)[1])
-    remote = RemoteReward(url=handle.url, max_retries=6, max_backoff=0.5, timeout=20)
+    # retries 0.2 s apart for about 5 s: the restart lands inside them however loaded the machine is
+    remote = RemoteReward(url=handle.url, max_retries=25, max_backoff=0.2, timeout=20)
     handle.stop()
     box: dict = {}
+    retrying = threading.Event()   # set by the client's first backoff wait: an attempt failed on the closed port
+
+    def sleep(seconds):
+        retrying.set()
+        time.sleep(seconds)
+
+    monkeypatch.setattr(client_mod, "time", types.SimpleNamespace(monotonic=time.monotonic, sleep=sleep))
 
     def call():
         try:
@@ -291,14 +328,14 @@ def test_client_retries_across_a_server_restart(clip):
 
     t = threading.Thread(target=call)
     t.start()
-    time.sleep(0.6)  # the client is retrying against a closed port
+    assert retrying.wait(30)  # the client is retrying against a closed port
     handle2 = serve_in_thread(clip, ServerConfig(), port=port)
     try:
         t.join(30)
         assert "err" not in box, box.get("err")
         torch.testing.assert_close(box["out"].scores, clip(random_images(2), "a cat").scores, atol=1e-5, rtol=0)
     finally:
-        handle2.stop()
+        stop_soon(handle2)
 
 
 def _drip_server(interval: float, body: bytes, status: str = "200 OK"):
@@ -339,14 +376,14 @@ def _drip_server(interval: float, body: bytes, status: str = "200 OK"):
 
 
 def test_client_timeout_bounds_the_whole_request():
-    url, close = _drip_server(0.2, json.dumps({"reward": "x", "tasks": ["t2i"], "dimensions": [],
+    url, close = _drip_server(0.05, json.dumps({"reward": "x", "tasks": ["t2i"], "dimensions": [],
                                                "higher_is_better": True, "score_range": None,
                                                "uses_prompt": True, "batch_relative": False}).encode())
     try:
-        # each read returns a byte within the per-read timeout: only a whole-request deadline ends the call
-        # before the ~40 s drip is over, and only it says "within 1 s" (no wall-clock bound asserted)
-        with pytest.raises(RemoteRewardError, match="within 1 s"):
-            RemoteReward(url=url, timeout=1.0, max_retries=0)
+        # each read returns a byte within the per-read timeout (0.05 s gaps, 0.5 s): only a whole-request deadline
+        # ends the call before the ~7 s drip is over, and only it says "within 0.5 s" (no wall-clock bound asserted)
+        with pytest.raises(RemoteRewardError, match=r"within 0\.5 s"):
+            RemoteReward(url=url, timeout=0.5, max_retries=0)
     finally:
         close()
 
@@ -394,7 +431,7 @@ def test_several_replicas_behind_one_endpoint(tiny_clip_dir, clip):
         server = handle._server.config.app.state.rewardkit
         assert all(r.batches > 0 for r in server.replicas), "one replica did no work"
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_serve_command_help_and_host_warning(monkeypatch, capsys, tiny_clip_dir):
@@ -520,7 +557,7 @@ def test_credentials_never_leave_the_server(monkeypatch, caplog):
         for s in secrets:  # ... without a secret anywhere
             assert s not in json.dumps(info) and s not in r.text and s not in logged, s
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_redactor_keys_and_values():
@@ -589,7 +626,7 @@ def test_bearer_token_is_compared_whole(clip):
         got = {h: status(h) for h in expected}
         assert got == expected
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_deeply_nested_json_is_a_400(served):
@@ -629,7 +666,7 @@ def test_non_json_values_in_details_and_info_are_answered():
         assert out.valid.all() and out.details == [{"p": None, "q": 0.5, "k": 3}] * 2
         assert out.info == {"t": None, "v": [0.25, None]}
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 def test_an_integer_too_long_to_convert_is_a_400(served):
     """json.loads raises a plain ValueError (not JSONDecodeError) for an integer of more than 4300 digits
@@ -654,18 +691,18 @@ def _busy_pool_threads():
 
 
 def test_client_threads_end_with_the_call():
-    """The drip server sends one byte every 0.1 s; the call gives up after 1 s. Before: the pool thread kept
+    """The drip server sends one byte every 0.05 s; the call gives up after 0.5 s. Before: the pool thread kept
     reading the drip (about 20 s for this body) after the call had raised; now it stops with the call."""
     body = json.dumps({"reward": "x", "tasks": ["t2i"], "dimensions": [], "higher_is_better": True,
-                       "score_range": None, "uses_prompt": True, "batch_relative": False, "pad": "x" * 100}).encode()
-    url, close = _drip_server(0.1, body)
+                       "score_range": None, "uses_prompt": True, "batch_relative": False, "pad": "x" * 300}).encode()
+    url, close = _drip_server(0.05, body)
 
     pool_threads = _busy_pool_threads
 
     try:
         before = set(pool_threads())  # a thread of an earlier test may still be finishing: only new ones count
-        with pytest.raises(RemoteRewardError, match="within 1 s"):
-            RemoteReward(url=url, timeout=1.0, max_retries=0)
+        with pytest.raises(RemoteRewardError, match=r"within 0\.5 s"):
+            RemoteReward(url=url, timeout=0.5, max_retries=0)
         deadline = time.monotonic() + 5.0   # a hang guard, far inside the ~20 s drip a thread left reading takes
         while set(pool_threads()) - before and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -675,10 +712,10 @@ def test_client_threads_end_with_the_call():
 
 
 def test_client_threads_end_with_the_call_when_the_server_drips_its_headers():
-    """The same, with the status line and headers dripped (one byte every 0.1 s, about 20 s of them). Before:
+    """The same, with the status line and headers dripped (one byte every 0.05 s, about 20 s of them). Before:
     the deadline was checked only between body chunks, and each header byte reset httpx's read timeout, so the
     pool thread stayed blocked in the header read long after the call had raised."""
-    head = b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * 200 + b"\r\n\r\n"
+    head = b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * 400 + b"\r\n\r\n"
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(2)
@@ -694,7 +731,7 @@ def test_client_threads_end_with_the_call_when_the_server_drips_its_headers():
             try:
                 conn.recv(65536)
                 for i in range(len(head)):  # bounded: len(head) bytes, ends when stop is set
-                    if stop.wait(0.1):
+                    if stop.wait(0.05):
                         return
                     conn.sendall(head[i:i + 1])
             except OSError:
@@ -706,8 +743,8 @@ def test_client_threads_end_with_the_call_when_the_server_drips_its_headers():
 
     try:
         before = set(pool_threads())  # a thread of an earlier test may still be finishing: only new ones count
-        with pytest.raises(RemoteRewardError, match="within 1 s"):
-            RemoteReward(url=f"http://127.0.0.1:{srv.getsockname()[1]}", timeout=1.0, max_retries=0)
+        with pytest.raises(RemoteRewardError, match=r"within 0\.5 s"):
+            RemoteReward(url=f"http://127.0.0.1:{srv.getsockname()[1]}", timeout=0.5, max_retries=0)
         deadline = time.monotonic() + 5.0   # a hang guard, far inside the ~20 s drip a thread left reading takes
         while set(pool_threads()) - before and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -928,7 +965,7 @@ def test_merged_requests_score_as_the_in_process_call(tiny_clip_dir):
     try:
         merged = _post_all(handle.url, reqs)
     finally:
-        handle.stop()
+        stop_soon(handle)
     assert len(rec.calls) == 1 and len(rec.calls[0]) == n_images, rec.calls  # one model call for all five
     order = list(dict.fromkeys(rec.calls[0]))  # the requests in the order the batch took them
     call_images = [im for p in order for im in holds[p]]
@@ -947,7 +984,7 @@ def test_merged_requests_score_as_the_in_process_call(tiny_clip_dir):
     try:
         alone = _post_all(handle.url, reqs)
     finally:
-        handle.stop()
+        stop_soon(handle)
     assert sorted(len(c) for c in rec.calls) == sorted(len(i) for i in holds.values())  # one call per request
     for p, images in holds.items():
         want_alone = CLIPScore.__call__(rec, images, p, on_error="nan")
@@ -1008,7 +1045,7 @@ def test_binary_bodies_keep_the_request_limits(clip):
         r = post(pack_body({"prompt": "a"}, {"images": [wide]}))
         assert r.status_code == 400  # the payload does not hold the claimed pixels: nothing is read
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 
 # ---------------------------------------------------------------------------------------------- several replicas
@@ -1047,7 +1084,7 @@ def test_remote_reward_spreads_over_replicas_and_fails_over(clip, tiny_clip_dir)
             RemoteReward(url=[a.url, a.url])
     finally:
         for h in (a, b, other):
-            h.stop()
+            stop_soon(h)
 
 
 def test_env_factory_errors_name_the_variable(monkeypatch):
@@ -1110,7 +1147,7 @@ def test_an_ipv6_loopback_server_url_has_brackets():
         assert handle.url == f"http://[::1]:{port}"
         assert httpx.get(handle.url + "/health", timeout=10).status_code == 200
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_the_sources_of_a_request_reach_the_reward():

@@ -29,6 +29,8 @@ from rewardkit import Reward, RewardOutput  # noqa: E402
 from rewardkit.serve.server import ServerConfig, serve_in_thread  # noqa: E402
 from rewardkit.testing import random_images  # noqa: E402
 
+from tests.helpers.serving import stop_soon  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -213,21 +215,21 @@ def test_connection_cap_answers_503_and_frees_the_slot():
     finally:
         for s in socks:
             s.close()
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_a_dripping_body_gets_408_and_the_connection_closes():
-    """Headers complete, then one body byte every 0.2 s: the body timeout (0.5 s) ends it with a 408 (before:
+    """Headers complete, then one body byte every 0.05 s: the body timeout (0.25 s) ends it with a 408 (before:
     the whole-request timeout of 120 s held the slot). Deterministic: the 408 names the body timeout, comes
-    before the 1000-byte body is complete (at most 100 bytes are ever sent), and the connection is closed."""
-    handle = serve_in_thread(_Const(), ServerConfig(body_timeout=0.5))
+    before the 1000-byte body is complete (at most 400 bytes are ever sent), and the connection is closed."""
+    handle = serve_in_thread(_Const(), ServerConfig(body_timeout=0.25))
     port = int(handle.url.rsplit(":", 1)[1])
     s = socket.create_connection(("127.0.0.1", port), timeout=5)
     try:
         s.sendall(b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n")
         got = b""
-        s.settimeout(0.2)
-        for _ in range(100):  # bounded: at most 100 body bytes, about 20 s on a loaded machine
+        s.settimeout(0.05)
+        for _ in range(400):  # bounded: at most 400 body bytes, about 20 s on a loaded machine
             try:
                 s.sendall(b" ")
                 chunk = s.recv(4096)
@@ -239,10 +241,10 @@ def test_a_dripping_body_gets_408_and_the_connection_closes():
             except OSError:
                 break
         assert got.startswith(b"HTTP/1.1 408"), got[:200]
-        assert b"the request body took longer than 0.5 s" in got and _closed_by_server(s), got[-200:]
+        assert b"the request body took longer than 0.25 s" in got and _closed_by_server(s), got[-200:]
     finally:
         s.close()
-        handle.stop()
+        stop_soon(handle)
 
 
 
@@ -295,31 +297,44 @@ def test_clients_that_never_read_their_answers_are_dropped():
     finally:
         for s in socks:
             s.close()
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_requests_in_flight_are_capped_with_503_and_retry_after():
-    handle = serve_in_thread(_Const(delay=0.6), ServerConfig(max_in_flight=2, max_wait_ms=0))
+    """Deterministic (no delays): the model call holds until the test releases it, and the third request is sent
+    once the server has been handed the first two (one in the model call, one queued behind it: both in flight)."""
+    release = threading.Event()
+
+    class Held(_Const):
+        def _score(self, batch):
+            release.wait(60)   # a hang guard only: released once the third request has had its answer
+            return super()._score(batch)
+
+    handle = serve_in_thread(Held(), ServerConfig(max_in_flight=2, max_wait_ms=0))
     body = {"images": [_png(random_images(1, size=16)[0])], "prompt": "a"}
     try:
         results: list = [None] * 4
 
         def post(i):
-            results[i] = httpx.post(handle.url + "/score", json=body, timeout=10)
+            results[i] = httpx.post(handle.url + "/score", json=body, timeout=30)
 
         threads = [threading.Thread(target=post, args=(i,)) for i in range(2)]
         for t in threads:
             t.start()
-        time.sleep(0.3)  # both are in flight (the reward takes 0.6 s each)
+        guard = time.monotonic() + 30   # a hang guard
+        while httpx.get(handle.url + "/info", timeout=5).json()["stats"]["requests"] < 2 and time.monotonic() < guard:
+            time.sleep(0.01)
         third = httpx.post(handle.url + "/score", json=body, timeout=10)
         assert third.status_code == 503 and third.headers["retry-after"] == "1" and "in flight" in third.json()["error"]
         assert httpx.get(handle.url + "/health", timeout=5).status_code == 200  # health is never capped
+        release.set()
         for t in threads:
-            t.join(10)
+            t.join(30)
         assert [r.status_code for r in results[:2]] == [200, 200]
         assert httpx.post(handle.url + "/score", json=body, timeout=10).status_code == 200  # slots freed
     finally:
-        handle.stop()
+        release.set()
+        stop_soon(handle)
 
 
 # ---------------------------------------------------------------------------------------------- decoded pixels
@@ -375,29 +390,46 @@ def test_a_timed_out_request_stops_being_decoded(monkeypatch):
         time.sleep(0.6)  # the replica notices within one image's decode
         assert len(decoded) <= 3 and calls == [], (len(decoded), calls)
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_merged_model_calls_stay_within_the_batch_pixel_budget():
     """4 concurrent requests of one 32 x 32 image each (1,024 pixels) with max_batch_pixels = 2,048: no model
-    call holds more than 2 of them (before: all 4 merged into one call of 4,096 pixels)."""
-    rec = _Const(delay=0.2)
+    call holds more than 2 of them (before: all 4 merged into one call of 4,096 pixels). Deterministic (no delays):
+    the first model call holds until the other three requests have queued behind it."""
+    rec = _Const()
     sizes = []
+    release = threading.Event()
     orig = rec._score
-    rec._score = lambda batch: sizes.append(len(batch)) or orig(batch)
-    handle = serve_in_thread(rec, ServerConfig(max_batch=64, max_wait_ms=100.0, max_batch_pixels=2048))
+
+    def score(batch):
+        sizes.append(len(batch))
+        if len(sizes) == 1:
+            release.wait(30)   # a hang guard only
+        return orig(batch)
+
+    rec._score = score
+    handle = serve_in_thread(rec, ServerConfig(max_batch=64, max_wait_ms=0.0, max_batch_pixels=2048))
     try:
         body = {"images": [_png(random_images(1, size=32)[0])], "prompt": "a"}
         with __import__("concurrent.futures").futures.ThreadPoolExecutor(4) as pool:
-            outs = list(pool.map(lambda _: httpx.post(handle.url + "/score", json=body, timeout=10), range(4)))
+            futs = [pool.submit(httpx.post, handle.url + "/score", json=body, timeout=30) for _ in range(4)]
+            guard = time.monotonic() + 30   # a hang guard
+            while httpx.get(handle.url + "/info", timeout=5).json()["stats"]["requests"] < 4 \
+                    and time.monotonic() < guard:
+                time.sleep(0.01)
+            release.set()
+            outs = [f.result(timeout=30) for f in futs]
         assert [o.status_code for o in outs] == [200] * 4
-        assert sum(sizes) == 4 and max(sizes) <= 2, sizes
+        # the three waiting requests (3,072 pixels) fill one call up to the budget, the last one has its own
+        assert sum(sizes) == 4 and max(sizes) == 2, sizes
         # one request over the batch budget (2 x 4,096 pixels) is not refused (that is max_request_pixels'
         # job, default 64 Mi): it runs in a model call of its own
         big = {"images": [_png(random_images(1, size=64)[0])] * 2, "prompt": "a"}
         assert httpx.post(handle.url + "/score", json=big, timeout=10).status_code == 200
     finally:
-        handle.stop()
+        release.set()
+        stop_soon(handle)
 
 
 def test_oversized_headers_are_a_400():
@@ -417,7 +449,7 @@ def test_oversized_headers_are_a_400():
         assert got.startswith(b"HTTP/1.1 400"), got[:100]
         assert httpx.get(handle.url + "/health", timeout=5).status_code == 200
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_an_unread_body_cannot_hold_the_connection():
@@ -449,7 +481,7 @@ def test_an_unread_body_cannot_hold_the_connection():
         assert got.startswith(b"HTTP/1.1 401") and closed, got[:200]
     finally:
         s.close()
-        handle.stop()
+        stop_soon(handle)
 
 
 class _Edit(_Const):
@@ -473,7 +505,7 @@ def test_source_images_count_against_max_images():
                                                     "sources": [[one, one, one]] * 4}, timeout=30)
         assert r.status_code == 413 and "12 source images" in r.json()["error"], r.text
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_source_images_count_against_the_request_pixel_limit():
@@ -494,7 +526,7 @@ def test_source_images_count_against_the_request_pixel_limit():
             if status == 413:
                 assert "decode to 2,200 pixels" in r.json()["error"], r.text
         finally:
-            handle.stop()
+            stop_soon(handle)
 
 
 def _server_side_nodelay(server) -> list[int]:

@@ -20,6 +20,7 @@ torch = pytest.importorskip("torch")
 
 from rewardkit import Reward, RewardOutput, load_reward  # noqa: E402
 from rewardkit.testing import random_images  # noqa: E402
+from tests.helpers.serving import stop_soon  # noqa: E402
 
 
 # ============================================================================================== serve
@@ -57,47 +58,82 @@ def serve_mod():
     return srv
 
 
+def _queued(url: str, n: int) -> None:
+    """Wait (a 20 s hang guard) until the server at ``url`` has been handed ``n`` scoring requests."""
+    deadline = time.monotonic() + 20.0
+    while time.monotonic() < deadline:
+        if json.loads(urllib.request.urlopen(f"{url}/info", timeout=5).read())["stats"]["requests"] >= n:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"the server never had {n} requests")
+
+
 def test_max_batch_bounds_every_merged_model_call(serve_mod):
+    """Deterministic merging (no delays): in each round the first model call holds the model until every other
+    request of the round has queued up behind it."""
     from rewardkit.serve.client import RemoteReward
 
-    rec = MetaRecorder(delay=0.15)
-    handle = serve_mod.serve_in_thread(rec, serve_mod.ServerConfig(max_batch=3, max_wait_ms=100.0))
+    class Held(MetaRecorder):
+        def __init__(self):
+            super().__init__()
+            self.hold, self.release = False, threading.Event()
+
+        def _score(self, batch):
+            if self.hold:   # the round's first call (one worker thread: no race on the flag)
+                self.hold = False
+                self.release.wait(20.0)
+            return super()._score(batch)
+
+    rec = Held()
+    handle = serve_mod.serve_in_thread(rec, serve_mod.ServerConfig(max_batch=3, max_wait_ms=5.0))
     try:
         remote = RemoteReward(url=handle.url)
         ims = random_images(10, seed=2)
+        rec.hold = True
         with ThreadPoolExecutor(10) as pool:
-            outs = list(pool.map(lambda i: remote([ims[i]], f"p{i}"), range(10)))
+            futs = [pool.submit(remote, [ims[i]], f"p{i}") for i in range(10)]
+            _queued(handle.url, 10)
+            rec.release.set()
+            outs = [f.result(timeout=30) for f in futs]
         sizes = [n for n, _ in rec.calls]
         assert sum(sizes) == 10 and max(sizes) <= 3, sizes
         assert max(sizes) >= 2, f"nothing was merged: {sizes}"
         for i, o in enumerate(outs):
             assert o.scores[0].item() == pytest.approx(MetaRecorder.expected(ims[i], f"p{i}", None), rel=1e-6)
-        # two-image requests: two of them (4 images) would exceed max_batch = 3, so none is merged
+        # two-image requests, all queued together: two of them (4 images) would exceed max_batch = 3, so none is
+        # merged
         rec.calls.clear()
+        rec.hold = True
+        rec.release.clear()
         with ThreadPoolExecutor(6) as pool:
-            outs = list(pool.map(lambda i: remote(ims[i:i + 2], "q"), range(6)))
+            futs = [pool.submit(remote, ims[i:i + 2], "q") for i in range(6)]
+            _queued(handle.url, 16)
+            rec.release.set()
+            outs = [f.result(timeout=30) for f in futs]
         assert [n for n, _ in rec.calls] == [2] * 6, rec.calls
         assert all(o.valid.all() for o in outs)
     finally:
-        handle.stop()
+        rec.release.set()
+        stop_soon(handle)
 
 
 def test_max_wait_ms_holds_a_batch_open_for_late_requests(serve_mod):
     from rewardkit.serve.client import RemoteReward
 
     rec = MetaRecorder()
-    handle = serve_mod.serve_in_thread(rec, serve_mod.ServerConfig(max_batch=8, max_wait_ms=1500.0))
+    # max_batch 2: the batch closes when the late request is in (its wait, not the test, takes the 1.5 s otherwise)
+    handle = serve_mod.serve_in_thread(rec, serve_mod.ServerConfig(max_batch=2, max_wait_ms=1500.0))
     try:
         remote = RemoteReward(url=handle.url)
         ims = random_images(2, seed=3)
         with ThreadPoolExecutor(2) as pool:
             first = pool.submit(remote, [ims[0]], "a")
-            time.sleep(0.3)                 # the second request arrives while the first one's batch waits
+            _queued(handle.url, 1)          # the second request arrives while the first one's batch waits
             second = pool.submit(remote, [ims[1]], "b")
             first.result(30), second.result(30)
         assert [n for n, _ in rec.calls] == [2], rec.calls
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_requests_with_and_without_metadata_are_never_merged(serve_mod):
@@ -150,7 +186,7 @@ def test_requests_with_and_without_metadata_are_never_merged(serve_mod):
         assert sizes == [1, 4, 4], rec.calls
         assert all(len(k) == 1 for k in rec.kinds), rec.kinds     # ... never across with / without metadata
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_client_validates_inputs_before_sending(serve_mod):
@@ -165,7 +201,7 @@ def test_client_validates_inputs_before_sending(serve_mod):
         assert out.valid.tolist() == [True, False, True] and out.errors[1]
         assert rec.calls == [(2, False)]          # the corrupt sample never reached the server
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_client_token_from_the_environment(serve_mod, monkeypatch):
@@ -181,7 +217,7 @@ def test_client_token_from_the_environment(serve_mod, monkeypatch):
         monkeypatch.setenv("REWARDKIT_SERVE_TOKEN", "wrong")
         assert RemoteReward(url=handle.url, token="env-secret")(random_images(1), "a").valid.all()  # token= wins
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_remote_reward_through_load_reward_and_the_score_command(serve_mod, tiny_clip_dir, tmp_path):
@@ -206,7 +242,7 @@ def test_remote_reward_through_load_reward_and_the_score_command(serve_mod, tiny
         rows = [json.loads(line) for line in out.read_text().splitlines()]
         torch.testing.assert_close(torch.tensor([r["score"] for r in rows]), want, atol=0, rtol=0)
     finally:
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_serve_command_options_reach_the_server(serve_mod, monkeypatch, capsys, tiny_clip_dir, tmp_path):
@@ -411,7 +447,7 @@ def test_server_decodes_encoded_files_with_the_bomb_guard(serve_mod):
         assert httpx.post(handle.url + "/score", json={"images": [wire], "prompt": "a"}, timeout=30).status_code == 413
     finally:
         media.set_max_pixels(old)
-        handle.stop()
+        stop_soon(handle)
 
 
 def test_client_sends_raw_pixels_by_default_and_png_on_request(serve_mod, monkeypatch):
@@ -446,4 +482,4 @@ def test_client_sends_raw_pixels_by_default_and_png_on_request(serve_mod, monkey
         decoded = Image.open(io.BytesIO(base64.b64decode(png)))
         assert decoded.format == "PNG" and decoded.convert("RGB").tobytes() == im.tobytes()
     finally:
-        handle.stop()
+        stop_soon(handle)
