@@ -42,7 +42,24 @@ ROOT = Path(__file__).resolve().parent.parent
 PARITY = ROOT / "scripts" / "parity"
 #: model -> (official module, parity environment name)
 MODELS = {"hpsv2": ("official_hpsv2", "hpsv2"), "imagereward": ("official_imagereward", "imagereward"),
-          "aesthetic": ("official_aesthetic", "imagereward"), "hpsv3": ("official_hpsv3", "hpsv3")}
+          "aesthetic": ("official_aesthetic", "imagereward"), "hpsv3": ("official_hpsv3", "hpsv3"),
+          "vqascore": ("official_vqascore", "vqascore")}
+#: ``load_reward`` arguments of a model other than ``model=<work>/<model>/converted`` (as ``scripts/parity.sh``
+#: compares it; "{dir}" is the model's work folder), and the file its tiny checkpoint is complete with
+JUDGED = {"vqascore": ({"judge": "transformers:{dir}/judge", "template": "t2v_metrics-3.0", "dtype": "float32"},
+                       "official.json")}
+
+
+def rk_kwargs(model: str, d: Path) -> dict:
+    """``load_reward(model, **rk_kwargs(model, d))`` scores the tiny checkpoint in work folder ``d``."""
+    if model not in JUDGED:
+        return {"model": str(d / "converted")}
+    return {k: v.replace("{dir}", str(d)) for k, v in JUDGED[model][0].items()}
+
+
+def checkpoint_ready(model: str, work: Path) -> bool:
+    """Whether ``scripts/parity.sh`` (``PARITY_KEEP=work``) has left the model's tiny checkpoint there."""
+    return (work / model / (JUDGED[model][1] if model in JUDGED else "converted/rewardkit.json")).exists()
 EQUAL = [(512, 512)]
 MIXED = [(512, 512), (640, 360), (360, 640), (301, 300), (97, 61), (1000, 250)]
 PROMPT = "a photo of a cat sitting on a mat"
@@ -150,7 +167,7 @@ def worker(side: str, model: str, work: str) -> None:
     else:  # "rewardkit" (timed) or "profile" (the time outside the forward; never timed)
         from rewardkit import load_reward
 
-        reward = load_reward(model, model=str(d / "converted"), device="cpu")
+        reward = load_reward(model, **{**rk_kwargs(model, d), "device": "cpu"})
 
         def score(paths, prompt):
             out = reward(list(paths), [prompt] * len(paths), on_error="nan")
@@ -226,7 +243,7 @@ def make_images(work: Path, sizes: list, n: int, tag: str) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="batch 1 and 8, 3 rounds of 8 images")
-    ap.add_argument("--models", default="hpsv2,imagereward,aesthetic,hpsv3")
+    ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--batches", default=None, help="default 1,8,32 (--quick: 1,8)")
     ap.add_argument("--rounds", type=int, default=None, help="default 5 (--quick: 3)")
     ap.add_argument("--images", type=int, default=None, help="images per round (default 32; --quick: 8)")
@@ -246,7 +263,7 @@ def main() -> int:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    missing = [m for m in models if not (work / m / "converted" / "rewardkit.json").exists()]
+    missing = [m for m in models if not checkpoint_ready(m, work)]
     if missing:
         print(f"peers: writing the tiny checkpoints (scripts/parity.sh {' '.join(missing)})", flush=True)
         r = subprocess.run(["bash", str(ROOT / "scripts" / "parity.sh"), *missing], cwd=str(ROOT),
