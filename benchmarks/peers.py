@@ -4,12 +4,15 @@
     python benchmarks/peers.py                         # batch 1, 8, 32; 5 rounds of 32 images
     python benchmarks/peers.py --models hpsv2,aesthetic --batches 1,32 --rounds 7
 
-For each model the official package runs in its own parity environment (``scripts/parity.sh`` builds them, under
-``PARITY_VENVS``, default ``~/.cache/rewardkit/parity``) on a tiny checkpoint written through the package's own
-classes, and rewardkit runs on that checkpoint converted with ``rewardkit convert``: the first run calls
-``scripts/parity.sh MODEL...`` with ``PARITY_KEEP`` (default ``~/.cache/rewardkit/peers/work``), which also checks
-the scores agree, and later runs reuse its files. Each official package is driven by ``load_scorer`` of its
-``scripts/parity/official_*.py`` module (the same code that writes the checkpoint and scores the parity inputs).
+Models: hpsv2, imagereward, aesthetic, hpsv3 (their official PyPI packages) and vqascore (t2v-metrics 3.0's
+Qwen2.5-VL scorer). For each model the official package runs in its own parity environment (``scripts/parity.sh``
+builds them, under ``PARITY_VENVS``, default ``~/.cache/rewardkit/parity``) on a tiny checkpoint written through the
+package's own classes, and rewardkit runs on that checkpoint converted with ``rewardkit convert`` (vqascore: on the
+tiny judge directory itself, ``load_reward("vqascore", judge="transformers:DIR", template="t2v_metrics-3.0")``, as
+``scripts/parity.sh`` compares it): the first run calls ``scripts/parity.sh MODEL...`` with ``PARITY_KEEP``
+(default ``~/.cache/rewardkit/peers/work``), which also checks the scores agree, and later runs reuse its files.
+Each official package is driven by ``load_scorer`` of its ``scripts/parity/official_*.py`` module (the same code
+that writes the checkpoint and scores the parity inputs).
 
 Two long-lived worker processes per model (one per side, one torch thread each) are sent the same rounds in
 alternation (official, rewardkit, official, ...): a round scores the same images with one prompt in calls of the
@@ -20,9 +23,11 @@ nothing else runs in it), and rewardkit's time per call outside the model forwar
 twice (issue 41, item 4): all of it (decoding and the official pre-processing recipe included, which the official
 code pays as well), and rewardkit's own (the rest: input checks, prompts and tokens, batching, output). Those are
 measured in a third worker, a fresh rewardkit process (so its hooks neither slow the timed rounds nor raise their
-RSS): forward hooks on the outermost modules time the forward; the decoding and the recipe are timed by wrapping
-``rewardkit.media._to_pil`` and the pixel functions (``rewardkit.models.zoo.openai_clip_pixels`` /
-``hpsv2_pixels``, ``rewardkit.models.pil_pixels.pil_pixel_values`` / ``clip_pil_pixel_values``). "equal": every
+RSS): forward hooks on the outermost modules (and their ``get_image_features`` / ``get_text_features``, which
+CLIP rewards and the Qwen-VL judge's vision encode call directly) time the forward; the decoding and the recipe
+are timed by wrapping ``rewardkit.media._to_pil`` and the pixel functions (``rewardkit.models.zoo.
+openai_clip_pixels`` / ``hpsv2_pixels``, ``rewardkit.models.pil_pixels.pil_pixel_values`` (the judges' and the
+preference models' pixels) / ``clip_pil_pixel_values``). "equal": every
 image 512x512; "mixed": six sizes from 97x61 to 1000x250, the official code's crash-free ones.
 """
 

@@ -20,8 +20,8 @@ Precisions, per model, as the official package runs on CUDA (rewardkit given the
   ``1e-5 * max(scale, |official|)``): ``ok`` or ``OVER`` in the ``agree`` column;
 - ``half``: hpsv2 (autocast fp16, rewardkit ``float16``), aesthetic (fp16 CLIP, rewardkit ``float16``), HPSv3
   (``torch_dtype: bfloat16``, rewardkit ``bfloat16``), VQAScore (t2v-metrics' own ``torch.bfloat16``, sdpa
-  attention instead of its flash-attention 2, rewardkit ``bfloat16``). ImageReward has no half-precision mode. The difference is
-  printed, not bounded (two different fp16/bf16 computations).
+  attention instead of its flash-attention 2, rewardkit ``bfloat16``). ImageReward has no half-precision mode.
+  The difference is printed, not bounded (two different fp16/bf16 computations).
 
 Columns: as ``benchmarks/peers.py`` (median official / rewardkit wall and CPU ratios over the rounds, ms per
 image, largest score difference relative to the score scale, peak RSS) plus the precision, the peak GPU memory of
