@@ -4,12 +4,15 @@
     python benchmarks/peers.py                         # batch 1, 8, 32; 5 rounds of 32 images
     python benchmarks/peers.py --models hpsv2,aesthetic --batches 1,32 --rounds 7
 
-For each model the official package runs in its own parity environment (``scripts/parity.sh`` builds them, under
-``PARITY_VENVS``, default ``~/.cache/rewardkit/parity``) on a tiny checkpoint written through the package's own
-classes, and rewardkit runs on that checkpoint converted with ``rewardkit convert``: the first run calls
-``scripts/parity.sh MODEL...`` with ``PARITY_KEEP`` (default ``~/.cache/rewardkit/peers/work``), which also checks
-the scores agree, and later runs reuse its files. Each official package is driven by ``load_scorer`` of its
-``scripts/parity/official_*.py`` module (the same code that writes the checkpoint and scores the parity inputs).
+Models: hpsv2, imagereward, aesthetic, hpsv3 (their official PyPI packages) and vqascore (t2v-metrics 3.0's
+Qwen2.5-VL scorer). For each model the official package runs in its own parity environment (``scripts/parity.sh``
+builds them, under ``PARITY_VENVS``, default ``~/.cache/rewardkit/parity``) on a tiny checkpoint written through the
+package's own classes, and rewardkit runs on that checkpoint converted with ``rewardkit convert`` (vqascore: on the
+tiny judge directory itself, ``load_reward("vqascore", judge="transformers:DIR", template="t2v_metrics-3.0")``, as
+``scripts/parity.sh`` compares it): the first run calls ``scripts/parity.sh MODEL...`` with ``PARITY_KEEP``
+(default ``~/.cache/rewardkit/peers/work``), which also checks the scores agree, and later runs reuse its files.
+Each official package is driven by ``load_scorer`` of its ``scripts/parity/official_*.py`` module (the same code
+that writes the checkpoint and scores the parity inputs).
 
 Two long-lived worker processes per model (one per side, one torch thread each) are sent the same rounds in
 alternation (official, rewardkit, official, ...): a round scores the same images with one prompt in calls of the
@@ -20,9 +23,11 @@ nothing else runs in it), and rewardkit's time per call outside the model forwar
 twice (issue 41, item 4): all of it (decoding and the official pre-processing recipe included, which the official
 code pays as well), and rewardkit's own (the rest: input checks, prompts and tokens, batching, output). Those are
 measured in a third worker, a fresh rewardkit process (so its hooks neither slow the timed rounds nor raise their
-RSS): forward hooks on the outermost modules time the forward; the decoding and the recipe are timed by wrapping
-``rewardkit.media._to_pil`` and the pixel functions (``rewardkit.models.zoo.openai_clip_pixels`` /
-``hpsv2_pixels``, ``rewardkit.models.pil_pixels.pil_pixel_values`` / ``clip_pil_pixel_values``). "equal": every
+RSS): forward hooks on the outermost modules (and their ``get_image_features`` / ``get_text_features``, which
+CLIP rewards and the Qwen-VL judge's vision encode call directly) time the forward; the decoding and the recipe
+are timed by wrapping ``rewardkit.media._to_pil`` and the pixel functions (``rewardkit.models.zoo.
+openai_clip_pixels`` / ``hpsv2_pixels``, ``rewardkit.models.pil_pixels.pil_pixel_values`` (the judges' and the
+preference models' pixels) / ``clip_pil_pixel_values``). "equal": every
 image 512x512; "mixed": six sizes from 97x61 to 1000x250, the official code's crash-free ones.
 """
 
@@ -42,7 +47,24 @@ ROOT = Path(__file__).resolve().parent.parent
 PARITY = ROOT / "scripts" / "parity"
 #: model -> (official module, parity environment name)
 MODELS = {"hpsv2": ("official_hpsv2", "hpsv2"), "imagereward": ("official_imagereward", "imagereward"),
-          "aesthetic": ("official_aesthetic", "imagereward"), "hpsv3": ("official_hpsv3", "hpsv3")}
+          "aesthetic": ("official_aesthetic", "imagereward"), "hpsv3": ("official_hpsv3", "hpsv3"),
+          "vqascore": ("official_vqascore", "vqascore")}
+#: ``load_reward`` arguments of a model other than ``model=<work>/<model>/converted`` (as ``scripts/parity.sh``
+#: compares it; "{dir}" is the model's work folder), and the file its tiny checkpoint is complete with
+JUDGED = {"vqascore": ({"judge": "transformers:{dir}/judge", "template": "t2v_metrics-3.0", "dtype": "float32"},
+                       "official.json")}
+
+
+def rk_kwargs(model: str, d: Path) -> dict:
+    """``load_reward(model, **rk_kwargs(model, d))`` scores the tiny checkpoint in work folder ``d``."""
+    if model not in JUDGED:
+        return {"model": str(d / "converted")}
+    return {k: v.replace("{dir}", str(d)) for k, v in JUDGED[model][0].items()}
+
+
+def checkpoint_ready(model: str, work: Path) -> bool:
+    """Whether ``scripts/parity.sh`` (``PARITY_KEEP=work``) has left the model's tiny checkpoint there."""
+    return (work / model / (JUDGED[model][1] if model in JUDGED else "converted/rewardkit.json")).exists()
 EQUAL = [(512, 512)]
 MIXED = [(512, 512), (640, 360), (360, 640), (301, 300), (97, 61), (1000, 250)]
 PROMPT = "a photo of a cat sitting on a mat"
@@ -150,7 +172,7 @@ def worker(side: str, model: str, work: str) -> None:
     else:  # "rewardkit" (timed) or "profile" (the time outside the forward; never timed)
         from rewardkit import load_reward
 
-        reward = load_reward(model, model=str(d / "converted"), device="cpu")
+        reward = load_reward(model, **{**rk_kwargs(model, d), "device": "cpu"})
 
         def score(paths, prompt):
             out = reward(list(paths), [prompt] * len(paths), on_error="nan")
@@ -226,7 +248,7 @@ def make_images(work: Path, sizes: list, n: int, tag: str) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="batch 1 and 8, 3 rounds of 8 images")
-    ap.add_argument("--models", default="hpsv2,imagereward,aesthetic,hpsv3")
+    ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--batches", default=None, help="default 1,8,32 (--quick: 1,8)")
     ap.add_argument("--rounds", type=int, default=None, help="default 5 (--quick: 3)")
     ap.add_argument("--images", type=int, default=None, help="images per round (default 32; --quick: 8)")
@@ -246,7 +268,7 @@ def main() -> int:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    missing = [m for m in models if not (work / m / "converted" / "rewardkit.json").exists()]
+    missing = [m for m in models if not checkpoint_ready(m, work)]
     if missing:
         print(f"peers: writing the tiny checkpoints (scripts/parity.sh {' '.join(missing)})", flush=True)
         r = subprocess.run(["bash", str(ROOT / "scripts" / "parity.sh"), *missing], cwd=str(ROOT),

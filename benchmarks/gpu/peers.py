@@ -12,14 +12,16 @@ time more than on the CPU.
 
 Precisions, per model, as the official package runs on CUDA (rewardkit given the same dtype):
 
-- ``float32``: ImageReward, HPSv3 (its config's ``torch_dtype``). hpsv2 always runs under
+- ``float32``: ImageReward, HPSv3 (its config's ``torch_dtype``), VQAScore (t2v-metrics' ``QWEN2_VL_MODELS`` entry
+  set to float32, as ``scripts/parity/official_vqascore.py`` does). hpsv2 always runs under
   ``torch.cuda.amp.autocast()`` and the aesthetic predictor's OpenAI CLIP is always fp16 on CUDA
   (``clip.load`` converts the weights): neither has a float32 path on CUDA, so neither has a float32 row there.
   In a float32 row the scores must agree within the parity tolerance (``scripts/parity.sh``:
   ``1e-5 * max(scale, |official|)``): ``ok`` or ``OVER`` in the ``agree`` column;
 - ``half``: hpsv2 (autocast fp16, rewardkit ``float16``), aesthetic (fp16 CLIP, rewardkit ``float16``), HPSv3
-  (``torch_dtype: bfloat16``, rewardkit ``bfloat16``). ImageReward has no half-precision mode. The difference is
-  printed, not bounded (two different fp16/bf16 computations).
+  (``torch_dtype: bfloat16``, rewardkit ``bfloat16``), VQAScore (t2v-metrics' own ``torch.bfloat16``, sdpa
+  attention instead of its flash-attention 2, rewardkit ``bfloat16``). ImageReward has no half-precision mode.
+  The difference is printed, not bounded (two different fp16/bf16 computations).
 
 Columns: as ``benchmarks/peers.py`` (median official / rewardkit wall and CPU ratios over the rounds, ms per
 image, largest score difference relative to the score scale, peak RSS) plus the precision, the peak GPU memory of
@@ -29,7 +31,7 @@ with the device) and its share of the forward, measured in a third, untimed rewa
 rewardkit's own (minus decoding and the pre-processing recipe, timed by wrapping ``rewardkit.media._to_pil`` and
 the pixel functions, as ``benchmarks/peers.py`` does).
 
-The prepared run (no arguments): the four models, mixed and equal sizes, batch 1, 8 and 32, 3 rounds of 32 images,
+The prepared run (no arguments): the five models, mixed and equal sizes, batch 1, 8 and 32, 3 rounds of 32 images,
 both precisions, within about 5 minutes on one GPU: the workers of every (model, precision) start at once, the
 cells run mixed sizes first, each batch size across the models, and none starts after ``--budget`` seconds
 (default 240; the ones left are printed as skipped); a watchdog ends the run at the budget + 50 s.
@@ -73,6 +75,7 @@ PRECISIONS = {
     "imagereward": {"float32": ("float32", "float32")},
     "aesthetic": {"half": ("float16", "float16")},
     "hpsv3": {"float32": ("float32", "float32"), "half": ("bfloat16", "bfloat16")},
+    "vqascore": {"float32": ("float32", "float32"), "half": ("bfloat16", "bfloat16")},
 }
 #: on the CPU every official package computes in float32
 CPU_PRECISIONS = {"float32": ("float32", "float32")}
@@ -137,6 +140,8 @@ def _official_scorer(model: str, d: Path, device: str, mode: str):
             with torch.no_grad():
                 return [float(x) for x in inf.reward(list(paths), [prompt] * len(paths))[:, 0].float().tolist()]
         return score
+    if model == "vqascore":  # t2v_metrics loads with device_map="auto": on the CUDA device there is one
+        return mod.load_scorer(str(d), dtype=mode)
     raise ValueError(f"no official scorer for {model!r}")
 
 
@@ -165,15 +170,20 @@ def _profile(reward, score, chunks: list, prompt: str, sync) -> dict:
     handles = [h for m in mods for h in (m.register_forward_pre_hook(lambda *_: enter("fwd")),
                                          m.register_forward_hook(lambda *_: leave("fwd")))]
 
-    def timed(fn):
+    def timed(fn, key="recipe"):
         def wrapper(*a, **k):
-            enter("recipe")
+            enter(key)
             try:
                 return fn(*a, **k)
             finally:
-                leave("recipe")
+                leave(key)
         return wrapper
 
+    # the model's own methods called instead of __call__ (a CLIPModel's get_image_features, the Qwen-VL judge's
+    # vision encode through its inner model's get_image_features): timed as the forward, as benchmarks/peers.py does
+    methods = [(m, n) for m in mods for n in ("get_image_features", "get_text_features") if hasattr(m, n)]
+    for m, n in methods:
+        setattr(m, n, timed(getattr(m, n), "fwd"))
     patched = []
     for mod_name, names in RK_PIXEL_FUNCS:
         mod = importlib.import_module(mod_name)
@@ -192,6 +202,8 @@ def _profile(reward, score, chunks: list, prompt: str, sync) -> dict:
     finally:
         for h in handles:
             h.remove()
+        for m, n in methods:
+            delattr(m, n)  # the instance attribute set above: the class's method again
         for mod, n, fn in patched:
             setattr(mod, n, fn)
     return {"calls": len(chunks), "wall": wall, "fwd": spent["fwd"], "recipe": spent["recipe"]}
@@ -232,7 +244,7 @@ def worker(side: str, model: str, work: str, device: str) -> None:
                 else:
                     from rewardkit import load_reward
 
-                    reward = load_reward(model, model=str(d / "converted"), device=device, dtype=rk_dtype)
+                    reward = load_reward(model, **{**P.rk_kwargs(model, d), "device": device, "dtype": rk_dtype})
 
                     def score(paths, prompt, reward=reward):
                         return reward(list(paths), [prompt] * len(paths), on_error="nan").scores.tolist()
@@ -325,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="the same code on the CPU, at toy sizes, 1 round")
     ap.add_argument("--device", default=None, help="default cuda:0 (--dry-run: cpu)")
     ap.add_argument("--models", default=None,
-                    help="default hpsv2,imagereward,aesthetic,hpsv3 (--dry-run: hpsv2,aesthetic)")
+                    help="default hpsv2,imagereward,aesthetic,hpsv3,vqascore (--dry-run: hpsv2,aesthetic)")
     ap.add_argument("--precisions", default="float32,half")
     ap.add_argument("--batches", default=None, help="default 1,8,32 (--dry-run: 1,2)")
     ap.add_argument("--rounds", type=int, default=None, help="default 3 (--dry-run: 1)")
@@ -359,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     n_img = a.images or (2 if dry else 32)
     sizes = (a.sizes or ("mixed" if dry else "mixed,equal")).split(",")
     work = Path(a.work)
-    missing = [m for m in models if not (work / m / "converted" / "rewardkit.json").exists()]
+    missing = [m for m in models if not P.checkpoint_ready(m, work)]
     if missing:
         print(f"peers (gpu): no tiny checkpoints for {', '.join(missing)} under {work}: run "
               f"`python benchmarks/peers.py --models {','.join(missing)} --batches 1 --rounds 1` first (it writes them "

@@ -302,6 +302,21 @@ class PreferenceModel(nn.Module):
         """
         return self._input_encoder().encode(images, prompts, sources)
 
+    def encode_by_length(self, images: Sequence[Any], prompts: Sequence[str],
+                         sources: Sequence[Sequence[Any]] | None = None
+                         ) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+        """:meth:`encode` with the samples put in order of sequence length on CPU (a stable sort), and that order
+        (``order[i]``: the sample in row ``i``; None: rows as given), for :meth:`forward_grouped` ``(order=...,
+        **enc)``, which returns the results in the samples' order. Its length groups are then runs of rows,
+        which it passes on as views instead of copying each group's pixels (issue 41): the same inputs, in the
+        same order within each group, so the same scores."""
+        order = None if self.device.type != "cpu" else self._input_encoder().length_order(images, prompts, sources)
+        if order is None:
+            return self.encode(images, prompts, sources), None
+        enc = self.encode([images[i] for i in order], [prompts[i] for i in order],
+                          None if sources is None else [sources[i] for i in order])
+        return enc, torch.tensor(order)
+
     def encode_tensor(self, images: torch.Tensor, prompts: Sequence[str]) -> dict[str, torch.Tensor] | None:
         """Text-to-image inputs from a float tensor ``[B, 3, H, W]`` in [0, 1], pre-processed in torch on its
         device (see :meth:`InputEncoder.encode_tensor`); None when the torch path does not apply."""
@@ -357,11 +372,19 @@ class PreferenceModel(nn.Module):
             return y[:, 0], y[:, 1]
         return y[:, 0], None
 
-    def forward_grouped(self, **inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward_grouped(self, order: torch.Tensor | None = None,
+                        **inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:meth:`forward` on an encoded batch, run on CPU as one forward per distinct sequence length (no
         padding within a forward; :func:`~rewardkit.models.preference_inputs.split_by_length`), the results put
         back in order. A batch of one length, or on another device, is one forward as before. Each group's
-        scores are the ones that group gets scored alone (equal to one by one within the batched bound)."""
+        scores are the ones that group gets scored alone (equal to one by one within the batched bound).
+        ``order`` (from :meth:`encode_by_length`): row ``i`` of the inputs is sample ``order[i]``; the results
+        are then in the samples' order."""
+        if order is not None:
+            r, l = self.forward_grouped(**inputs)
+            order = order.to(r.device)
+            return (r.new_empty(r.shape).index_copy(0, order, r),
+                    None if l is None else l.new_empty(l.shape).index_copy(0, order, l))
         cfg = _base(self.vlm).config
         merge = getattr(getattr(cfg, "vision_config", None), "spatial_merge_size", None)
         ids = inputs.get("input_ids")
@@ -391,9 +414,9 @@ class PreferenceModel(nn.Module):
         dev = self.device
         rs, ls = [], []
         for s in range(0, len(images), batch_size):
-            enc = self.encode(images[s:s + batch_size], prompts[s:s + batch_size],
-                              None if sources is None else sources[s:s + batch_size])
-            r, l = self.forward_grouped(**{k: v.to(dev) for k, v in enc.items()})
+            enc, order = self.encode_by_length(images[s:s + batch_size], prompts[s:s + batch_size],
+                                               None if sources is None else sources[s:s + batch_size])
+            r, l = self.forward_grouped(order, **{k: v.to(dev) for k, v in enc.items()})
             rs.append(r.float().cpu())
             if l is not None:
                 ls.append(l.float().cpu())

@@ -130,22 +130,69 @@ class InputEncoder:
         text = self._expand_ids(texts, counts)
         return None if text is None else {**text, **img}
 
+    def _ids(self, text: str, pad_id: int) -> tuple[list[int], int, dict]:
+        """``text``'s token ids, its number of image placeholders and its expansions (cached across calls)."""
+        cache = self._tok_cache
+        hit = cache.get(text)
+        if hit is None:
+            ids = self.processor.tokenizer(text, add_special_tokens=True)["input_ids"]
+            if len(cache) > 4096:
+                cache.clear()
+            hit = cache[text] = (ids, ids.count(pad_id), {})
+        return hit
+
+    def length_order(self, images: Sequence[Any], prompts: Sequence[str],
+                     sources: Sequence[Sequence[Any]] | None = None) -> list[int] | None:
+        """The samples in order of their sequence length (a stable sort), predicted without building any pixels
+        (each text's cached token ids, each PIL image's ``smart_resize`` grid), or None: the samples of each
+        length already sit together (or there are fewer than 3), or the lengths cannot be predicted (not a
+        Qwen-VL processor, the fast path retired, an input that is not a PIL image or that ``smart_resize``
+        refuses: the encoding then says why). Only an order: a wrong prediction costs copies in
+        :func:`split_by_length`, never a different input to the model."""
+        n = len(images)
+        proc = self.processor
+        if n < 3 or self._fast is False or getattr(proc, "image_token", None) is None \
+                or not hasattr(proc, "image_processor") or len(prompts) != n \
+                or (sources is not None and len(sources) != n):
+            return None
+        from ..preprocess import qwen_params, smart_resize
+
+        p = qwen_params(proc.image_processor)
+        if p is None:
+            return None
+        pad_id = proc.tokenizer.convert_tokens_to_ids(proc.image_token)
+        grids: dict[tuple[int, int], int] = {}
+        lengths = []
+        try:
+            for i in range(n):
+                srcs = list(sources[i]) if sources is not None and sources[i] is not None else []
+                ids, n_img, _ = self._ids(self.render(prompts[i], len(srcs)), pad_id)
+                if n_img != len(srcs) + 1:
+                    return None
+                total = len(ids) - n_img
+                for im in (*srcs, images[i]):
+                    w, h = im.size
+                    if (h, w) not in grids:
+                        hh, ww = smart_resize(int(h), int(w), p.factor, p.min_pixels, p.max_pixels)
+                        grids[(h, w)] = (hh // p.patch_size) * (ww // p.patch_size) // p.merge_size ** 2
+                    total += grids[(h, w)]
+                lengths.append(total)
+        except (AttributeError, TypeError, ValueError):
+            return None
+        runs = [x for i, x in enumerate(lengths) if i == 0 or x != lengths[i - 1]]
+        if len(runs) == len(set(runs)):  # every length's samples are one run already
+            return None
+        return sorted(range(n), key=lengths.__getitem__)
+
     def _expand_ids(self, texts: list[str], counts: list[int]) -> dict[str, torch.Tensor] | None:
         """Token ids of ``texts`` with the k-th image placeholder (in text order) repeated ``counts[k]`` times,
         padded on the tokenizer's side: ``input_ids``, ``attention_mask``, ``mm_token_type_ids`` ``[B, T]``.
         None when the placeholders and ``counts`` do not line up."""
         tok = self.processor.tokenizer
         pad_id = tok.convert_tokens_to_ids(self.processor.image_token)
-        cache = self._tok_cache
         rows, k = [], 0
         for t in texts:
-            hit = cache.get(t)
-            if hit is None:
-                ids = tok(t, add_special_tokens=True)["input_ids"]
-                if len(cache) > 4096:
-                    cache.clear()
-                hit = cache[t] = (ids, ids.count(pad_id), {})
-            ids, n_img, expanded = hit
+            ids, n_img, expanded = self._ids(t, pad_id)
             key = tuple(counts[k:k + n_img])
             if len(key) != n_img:
                 return None
@@ -262,14 +309,27 @@ def split_by_length(enc: dict[str, torch.Tensor], image_token_id: int,
         owner_t = torch.tensor(owner)
         row_start = torch.cumsum(img_rows, 0) - img_rows
     out = []
+    width = mask.shape[1]
     for length in sorted(set(lengths.tolist())):
         idx = torch.nonzero(lengths == length).flatten()
-        keep = mask[idx].bool().any(0)
-        sub = {k: enc[k][idx][:, keep] for k in ("input_ids", "attention_mask", "mm_token_type_ids") if k in enc}
+        a, b = int(idx[0]), int(idx[-1]) + 1
+        run = b - a == len(idx)  # the group is a run of rows (PreferenceModel.encode_by_length): views, not copies
+        sub = {k: enc[k][a:b] if run else enc[k][idx] for k in ("input_ids", "attention_mask", "mm_token_type_ids")
+               if k in enc}
+        if length != width:  # drop the padding columns
+            keep = sub["attention_mask"].bool().any(0)
+            sub = {k: v[:, keep] for k, v in sub.items()}
         if img_rows is not None:
             imgs = torch.nonzero(torch.isin(owner_t, idx)).flatten()
-            rows = torch.cat([torch.arange(int(row_start[j]), int(row_start[j] + img_rows[j])) for j in imgs.tolist()]) \
-                if len(imgs) else torch.zeros(0, dtype=torch.long)
+            if not len(imgs):
+                rows = torch.zeros(0, dtype=torch.long)
+            elif run:  # its images are a run too, and so are their rows
+                j0, j1 = int(imgs[0]), int(imgs[-1])
+                rows = slice(int(row_start[j0]), int(row_start[j1] + img_rows[j1]))
+                imgs = slice(j0, j1 + 1)
+            else:
+                rows = torch.cat([torch.arange(int(row_start[j]), int(row_start[j] + img_rows[j]))
+                                  for j in imgs.tolist()])
             sub["pixel_values"] = enc["pixel_values"][rows]
             sub["image_grid_thw"] = enc["image_grid_thw"][imgs]
         out.append((idx, sub))

@@ -100,8 +100,8 @@ class EditReward(Reward):
     def _score(self, batch: RewardBatch) -> RewardOutput:
         outs = []
         for m in (self.following, self.quality):  # one forward pass per head, each with its own prompt
-            enc = m.encode(batch.images, batch.prompts, batch.sources)
-            mu, log_sigma = m.forward_grouped(**{k: v.to(self._device) for k, v in enc.items()})
+            enc, order = m.encode_by_length(batch.images, batch.prompts, batch.sources)
+            mu, log_sigma = m.forward_grouped(order, **{k: v.to(self._device) for k, v in enc.items()})
             outs.append((mu.float().cpu(), log_sigma.float().cpu()))
         (mu_f, ls_f), (mu_q, ls_q) = outs
         return RewardOutput(scores=(mu_f + mu_q) / 2,

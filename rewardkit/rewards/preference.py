@@ -89,11 +89,12 @@ class PreferenceReward(Reward):
     def supports_tensor_input(self) -> bool:
         return self.config.preprocess == "auto" and self.model.tensor_params() is not None
 
-    def _encode(self, batch: RewardBatch) -> dict[str, torch.Tensor]:
+    def _encode(self, batch: RewardBatch) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+        """The encoded batch and its row order (:meth:`PreferenceModel.encode_by_length`; None: as given)."""
         if isinstance(batch.images, torch.Tensor):  # tensor path (base class: float [B, 3, H, W], no sources)
             enc = self.model.encode_tensor(batch.images, batch.prompts)
             if enc is not None:
-                return enc
+                return enc, None
             if torch.is_grad_enabled() and batch.images.requires_grad:
                 raise RuntimeError("the torch pre-processing does not reproduce this model's processor "
                                    "(checked on the first call), so score_tensor cannot give gradients")
@@ -101,13 +102,13 @@ class PreferenceReward(Reward):
 
             batch = RewardBatch(images=[media.to_pil(x) for x in batch.images.detach().cpu()],
                                 prompts=batch.prompts, metadata=batch.metadata, indices=batch.indices)
-        return self.model.encode(batch.images, batch.prompts, batch.sources)
+        return self.model.encode_by_length(batch.images, batch.prompts, batch.sources)
 
     def _score(self, batch: RewardBatch) -> RewardOutput:
         from ..models.preference import apply_calibration
 
-        enc = self._encode(batch)
-        r, log_sigma = self.model.forward_grouped(**{k: v.to(self._device) for k, v in enc.items()})
+        enc, order = self._encode(batch)
+        r, log_sigma = self.model.forward_grouped(order, **{k: v.to(self._device) for k, v in enc.items()})
         raw = r.float()
         if self.config.normalize == "none":
             scores = raw

@@ -84,21 +84,40 @@ def _bare_package(name: str) -> None:
     sys.modules[name] = pkg
 
 
-def main(inputs: str, out_dir: str) -> None:
+def _official_scorer(judge: Path, dtype: str = "float32"):
+    """t2v_metrics' ``Qwen2VLModel('qwen2.5-vl-7b')`` on the judge directory (its ``QWEN2_VL_MODELS`` entry pointed
+    there, ``dtype`` and sdpa attention instead of bf16 + flash-attention 2). Its ``device_map="auto"`` places the
+    model on a CUDA device when there is one, whatever ``device=`` says."""
     import torch
 
-    warnings.filterwarnings("ignore")
-    out = Path(out_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    judge = out / "judge"
-    write_judge(judge)
     _bare_package("t2v_metrics.models.vqascore_models")
     from t2v_metrics.models.vqascore_models import qwen2vl_model as Q
 
     entry = Q.QWEN2_VL_MODELS["qwen2.5-vl-7b"]
     entry["tokenizer"]["path"] = str(judge)
-    entry["model"].update(path=str(judge), torch_dtype=torch.float32, attn_implementation="sdpa")
-    scorer = Q.Qwen2VLModel(model_name="qwen2.5-vl-7b", device="cpu", checkpoint=str(judge))
+    entry["model"].update(path=str(judge), torch_dtype=getattr(torch, dtype), attn_implementation="sdpa")
+    return Q.Qwen2VLModel(model_name="qwen2.5-vl-7b", device="cpu", checkpoint=str(judge))
+
+
+def load_scorer(out_dir: str, dtype: str = "float32"):
+    """``f(image_paths, prompt) -> [score]``: ``Qwen2VLModel('qwen2.5-vl-7b').forward(paths, [prompt] * n)`` (the
+    call ``main`` scores with; it loops over the pairs itself) on the judge ``main`` wrote in OUT (for
+    benchmarks/peers.py)."""
+    warnings.filterwarnings("ignore")
+    scorer = _official_scorer(Path(out_dir).resolve() / "judge", dtype)
+
+    def score(paths: list, prompt: str) -> list:
+        return [float(x) for x in scorer.forward(list(paths), [prompt] * len(paths)).tolist()]
+    return score
+
+
+def main(inputs: str, out_dir: str) -> None:
+    warnings.filterwarnings("ignore")
+    out = Path(out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    judge = out / "judge"
+    write_judge(judge)
+    scorer = _official_scorer(judge)
     images, prompts = read_inputs(inputs)
     scores: dict = {}
     for im in images:
