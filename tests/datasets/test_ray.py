@@ -19,16 +19,15 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    # Byte-identical output needs the same float summation order on both sides: one torch thread in the actors
-    # (Ray's default for a 1-CPU actor unless the driver's environment sets OMP_NUM_THREADS; set explicitly
-    # here) and in this process, where the local engine runs (with 2 threads the last bits differ, as CI showed).
+def cluster(ray_cluster):
+    """The session's local Ray cluster (tests/conftest.py: ``ray_cluster``, 2 CPUs), its GCS address.
+
+    Byte-identical output needs the same float summation order on both sides: one torch thread in the actors
+    (the cluster's workers get OMP_NUM_THREADS=1) and in this process, where the local engine runs (with 2
+    threads the last bits differ, as CI showed)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}})
-    yield
-    ray.shutdown()
+    yield ray_cluster
     torch.set_num_threads(threads)
 
 
@@ -131,17 +130,25 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def test_ray_engine_resumes_after_sigint_with_the_local_bytes(cluster, reward, tiny_clip_dir, tmp_path):
-    """SIGINT to a `--engine ray` run once its first shard is written; the rerun redoes only the rest.
+def test_ray_engine_resumes_after_sigint_and_a_killed_worker_with_the_local_bytes(cluster, reward, tiny_clip_dir,
+                                                                                   tmp_path, monkeypatch, capsys):
+    """Two faults on one data set (3 shards of 2 batches); at the end, the local engine's bytes.
 
-    Both runs are separate driver processes that join this module's cluster (``--ray-address``) instead of each
-    starting one. The signal comes at a fixed point (after the first shard's commit), never by the clock; the
-    ``timeout`` bounds only guard against a hang."""
+    1. SIGINT to a ``--engine ray`` run (the real CLI, a driver process of its own that joins the session's
+       cluster with ``--ray-address``) once its first shard is written: exit code 130, that shard finished,
+       none of the rest. The signal comes at a fixed point (after the first shard's commit), never by the clock;
+       the ``timeout`` bounds only a hang.
+    2. The rerun (the CLI, in this process) redoes only the two other shards, and its actor process dies
+       (``os._exit``) in the middle of shard 1: Ray restarts it and retries its task. Every batch reaches the
+       driver exactly once, in order, with the scores of an uninterrupted local run; the finished shard is
+       never rescored."""
     import os
     import subprocess
     import sys
 
-    from rewardkit.datasets import score_dataset
+    import ray.cloudpickle
+
+    from rewardkit.datasets import ray_engine, score_dataset
 
     data = tmp_path / "data"
     data.mkdir()
@@ -150,8 +157,7 @@ def test_ray_engine_resumes_after_sigint_with_the_local_bytes(cluster, reward, t
                                  "prompt": [f"p{i}" for i in range(16)]}), data / f"part-{s}.parquet")
     score_dataset(reward, data, tmp_path / "local", batch_size=8, progress=False)
     args = ["score", "-r", "pickscore", "-m", str(tiny_clip_dir), "--dataset", str(data), "--output",
-            str(tmp_path / "ray"), "--batch-size", "8", "--engine", "ray", "--no-progress",
-            "--ray-address", ray.get_runtime_context().gcs_address]
+            str(tmp_path / "ray"), "--batch-size", "8", "--engine", "ray", "--no-progress", "--ray-address", cluster]
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     stopped = subprocess.run([sys.executable, "-c", _SIGINT_AFTER_FIRST_SHARD, *args], env=env, capture_output=True,
                              text=True, timeout=900)
@@ -159,13 +165,50 @@ def test_ray_engine_resumes_after_sigint_with_the_local_bytes(cluster, reward, t
     done = sorted(p.name for p in (tmp_path / "ray").glob("*.parquet"))
     assert done == ["part-0.parquet"], done  # interrupted mid-run: the first shard finished, none of the rest
     finished = (tmp_path / "ray" / "part-0.parquet").stat().st_mtime_ns
-    again = subprocess.run([sys.executable, "-m", "rewardkit.cli", *args], env=env, capture_output=True, text=True,
-                           timeout=900)
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert "1 shard(s) already done" in again.stderr and "scored 32 row(s) in 2 shard(s)" in again.stderr
+
+    # the rerun: its actor class dies once, in shard 1 (pickled by value: the workers cannot import this module)
+    monkeypatch.setattr(_DiesOnce, "marker", str(tmp_path / "died"))
+    monkeypatch.setattr(ray_engine, "_ChunkScorer", _DiesOnce)
+    seen, run_on_ray = [], ray_engine.run_on_ray
+
+    def recording(*a, **kw):  # what reaches the driver, batch by batch
+        for res in run_on_ray(*a, **kw):
+            seen.append((str(res["shard"]), int(res["start"])))
+            yield res
+
+    monkeypatch.setattr(ray_engine, "run_on_ray", recording)
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        capsys.readouterr()
+        assert _cli(*args) == 0
+    finally:
+        ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    err = capsys.readouterr().err
+    assert (tmp_path / "died").exists()  # the worker did die
+    assert seen == [(f"part-{s}", st) for s in (1, 2) for st in (0, 8)], seen  # each batch once, in order
+    assert "1 shard(s) already done" in err and "scored 32 row(s) in 2 shard(s)" in err, err
     assert (tmp_path / "ray" / "part-0.parquet").stat().st_mtime_ns == finished  # never rescored
     assert not list((tmp_path / "ray").glob("*.tmp"))
-    _same_folders(tmp_path / "local", tmp_path / "ray")
+    _same_folders(tmp_path / "local", tmp_path / "ray")  # the scores of the uninterrupted local run
+
+
+class _DiesOnce:
+    """``--engine ray``'s actor, whose process exits the first time it is given shard 1's second batch."""
+
+    marker = ""  # a file: its existence says the death happened (set by the test, pickled with the class)
+
+    def __init__(self, **kw):
+        from rewardkit.datasets.ray_engine import _ChunkScorer  # the worker's: the real one
+
+        self.inner = _ChunkScorer(**kw)
+
+    def __call__(self, row):
+        import os
+
+        if str(row["shard"]) == "part-1" and int(row["start"]) == 8 and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os._exit(1)
+        return self.inner(row)
 
 
 def test_parrot_stage1_on_ray_writes_the_local_bytes(cluster, tmp_path):
@@ -180,55 +223,6 @@ def test_parrot_stage1_on_ray_writes_the_local_bytes(cluster, tmp_path):
     remote = rationalize_dataset(cfg, tmp_path / "pairs", tmp_path / "ray", engine="ray", concurrency=2)
     assert (local.rows, remote.rows, remote.shards_scored) == (12, 12, 3)
     _same_folders(tmp_path / "local", tmp_path / "ray")
-
-
-def test_a_worker_killed_mid_run_loses_no_row_and_scores_none_twice(cluster, reward, tiny_clip_dir, tmp_path):
-    """The actor process dies (os._exit) in the middle of shard 1; Ray restarts it and retries its task. Every
-    batch of every shard reaches the driver exactly once, with the scores of an uninterrupted local run."""
-    import sys
-
-    import ray.cloudpickle
-
-    from rewardkit.datasets import score_dataset
-    from rewardkit.datasets.readers import Columns
-    from rewardkit.datasets.ray_engine import _chunks, run_on_ray
-    from rewardkit.datasets.scoring import RewardSpec, plan
-
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the dying actor below, for the workers
-    data = tmp_path / "data"
-    data.mkdir()
-    for s in range(3):
-        pq.write_table(pa.table({"image": [png_bytes(9000 + 40 * s + i) for i in range(24)],
-                                 "prompt": [f"p{i}" for i in range(24)]}), data / f"part-{s}.parquet")
-    score_dataset(reward, data, tmp_path / "local", batch_size=8, progress=False)
-    ds, cols, _ = plan(data, {}, Columns())
-    marker = tmp_path / "died"
-    spec = RewardSpec("pickscore", None, {"model": str(tiny_clip_dir)})
-    seen = []
-    for res in run_on_ray([0, 1, 2], _chunks(ds, cols, 8), _DiesOnce,
-                          {"marker": str(marker), "spec": spec, "on_error": "nan", "batch_size": 8}):
-        ids, recs, _ = res["result"].value
-        seen.append((str(res["shard"]), int(res["start"]), [r["score"] for r in recs]))
-    assert marker.exists()  # the worker did die
-    assert [(s, st) for s, st, _ in seen] == [(f"part-{s}", st) for s in range(3) for st in (0, 8, 16)]
-    for s in range(3):
-        want = pq.read_table(tmp_path / "local" / f"part-{s}.parquet").column("score").to_pylist()
-        assert [x for sh, _, sc in seen if sh == f"part-{s}" for x in sc] == want
-
-
-class _DiesOnce:
-    def __init__(self, marker, **kw):
-        from rewardkit.datasets.ray_engine import _ChunkScorer
-
-        self.inner, self.marker = _ChunkScorer(**kw), marker
-
-    def __call__(self, row):
-        import os
-
-        if str(row["shard"]) == "part-1" and int(row["start"]) == 8 and not os.path.exists(self.marker):
-            open(self.marker, "w").close()
-            os._exit(1)
-        return self.inner(row)
 
 
 def test_ray_engine_quarantines_bad_shards_and_resumes_a_shard_after_its_row_groups(cluster, reward, tmp_path,
