@@ -110,45 +110,24 @@ def test_reward_scorer_in_a_users_ray_data_pipeline(cluster, reward, tiny_clip_d
     assert "image" in got["error"][4].lower() and got["error"][0] == ""
 
 
-# The driver of the interrupted run: the real CLI in its own process, which sends itself SIGINT right after its first
-# shard file is committed (while the actors are still scoring the rest), so where the run stops does not depend on
-# how fast the machine is or on when an outside observer happens to look.
-_SIGINT_AFTER_FIRST_SHARD = """
-import os, signal, sys
-from rewardkit.cli import main
-from rewardkit.datasets import output
-
-signal.signal(signal.SIGINT, signal.default_int_handler)  # as at a terminal, even if the runner ignores SIGINT
-commit = output.ShardWriter.commit
-
-def commit_then_sigint(self):
-    commit(self)
-    os.kill(os.getpid(), signal.SIGINT)
-
-output.ShardWriter.commit = commit_then_sigint
-sys.exit(main(sys.argv[1:]))
-"""
-
-
 def test_ray_engine_resumes_after_sigint_and_a_killed_worker_with_the_local_bytes(cluster, reward, tiny_clip_dir,
                                                                                    tmp_path, monkeypatch, capsys):
-    """Two faults on one data set (3 shards of 2 batches); at the end, the local engine's bytes.
+    """Two faults on one data set (3 shards of 2 batches), each met by the CLI (in this process, the driver, with
+    the session's cluster); at the end, the local engine's bytes.
 
-    1. SIGINT to a ``--engine ray`` run (the real CLI, a driver process of its own that joins the session's
-       cluster with ``--ray-address``) once its first shard is written: exit code 130, that shard finished,
-       none of the rest. The signal comes at a fixed point (after the first shard's commit), never by the clock;
-       the ``timeout`` bounds only a hang.
-    2. The rerun (the CLI, in this process) redoes only the two other shards, and its actor process dies
-       (``os._exit``) in the middle of shard 1: Ray restarts it and retries its task. Every batch reaches the
-       driver exactly once, in order, with the scores of an uninterrupted local run; the finished shard is
-       never rescored."""
+    1. SIGINT (a real signal to this process, Python's default handler: KeyboardInterrupt, as at a terminal or in
+       a notebook) once the run's first shard is written: exit code 130, that shard finished, none of the rest.
+       The signal comes at a fixed point (after the first shard's commit), never by the clock.
+    2. The rerun redoes only the two other shards, and its actor process dies (``os._exit``) in the middle of
+       shard 1: Ray restarts it and retries its task. Every batch reaches the driver exactly once, in order, with
+       the scores of an uninterrupted local run; the finished shard is never rescored."""
     import os
-    import subprocess
+    import signal
     import sys
 
     import ray.cloudpickle
 
-    from rewardkit.datasets import ray_engine, score_dataset
+    from rewardkit.datasets import output, ray_engine, score_dataset
 
     data = tmp_path / "data"
     data.mkdir()
@@ -158,10 +137,21 @@ def test_ray_engine_resumes_after_sigint_and_a_killed_worker_with_the_local_byte
     score_dataset(reward, data, tmp_path / "local", batch_size=8, progress=False)
     args = ["score", "-r", "pickscore", "-m", str(tiny_clip_dir), "--dataset", str(data), "--output",
             str(tmp_path / "ray"), "--batch-size", "8", "--engine", "ray", "--no-progress", "--ray-address", cluster]
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    stopped = subprocess.run([sys.executable, "-c", _SIGINT_AFTER_FIRST_SHARD, *args], env=env, capture_output=True,
-                             text=True, timeout=900)
-    assert stopped.returncode == 130, stopped.stderr[-2000:]  # KeyboardInterrupt: the CLI's exit code
+
+    commit = output.ShardWriter.commit
+
+    def commit_then_sigint(self):
+        commit(self)
+        os.kill(os.getpid(), signal.SIGINT)  # handled in this (the main) thread before the next line runs
+
+    monkeypatch.setattr(output.ShardWriter, "commit", commit_then_sigint)
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)  # even if the runner ignores SIGINT
+    try:
+        assert _cli(*args) == 130  # KeyboardInterrupt: the CLI's exit code
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        monkeypatch.setattr(output.ShardWriter, "commit", commit)
+    assert "interrupted" in capsys.readouterr().err
     done = sorted(p.name for p in (tmp_path / "ray").glob("*.parquet"))
     assert done == ["part-0.parquet"], done  # interrupted mid-run: the first shard finished, none of the rest
     finished = (tmp_path / "ray" / "part-0.parquet").stat().st_mtime_ns
@@ -179,7 +169,6 @@ def test_ray_engine_resumes_after_sigint_and_a_killed_worker_with_the_local_byte
     monkeypatch.setattr(ray_engine, "run_on_ray", recording)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     try:
-        capsys.readouterr()
         assert _cli(*args) == 0
     finally:
         ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
