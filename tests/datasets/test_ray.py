@@ -1,4 +1,4 @@
-"""Scoring datasets on Ray (real Ray: a local cluster started here, no mocks): ``--engine ray`` writes the very
+"""Scoring datasets on Ray (real Ray: the session's local cluster, no mocks): ``--engine ray`` writes the very
 bytes the local engine writes, and ``RewardScorer`` drops into a user's own Ray Data pipeline."""
 
 from __future__ import annotations
@@ -45,36 +45,69 @@ def _cli(*argv: str) -> int:
 
 
 def _same_folders(a, b) -> None:
-    names = sorted(p.name for p in a.iterdir())
-    assert names == sorted(p.name for p in b.iterdir())
+    names = sorted(str(p.relative_to(a)) for p in a.rglob("*") if p.is_file())
+    assert names == sorted(str(p.relative_to(b)) for p in b.rglob("*") if p.is_file())
     for n in names:
         assert (a / n).read_bytes() == (b / n).read_bytes(), n
 
 
-def test_ray_engine_writes_the_local_engines_parquet_on_200_rows(cluster, reward, tiny_clip_dir, tmp_path):
-    from rewardkit.datasets import score_dataset
+def test_ray_engine_writes_the_local_engines_parquet_on_200_rows_quarantines_and_resumes_after_row_groups(
+        cluster, reward, tiny_clip_dir, tmp_path, monkeypatch, capsys):
+    """``rewardkit score --engine ray --concurrency 2 --skip-bad-shards`` on 200 Parquet rows (2 shards of 100 in
+    row groups of 30, a truncated image in each, an unreadable shard between them) writes the local engine's
+    bytes. Issue 36 item 7 on Ray: the unreadable shard is quarantined (manifest, summary) instead of stopping the
+    run, and the shard an interrupted run left with committed row groups is read from the row after them. A
+    rerun on Ray finds every shard finished and scores nothing. (One run for these claims: each Ray run starts
+    its reward actors, seconds each.)"""
+    from rewardkit.datasets import RewardSpec, output, score_dataset, score_dataset_ray
 
+    monkeypatch.setattr(output, "ROW_GROUP", 32)  # score files in row groups of 2 batches of 16
     data = tmp_path / "data"
     data.mkdir()
-    for s in range(2):
+    for s in (0, 2):
         recs = [{"uid": f"u{s}-{i}", "image": png_bytes(3000 + 100 * s + i), "prompt": f"scene {i % 7}"}
                 for i in range(100)]
         recs[17]["image"] = b"\x89PNG truncated"
         pq.write_table(pa.Table.from_pylist(recs), data / f"part-{s}.parquet", row_group_size=30)
-    local = score_dataset(reward, data, tmp_path / "local", id_column="uid", batch_size=16, progress=False)
-    assert (local.rows, local.invalid) == (200, 2)
+    (data / "part-1.parquet").write_bytes(b"PAR1 but not really" * 10)
+    local = score_dataset(reward, data, tmp_path / "local", id_column="uid", batch_size=16, progress=False,
+                          skip_bad_shards=True)
+    assert (local.rows, local.invalid) == (200, 2) and [q["shard"] for q in local.quarantined] == ["part-1"]
+
+    class Stop:
+        def __init__(self):
+            self.calls = 0
+
+        def __getattr__(self, name):
+            return getattr(reward, name)
+
+        def __call__(self, *a, **k):
+            self.calls += 1
+            if self.calls == 6:
+                raise KeyboardInterrupt
+            return reward(*a, **k)
+
+    with pytest.raises(KeyboardInterrupt):  # part-0: rows 0-63 committed as two row groups, then stopped
+        score_dataset(Stop(), data, tmp_path / "ray", id_column="uid", batch_size=16, progress=False,
+                      skip_bad_shards=True)
+    capsys.readouterr()
     assert _cli("score", "-r", "pickscore", "-m", str(tiny_clip_dir), "--dataset", str(data), "--output",
                 str(tmp_path / "ray"), "--id-column", "uid", "--batch-size", "16", "--engine", "ray",
-                "--concurrency", "2", "--no-progress") == 3
-    _same_folders(tmp_path / "local", tmp_path / "ray")
-    t = pq.read_table(tmp_path / "ray" / "part-1.parquet")
-    assert t.column("id").to_pylist()[:2] == ["u1-0", "u1-1"] and not t.column("valid")[17].as_py()
+                "--concurrency", "2", "--no-progress", "--skip-bad-shards") == 3  # invalid rows, a quarantine
+    err = capsys.readouterr().err
+    # part-0 from row 64 on (its truncated row 17 was scored before the interruption), part-2 whole
+    assert "scored 136 row(s) in 2 shard(s) (1 invalid" in err and "1 shard(s) quarantined" in err, err
+    assert "part-1: " in err, err
+    man = json.loads((tmp_path / "ray" / "_rewardkit_scores.json").read_text())
+    assert [q["shard"] for q in man["quarantined"]] == ["part-1"]
+    _same_folders(tmp_path / "local", tmp_path / "ray")  # the score files, the manifest; no _partial left
+    t = pq.read_table(tmp_path / "ray" / "part-2.parquet")
+    assert t.column("id").to_pylist()[:2] == ["u2-0", "u2-1"] and not t.column("valid")[17].as_py()
     # a rerun on Ray finds every shard finished and scores nothing
-    from rewardkit.datasets import RewardSpec, score_dataset_ray
-
     again = score_dataset_ray(RewardSpec("pickscore", None, {"model": str(tiny_clip_dir)}), data,
-                              tmp_path / "ray", id_column="uid", batch_size=16, progress=False)
-    assert (again.rows, again.shards_skipped) == (0, 2)
+                              tmp_path / "ray", id_column="uid", batch_size=16, progress=False,
+                              skip_bad_shards=True)
+    assert (again.rows, again.shards_skipped) == (0, 2) and [q["shard"] for q in again.quarantined] == ["part-1"]
 
 
 def test_ray_engine_on_three_webdataset_shards_matches_local(cluster, reward, tiny_clip_dir, tmp_path):
@@ -212,44 +245,3 @@ def test_parrot_stage1_on_ray_writes_the_local_bytes(cluster, tmp_path):
     remote = rationalize_dataset(cfg, tmp_path / "pairs", tmp_path / "ray", engine="ray", concurrency=2)
     assert (local.rows, remote.rows, remote.shards_scored) == (12, 12, 3)
     _same_folders(tmp_path / "local", tmp_path / "ray")
-
-
-def test_ray_engine_quarantines_bad_shards_and_resumes_a_shard_after_its_row_groups(cluster, reward, tmp_path,
-                                                                                   monkeypatch):
-    """Issue 36 item 7 on ``--engine ray``: an unreadable shard is quarantined (manifest, summary) instead of
-    stopping the run, and a shard an interrupted run left with committed row groups is read from the row after
-    them; the finished files are the local engine's bytes."""
-    from rewardkit.datasets import RewardSpec, output, score_dataset, score_dataset_ray
-
-    monkeypatch.setattr(output, "ROW_GROUP", 4)
-    data = tmp_path / "data"
-    data.mkdir()
-    for s, n in ((0, 10), (2, 6)):
-        pq.write_table(pa.table({"image": [png_bytes(8000 + 20 * s + i) for i in range(n)],
-                                 "prompt": [f"q{i}" for i in range(n)]}), data / f"part-{s}.parquet")
-    (data / "part-1.parquet").write_bytes(b"PAR1 but not really" * 10)
-    local = score_dataset(reward, data, tmp_path / "local", batch_size=2, progress=False, skip_bad_shards=True)
-    assert [q["shard"] for q in local.quarantined] == ["part-1"]
-
-    class Stop:
-        def __init__(self):
-            self.calls = 0
-
-        def __getattr__(self, name):
-            return getattr(reward, name)
-
-        def __call__(self, *a, **k):
-            self.calls += 1
-            if self.calls == 4:
-                raise KeyboardInterrupt
-            return reward(*a, **k)
-
-    with pytest.raises(KeyboardInterrupt):  # part-0: rows 0-3 committed as one row group, then stopped
-        score_dataset(Stop(), data, tmp_path / "ray", batch_size=2, progress=False, skip_bad_shards=True)
-    spec = RewardSpec("pickscore", None, {"model": reward.config.model})
-    s = score_dataset_ray(spec, data, tmp_path / "ray", batch_size=2, progress=False, skip_bad_shards=True)
-    assert s.rows == (10 - 4) + 6 and s.shards_scored == 2 and [q["shard"] for q in s.quarantined] == ["part-1"]
-    man = json.loads((tmp_path / "ray" / "_rewardkit_scores.json").read_text())
-    assert [q["shard"] for q in man["quarantined"]] == ["part-1"]
-    for name in ("part-0.parquet", "part-2.parquet"):
-        assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "local" / name).read_bytes(), name
