@@ -1,4 +1,4 @@
-"""``rewardkit serve --engine ray``: real Ray Serve on a local 2-CPU cluster started here (no mocks), deployed by
+"""``rewardkit serve --engine ray``: real Ray Serve on a local 2-CPU cluster (no mocks), deployed by
 the command line with 2 replicas; compared with ``rewardkit serve``'s app (``serve_in_thread``) and in-process
 scoring. The session's cluster (tests/conftest.py: ``ray_cluster``) and one deployment for the module (Ray's
 start-up is most of the time)."""
