@@ -10,6 +10,10 @@ the figures show Ray Serve's overhead (one more hop per request, the proxy's own
 (replicas on other machines behind one address, autoscaling, replacement of a failed replica).
 
     python benchmarks/serve_ray.py [--clients 8] [--requests 40] [--model DIR --device cuda] [--num-gpus 1]
+                                   [--ray-address HOST:PORT]
+
+``--ray-address``: a running Ray cluster to deploy on (default: a local one, started and stopped here); Serve must
+not run there yet (the script starts it on a port of its own and shuts it down at the end).
 
 ``--dry-run``: a few requests each, 2 replicas only, to check the script runs (tests/project).
 """
@@ -89,6 +93,8 @@ def main() -> None:
                     help="GPUs shared by the Serve replicas (each of n replicas gets num_gpus / n)")
     ap.add_argument("--image-size", type=int, default=32, help="input size of the random tiny CLIP")
     ap.add_argument("--size", type=int, default=64)
+    ap.add_argument("--ray-address", default=None,
+                    help="a running Ray cluster without Serve (default: start a local one)")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
     if args.dry_run:
@@ -121,8 +127,16 @@ def main() -> None:
         proc.terminate()
         proc.wait(30)
 
-    ray.init(include_dashboard=False, log_to_driver=False,
+    ray.init(address=args.ray_address, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}})
+    try:
+        ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
+    except ValueError:
+        pass  # no Serve yet: the script's own, on its own port
+    else:
+        ray.shutdown()
+        raise SystemExit(f"Ray Serve already runs on the cluster at {args.ray_address}: its proxy's port and apps "
+                         "are not this benchmark's (serve shutdown first, or another cluster)")
     try:
         sport = _port()
         serve.start(http_options={"host": "127.0.0.1", "port": sport})

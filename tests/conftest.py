@@ -95,3 +95,20 @@ def pytest_terminal_summary(terminalreporter):
 def pytest_sessionfinish(session, exitstatus):
     if _unmarked_too_slow and _check_slow_marks() and exitstatus == 0:
         session.exitstatus = 1
+
+
+# --- one local Ray cluster for the session ---------------------------------------------------------------------------
+# Started by the first test that asks for it (tests/datasets/test_ray.py, tests/serve/test_ray_serve.py, the Ray
+# Serve GPU script's dry run), shut down at the session's end: each ray.init of a new cluster costs seconds. Ray
+# actors get one torch thread (OMP_NUM_THREADS in the workers' environment), which byte-identical output needs
+# (the same float summation order as this process, where the tests set one thread too). Drivers of their own
+# (a CLI in a subprocess) join it with ``--ray-address`` = the fixture's value (the cluster's GCS address). A test
+# that leaves something running on it (a Serve app, Serve itself) removes it in its own teardown.
+@pytest.fixture(scope="session")
+def ray_cluster() -> str:
+    ray = pytest.importorskip("ray")
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}})
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()

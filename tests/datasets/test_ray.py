@@ -1,4 +1,4 @@
-"""Scoring datasets on Ray (real Ray: a local cluster started here, no mocks): ``--engine ray`` writes the very
+"""Scoring datasets on Ray (real Ray: the session's local cluster, no mocks): ``--engine ray`` writes the very
 bytes the local engine writes, and ``RewardScorer`` drops into a user's own Ray Data pipeline."""
 
 from __future__ import annotations
@@ -19,16 +19,15 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    # Byte-identical output needs the same float summation order on both sides: one torch thread in the actors
-    # (Ray's default for a 1-CPU actor unless the driver's environment sets OMP_NUM_THREADS; set explicitly
-    # here) and in this process, where the local engine runs (with 2 threads the last bits differ, as CI showed).
+def cluster(ray_cluster):
+    """The session's local Ray cluster (tests/conftest.py: ``ray_cluster``, 2 CPUs), its GCS address.
+
+    Byte-identical output needs the same float summation order on both sides: one torch thread in the actors
+    (the cluster's workers get OMP_NUM_THREADS=1) and in this process, where the local engine runs (with 2
+    threads the last bits differ, as CI showed)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}})
-    yield
-    ray.shutdown()
+    yield ray_cluster
     torch.set_num_threads(threads)
 
 
@@ -46,36 +45,69 @@ def _cli(*argv: str) -> int:
 
 
 def _same_folders(a, b) -> None:
-    names = sorted(p.name for p in a.iterdir())
-    assert names == sorted(p.name for p in b.iterdir())
+    names = sorted(str(p.relative_to(a)) for p in a.rglob("*") if p.is_file())
+    assert names == sorted(str(p.relative_to(b)) for p in b.rglob("*") if p.is_file())
     for n in names:
         assert (a / n).read_bytes() == (b / n).read_bytes(), n
 
 
-def test_ray_engine_writes_the_local_engines_parquet_on_200_rows(cluster, reward, tiny_clip_dir, tmp_path):
-    from rewardkit.datasets import score_dataset
+def test_ray_engine_writes_the_local_engines_parquet_on_200_rows_quarantines_and_resumes_after_row_groups(
+        cluster, reward, tiny_clip_dir, tmp_path, monkeypatch, capsys):
+    """``rewardkit score --engine ray --concurrency 2 --skip-bad-shards`` on 200 Parquet rows (2 shards of 100 in
+    row groups of 30, a truncated image in each, an unreadable shard between them) writes the local engine's
+    bytes. Issue 36 item 7 on Ray: the unreadable shard is quarantined (manifest, summary) instead of stopping the
+    run, and the shard an interrupted run left with committed row groups is read from the row after them. A
+    rerun on Ray finds every shard finished and scores nothing. (One run for these claims: each Ray run starts
+    its reward actors, seconds each.)"""
+    from rewardkit.datasets import RewardSpec, output, score_dataset, score_dataset_ray
 
+    monkeypatch.setattr(output, "ROW_GROUP", 32)  # score files in row groups of 2 batches of 16
     data = tmp_path / "data"
     data.mkdir()
-    for s in range(2):
+    for s in (0, 2):
         recs = [{"uid": f"u{s}-{i}", "image": png_bytes(3000 + 100 * s + i), "prompt": f"scene {i % 7}"}
                 for i in range(100)]
         recs[17]["image"] = b"\x89PNG truncated"
         pq.write_table(pa.Table.from_pylist(recs), data / f"part-{s}.parquet", row_group_size=30)
-    local = score_dataset(reward, data, tmp_path / "local", id_column="uid", batch_size=16, progress=False)
-    assert (local.rows, local.invalid) == (200, 2)
+    (data / "part-1.parquet").write_bytes(b"PAR1 but not really" * 10)
+    local = score_dataset(reward, data, tmp_path / "local", id_column="uid", batch_size=16, progress=False,
+                          skip_bad_shards=True)
+    assert (local.rows, local.invalid) == (200, 2) and [q["shard"] for q in local.quarantined] == ["part-1"]
+
+    class Stop:
+        def __init__(self):
+            self.calls = 0
+
+        def __getattr__(self, name):
+            return getattr(reward, name)
+
+        def __call__(self, *a, **k):
+            self.calls += 1
+            if self.calls == 6:
+                raise KeyboardInterrupt
+            return reward(*a, **k)
+
+    with pytest.raises(KeyboardInterrupt):  # part-0: rows 0-63 committed as two row groups, then stopped
+        score_dataset(Stop(), data, tmp_path / "ray", id_column="uid", batch_size=16, progress=False,
+                      skip_bad_shards=True)
+    capsys.readouterr()
     assert _cli("score", "-r", "pickscore", "-m", str(tiny_clip_dir), "--dataset", str(data), "--output",
                 str(tmp_path / "ray"), "--id-column", "uid", "--batch-size", "16", "--engine", "ray",
-                "--concurrency", "2", "--no-progress") == 3
-    _same_folders(tmp_path / "local", tmp_path / "ray")
-    t = pq.read_table(tmp_path / "ray" / "part-1.parquet")
-    assert t.column("id").to_pylist()[:2] == ["u1-0", "u1-1"] and not t.column("valid")[17].as_py()
+                "--concurrency", "2", "--no-progress", "--skip-bad-shards") == 3  # invalid rows, a quarantine
+    err = capsys.readouterr().err
+    # part-0 from row 64 on (its truncated row 17 was scored before the interruption), part-2 whole
+    assert "scored 136 row(s) in 2 shard(s) (1 invalid" in err and "1 shard(s) quarantined" in err, err
+    assert "part-1: " in err, err
+    man = json.loads((tmp_path / "ray" / "_rewardkit_scores.json").read_text())
+    assert [q["shard"] for q in man["quarantined"]] == ["part-1"]
+    _same_folders(tmp_path / "local", tmp_path / "ray")  # the score files, the manifest; no _partial left
+    t = pq.read_table(tmp_path / "ray" / "part-2.parquet")
+    assert t.column("id").to_pylist()[:2] == ["u2-0", "u2-1"] and not t.column("valid")[17].as_py()
     # a rerun on Ray finds every shard finished and scores nothing
-    from rewardkit.datasets import RewardSpec, score_dataset_ray
-
     again = score_dataset_ray(RewardSpec("pickscore", None, {"model": str(tiny_clip_dir)}), data,
-                              tmp_path / "ray", id_column="uid", batch_size=16, progress=False)
-    assert (again.rows, again.shards_skipped) == (0, 2)
+                              tmp_path / "ray", id_column="uid", batch_size=16, progress=False,
+                              skip_bad_shards=True)
+    assert (again.rows, again.shards_skipped) == (0, 2) and [q["shard"] for q in again.quarantined] == ["part-1"]
 
 
 def test_ray_engine_on_three_webdataset_shards_matches_local(cluster, reward, tiny_clip_dir, tmp_path):
@@ -111,37 +143,24 @@ def test_reward_scorer_in_a_users_ray_data_pipeline(cluster, reward, tiny_clip_d
     assert "image" in got["error"][4].lower() and got["error"][0] == ""
 
 
-# The driver of the interrupted run: the real CLI in its own process, which sends itself SIGINT right after its first
-# shard file is committed (while the actors are still scoring the rest), so where the run stops does not depend on
-# how fast the machine is or on when an outside observer happens to look.
-_SIGINT_AFTER_FIRST_SHARD = """
-import os, signal, sys
-from rewardkit.cli import main
-from rewardkit.datasets import output
+def test_ray_engine_resumes_after_sigint_and_a_killed_worker_with_the_local_bytes(cluster, reward, tiny_clip_dir,
+                                                                                   tmp_path, monkeypatch, capsys):
+    """Two faults on one data set (3 shards of 2 batches), each met by the CLI (in this process, the driver, with
+    the session's cluster); at the end, the local engine's bytes.
 
-signal.signal(signal.SIGINT, signal.default_int_handler)  # as at a terminal, even if the runner ignores SIGINT
-commit = output.ShardWriter.commit
-
-def commit_then_sigint(self):
-    commit(self)
-    os.kill(os.getpid(), signal.SIGINT)
-
-output.ShardWriter.commit = commit_then_sigint
-sys.exit(main(sys.argv[1:]))
-"""
-
-
-def test_ray_engine_resumes_after_sigint_with_the_local_bytes(cluster, reward, tiny_clip_dir, tmp_path):
-    """SIGINT to a `--engine ray` run once its first shard is written; the rerun redoes only the rest.
-
-    Both runs are separate driver processes that join this module's cluster (``--ray-address``) instead of each
-    starting one. The signal comes at a fixed point (after the first shard's commit), never by the clock; the
-    ``timeout`` bounds only guard against a hang."""
+    1. SIGINT (a real signal to this process, Python's default handler: KeyboardInterrupt, as at a terminal or in
+       a notebook) once the run's first shard is written: exit code 130, that shard finished, none of the rest.
+       The signal comes at a fixed point (after the first shard's commit), never by the clock.
+    2. The rerun redoes only the two other shards, and its actor process dies (``os._exit``) in the middle of
+       shard 1: Ray restarts it and retries its task. Every batch reaches the driver exactly once, in order, with
+       the scores of an uninterrupted local run; the finished shard is never rescored."""
     import os
-    import subprocess
+    import signal
     import sys
 
-    from rewardkit.datasets import score_dataset
+    import ray.cloudpickle
+
+    from rewardkit.datasets import output, ray_engine, score_dataset
 
     data = tmp_path / "data"
     data.mkdir()
@@ -150,22 +169,68 @@ def test_ray_engine_resumes_after_sigint_with_the_local_bytes(cluster, reward, t
                                  "prompt": [f"p{i}" for i in range(16)]}), data / f"part-{s}.parquet")
     score_dataset(reward, data, tmp_path / "local", batch_size=8, progress=False)
     args = ["score", "-r", "pickscore", "-m", str(tiny_clip_dir), "--dataset", str(data), "--output",
-            str(tmp_path / "ray"), "--batch-size", "8", "--engine", "ray", "--no-progress",
-            "--ray-address", ray.get_runtime_context().gcs_address]
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    stopped = subprocess.run([sys.executable, "-c", _SIGINT_AFTER_FIRST_SHARD, *args], env=env, capture_output=True,
-                             text=True, timeout=900)
-    assert stopped.returncode == 130, stopped.stderr[-2000:]  # KeyboardInterrupt: the CLI's exit code
+            str(tmp_path / "ray"), "--batch-size", "8", "--engine", "ray", "--no-progress", "--ray-address", cluster]
+
+    commit = output.ShardWriter.commit
+
+    def commit_then_sigint(self):
+        commit(self)
+        os.kill(os.getpid(), signal.SIGINT)  # handled in this (the main) thread before the next line runs
+
+    monkeypatch.setattr(output.ShardWriter, "commit", commit_then_sigint)
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)  # even if the runner ignores SIGINT
+    try:
+        assert _cli(*args) == 130  # KeyboardInterrupt: the CLI's exit code
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        monkeypatch.setattr(output.ShardWriter, "commit", commit)
+    assert "interrupted" in capsys.readouterr().err
     done = sorted(p.name for p in (tmp_path / "ray").glob("*.parquet"))
     assert done == ["part-0.parquet"], done  # interrupted mid-run: the first shard finished, none of the rest
     finished = (tmp_path / "ray" / "part-0.parquet").stat().st_mtime_ns
-    again = subprocess.run([sys.executable, "-m", "rewardkit.cli", *args], env=env, capture_output=True, text=True,
-                           timeout=900)
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert "1 shard(s) already done" in again.stderr and "scored 32 row(s) in 2 shard(s)" in again.stderr
+
+    # the rerun: its actor class dies once, in shard 1 (pickled by value: the workers cannot import this module)
+    monkeypatch.setattr(_DiesOnce, "marker", str(tmp_path / "died"))
+    monkeypatch.setattr(ray_engine, "_ChunkScorer", _DiesOnce)
+    seen, run_on_ray = [], ray_engine.run_on_ray
+
+    def recording(*a, **kw):  # what reaches the driver, batch by batch
+        for res in run_on_ray(*a, **kw):
+            seen.append((str(res["shard"]), int(res["start"])))
+            yield res
+
+    monkeypatch.setattr(ray_engine, "run_on_ray", recording)
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        assert _cli(*args) == 0
+    finally:
+        ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    err = capsys.readouterr().err
+    assert (tmp_path / "died").exists()  # the worker did die
+    assert seen == [(f"part-{s}", st) for s in (1, 2) for st in (0, 8)], seen  # each batch once, in order
+    assert "1 shard(s) already done" in err and "scored 32 row(s) in 2 shard(s)" in err, err
     assert (tmp_path / "ray" / "part-0.parquet").stat().st_mtime_ns == finished  # never rescored
     assert not list((tmp_path / "ray").glob("*.tmp"))
-    _same_folders(tmp_path / "local", tmp_path / "ray")
+    _same_folders(tmp_path / "local", tmp_path / "ray")  # the scores of the uninterrupted local run
+
+
+class _DiesOnce:
+    """``--engine ray``'s actor, whose process exits the first time it is given shard 1's second batch."""
+
+    marker = ""  # a file: its existence says the death happened (set by the test, pickled with the class)
+
+    def __init__(self, **kw):
+        from rewardkit.datasets.ray_engine import _ChunkScorer  # the worker's: the real one
+
+        self.inner = _ChunkScorer(**kw)
+
+    def __call__(self, row):
+        import os
+
+        if str(row["shard"]) == "part-1" and int(row["start"]) == 8 and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os._exit(1)
+        return self.inner(row)
 
 
 def test_parrot_stage1_on_ray_writes_the_local_bytes(cluster, tmp_path):
@@ -180,93 +245,3 @@ def test_parrot_stage1_on_ray_writes_the_local_bytes(cluster, tmp_path):
     remote = rationalize_dataset(cfg, tmp_path / "pairs", tmp_path / "ray", engine="ray", concurrency=2)
     assert (local.rows, remote.rows, remote.shards_scored) == (12, 12, 3)
     _same_folders(tmp_path / "local", tmp_path / "ray")
-
-
-def test_a_worker_killed_mid_run_loses_no_row_and_scores_none_twice(cluster, reward, tiny_clip_dir, tmp_path):
-    """The actor process dies (os._exit) in the middle of shard 1; Ray restarts it and retries its task. Every
-    batch of every shard reaches the driver exactly once, with the scores of an uninterrupted local run."""
-    import sys
-
-    import ray.cloudpickle
-
-    from rewardkit.datasets import score_dataset
-    from rewardkit.datasets.readers import Columns
-    from rewardkit.datasets.ray_engine import _chunks, run_on_ray
-    from rewardkit.datasets.scoring import RewardSpec, plan
-
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the dying actor below, for the workers
-    data = tmp_path / "data"
-    data.mkdir()
-    for s in range(3):
-        pq.write_table(pa.table({"image": [png_bytes(9000 + 40 * s + i) for i in range(24)],
-                                 "prompt": [f"p{i}" for i in range(24)]}), data / f"part-{s}.parquet")
-    score_dataset(reward, data, tmp_path / "local", batch_size=8, progress=False)
-    ds, cols, _ = plan(data, {}, Columns())
-    marker = tmp_path / "died"
-    spec = RewardSpec("pickscore", None, {"model": str(tiny_clip_dir)})
-    seen = []
-    for res in run_on_ray([0, 1, 2], _chunks(ds, cols, 8), _DiesOnce,
-                          {"marker": str(marker), "spec": spec, "on_error": "nan", "batch_size": 8}):
-        ids, recs, _ = res["result"].value
-        seen.append((str(res["shard"]), int(res["start"]), [r["score"] for r in recs]))
-    assert marker.exists()  # the worker did die
-    assert [(s, st) for s, st, _ in seen] == [(f"part-{s}", st) for s in range(3) for st in (0, 8, 16)]
-    for s in range(3):
-        want = pq.read_table(tmp_path / "local" / f"part-{s}.parquet").column("score").to_pylist()
-        assert [x for sh, _, sc in seen if sh == f"part-{s}" for x in sc] == want
-
-
-class _DiesOnce:
-    def __init__(self, marker, **kw):
-        from rewardkit.datasets.ray_engine import _ChunkScorer
-
-        self.inner, self.marker = _ChunkScorer(**kw), marker
-
-    def __call__(self, row):
-        import os
-
-        if str(row["shard"]) == "part-1" and int(row["start"]) == 8 and not os.path.exists(self.marker):
-            open(self.marker, "w").close()
-            os._exit(1)
-        return self.inner(row)
-
-
-def test_ray_engine_quarantines_bad_shards_and_resumes_a_shard_after_its_row_groups(cluster, reward, tmp_path,
-                                                                                   monkeypatch):
-    """Issue 36 item 7 on ``--engine ray``: an unreadable shard is quarantined (manifest, summary) instead of
-    stopping the run, and a shard an interrupted run left with committed row groups is read from the row after
-    them; the finished files are the local engine's bytes."""
-    from rewardkit.datasets import RewardSpec, output, score_dataset, score_dataset_ray
-
-    monkeypatch.setattr(output, "ROW_GROUP", 4)
-    data = tmp_path / "data"
-    data.mkdir()
-    for s, n in ((0, 10), (2, 6)):
-        pq.write_table(pa.table({"image": [png_bytes(8000 + 20 * s + i) for i in range(n)],
-                                 "prompt": [f"q{i}" for i in range(n)]}), data / f"part-{s}.parquet")
-    (data / "part-1.parquet").write_bytes(b"PAR1 but not really" * 10)
-    local = score_dataset(reward, data, tmp_path / "local", batch_size=2, progress=False, skip_bad_shards=True)
-    assert [q["shard"] for q in local.quarantined] == ["part-1"]
-
-    class Stop:
-        def __init__(self):
-            self.calls = 0
-
-        def __getattr__(self, name):
-            return getattr(reward, name)
-
-        def __call__(self, *a, **k):
-            self.calls += 1
-            if self.calls == 4:
-                raise KeyboardInterrupt
-            return reward(*a, **k)
-
-    with pytest.raises(KeyboardInterrupt):  # part-0: rows 0-3 committed as one row group, then stopped
-        score_dataset(Stop(), data, tmp_path / "ray", batch_size=2, progress=False, skip_bad_shards=True)
-    spec = RewardSpec("pickscore", None, {"model": reward.config.model})
-    s = score_dataset_ray(spec, data, tmp_path / "ray", batch_size=2, progress=False, skip_bad_shards=True)
-    assert s.rows == (10 - 4) + 6 and s.shards_scored == 2 and [q["shard"] for q in s.quarantined] == ["part-1"]
-    man = json.loads((tmp_path / "ray" / "_rewardkit_scores.json").read_text())
-    assert [q["shard"] for q in man["quarantined"]] == ["part-1"]
-    for name in ("part-0.parquet", "part-2.parquet"):
-        assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "local" / name).read_bytes(), name

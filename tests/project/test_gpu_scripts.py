@@ -111,10 +111,13 @@ def test_serve_batching_gpu_script_dry_run():
 
 
 @pytest.mark.slow
-def test_serve_ray_gpu_script_dry_run():
+def test_serve_ray_gpu_script_dry_run(ray_cluster):
+    """The dry run deploys on the session's Ray cluster (tests/conftest.py) instead of starting one: the same
+    code path, one cluster start less."""
     pytest.importorskip("ray.serve")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "serve_ray.py"), "--dry-run"],
-                         capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "serve_ray.py"), "--dry-run",
+                          "--ray-address", ray_cluster], capture_output=True, text=True, timeout=600, env=env,
+                         cwd=ROOT)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "ratio to rewardkit serve" in res.stdout and "ray serve, 2 replica(s)" in res.stdout

@@ -1,6 +1,7 @@
-"""``rewardkit serve --engine ray``: real Ray Serve on a local 2-CPU cluster started here (no mocks), deployed by
+"""``rewardkit serve --engine ray``: real Ray Serve on a local 2-CPU cluster (no mocks), deployed by
 the command line with 2 replicas; compared with ``rewardkit serve``'s app (``serve_in_thread``) and in-process
-scoring. One cluster and one deployment for the module (Ray's start-up is most of the time)."""
+scoring. The session's cluster (tests/conftest.py: ``ray_cluster``) and one deployment for the module (Ray's
+start-up is most of the time)."""
 
 from __future__ import annotations
 
@@ -42,17 +43,18 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def served(tiny_clip_dir):
+def served(ray_cluster, tiny_clip_dir):
     """(Serve proxy URL, `rewardkit serve` URL, the in-process reward): the same reward and limits on both."""
+    from ray import serve
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # bit-exact scores need the replicas' summation order (1 thread: Ray's default)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     port = _free_port()
     env = {**os.environ, "REWARDKIT_SERVE_TOKEN": TOKEN, "OMP_NUM_THREADS": "1"}
     cli = subprocess.Popen(
         [sys.executable, "-m", "rewardkit.cli", "serve", "--engine", "ray", "--reward", "pickscore", "--model",
          str(tiny_clip_dir), "--replicas", "2", "--num-cpus", "0.5", "--port", str(port), "--ray-address",
-         ray.get_runtime_context().gcs_address, "--max-images", "4", "--max-batch", "2",
+         ray_cluster, "--max-images", "4", "--max-batch", "2",
          "--max-body-mb", str(200_000 / 2**20),
          "--max-request-mpixels", str(3 * 48 * 48 / 2**20)], env=env, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
@@ -75,7 +77,7 @@ def served(tiny_clip_dir):
         cli.wait(30)
     except subprocess.TimeoutExpired:
         cli.kill()
-    ray.shutdown()
+    serve.shutdown()  # the CLI deleted its app; Serve's controller and proxy go too: the cluster is the session's
     torch.set_num_threads(threads)
 
 
@@ -157,11 +159,13 @@ def test_a_replica_killed_under_8_clients_loses_nothing_and_mixes_nothing(served
     url, _, reward = served
     names = _replicas()
     assert len(names) == 2, names
-    calls = 20
+    victim = ray.get_actor(names[0], namespace="serve")
+    calls = 10  # the kill comes after every client's first answer: 9 calls each still to go
     inputs = {(c, k): (_images(2, 100 + 16 * c + k), [f"client {c} call {k}", f"other {c} {k}"])
               for c in range(8) for k in range(calls)}
     results: dict[tuple, list] = {key: [] for key in inputs}
     failures, statuses, started = [], [], threading.Barrier(9, timeout=60)
+    answered = [threading.Event() for _ in range(8)]  # the client's first call is done
     remotes = [_counting(RemoteReward(url=url, token=TOKEN, max_retries=5), statuses) for _ in range(8)]
 
     def client(c: int) -> None:
@@ -171,13 +175,16 @@ def test_a_replica_killed_under_8_clients_loses_nothing_and_mixes_nothing(served
                 results[(c, k)].append(remotes[c](*inputs[(c, k)]).scores)
             except Exception as exc:  # noqa: BLE001 - collected, asserted below
                 failures.append(f"client {c} call {k}: {exc}")
+            answered[c].set()
 
     threads = [threading.Thread(target=client, args=(c,)) for c in range(8)]
     for t in threads:
         t.start()
     started.wait()
-    time.sleep(0.5)  # every client is in its loop: requests in flight on both replicas
-    ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True)
+    # every client is in its loop (answered once, sending its next call): requests in flight on both replicas.
+    # Waiting for that, not for the clock: on a loaded machine, a kill 0.5 s after the start hit no request.
+    assert all(e.wait(120) for e in answered), failures
+    ray.kill(victim, no_restart=True)
     for t in threads:
         t.join(120)
     assert not failures, failures
