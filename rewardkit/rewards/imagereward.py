@@ -125,8 +125,10 @@ class ImageReward(Reward):
 
     def raw_scores(self, pixels: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         """Raw MLP outputs ``[B]`` (fp32) for preprocessed pixels ``[B, 3, S, S]`` and B prompts."""
+        from ..models.direct_forward import blip_vision_states
+
         dev, dt = self._device, next(self.vision.parameters()).dtype
-        img = self.vision(pixel_values=pixels.to(dev, dt)).last_hidden_state  # [B, 1 + N, Wv]
+        img = blip_vision_states(self.vision, pixels.to(dev, dt))  # [B, 1 + N, Wv], the stock call's values
         enc = self._token_rows(prompts)
         out = self.text(input_ids=enc["input_ids"].to(dev), attention_mask=enc["attention_mask"].to(dev),
                         encoder_hidden_states=img,
