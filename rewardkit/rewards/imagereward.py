@@ -100,7 +100,11 @@ class ImageReward(Reward):
         # checks of calls and score_tensor refuse images whose resize would exceed the pixel limit
         from types import SimpleNamespace
 
-        return [SimpleNamespace(do_resize=True, size={"shortest_edge": self.image_size})]
+        found = self.__dict__.get("_found_image_processors")  # built once: the size checks ask per image
+        if found is None:
+            found = self.__dict__["_found_image_processors"] = [
+                SimpleNamespace(do_resize=True, size={"shortest_edge": self.image_size})]
+        return found
 
     def _official_rgb(self, im):
         from ..models.zoo import official_openai_clip_rgb
