@@ -97,7 +97,7 @@ def _lin(x: torch.Tensor, m: nn.Linear) -> torch.Tensor:
     return F.linear(x, m.weight, m.bias)
 
 
-def _clip_attention(at: Any, x: torch.Tensor, impl: str) -> torch.Tensor:
+def _clip_attention(at: Any, x: torch.Tensor, impl: str) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``CLIPAttention.forward`` without a mask (the vision tower's), for the ``eager`` / ``sdpa`` interfaces."""
     shape = x.shape[:-1]
     hidden = (*shape, -1, at.head_dim)
@@ -109,12 +109,21 @@ def _clip_attention(at: Any, x: torch.Tensor, impl: str) -> torch.Tensor:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=dropout, scale=at.scale,
                                              is_causal=False)
         out = out.reshape(out.shape[0], -1, q.shape[2], v.shape[-1]).transpose(1, 2).contiguous()
+        w = None
     else:  # eager_attention_forward
         w = torch.matmul(q, k.transpose(-1, -2)) * at.scale
         w = F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
         w = F.dropout(w, p=dropout, training=at.training)
         out = torch.matmul(w, v).transpose(1, 2).contiguous()
-    return _lin(out.reshape(*shape, -1).contiguous(), at.out_proj)
+    return _lin(out.reshape(*shape, -1).contiguous(), at.out_proj), w
+
+
+def _clip_layer(layer: Any, h: torch.Tensor, impl: str) -> torch.Tensor:
+    """``CLIPEncoderLayer.forward``; the attention weights (eager only) stay alive until it returns, as there."""
+    out, _weights = _clip_attention(layer.self_attn, _ln(h, layer.layer_norm1), impl)
+    h = h + out
+    mlp = layer.mlp
+    return h + _lin(mlp.activation_fn(_lin(_ln(h, layer.layer_norm2), mlp.fc1)), mlp.fc2)
 
 
 def clip_image_features(model: Any, pixel_values: torch.Tensor) -> torch.Tensor:
@@ -131,10 +140,8 @@ def clip_image_features(model: Any, pixel_values: torch.Tensor) -> torch.Tensor:
     impl = vm.config._attn_implementation
     h = vm.embeddings(pixel_values)  # patch conv + class token + positions (one module: its size check)
     h = _ln(h, vm.pre_layrnorm)
-    for layer in vm.encoder.layers:  # CLIPEncoderLayer.forward
-        h = h + _clip_attention(layer.self_attn, _ln(h, layer.layer_norm1), impl)
-        mlp = layer.mlp
-        h = h + _lin(mlp.activation_fn(_lin(_ln(h, layer.layer_norm2), mlp.fc1)), mlp.fc2)
+    for layer in vm.encoder.layers:
+        h = _clip_layer(layer, h, impl)
     pooled = _ln(h[:, 0, :], vm.post_layernorm)
     return _lin(pooled, model.visual_projection)
 
@@ -165,14 +172,25 @@ def blip_vision_states(vision: Any, pixel_values: torch.Tensor) -> torch.Tensor:
         return vision(pixel_values=pixel_values).last_hidden_state
     h = vision.embeddings(pixel_values)
     for layer in vision.encoder.layers:  # BlipEncoderLayer.forward
-        at = layer.self_attn
-        x = _ln(h, layer.layer_norm1)
-        b, t, d = x.shape
-        qkv = _lin(x, at.qkv).reshape(b, t, 3, at.num_heads, d // at.num_heads).permute(2, 0, 3, 1, 4)
-        scores = torch.matmul(qkv[0], qkv[1].transpose(-1, -2)) * at.scale
-        probs = F.softmax(scores, dim=-1)  # BlipAttention: softmax in the input dtype; dropout: eval identity
-        ctx = torch.matmul(probs, qkv[2]).permute(0, 2, 1, 3)
-        h = _lin(ctx.reshape(ctx.size()[:-2] + (at.embed_dim,)), at.projection) + h
-        mlp = layer.mlp
-        h = _lin(mlp.activation_fn(_lin(_ln(h, layer.layer_norm2), mlp.fc1)), mlp.fc2) + h
+        h = _blip_layer(layer, h)
     return _ln(h, vision.post_layernorm)
+
+
+def _blip_layer(layer: Any, h: torch.Tensor) -> torch.Tensor:
+    # the attention probabilities stay alive until the layer returns, as in the stock layer (which unpacks them
+    # into a local): the same allocation pattern, which matters to CPU malloc's reuse of large blocks
+    out, _probs = _blip_attention(layer.self_attn, _ln(h, layer.layer_norm1))
+    h = out + h
+    mlp = layer.mlp
+    return _lin(mlp.activation_fn(_lin(_ln(h, layer.layer_norm2), mlp.fc1)), mlp.fc2) + h
+
+
+def _blip_attention(at: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``BlipAttention.forward`` (its own eager attention; dropout is the identity in eval mode). A function of
+    its own, as the stock module is: its temporaries are freed when it returns, before the MLP allocates."""
+    b, t, d = x.shape
+    qkv = _lin(x, at.qkv).reshape(b, t, 3, at.num_heads, d // at.num_heads).permute(2, 0, 3, 1, 4)
+    scores = torch.matmul(qkv[0], qkv[1].transpose(-1, -2)) * at.scale
+    probs = F.softmax(scores, dim=-1)  # in the input dtype, as BlipAttention
+    ctx = torch.matmul(probs, qkv[2]).permute(0, 2, 1, 3)
+    return _lin(ctx.reshape(ctx.size()[:-2] + (at.embed_dim,)), at.projection), probs
