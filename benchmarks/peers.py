@@ -133,14 +133,22 @@ def _profile(reward, score, chunks: list, prompt: str) -> dict:
     for m, n in methods:
         setattr(m, n, timed(getattr(m, n), "fwd"))
     patched = []
-    for mod_name, names in (("rewardkit.media", ("_to_pil",)),
-                            ("rewardkit.models.zoo", ("openai_clip_pixels", "hpsv2_pixels")),
-                            ("rewardkit.models.pil_pixels", ("pil_pixel_values", "clip_pil_pixel_values"))):
-        mod = importlib.import_module(mod_name)
+    # the direct vision forwards (rewardkit.models.direct_forward) are the forward too; the hooks above make
+    # them take the stock call in this worker (the same values; only rewardkit's own time is read from here)
+    for mod_name, names, key in (("rewardkit.media", ("_to_pil",), "recipe"),
+                                 ("rewardkit.models.zoo", ("openai_clip_pixels", "hpsv2_pixels"), "recipe"),
+                                 ("rewardkit.models.pil_pixels", ("pil_pixel_values", "clip_pil_pixel_values"),
+                                  "recipe"),
+                                 ("rewardkit.models.direct_forward", ("clip_image_features", "blip_vision_states"),
+                                  "fwd")):
+        try:
+            mod = importlib.import_module(mod_name)
+        except ImportError:  # an older rewardkit
+            continue
         for n in names:
             if hasattr(mod, n):
                 patched.append((mod, n, getattr(mod, n)))
-                setattr(mod, n, timed(getattr(mod, n)))
+                setattr(mod, n, timed(getattr(mod, n), key))
     try:
         score(chunks[0], prompt)  # warm
         spent.update(fwd=0.0, recipe=0.0)

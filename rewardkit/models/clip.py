@@ -109,8 +109,10 @@ class CLIPBackbone:
             pix = clip_pixel_values(images.to(self.device), self.tensor_params)
         else:
             pix = self._pil_pixel_values(list(images))
-        feats = self.model.get_image_features(pixel_values=pix.to(self.device, self.dtype))
-        feats = getattr(feats, "pooler_output", feats)  # transformers 5 may return an output object
+        from .direct_forward import clip_image_features
+
+        # get_image_features' values, through the tower's submodules when that is the same computation
+        feats = clip_image_features(self.model, pix.to(self.device, self.dtype))
         return torch.nn.functional.normalize(feats.float(), dim=-1)
 
     def _pil_pixel_values(self, images: list[Any]):

@@ -332,8 +332,10 @@ def openai_clip_pixel_values(x: torch.Tensor, size: int = 224, mean: Sequence[fl
 
 def clip_image_embeddings(model: Any, pixels: torch.Tensor) -> torch.Tensor:
     """``CLIPModel.get_image_features`` on ready pixel values ``[B, 3, S, S]`` -> L2-normalised fp32 ``[B, D]``
-    (the model's device and dtype are used)."""
+    (the model's device and dtype are used; the same values, run through the tower's submodules directly:
+    :func:`rewardkit.models.direct_forward.clip_image_features`)."""
+    from .direct_forward import clip_image_features
+
     p = next(model.parameters())
-    feats = model.get_image_features(pixel_values=pixels.to(p.device, p.dtype))
-    feats = getattr(feats, "pooler_output", feats)  # transformers 5 may return an output object
+    feats = clip_image_features(model, pixels.to(p.device, p.dtype))
     return torch.nn.functional.normalize(feats.float(), dim=-1)

@@ -77,8 +77,11 @@ class HPSv2(CLIPReward):
         # processor's shortest-edge rule (which would over-estimate the resized size of long images)
         from types import SimpleNamespace
 
-        size = int(self.backbone.model.config.vision_config.image_size)
-        return [SimpleNamespace(do_resize=True, size={"longest_edge": size})]
+        found = self.__dict__.get("_found_image_processors")  # built once: the size checks ask per image
+        if found is None:
+            found = self.__dict__["_found_image_processors"] = [
+                SimpleNamespace(do_resize=True, size={"longest_edge": self._image_size})]
+        return found
 
     def _check_resized_size(self, w: int, h: int) -> None:
         """The base rules, plus HPSv2's own limit: a side that would round to 0 pixels after the longest-side
@@ -89,9 +92,18 @@ class HPSv2(CLIPReward):
 
         super()._check_resized_size(w, h)
         try:
-            hpsv2_resize_shape(h, w, int(self.backbone.model.config.vision_config.image_size))
+            hpsv2_resize_shape(h, w, self._image_size)
         except ValueError as exc:
             raise media._Bad(str(exc)) from None
+
+    @property
+    def _image_size(self) -> int:
+        """The model's input side, read once: a transformers config attribute costs microseconds per read, and
+        the size checks read it per image."""
+        size = self.__dict__.get("_image_size_cached")
+        if size is None:
+            size = self.__dict__["_image_size_cached"] = int(self.backbone.model.config.vision_config.image_size)
+        return size
 
     def _official_rgb(self, im):
         from ..models.zoo import official_hpsv2_rgb
@@ -104,7 +116,7 @@ class HPSv2(CLIPReward):
         uniq = list(dict.fromkeys(batch.prompts))
         text_emb, truncated = self.backbone.embed_texts(uniq)
         idx = torch.tensor([uniq.index(p) for p in batch.prompts], device=text_emb.device)
-        size = int(self.backbone.model.config.vision_config.image_size)
+        size = self._image_size
         if isinstance(batch.images, torch.Tensor):  # score_tensor: float [B, 3, H, W], differentiable
             pixels = hpsv2_pixel_values(batch.images.to(self._device), size)
         else:

@@ -100,7 +100,11 @@ class ImageReward(Reward):
         # checks of calls and score_tensor refuse images whose resize would exceed the pixel limit
         from types import SimpleNamespace
 
-        return [SimpleNamespace(do_resize=True, size={"shortest_edge": self.image_size})]
+        found = self.__dict__.get("_found_image_processors")  # built once: the size checks ask per image
+        if found is None:
+            found = self.__dict__["_found_image_processors"] = [
+                SimpleNamespace(do_resize=True, size={"shortest_edge": self.image_size})]
+        return found
 
     def _official_rgb(self, im):
         from ..models.zoo import official_openai_clip_rgb
@@ -125,8 +129,10 @@ class ImageReward(Reward):
 
     def raw_scores(self, pixels: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         """Raw MLP outputs ``[B]`` (fp32) for preprocessed pixels ``[B, 3, S, S]`` and B prompts."""
+        from ..models.direct_forward import blip_vision_states
+
         dev, dt = self._device, next(self.vision.parameters()).dtype
-        img = self.vision(pixel_values=pixels.to(dev, dt)).last_hidden_state  # [B, 1 + N, Wv]
+        img = blip_vision_states(self.vision, pixels.to(dev, dt))  # [B, 1 + N, Wv], the stock call's values
         enc = self._token_rows(prompts)
         out = self.text(input_ids=enc["input_ids"].to(dev), attention_mask=enc["attention_mask"].to(dev),
                         encoder_hidden_states=img,

@@ -1,0 +1,156 @@
+"""The direct vision forward (rewardkit.models.direct_forward, issue 41) against transformers' stock call.
+
+    python benchmarks/direct_forward.py                       # both parts, aesthetic / hpsv2 / imagereward
+    python benchmarks/direct_forward.py --models aesthetic --blocks 30
+
+One torch thread, CPU time (thread clock). Part 1, the wrappers alone: a CLIP and a BLIP vision tower of two
+layers, 8 wide, so that the maths costs next to nothing and what is left is each path's per-call Python and
+operator dispatch. Part 2, whole calls from files (16 PNGs of six sizes, batch 1 and 8) of the tiny rewards
+(``Reward.tiny``; the peers checkpoints under ``--work`` when they exist), with the direct path on and off (off:
+the stock ``get_image_features`` / ``BlipVisionModel`` call, the previous code's forward) alternated in blocks
+in one process, so that load drifts hit both; printed: the paired median of stock / direct CPU per image (> 1:
+direct faster) and its inter-quartile range. Both paths give equal scores (checked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SIZES = [(512, 512), (640, 360), (360, 640), (301, 300), (97, 61), (1000, 250)]
+PROMPT = "a photo of a cat sitting on a mat"
+
+
+def _clock(fn, n: int) -> float:
+    t = time.thread_time()
+    for _ in range(n):
+        fn()
+    return (time.thread_time() - t) / n
+
+
+def wrappers(reps: int = 9) -> None:
+    import torch
+    import transformers
+
+    from rewardkit.models.direct_forward import blip_vision_states, clip_image_features
+
+    vision = dict(hidden_size=8, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2, image_size=28,
+                  patch_size=14, hidden_act="quick_gelu")
+    text = dict(vocab_size=64, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                max_position_embeddings=16, bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    clip = transformers.CLIPModel._from_config(
+        transformers.CLIPConfig(text_config=text, vision_config=vision, projection_dim=8),
+        attn_implementation="sdpa").eval()
+    blip = transformers.BlipVisionModel(transformers.BlipVisionConfig(
+        hidden_size=8, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2, image_size=32,
+        patch_size=16)).eval()
+    pc, pb = torch.randn(1, 3, 28, 28), torch.randn(1, 3, 32, 32)
+    with torch.inference_mode():
+        for name, stock, direct in (
+                ("CLIP", lambda: clip.get_image_features(pixel_values=pc), lambda: clip_image_features(clip, pc)),
+                ("BLIP", lambda: blip(pixel_values=pb), lambda: blip_vision_states(blip, pb))):
+            s = [_clock(stock, 1000) * 1e6 for _ in range(reps)]
+            d = [_clock(direct, 1000) * 1e6 for _ in range(reps)]
+            print(f"wrappers {name}: us per call, stock min {min(s):.0f} median {statistics.median(s):.0f} | "
+                  f"direct min {min(d):.0f} median {statistics.median(d):.0f}", flush=True)
+
+
+def _images(folder: Path) -> list[str]:
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    paths = []
+    for i in range(16):
+        w, h = SIZES[i % len(SIZES)]
+        p = folder / f"img_{i:02d}_{w}x{h}.png"
+        if not p.exists():
+            Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(p)
+        paths.append(str(p))
+    return paths
+
+
+def _reward(name: str, work: Path, tmp: str):
+    from rewardkit import load_reward
+    from rewardkit.registry import get_reward_class
+
+    converted = work / name / "converted"
+    if (converted / "rewardkit.json").is_file():
+        return load_reward(name, model=str(converted), device="cpu")
+    return get_reward_class(name).tiny(tmp)
+
+
+def calls(models: list[str], blocks: int, work: Path) -> None:
+    import torch
+
+    from rewardkit.models import direct_forward as dfw
+
+    def stock_clip(model, px):
+        out = model.get_image_features(pixel_values=px)
+        return getattr(out, "pooler_output", out)
+
+    def stock_blip(vision, px):
+        return vision(pixel_values=px).last_hidden_state
+
+    direct = (dfw.clip_image_features, dfw.blip_vision_states)
+
+    def use(on: bool) -> None:
+        dfw.clip_image_features, dfw.blip_vision_states = direct if on else (stock_clip, stock_blip)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = _images(Path(tmp))
+        try:
+            for name in models:
+                reward = _reward(name, work, tmp)
+                for b in (1, 8):
+                    chunks = [paths[i:i + b] for i in range(0, len(paths), b)][: 8 if b == 1 else 2]
+                    scores = {}
+                    for on in (True, False):
+                        use(on)
+                        scores[on] = torch.cat([reward(c, PROMPT).scores for c in chunks])  # also warms
+                    assert torch.equal(scores[True], scores[False]), name
+
+                    n_img = sum(map(len, chunks))
+
+                    def run():
+                        return _clock(lambda: [reward(c, PROMPT) for c in chunks], 1) / n_img * 1e3
+
+                    got = {True: [], False: []}
+                    for k in range(blocks):
+                        for on in ((True, False) if k % 2 else (False, True)):
+                            use(on)
+                            got[on].append(run())
+                    r = sorted(s / d for s, d in zip(got[False], got[True]))
+                    print(f"calls {name:12s} batch {b}: CPU ms per image stock {statistics.median(got[False]):.2f} "
+                          f"direct {statistics.median(got[True]):.2f}; stock / direct paired median "
+                          f"{statistics.median(r):.3f} (IQR {r[len(r) // 4]:.3f}-{r[3 * len(r) // 4]:.3f}); "
+                          f"scores equal", flush=True)
+        finally:
+            use(True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="aesthetic,hpsv2,imagereward")
+    ap.add_argument("--blocks", type=int, default=20, help="alternated blocks per row (default 20)")
+    ap.add_argument("--work", default=str(Path.home() / ".cache" / "rewardkit" / "peers" / "work"))
+    ap.add_argument("--skip-wrappers", action="store_true")
+    args = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(1)
+    print(f"load average {os.getloadavg()[0]:.1f}; one torch thread; CPU time (thread clock)", flush=True)
+    if not args.skip_wrappers:
+        wrappers()
+    calls([m for m in args.models.split(",") if m], args.blocks, Path(args.work))
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

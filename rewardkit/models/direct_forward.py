@@ -1,0 +1,196 @@
+"""The vision towers of the CLIP family (``aesthetic``, ``hpsv2``, ``geneval``'s CLIP) and of ImageReward (BLIP),
+run straight through their submodules' weights: the same operations, in the same order and dtypes, as
+transformers' ``CLIPModel.get_image_features`` and ``BlipVisionModel.forward``, without the per-call wrappers
+around them (output-recording decorators, keyword plumbing, one ``nn.Module.__call__`` per linear / norm / layer).
+
+On the tiny checkpoints those wrappers cost ~0.4-0.5 ms of a ~5 ms CLIP vision forward at batch 1 (issue 41); on
+a real ViT-L they are noise, and the path changes nothing but that: outputs are ``torch.equal`` to the stock call
+(``tests/models/test_direct_forward.py`` compares them on several inputs and batch sizes, eager and SDPA).
+
+The stock call is used instead (same result, its own errors) whenever the direct path would not be the same
+computation or would skip something a caller set up:
+
+- a module of an unexpected class (a LoRA / PEFT-wrapped linear, a custom attention, another architecture);
+- CLIP attention other than ``"eager"`` / ``"sdpa"`` (flash, flex, a registered kernel); the model in training
+  mode (dropout); pixels not of the model's ``image_size`` (the stock call's error or interpolation);
+- a forward hook or pre-hook on any module of the tower, or a global one (profilers, feature extractors);
+- transformers' ``output_attentions`` / ``output_hidden_states`` set on the config.
+
+The class checks run once per model (kept on the model); the hook and mode checks run on every call.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.nn.modules import module as _nn_module
+
+__all__ = ["clip_image_features", "blip_vision_states"]
+
+#: model -> (its modules when last checked, whether the direct path covers them)
+_PLANS: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _global_hooks() -> bool:
+    return any(getattr(_nn_module, name, None) for name in (
+        "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+        "_global_backward_pre_hooks"))
+
+
+def _exact(obj: Any, cls: type) -> bool:
+    return type(obj) is cls
+
+
+def _direct_ok(root: nn.Module, mods: tuple, check) -> bool:
+    """True when the direct path is the stock computation for ``root`` now: its classes pass ``check`` (run
+    again whenever a module was added or replaced since), every module is in eval mode, and no hook is set."""
+    seen = _PLANS.get(root)
+    if seen is None or seen[0] != mods:
+        try:
+            ok = bool(check(root))
+        except (AttributeError, ImportError, TypeError):
+            ok = False
+        _PLANS[root] = seen = (mods, ok)
+    if not seen[1] or _global_hooks():
+        return False
+    for m in mods:
+        if (m.training or m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
+                or m._backward_pre_hooks):
+            return False
+    return True
+
+
+def _config_ok(config: Any) -> bool:
+    return not getattr(config, "output_attentions", False) and not getattr(config, "output_hidden_states", False)
+
+
+# ---------------------------------------------------------------------------------------------------- CLIP
+def _clip_check(model: nn.Module) -> bool:
+    from transformers.models.clip import modeling_clip as mc
+
+    vm = getattr(model, "vision_model", None)
+    if not (_exact(model, mc.CLIPModel) and _exact(vm, mc.CLIPVisionModel)
+            and _exact(vm.embeddings, mc.CLIPVisionEmbeddings) and _exact(vm.encoder, mc.CLIPEncoder)
+            and _exact(vm.pre_layrnorm, nn.LayerNorm) and _exact(vm.post_layernorm, nn.LayerNorm)
+            and _exact(model.visual_projection, nn.Linear)):
+        return False
+    for layer in vm.encoder.layers:
+        at, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        if not (_exact(layer, mc.CLIPEncoderLayer) and _exact(at, mc.CLIPAttention) and _exact(mlp, mc.CLIPMLP)
+                and all(_exact(x, nn.Linear) for x in (at.q_proj, at.k_proj, at.v_proj, at.out_proj,
+                                                       mlp.fc1, mlp.fc2))
+                and _exact(layer.layer_norm1, nn.LayerNorm) and _exact(layer.layer_norm2, nn.LayerNorm)
+                and not at.is_causal):
+            return False
+    return True
+
+
+def _ln(x: torch.Tensor, m: nn.LayerNorm) -> torch.Tensor:
+    return F.layer_norm(x, m.normalized_shape, m.weight, m.bias, m.eps)
+
+
+def _lin(x: torch.Tensor, m: nn.Linear) -> torch.Tensor:
+    return F.linear(x, m.weight, m.bias)
+
+
+def _clip_attention(at: Any, x: torch.Tensor, impl: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``CLIPAttention.forward`` without a mask (the vision tower's), for the ``eager`` / ``sdpa`` interfaces."""
+    shape = x.shape[:-1]
+    hidden = (*shape, -1, at.head_dim)
+    q = _lin(x, at.q_proj).view(hidden).transpose(1, 2)
+    k = _lin(x, at.k_proj).view(hidden).transpose(1, 2)
+    v = _lin(x, at.v_proj).view(hidden).transpose(1, 2)
+    dropout = 0.0 if not at.training else at.dropout
+    if impl == "sdpa":  # transformers' sdpa_attention_forward: no mask, not causal
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=dropout, scale=at.scale,
+                                             is_causal=False)
+        out = out.reshape(out.shape[0], -1, q.shape[2], v.shape[-1]).transpose(1, 2).contiguous()
+        w = None
+    else:  # eager_attention_forward
+        w = torch.matmul(q, k.transpose(-1, -2)) * at.scale
+        w = F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+        w = F.dropout(w, p=dropout, training=at.training)
+        out = torch.matmul(w, v).transpose(1, 2).contiguous()
+    return _lin(out.reshape(*shape, -1).contiguous(), at.out_proj), w
+
+
+def _clip_layer(layer: Any, h: torch.Tensor, impl: str) -> torch.Tensor:
+    """``CLIPEncoderLayer.forward``; the attention weights (eager only) stay alive until it returns, as there."""
+    out, _weights = _clip_attention(layer.self_attn, _ln(h, layer.layer_norm1), impl)
+    h = h + out
+    mlp = layer.mlp
+    return h + _lin(mlp.activation_fn(_lin(_ln(h, layer.layer_norm2), mlp.fc1)), mlp.fc2)
+
+
+def clip_image_features(model: Any, pixel_values: torch.Tensor) -> torch.Tensor:
+    """``model.get_image_features(pixel_values=...)``'s projected features ``[B, P]`` (its ``pooler_output``),
+    computed directly when the direct path is the same computation, else by the stock call."""
+    vm = getattr(model, "vision_model", None)
+    proj = getattr(model, "visual_projection", None)
+    if not (isinstance(vm, nn.Module) and isinstance(proj, nn.Module) and _config_ok(vm.config)
+            and getattr(vm.config, "_attn_implementation", None) in ("eager", "sdpa")
+            and _direct_ok(model, (*vm.modules(), proj), _clip_check)
+            and pixel_values.shape[-2:] == (vm.embeddings.image_size,) * 2):
+        feats = model.get_image_features(pixel_values=pixel_values)
+        return getattr(feats, "pooler_output", feats)  # transformers 5 returns an output object
+    impl = vm.config._attn_implementation
+    h = vm.embeddings(pixel_values)  # patch conv + class token + positions (one module: its size check)
+    h = _ln(h, vm.pre_layrnorm)
+    for layer in vm.encoder.layers:
+        h = _clip_layer(layer, h, impl)
+    pooled = _ln(h[:, 0, :], vm.post_layernorm)
+    return _lin(pooled, model.visual_projection)
+
+
+# ---------------------------------------------------------------------------------------------------- BLIP
+def _blip_check(vision: nn.Module) -> bool:
+    from transformers.models.blip import modeling_blip as mb
+
+    if not (_exact(vision, mb.BlipVisionModel) and _exact(vision.embeddings, mb.BlipVisionEmbeddings)
+            and _exact(vision.encoder, mb.BlipEncoder) and _exact(vision.post_layernorm, nn.LayerNorm)):
+        return False
+    for layer in vision.encoder.layers:
+        at, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        if not (_exact(layer, mb.BlipEncoderLayer) and _exact(at, mb.BlipAttention) and _exact(mlp, mb.BlipMLP)
+                and all(_exact(x, nn.Linear) for x in (at.qkv, at.projection, mlp.fc1, mlp.fc2))
+                and _exact(at.dropout, nn.Dropout)
+                and _exact(layer.layer_norm1, nn.LayerNorm) and _exact(layer.layer_norm2, nn.LayerNorm)):
+            return False
+    return True
+
+
+def blip_vision_states(vision: Any, pixel_values: torch.Tensor) -> torch.Tensor:
+    """``vision(pixel_values=...).last_hidden_state`` ``[B, 1 + N, W]`` of a ``BlipVisionModel`` (the
+    post-layer-normed token states), computed directly when the direct path is the same computation, else by
+    the stock call."""
+    if not (_config_ok(vision.config) and _direct_ok(vision, tuple(vision.modules()), _blip_check)
+            and pixel_values.shape[-2:] == (vision.embeddings.image_size,) * 2):
+        return vision(pixel_values=pixel_values).last_hidden_state
+    h = vision.embeddings(pixel_values)
+    for layer in vision.encoder.layers:  # BlipEncoderLayer.forward
+        h = _blip_layer(layer, h)
+    return _ln(h, vision.post_layernorm)
+
+
+def _blip_layer(layer: Any, h: torch.Tensor) -> torch.Tensor:
+    # the attention probabilities stay alive until the layer returns, as in the stock layer (which unpacks them
+    # into a local): the same allocation pattern, which matters to CPU malloc's reuse of large blocks
+    out, _probs = _blip_attention(layer.self_attn, _ln(h, layer.layer_norm1))
+    h = out + h
+    mlp = layer.mlp
+    return _lin(mlp.activation_fn(_lin(_ln(h, layer.layer_norm2), mlp.fc1)), mlp.fc2) + h
+
+
+def _blip_attention(at: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``BlipAttention.forward`` (its own eager attention; dropout is the identity in eval mode). A function of
+    its own, as the stock module is: its temporaries are freed when it returns, before the MLP allocates."""
+    b, t, d = x.shape
+    qkv = _lin(x, at.qkv).reshape(b, t, 3, at.num_heads, d // at.num_heads).permute(2, 0, 3, 1, 4)
+    scores = torch.matmul(qkv[0], qkv[1].transpose(-1, -2)) * at.scale
+    probs = F.softmax(scores, dim=-1)  # in the input dtype, as BlipAttention
+    ctx = torch.matmul(probs, qkv[2]).permute(0, 2, 1, 3)
+    return _lin(ctx.reshape(ctx.size()[:-2] + (at.embed_dim,)), at.projection), probs

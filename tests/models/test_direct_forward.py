@@ -1,0 +1,137 @@
+"""The direct vision forward of the CLIP family and of ImageReward's BLIP tower (rewardkit.models.direct_forward):
+``torch.equal`` to transformers' stock ``CLIPModel.get_image_features`` / ``BlipVisionModel`` forward, and the
+stock call whenever the direct path would skip something (hooks, training mode, another size, a wrapped module)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from rewardkit.models.direct_forward import blip_vision_states, clip_image_features
+
+transformers = pytest.importorskip("transformers")
+
+
+def _clip(attn: str, act: str = "quick_gelu", layers: int = 2, seed: int = 0):
+    vision = dict(hidden_size=48, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=3,
+                  image_size=56, patch_size=14, hidden_act=act)
+    text = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                max_position_embeddings=16)
+    cfg = transformers.CLIPConfig(text_config=text, vision_config=vision, projection_dim=24)
+    torch.manual_seed(seed)
+    return transformers.CLIPModel._from_config(cfg, attn_implementation=attn).eval()
+
+
+def _blip(seed: int = 0, layers: int = 2):
+    cfg = transformers.BlipVisionConfig(hidden_size=48, intermediate_size=96, num_hidden_layers=layers,
+                                        num_attention_heads=3, image_size=48, patch_size=16)
+    torch.manual_seed(seed)
+    return transformers.BlipVisionModel(cfg).eval()
+
+
+def _stock_clip(model, px):
+    out = model.get_image_features(pixel_values=px)
+    return getattr(out, "pooler_output", out)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("act", ["quick_gelu", "gelu"])
+def test_clip_direct_features_equal_get_image_features_bit_for_bit(attn, act):
+    model = _clip(attn, act)
+    assert model.vision_model.config._attn_implementation == attn
+    for b, seed in ((1, 0), (2, 1), (5, 2)):
+        g = torch.Generator().manual_seed(seed)
+        px = torch.randn(b, 3, 56, 56, generator=g) * 1.5  # normalised-pixel range
+        with torch.inference_mode():
+            assert torch.equal(clip_image_features(model, px), _stock_clip(model, px))
+        with torch.no_grad():
+            assert torch.equal(clip_image_features(model, px), _stock_clip(model, px))
+
+
+def test_clip_direct_gradients_equal_the_stock_call():
+    model = _clip("sdpa").requires_grad_(False)
+    grads = []
+    for fn in (clip_image_features, _stock_clip):
+        px = torch.randn(2, 3, 56, 56, generator=torch.Generator().manual_seed(3)).requires_grad_(True)
+        fn(model, px).square().sum().backward()
+        grads.append(px.grad)
+    assert torch.equal(grads[0], grads[1])
+
+
+def test_blip_direct_states_equal_the_stock_forward_bit_for_bit():
+    vision = _blip()
+    for b, seed in ((1, 0), (3, 1)):
+        px = torch.randn(b, 3, 48, 48, generator=torch.Generator().manual_seed(seed))
+        with torch.inference_mode():
+            got = blip_vision_states(vision, px)
+            assert torch.equal(got, vision(pixel_values=px).last_hidden_state)
+        assert got.shape == (b, 1 + 9, 48)
+
+
+def _stock_counter(monkeypatch, cls, name):
+    calls = []
+    stock = getattr(cls, name)
+
+    def counted(self, *a, **k):
+        calls.append(1)
+        return stock(self, *a, **k)
+
+    monkeypatch.setattr(cls, name, counted)
+    return calls
+
+
+def test_clip_takes_the_stock_call_when_the_direct_path_would_skip_something(monkeypatch):
+    model = _clip("sdpa")
+    calls = _stock_counter(monkeypatch, transformers.CLIPModel, "get_image_features")
+    px = torch.randn(1, 3, 56, 56)
+    with torch.inference_mode():
+        ref = _stock_clip(model, px)
+        calls.clear()
+        assert torch.equal(clip_image_features(model, px), ref) and not calls  # the direct path
+
+        seen = []  # a forward hook (a profiler, a feature extractor) still fires
+        h = model.vision_model.encoder.layers[1].mlp.fc2.register_forward_hook(lambda *a: seen.append(1))
+        assert torch.equal(clip_image_features(model, px), ref) and calls and seen
+        h.remove()
+        calls.clear()
+
+        model.train()  # dropout would apply: the stock call
+        clip_image_features(model, px)
+        assert calls
+        model.eval()
+        calls.clear()
+
+        # a replaced (e.g. LoRA-wrapped) module is seen on the next call
+        layer = model.vision_model.encoder.layers[0].self_attn
+        layer.q_proj = nn.Sequential(layer.q_proj)
+        assert torch.equal(clip_image_features(model, px), ref) and calls
+        layer.q_proj = layer.q_proj[0]
+        calls.clear()
+        assert torch.equal(clip_image_features(model, px), ref) and not calls  # direct again
+
+        with pytest.raises(ValueError, match="doesn't match model"):  # another size: the stock call's error
+            clip_image_features(model, torch.randn(1, 3, 42, 42))
+
+
+def test_clip_other_attention_kernels_take_the_stock_call(monkeypatch):
+    model = _clip("sdpa")
+    px = torch.randn(1, 3, 56, 56)
+    monkeypatch.setattr(transformers.CLIPModel, "get_image_features", lambda self, **k: torch.zeros(1, 24))
+    with torch.inference_mode():
+        assert clip_image_features(model, px).abs().sum() > 0  # sdpa: the direct path (the stub is not asked)
+        model.vision_model.config._attn_implementation = "flex_attention"  # as if loaded with it
+        assert torch.equal(clip_image_features(model, px), torch.zeros(1, 24))  # the stock call answered
+
+
+def test_blip_takes_the_stock_call_with_a_hook(monkeypatch):
+    vision = _blip()
+    calls = _stock_counter(monkeypatch, transformers.BlipVisionModel, "forward")
+    px = torch.randn(2, 3, 48, 48)
+    with torch.inference_mode():
+        ref = vision(pixel_values=px).last_hidden_state
+        calls.clear()
+        assert torch.equal(blip_vision_states(vision, px), ref) and not calls
+        h = vision.encoder.layers[0].register_forward_pre_hook(lambda *a: None)
+        assert torch.equal(blip_vision_states(vision, px), ref) and calls
+        h.remove()
