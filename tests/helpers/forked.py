@@ -1,0 +1,132 @@
+"""`rewardkit ARGS` (the console script's entry point, ``rewardkit.cli.main``) in processes forked from this one.
+
+Each run is a real process of its own: its own memory and exit status, and a SIGKILL (the trainers' kill hooks)
+ends it alone. What it does not pay is a fresh Python start-up: torch, transformers and diffusers are already
+imported here (seconds of CPU per process on a 2-core machine, more than a tiny run itself). The child gets one
+torch thread, as the pytest process has (tests/conftest.py), the way a DataLoader worker does after a fork.
+
+:func:`run_forked_ranks` starts ``world`` such processes with the environment torchrun gives its workers
+(``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), so
+``rewardkit.distributed.init_from_env`` joins one gloo group as under torchrun (as tests/helpers/gloo.py does
+with fresh interpreters). torchrun itself, its agent and its exit report, is run by
+docs/test_commands.py::test_run_every_unmarked_doc_command (docs/rl.md's 2-process line) and
+bench/test_cli.py::test_every_rank_exits_with_the_same_code_under_torchrun.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Sequence
+
+
+def _child(argv: Sequence[str], env: dict[str, str], cwd: Path | None, out: Path, err: Path) -> None:
+    """In the forked process: never returns (os._exit), so nothing of pytest runs here after the command."""
+    rc = 1
+    try:
+        o, e = open(out, "w", buffering=1), open(err, "w", buffering=1)
+        os.dup2(o.fileno(), 1)
+        os.dup2(e.fileno(), 2)
+        sys.stdout, sys.stderr = o, e  # pytest's capture objects write to its own files, not to fds 1 / 2
+        os.environ.update(env)
+        if cwd is not None:
+            os.chdir(cwd)
+        import torch
+
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            raise RuntimeError("the forking process is in a process group: a forked rank would reuse it")
+        from rewardkit.cli import main
+
+        try:
+            rc = main([str(a) for a in argv])
+        except SystemExit as exc:
+            rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 - reported in the child's stderr, exit 1 as an uncaught error would
+        import traceback
+
+        traceback.print_exc()
+        rc = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(rc if isinstance(rc, int) else 1)
+
+
+def _start(argv, env, cwd, logs: Path, name: str) -> tuple[int, Path, Path]:
+    out, err = logs / f"{name}.out", logs / f"{name}.err"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        _child(argv, env, cwd, out, err)
+    return pid, out, err
+
+
+def _wait(pids: list[int], timeout: float, stop_on_failure: bool) -> dict[int, int]:
+    """Exit codes by pid (minus the signal for a killed one); the rest killed at the deadline, or as soon as one
+    crashed (exit 1: an uncaught error, or a signal) when ``stop_on_failure``: a gloo peer would wait for it for
+    30 minutes. rewardkit's own statuses (2 usage, 3 some samples invalid) are answers, not crashes."""
+    codes: dict[int, int] = {}
+    deadline = time.monotonic() + timeout
+    while len(codes) < len(pids):
+        for pid in pids:
+            if pid not in codes:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    codes[pid] = os.waitstatus_to_exitcode(status)
+        failed = stop_on_failure and any(c == 1 or c < 0 for c in codes.values())
+        if len(codes) < len(pids) and (failed or time.monotonic() > deadline):
+            for pid in pids:
+                if pid not in codes:
+                    os.kill(pid, 9)
+                    codes[pid] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            break
+        time.sleep(0.02)
+    return codes
+
+
+def _result(argv, code: int, out: Path, err: Path) -> subprocess.CompletedProcess:
+    return subprocess.CompletedProcess(["rewardkit", *map(str, argv)], code, out.read_text(), err.read_text())
+
+
+def run_forked(argv: Sequence[str], env: dict[str, str] | None = None, cwd: Path | None = None,
+               timeout: float = 600) -> subprocess.CompletedProcess:
+    """``rewardkit ARGV`` in one forked process with ``env`` added to this one's environment (returncode ``-9``:
+    SIGKILLed; killed at ``timeout``)."""
+    with tempfile.TemporaryDirectory() as logs:
+        pid, out, err = _start(argv, dict(env or {}), cwd, Path(logs), "run")
+        return _result(argv, _wait([pid], timeout, False)[pid], out, err)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_forked_ranks(argv: Sequence[str], env: dict[str, str] | None = None, cwd: Path | None = None,
+                     world: int = 2, timeout: float = 600, tries: int = 3) -> list[subprocess.CompletedProcess]:
+    """``rewardkit ARGV`` as ranks 0..world-1 of one gloo group; each rank's result, in rank order. A rank that
+    crashes ends the others at once. The store's port is picked free just before the start; if it was
+    taken in between (the only race), the start is retried on another port."""
+    for attempt in range(tries):
+        port = str(_free_port())
+        with tempfile.TemporaryDirectory() as logs:
+            started = []
+            for rank in range(world):
+                e = dict(env or {}, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                         LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+                started.append(_start(argv, e, cwd, Path(logs), f"rank{rank}"))
+            codes = _wait([pid for pid, _, _ in started], timeout, stop_on_failure=True)
+            results = [_result(argv, codes[pid], out, err) for pid, out, err in started]
+        if not any("address already in use" in r.stderr.lower() for r in results) or attempt + 1 == tries:
+            return results
+    raise AssertionError("unreachable")
