@@ -3,7 +3,8 @@
 Each run is a real process of its own: its own memory and exit status, and a SIGKILL (the trainers' kill hooks)
 ends it alone. What it does not pay is a fresh Python start-up: torch, transformers and diffusers are already
 imported here (seconds of CPU per process on a 2-core machine, more than a tiny run itself). The child gets one
-torch thread, as the pytest process has (tests/conftest.py), the way a DataLoader worker does after a fork.
+torch thread, as the pytest process has (tests/conftest.py), the way a DataLoader worker does after a fork, and
+accelerate's process-wide state (an earlier in-process run's) is reset, as in a new process.
 
 :func:`run_forked_ranks` starts ``world`` such processes with the environment torchrun gives its workers
 (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), so
@@ -41,6 +42,10 @@ def _child(argv: Sequence[str], env: dict[str, str], cwd: Path | None, out: Path
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             raise RuntimeError("the forking process is in a process group: a forked rank would reuse it")
+        if "accelerate.state" in sys.modules:  # process-wide state of an earlier run here: start as a new process
+            from accelerate.state import AcceleratorState
+
+            AcceleratorState._reset_state(reset_partial_state=True)
         from rewardkit.cli import main
 
         try:
