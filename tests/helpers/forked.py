@@ -26,15 +26,22 @@ from pathlib import Path
 from typing import Sequence
 
 
-def _child(argv: Sequence[str], env: dict[str, str], cwd: Path | None, out: Path, err: Path) -> None:
-    """In the forked process: never returns (os._exit), so nothing of pytest runs here after the command."""
+def _child(argv: Sequence[str], env: dict[str, str], cwd: Path | str | None, stdio: Sequence[int],
+           whole_env: bool) -> None:
+    """In the forked process, with ``stdio`` (stdin, stdout, stderr) as fds 0-2 and ``env`` added to this
+    process's environment (``whole_env``: as the whole environment): never returns (os._exit), so nothing of pytest
+    runs here after the command."""
     rc = 1
     try:
-        o, e = open(out, "w", buffering=1), open(err, "w", buffering=1)
-        os.dup2(o.fileno(), 1)
-        os.dup2(e.fileno(), 2)
-        sys.stdout, sys.stderr = o, e  # pytest's capture objects write to its own files, not to fds 1 / 2
+        for fd, target in zip(stdio, (0, 1, 2)):
+            os.dup2(fd, target)
+        # pytest's capture objects write to its own files, not to fds 1 / 2
+        sys.stdin = open(0, closefd=False)
+        sys.stdout, sys.stderr = open(1, "w", buffering=1, closefd=False), open(2, "w", buffering=1, closefd=False)
+        if whole_env:
+            os.environ.clear()
         os.environ.update(env)
+        sys.argv = ["rewardkit", *map(str, argv)]
         if cwd is not None:
             os.chdir(cwd)
         import torch
@@ -65,13 +72,30 @@ def _child(argv: Sequence[str], env: dict[str, str], cwd: Path | None, out: Path
             os._exit(rc if isinstance(rc, int) else 1)
 
 
-def _start(argv, env, cwd, logs: Path, name: str) -> tuple[int, Path, Path]:
-    out, err = logs / f"{name}.out", logs / f"{name}.err"
+def _warm() -> None:
+    """Import here, once, what every scoring command imports (torch, transformers' model code, rewardkit's model
+    zoo: seconds of CPU), so that each fork starts with it; a command's other lazy imports happen in its fork."""
+    import rewardkit.models.zoo  # noqa: F401
+    import rewardkit.registry  # noqa: F401
+    import rewardkit.reward  # noqa: F401
+    import torch  # noqa: F401
+    import transformers.modeling_utils  # noqa: F401
+
+
+def _fork(argv, env, cwd, stdio: Sequence[int], whole_env: bool = False) -> int:
+    _warm()
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
-        _child(argv, env, cwd, out, err)
+        _child(argv, env, cwd, stdio, whole_env)
+    return pid
+
+
+def _start(argv, env, cwd, logs: Path, name: str) -> tuple[int, Path, Path]:
+    out, err = logs / f"{name}.out", logs / f"{name}.err"
+    with open(os.devnull) as i, open(out, "w") as o, open(err, "w") as e:
+        pid = _fork(argv, env, cwd, [i.fileno(), o.fileno(), e.fileno()])
     return pid, out, err
 
 
@@ -135,3 +159,87 @@ def run_forked_ranks(argv: Sequence[str], env: dict[str, str] | None = None, cwd
         if not any("address already in use" in r.stderr.lower() for r in results) or attempt + 1 == tries:
             return results
     raise AssertionError("unreachable")
+
+
+# ---------------------------------------------------------------------------------------- scripts calling rewardkit
+_SHIM = """#!{python} -S
+# `rewardkit` for a script under test: hands argv, cwd, environment and stdio to the test process, which runs the
+# command in a process forked from it; exits with that process's status (or dies of its signal)
+import json, os, signal, socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.connect(os.environ["REWARDKIT_TEST_SERVER"])
+req = {{"argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ)}}
+socket.send_fds(s, [json.dumps(req).encode()], [0, 1, 2])
+code = int(s.recv(64) or b"1")
+if code < 0:
+    signal.signal(-code, signal.SIG_DFL)
+    os.kill(os.getpid(), -code)
+sys.exit(code)
+"""
+_ACTIVATE = """# the activate script of a venv whose `rewardkit` is served by the test process, `python` the real one's
+VIRTUAL_ENV={venv}
+export VIRTUAL_ENV
+PATH="$VIRTUAL_ENV/bin:$PATH"
+export PATH
+hash -r 2>/dev/null || true
+"""
+
+
+def _serving_venv(root: Path, sock: Path) -> Path:
+    """A venv folder for ``REWARDKIT_VENV``: ``bin/python`` runs this interpreter (its packages), ``bin/rewardkit``
+    is the shim above."""
+    venv = root / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (venv / "bin" / "rewardkit").write_text(_SHIM.format(python=sys.executable))
+    (venv / "bin" / "activate").write_text(_ACTIVATE.format(venv=venv))
+    for name in ("python", "rewardkit"):
+        (venv / "bin" / name).chmod(0o755)
+    return venv
+
+
+def run_script(cmd: str, cwd: Path, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
+    """``bash -c CMD`` for real (the scripts, their `. _env.sh` and activate, their arguments and exit codes), with
+    ``REWARDKIT_VENV`` a venv whose ``rewardkit`` runs each command as a process forked from this one, on the
+    script's own stdin / stdout / stderr, in its directory and environment, its exit status the script's to see:
+    what a console script does, without a fresh Python importing torch and transformers for every line."""
+    import json
+    import select
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        sock = root / "rk.sock"
+        venv = _serving_venv(root, sock)
+        srv = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        srv.bind(str(sock))
+        srv.listen(4)
+        full = dict(env, REWARDKIT_VENV=str(venv), REWARDKIT_TEST_SERVER=str(sock))
+        with open(root / "out", "w+") as out, open(root / "err", "w+") as err, srv:
+            proc = subprocess.Popen(["bash", "-c", cmd], cwd=cwd, env=full, stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=err)
+            deadline = time.monotonic() + timeout
+            try:
+                while proc.poll() is None and time.monotonic() < deadline:
+                    if not select.select([srv], [], [], 0.05)[0]:
+                        continue
+                    conn, _ = srv.accept()
+                    with conn:
+                        msg, fds, _flags, _addr = socket.recv_fds(conn, 1 << 20, 3)
+                        req = json.loads(msg)
+                        req["env"].pop("REWARDKIT_TEST_SERVER", None)
+                        try:
+                            pid = _fork(req["argv"], req["env"], req["cwd"], fds, whole_env=True)
+                        finally:
+                            for fd in fds:
+                                os.close(fd)
+                        code = _wait([pid], max(deadline - time.monotonic(), 1), False)[pid]
+                        conn.send(str(code).encode())
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+            out.seek(0)
+            err.seek(0)
+            res = subprocess.CompletedProcess(["bash", "-c", cmd], proc.returncode, out.read(), err.read())
+            res.venv = str(venv)  # the REWARDKIT_VENV the script ran with (gone once this returns)
+            return res
