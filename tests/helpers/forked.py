@@ -1,4 +1,5 @@
-"""`rewardkit ARGS` (the console script's entry point, ``rewardkit.cli.main``) in processes forked from this one.
+"""`rewardkit ARGS` (the console script's entry point, ``rewardkit.cli.main``), or `python SCRIPT ARGS`, in processes
+forked from this one.
 
 Each run is a real process of its own: its own memory and exit status, and a SIGKILL (the trainers' kill hooks)
 ends it alone. What it does not pay is a fresh Python start-up: torch, transformers and diffusers are already
@@ -41,7 +42,8 @@ def _child(argv: Sequence[str], env: dict[str, str], cwd: Path | str | None, std
         if whole_env:
             os.environ.clear()
         os.environ.update(env)
-        sys.argv = ["rewardkit", *map(str, argv)]
+        script = argv[0] if isinstance(argv[0], Path) else None  # a Python script, as `python SCRIPT ARGS` runs it
+        sys.argv = [str(script), *map(str, argv[1:])] if script else ["rewardkit", *map(str, argv)]
         if cwd is not None:
             os.chdir(cwd)
         import torch
@@ -53,10 +55,18 @@ def _child(argv: Sequence[str], env: dict[str, str], cwd: Path | str | None, std
             from accelerate.state import AcceleratorState
 
             AcceleratorState._reset_state(reset_partial_state=True)
-        from rewardkit.cli import main
-
         try:
-            rc = main([str(a) for a in argv])
+            if script:
+                import runpy
+
+                sys.path.insert(0, str(Path(script).resolve().parent))  # as `python SCRIPT` puts it first
+
+                runpy.run_path(str(script), run_name="__main__")
+                rc = 0
+            else:
+                from rewardkit.cli import main
+
+                rc = main([str(a) for a in argv])
         except SystemExit as exc:
             rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:  # noqa: BLE001 - reported in the child's stderr, exit 1 as an uncaught error would
@@ -123,13 +133,14 @@ def _wait(pids: list[int], timeout: float, stop_on_failure: bool) -> dict[int, i
 
 
 def _result(argv, code: int, out: Path, err: Path) -> subprocess.CompletedProcess:
-    return subprocess.CompletedProcess(["rewardkit", *map(str, argv)], code, out.read_text(), err.read_text())
+    cmd = ["python" if isinstance(argv[0], Path) else "rewardkit", *map(str, argv)]
+    return subprocess.CompletedProcess(cmd, code, out.read_text(), err.read_text())
 
 
-def run_forked(argv: Sequence[str], env: dict[str, str] | None = None, cwd: Path | None = None,
+def run_forked(argv: Sequence[str | Path], env: dict[str, str] | None = None, cwd: Path | None = None,
                timeout: float = 600) -> subprocess.CompletedProcess:
     """``rewardkit ARGV`` in one forked process with ``env`` added to this one's environment (returncode ``-9``:
-    SIGKILLed; killed at ``timeout``)."""
+    SIGKILLed; killed at ``timeout``). ``ARGV[0]`` a ``Path``: ``python ARGV`` (the script as ``__main__``)."""
     with tempfile.TemporaryDirectory() as logs:
         pid, out, err = _start(argv, dict(env or {}), cwd, Path(logs), "run")
         return _result(argv, _wait([pid], timeout, False)[pid], out, err)
