@@ -158,7 +158,8 @@ def test_nft_learns_a_colour_reward_and_its_opposite(tmp_path, tiny_sd3, custom_
     0.02 asked). 4 epochs: 0.5375 / 0.4693; 8 epochs: 0.5829 / 0.4372, the training rollouts' mean blue moving
     monotonically, 0.5034 -> 0.5626 / 0.4441 (an epoch mean's std over seeds ~4e-4). With 4 optimizer steps per
     epoch at lr 1e-1 instead, the runs wandered (both signs first lowered the blue): at this size one step on the
-    whole epoch's gradient is what learns. A sign bug fails it: with r replaced by 1 - r, +1 ends below the base (0.4372 at 8 epochs)."""
+    whole epoch's gradient is what learns. A sign bug fails it: with r replaced by 1 - r, +1 ends below the base
+    (0.4372 at 8 epochs)."""
     blue = {}
     for sign in (1.0, -1.0):
         recs = _run(tmp_path / f"sign{sign:+}", tiny_sd3, num_epochs=5, prompts="builtin:geneval_tiny",
