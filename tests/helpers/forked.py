@@ -60,7 +60,6 @@ def _child(argv: Sequence[str], env: dict[str, str], cwd: Path | str | None, std
                 import runpy
 
                 sys.path.insert(0, str(Path(script).resolve().parent))  # as `python SCRIPT` puts it first
-
                 runpy.run_path(str(script), run_name="__main__")
                 rc = 0
             else:
