@@ -1,12 +1,10 @@
 """``rewardkit generate``: a diffusers pipeline's images in GenEval's layout (generation/diffusers_generate.py of
-djghosh13/geneval), read back by ``rewardkit bench geneval``; sharded over torchrun with the same images."""
+djghosh13/geneval), read back by ``rewardkit bench geneval``; sharded over torchrun with the same images (the ranks
+forked from the test process with torchrun's worker environment: tests/helpers/forked.py)."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -70,12 +68,13 @@ def test_two_processes_write_the_same_images_as_one(tmp_path, tiny_sd3_dir):
     meta = write_metadata(tmp_path / "meta.jsonl", METADATA[:3])
     assert main(["generate", "--model", str(tiny_sd3_dir), "--metadata", str(meta), "--outdir",
                  str(tmp_path / "one"), *ARGS]) == 0
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
-           "rewardkit.cli", "generate", "--model", str(tiny_sd3_dir), "--metadata", str(meta), "--outdir",
-           str(tmp_path / "two"), "--device", "cpu", *ARGS]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "rank 0/2: wrote 4 images for 2 prompts" in proc.stderr
-    assert "rank 1/2: wrote 2 images for 1 prompts" in proc.stderr
+    # ranks 0 and 1 forked from this process with torchrun's worker environment (tests/helpers/forked.py)
+    from tests.helpers.forked import run_forked_ranks
+
+    ranks = run_forked_ranks(["generate", "--model", str(tiny_sd3_dir), "--metadata", str(meta), "--outdir",
+                              str(tmp_path / "two"), "--device", "cpu", *ARGS],
+                             env={"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}, cwd=tmp_path, timeout=300)
+    assert [r.returncode for r in ranks] == [0, 0], "\n".join(r.stderr[-3000:] for r in ranks)
+    assert "rank 0/2: wrote 4 images for 2 prompts" in ranks[0].stderr
+    assert "rank 1/2: wrote 2 images for 1 prompts" in ranks[1].stderr
     assert _layout(tmp_path / "two") == _layout(tmp_path / "one")

@@ -1,7 +1,9 @@
 """The main job, as a user runs it: `bash scripts/score.sh` from another directory, relative paths, exit codes.
 
 The script reuses this interpreter's environment (REWARDKIT_VENV + REWARDKIT_SKIP_INSTALL) and writes its
-tiny demo checkpoints under a temporary folder; nothing outside the repository is needed.
+tiny demo checkpoints under a temporary folder; nothing outside the repository is needed. Its `rewardkit` lines run
+as processes forked from the test process (tests/helpers/forked.py::run_script); the environment's own console
+script is run by the demo test's fresh-shell `source .../bin/activate && rewardkit ls`.
 """
 
 from __future__ import annotations
@@ -31,8 +33,14 @@ def env(tmp_path_factory):
 
 
 def _run(args, cwd, env, timeout=600):
-    return subprocess.run(["bash", str(SCRIPT), *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    """`bash scripts/score.sh ARGS` for real, each `rewardkit` line it runs a process forked from this one
+    (tests/helpers/forked.py::run_script: the script's argv, directory, environment, stdio and exit status,
+    without a fresh Python importing torch for every line)."""
+    import shlex
+
+    from tests.helpers.forked import run_script
+
+    return run_script(shlex.join(["bash", str(SCRIPT), *args]), cwd, env, timeout=timeout)
 
 
 def test_shipped_images_are_small_licensed_and_listed():
@@ -45,7 +53,7 @@ def test_shipped_images_are_small_licensed_and_listed():
 
 @pytest.mark.slow
 def test_relative_paths_from_another_directory_and_empty_folder(tmp_path, env):
-    """Two real runs (each a Python start-up): a folder with a broken image among good ones, from another
+    """Two real runs of the script: a folder with a broken image among good ones, from another
     directory (relative input and `-o` paths; exit 3, the good rows scored), and an empty folder (exit 2). The
     all-scored exit 0 of the same path: README's `bash scripts/score.sh examples/images/ ...`, run verbatim by
     docs/test_commands.py::test_run_every_unmarked_doc_command; the pass-through of each status:
@@ -99,7 +107,8 @@ def test_demo_without_arguments_shows_t2i_edit_and_compare(tmp_path, env):
     assert shown and all(line.rstrip() in out.splitlines() for line in shown), (shown, out)
     # ... and the README's next lines work in a fresh shell: the `source` line score.sh ends with, then rewardkit
     src = next(x.strip() for x in res.stderr.splitlines() if x.strip().startswith("source "))
-    assert src == f"source {env['REWARDKIT_VENV']}/bin/activate"
+    assert src == f"source {res.venv}/bin/activate"  # the environment it ran in; here: the one it stands for
+    src = f"source {env['REWARDKIT_VENV']}/bin/activate"
     fresh = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
     if os.environ.get("PYTHONPATH"):  # a worktree under test: its code, as the rest of the suite uses
         fresh["PYTHONPATH"] = os.environ["PYTHONPATH"]

@@ -147,7 +147,13 @@ def test_run_every_unmarked_doc_command(sandbox, monkeypatch):
             rc, detail = _run_in_process(cmd, sandbox), ""
         elif cmd.startswith("python examples/"):  # the examples: in this process too (torch imported once)
             rc, detail = _run_example(cmd, monkeypatch), ""
-        else:  # the scripts: a real shell, as a user runs them
+        elif cmd.startswith("bash scripts/"):  # a real shell and script, each `rewardkit` line it runs a process
+            # forked from this one (tests/helpers/forked.py::run_script: no fresh Python importing torch per line)
+            from tests.helpers.forked import run_script
+
+            res = run_script(cmd, sandbox, env, timeout=600)
+            rc, detail = res.returncode, res.stdout[-2000:] + res.stderr[-3000:]
+        else:  # torchrun: a real launch, as a user runs it
             res = subprocess.run(["bash", "-c", cmd], cwd=sandbox, env=env, capture_output=True, text=True,
                                  timeout=600)
             rc, detail = res.returncode, res.stdout[-2000:] + res.stderr[-3000:]

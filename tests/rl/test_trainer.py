@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -296,9 +293,12 @@ def test_recipe_headers_are_launch_commands():
 
 
 def _run_cli(args, env_extra=None, timeout=600):
-    env = dict(os.environ, OMP_NUM_THREADS="1", **(env_extra or {}))
-    return subprocess.run([sys.executable, "-m", "rewardkit.cli", "rl", "nft", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    """`rewardkit rl nft ARGS` as a process of its own, forked from this one (tests/helpers/forked.py: the same
+    entry point and a real SIGKILL, without a fresh interpreter importing torch and diffusers again)."""
+    from tests.helpers.forked import run_forked
+
+    return run_forked(["rl", "nft", *map(str, args)], env={"OMP_NUM_THREADS": "1", **(env_extra or {})}, cwd=ROOT,
+                      timeout=timeout)
 
 
 def _run_in_process(args) -> int:
@@ -322,7 +322,7 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path, tiny_dirs):
     from rewardkit.rl.trainer import latest_checkpoint
 
     # the uninterrupted run and the resume in this process (as `rewardkit rl nft` runs them); the killed run a real
-    # process of its own, SIGKILLed by the trainer's test hook
+    # process of its own (forked), SIGKILLed by the trainer's test hook
     assert _run_in_process(_common(tiny_dirs, tmp_path / "ref")) == 0
     killed = _run_cli(_common(tiny_dirs, tmp_path / "k"), env_extra={"REWARDKIT_TEST_KILL_AFTER_EPOCH": "2"})
     assert killed.returncode == -9, killed.stderr[-3000:]

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -26,14 +23,6 @@ def tiny_cfg(out: Path, *overrides: str) -> PreferenceTrainConfig:
 
 def metrics(out: Path) -> list[dict]:
     return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return env
 
 
 @pytest.fixture(scope="module")
@@ -143,12 +132,12 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path):
     """SIGKILL after step 3 (last checkpoint: step 2), resume -> the same final weights as a clean run."""
     common = ["max_steps=4", "save_every=2", "log_every=1", "data.eval=null", "data_workers=2", "lora.enabled=true", "lora.r=4",
               "lora.dropout=0.1", "optim.schedule=cosine", "optim.warmup_ratio=0.25"]
+    from tests.helpers.forked import run_forked
+
     killed = tmp_path / "killed"
-    env = _env()
-    env[KILL_ENV] = "3"
-    proc = subprocess.run([sys.executable, "-m", "rewardkit.cli", "train", "preference", "--config", str(TINY),
-                           f"output_dir={killed}", "progress=false", *common],
-                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    # a process of its own, forked from this one (the same entry point, a real SIGKILL, no fresh interpreter)
+    proc = run_forked(["train", "preference", "--config", TINY, f"output_dir={killed}", "progress=false", *common],
+                      env={KILL_ENV: "3"}, cwd=ROOT, timeout=240)
     assert proc.returncode == -9, proc.stderr[-2000:]
     ck = latest_checkpoint(killed)
     assert ck is not None and ck.name == "step-00000002"
@@ -178,12 +167,14 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path):
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_two_process_gloo_keeps_replicas_in_sync(tmp_path):
+    from tests.helpers.forked import run_forked_ranks
+
     out = tmp_path / "ddp"
-    # --standalone: a local c10d rendezvous on a free port chosen by torchrun itself (no port race)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "rewardkit.cli", "train", "preference", "--config", str(TINY),
-           f"output_dir={out}", "progress=false", "max_steps=2", "data.synthetic_size=33", "micro_batch_size=2"]
-    proc = subprocess.run(cmd, env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=150)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # 2 ranks forked from this process with torchrun's worker environment (tests/helpers/forked.py; torchrun's own
+    # launch: docs/test_commands.py, docs/rl.md's 2-process line)
+    ranks = run_forked_ranks(["train", "preference", "--config", TINY, f"output_dir={out}", "progress=false",
+                              "max_steps=2", "data.synthetic_size=33", "micro_batch_size=2"], cwd=ROOT, timeout=150)
+    assert [r.returncode for r in ranks] == [0, 0], "\n".join(r.stderr[-3000:] for r in ranks)
     final = metrics(out)[-1]
     info = [r for r in metrics(out) if r["split"] == "info"][0]
     assert final["world_size"] == 2 and info["grad_accum"] == 2   # 8 pairs = 2 ranks x 2 pairs x 2 accumulation
