@@ -104,6 +104,13 @@ def pytest_sessionfinish(session, exitstatus):
 # (the same float summation order as this process, where the tests set one thread too). Drivers of their own
 # (a CLI in a subprocess) join it with ``--ray-address`` = the fixture's value (the cluster's GCS address). A test
 # that leaves something running on it (a Serve app, Serve itself) removes it in its own teardown.
+def pytest_collection_modifyitems(config, items):
+    """The tests on the session's Ray cluster run last (in their collected order): once it is up, this process holds
+    Ray's driver threads, and tests/helpers/forked.py forks this process; no fork comes after them."""
+    items[:] = [i for i in items if "ray_cluster" not in getattr(i, "fixturenames", ())] + \
+        [i for i in items if "ray_cluster" in getattr(i, "fixturenames", ())]
+
+
 @pytest.fixture(scope="session")
 def ray_cluster() -> str:
     ray = pytest.importorskip("ray")
