@@ -256,3 +256,22 @@ def merge_rows(found: dict, rows: Sequence[tuple]) -> int:
 def sum_over_ranks(x: int | float) -> int | float:
     """``x`` summed over every rank (``x`` itself without a process group)."""
     return sum(gather_objects(x)) if is_distributed() else x
+
+
+def exit_together(code: int) -> int:
+    """A command's exit code, the same on every rank. Without a process group: ``code``. Under torchrun every
+    rank must pass the same ``code`` (the commands compute it from what all ranks gathered); but torchrun SIGTERMs
+    the other workers as soon as it sees one exit non-zero, so a rank still writing (rank 0) or tearing down
+    would report -15 instead. So: wait until rank 0 has written everything (a barrier), flush, and leave at once
+    (``os._exit``, skipping the interpreter's teardown), so that every rank exits with ``code`` within torchrun's
+    monitor interval."""
+    if not is_distributed():
+        return code
+    import logging
+    import sys
+
+    barrier()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -208,23 +208,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _exit_together(code: int) -> int:
-    """Without a process group: ``code``. Under torchrun every rank holds the same record, so the same code;
-    but torchrun SIGTERMs the other workers as soon as it sees one exit non-zero, so a rank that is still
-    writing (rank 0) or tearing down would report -15 instead. So: wait until rank 0 has written everything
-    (a barrier), flush, and leave at once (``os._exit``, skipping the interpreter's teardown), so that every
-    rank exits with ``code`` within torchrun's monitor interval."""
-    from .. import distributed
+    from ..distributed import exit_together
 
-    if not distributed.is_distributed():
-        return code
-    import logging
-    import os
-
-    distributed.barrier()
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    return exit_together(code)
 
 
 def record_stem(reward: str, model: str | None, fingerprint: str) -> str:

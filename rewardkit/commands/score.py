@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import EXIT_CODES_HELP, UsageError, count, invalid_summary
+from . import EXIT_CODES_HELP, EXIT_INVALID, EXIT_OK, EXIT_USAGE, UsageError, count, invalid_summary
 from ._common import expand_images, load_reward_cli
 from ._datasets import add_column_args, run_dataset
 
@@ -198,10 +198,12 @@ def run(args: argparse.Namespace) -> int:
         if out_fh:
             out_fh.close()
     if shards is not None:  # rows of every rank, in input order; rank 0 writes the output and prints
+        from ..distributed import exit_together, sum_over_ranks
+
+        n_bad, n_all = sum_over_ranks(n_bad), sum_over_ranks(len(results))  # every rank: the whole run's counts
         results = shards.merge(results, args.output)
-        if results is None:
-            return 0
-        n_bad = sum(not r["valid"] for r in results)
+        if results is None:  # the other ranks exit with rank 0's code (torchrun reports the first non-zero)
+            return exit_together(EXIT_USAGE if n_all == 0 else EXIT_OK if n_bad == 0 else EXIT_INVALID)
     width = max((len(r["image"]) for r in results), default=5)
     print(f"{'image'.ljust(width)}  score")
     for r in results:
@@ -209,4 +211,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"{r['image'].ljust(width)}  {score}")
     if args.output:
         print(f"wrote {count(len(results), 'result')} to {args.output}", file=sys.stderr)
-    return invalid_summary(n_bad, len(results), "images")
+    code = invalid_summary(n_bad, len(results), "images")
+    if shards is not None:
+        from ..distributed import exit_together
+
+        return exit_together(code)
+    return code

@@ -58,9 +58,8 @@ def test_sharded_score_equals_one_process(tiny_clip_dir, tmp_path, capsys):
     assert main([*common, "-o", str(tmp_path / "one.jsonl")]) == 3  # the missing file: some samples invalid
     one_stdout = capsys.readouterr().out
     ranks = _two_ranks([*common, "-o", str(tmp_path / "two.jsonl")], tmp_path)
-    # rank 0 (which writes the output) exits 3 as one process does, what torchrun reports; rank 1 returns 0 today
-    # (bench's ranks all return 3: bench/test_cli.py::test_every_rank_exits_with_the_same_code_under_torchrun)
-    assert ranks[0].returncode == 3 and ranks[1].returncode in (0, 3), "\n".join(r.stderr[-3000:] for r in ranks)
+    # every rank exits 3, as one process does (rank 1, which scored the missing file, returned 0 before)
+    assert [r.returncode for r in ranks] == [3, 3], "\n".join(r.stderr[-3000:] for r in ranks)
     assert (tmp_path / "two.jsonl").read_bytes() == (tmp_path / "one.jsonl").read_bytes()
     assert ranks[0].stdout == one_stdout and ranks[1].stdout == ""  # one process prints the table, once
     assert not list(tmp_path.glob("*.part"))                # per-rank part files are cleaned up
