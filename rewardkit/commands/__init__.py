@@ -25,21 +25,25 @@ def count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
+def invalid_code(n_bad: int, n_total: int) -> int:
+    """The exit code of a run that scored ``n_total`` samples, ``n_bad`` of them invalid (what
+    :func:`invalid_summary` returns, without its line: for the ranks that do not print)."""
+    return EXIT_USAGE if n_total == 0 else EXIT_OK if n_bad == 0 else EXIT_INVALID
+
+
 def invalid_summary(n_bad: int, n_total: int, what: str = "samples") -> int:
-    """Print the "N of M invalid" line to stderr and return the exit code for it."""
+    """Print the "N of M invalid" line to stderr and return the exit code for it (:func:`invalid_code`)."""
     import sys
 
     if n_total == 0:
         print(f"no {what} to score", file=sys.stderr)
-        return EXIT_USAGE
-    if n_bad == 0:
+    elif n_bad == 0:
         print(f"all {n_total} {what} scored" if n_total > 1 else f"the one {what.rstrip('s')} was scored",
               file=sys.stderr)
-        return EXIT_OK
     if n_bad == n_total:
         print(f"error: none of the {n_total} {what} could be scored (every one invalid; reasons above)"
               if n_total > 1 else f"error: the one {what.rstrip('s')} could not be scored (reason above)",
               file=sys.stderr)
     else:
         print(f"{n_bad} of {n_total} {what} invalid (could not be scored; reasons above)", file=sys.stderr)
-    return EXIT_INVALID
+    return invalid_code(n_bad, n_total)

@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     result.reward["name"] = args.reward
     if distributed.rank() != 0:  # the same record on every rank: the same exit code (rank 0 prints)
-        return _exit_together(_summary(result.to_dict(), quiet=True))
+        return distributed.exit_together(_summary(result.to_dict(), quiet=True))
     out = args.output_dir
     out.mkdir(parents=True, exist_ok=True)
     stem = record_stem(args.reward, args.model, result.reward["fingerprint"])
@@ -204,13 +204,7 @@ def run(args: argparse.Namespace) -> int:
     t = result.timing
     print(f"time: {t['total_s']:.1f}s total, {t['reward_s']:.1f}s in the reward, {t['harness_s']:.1f}s harness",
           file=sys.stderr)
-    return _exit_together(_summary(rec))
-
-
-def _exit_together(code: int) -> int:
-    from ..distributed import exit_together
-
-    return exit_together(code)
+    return distributed.exit_together(_summary(rec))
 
 
 def record_stem(reward: str, model: str | None, fingerprint: str) -> str:

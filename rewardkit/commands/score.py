@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import EXIT_CODES_HELP, EXIT_INVALID, EXIT_OK, EXIT_USAGE, UsageError, count, invalid_summary
+from . import EXIT_CODES_HELP, UsageError, count, invalid_code, invalid_summary
 from ._common import expand_images, load_reward_cli
 from ._datasets import add_column_args, run_dataset
 
@@ -198,12 +198,13 @@ def run(args: argparse.Namespace) -> int:
         if out_fh:
             out_fh.close()
     if shards is not None:  # rows of every rank, in input order; rank 0 writes the output and prints
-        from ..distributed import exit_together, sum_over_ranks
+        from ..distributed import exit_together, gather_objects
 
-        n_bad, n_all = sum_over_ranks(n_bad), sum_over_ranks(len(results))  # every rank: the whole run's counts
+        counts = gather_objects((n_bad, len(results)))  # every rank: the whole run's counts
+        n_bad, n_all = sum(c[0] for c in counts), sum(c[1] for c in counts)
         results = shards.merge(results, args.output)
         if results is None:  # the other ranks exit with rank 0's code (torchrun reports the first non-zero)
-            return exit_together(EXIT_USAGE if n_all == 0 else EXIT_OK if n_bad == 0 else EXIT_INVALID)
+            return exit_together(invalid_code(n_bad, n_all))
     width = max((len(r["image"]) for r in results), default=5)
     print(f"{'image'.ljust(width)}  score")
     for r in results:
