@@ -13,6 +13,7 @@ naming the file and the number of bad rows.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -106,6 +107,28 @@ def pair_key(first_hash: str, second_hash: str, prompt: str | None, source_hashe
     return sample_key(first_hash + ">" + second_hash, prompt, source_hashes)
 
 
+@contextlib.contextmanager
+def _setup_lock(path: Path | None):
+    """One process at a time sets a cache file up (journal mode, tables, version stamp): the ranks of a
+    torchrun-sharded bench open the same new file together, and SQLite answers a journal-mode switch or a
+    read-to-write upgrade that races another writer with "database is locked" at once, not after its busy
+    timeout. A lock file beside the cache (``fcntl``; where that is missing, no lock)."""
+    if path is None:
+        yield
+        return
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        yield
+        return
+    with open(path.with_name(path.name + ".lock"), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 class ScoreCache:
     """SQLite cache at ``root/<reward name>/<fingerprint>.sqlite``; ``root=None`` keeps it in memory."""
 
@@ -129,16 +152,18 @@ class ScoreCache:
         except sqlite3.Error as exc:
             raise CacheFileError(target, f"cannot be opened ({exc})") from None
         try:
-            if self.path is not None:
-                # WAL + NORMAL: a commit survives the process being killed (what resuming needs) without an
-                # fsync per chunk; only an OS crash can lose the last chunks, which are then simply re-scored.
-                self._db.execute("PRAGMA journal_mode=WAL")
-                self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_SCHEMA)
-            self._check_schema()
-            if describe is not None:
-                self._db.execute("INSERT OR REPLACE INTO meta VALUES ('reward', ?)", (json.dumps(describe, default=str),))
-            self._db.commit()
+            with _setup_lock(self.path):
+                if self.path is not None:
+                    # WAL + NORMAL: a commit survives the process being killed (what resuming needs) without an
+                    # fsync per chunk; only an OS crash can lose the last chunks, which are then simply re-scored.
+                    self._db.execute("PRAGMA journal_mode=WAL")
+                    self._db.execute("PRAGMA synchronous=NORMAL")
+                self._db.executescript(_SCHEMA)
+                self._check_schema()
+                if describe is not None:
+                    self._db.execute("INSERT OR REPLACE INTO meta VALUES ('reward', ?)",
+                                     (json.dumps(describe, default=str),))
+                self._db.commit()
         except sqlite3.DatabaseError as exc:  # "file is not a database", malformed image, ...
             self._db.close()
             raise CacheFileError(target, f"is not a valid SQLite database ({exc})") from None
@@ -152,11 +177,12 @@ class ScoreCache:
             have = [r[1] for r in self._db.execute(f"PRAGMA table_info({table})")]
             if have != cols:
                 raise CacheFileError(self.path or ":memory:", f"table {table!r} has columns {have}, expected {cols}")
+        # a new file, or one written before the version was stored (same tables): stamp it. OR IGNORE: another
+        # process opening the same new file (the ranks of a torchrun-sharded bench) may have stamped it between
+        # a check and this insert; the version read back is then theirs, checked like any other
+        self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        if row is None:
-            # new file, or written before the version was stored (same tables): stamp it
-            self._db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-        elif str(row[0]) != str(SCHEMA_VERSION):
+        if str(row[0]) != str(SCHEMA_VERSION):
             raise CacheFileError(self.path, f"has schema version {row[0]!r}; this rewardkit reads version "
                                             f"{SCHEMA_VERSION}")
 

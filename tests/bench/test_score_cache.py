@@ -93,3 +93,62 @@ def test_foreign_schema_and_newer_version_are_refused(tmp_path):
     _tamper(path, "UPDATE meta SET value = '99' WHERE key = 'schema_version'")
     with pytest.raises(CacheFileError, match="schema version '99'.*--cache-dir"):
         _open(tmp_path)
+
+
+def test_two_processes_opening_one_new_file_both_get_it(tmp_path, monkeypatch):
+    # The bug this catches (seen in CI: a torchrun-sharded bench, two ranks starting together): the version stamp
+    # was checked, then inserted; a rank that stamped the new file in between made the other's insert fail
+    # (UNIQUE constraint failed: meta.key -> CacheFileError). Here a second cache opens the file (and stamps it)
+    # at the worst moment: right before the first one writes its stamp (after its check, in the old order).
+    import rewardkit.bench.cache as cache_mod
+
+    real_connect = sqlite3.connect
+    state = {"done": False}
+
+    class Racing:
+        def __init__(self, db):
+            self._db = db
+
+        def __getattr__(self, name):
+            return getattr(self._db, name)
+
+        def execute(self, sql, *args):
+            if sql.startswith("INSERT") and "schema_version" in sql and not state["done"]:
+                state["done"] = True
+                monkeypatch.setattr(cache_mod.sqlite3, "connect", real_connect)
+                ScoreCache(tmp_path, "r", "fp").close()  # the other rank: creates and stamps the file
+            return self._db.execute(sql, *args)
+
+    import contextlib
+
+    # without the set-up lock (the first defence, tested below): the stamp itself must take the race
+    monkeypatch.setattr(cache_mod, "_setup_lock", lambda path: contextlib.nullcontext())
+    monkeypatch.setattr(cache_mod.sqlite3, "connect", lambda *a, **k: Racing(real_connect(*a, **k)))
+    with _open(tmp_path) as c:
+        c.put_scores([("a", 0.5, True, None)])
+        path = c.path
+    assert state["done"]
+    db = sqlite3.connect(str(path))
+    assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall() == [(str(SCHEMA_VERSION),)]
+    db.close()
+
+
+def test_a_file_being_set_up_by_another_process_is_waited_for(tmp_path):
+    # The bug this catches: two ranks setting one new file up at once ("database is locked" from SQLite's journal
+    # switch, at once, not after its busy timeout). The set-up holds a lock file; an opener waits for it.
+    import fcntl
+    import threading
+
+    path = tmp_path / "r" / "fp.sqlite"
+    path.parent.mkdir(parents=True)
+    opened = []
+    with open(path.with_name(path.name + ".lock"), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)  # another process is setting the file up
+        t = threading.Thread(target=lambda: opened.append(_open(tmp_path)))
+        t.start()
+        t.join(0.3)
+        assert t.is_alive() and not opened  # waits: it never reaches a half set-up file
+        fcntl.flock(fh, fcntl.LOCK_UN)
+    t.join(60)
+    assert len(opened) == 1 and opened[0].path == path
+    opened[0].close()
