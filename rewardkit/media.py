@@ -239,15 +239,23 @@ def _check_encoded_source(data: bytes | None, path: Path | None) -> None:
             raise _Bad(f"empty file (0 bytes): {path}")
 
 
-def _open_encoded(data: bytes | None, path: Path | None) -> Image.Image:
+def _open_encoded(data: bytes | None, path: Path | None, header_check: Any = None) -> Image.Image:
+    """Open and decode encoded input. ``header_check``: None, or a callable ``(w, h)`` run on the header's size
+    before any pixel is decoded; it stands for a :func:`_probe` the caller skipped (one header read instead of
+    two), so a header that cannot be read is then reported in the probe's words."""
     src = path if path is not None else io.BytesIO(data or b"")
     _check_encoded_source(data, path)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            im = Image.open(src)
+            if header_check is None:
+                im = Image.open(src)
+            else:
+                im = _open_header(src, path)
             # Size comes from the header: refuse bombs before decoding a single pixel.
             _check_size(*im.size)
+            if header_check is not None:
+                header_check(*im.size)
             if getattr(im, "is_animated", False):
                 im.seek(0)  # documented: first frame
             im.load()
@@ -263,6 +271,16 @@ def _open_encoded(data: bytes | None, path: Path | None) -> Image.Image:
     except (OSError, SyntaxError, ValueError, EOFError) as exc:
         raise _Bad(f"corrupt or truncated image: {exc}") from None
     return im
+
+
+def _open_header(src: Any, path: Path | None) -> Image.Image:
+    """``Image.open(src)`` with :func:`_probe`'s errors (the header read that a deferred probe stands for)."""
+    try:
+        return Image.open(src)
+    except (_Bad, Image.DecompressionBombError, UnidentifiedImageError):
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise _Bad(f"corrupt or truncated image (unreadable header: {type(exc).__name__}: {exc})") from None
 
 
 _ORIENTATION = 0x0112  # the EXIF Orientation tag
@@ -486,10 +504,14 @@ class _strict_decoding:
         _TruncatedFlag._local.strict = self._prev
 
 
-def _to_pil(x: ImageLike, official: Any = None) -> Image.Image:
-    """One input -> canonical RGB PIL. Anything that goes wrong is a per-image ``_Bad`` (never a raw error)."""
+def _to_pil(x: ImageLike, official: Any = None, header_check: Any = None) -> Image.Image:
+    """One input -> canonical RGB PIL. Anything that goes wrong is a per-image ``_Bad`` (never a raw error).
+    ``header_check``: for encoded input (a path or bytes, :func:`_is_encoded`), a callable ``(w, h)`` run on the
+    header's size before any pixel is decoded (see :func:`_open_encoded`); ignored for other inputs."""
     try:
         with _strict_decoding():
+            if header_check is not None:
+                return _to_pil_unchecked(x, official, header_check)
             return _to_pil_unchecked(x) if official is None else _to_pil_unchecked(x, official)
     except _Bad:
         raise
@@ -556,7 +578,12 @@ def _probe(x: ImageLike) -> tuple[int, int]:
         raise _Bad(f"corrupt or truncated image (unreadable header: {type(exc).__name__}: {exc})") from None
 
 
-def _to_pil_unchecked(x: ImageLike, official: Any = None) -> Image.Image:
+def _is_encoded(x: Any) -> bool:
+    """Whether ``x`` is encoded input (a path or bytes): its size is known only from its header."""
+    return isinstance(x, (str, os.PathLike, bytes, bytearray, memoryview))
+
+
+def _to_pil_unchecked(x: ImageLike, official: Any = None, header_check: Any = None) -> Image.Image:
     if isinstance(x, Image.Image):
         return _pil_to_rgb(x, official=official)
     if isinstance(x, (str, os.PathLike)):
@@ -565,10 +592,11 @@ def _to_pil_unchecked(x: ImageLike, official: Any = None) -> Image.Image:
             s = s.decode()
         if not s.strip():
             raise _Bad("empty path")
-        with _open_encoded(None, Path(s).expanduser()) as im:  # close the file (animated images keep it open)
+        # close the file (animated images keep it open)
+        with _open_encoded(None, Path(s).expanduser(), header_check) as im:
             return _pil_to_rgb(im, owned=True, official=official)
     if isinstance(x, (bytes, bytearray, memoryview)):
-        with _open_encoded(bytes(x), None) as im:
+        with _open_encoded(bytes(x), None, header_check) as im:
             return _pil_to_rgb(im, owned=True, official=official)
     if isinstance(x, np.ndarray):
         if x.ndim == 3 and x.shape[0] in (1, 3, 4) and x.shape[2] not in (1, 3, 4):

@@ -238,18 +238,24 @@ class Reward(RewardInputs, abc.ABC):
         # Pass 1 (cheap, nothing decoded): prompts, and every image's size from its header / shape, checked
         # against the pixel limit, the aspect-ratio bound and the size after this model's own resize. Most bad
         # inputs are caught here, before any chunk is scored.
+        # A call scored in one chunk leaves an encoded image's header checks to its decode (one header read,
+        # not two; the same reasons, and still nothing scored before a bad image is refused: _precheck).
+        chunk = None if self.batch_relative else (batch_size or self.default_batch_size)
+        defer = chunk is None or n <= chunk
         errors: list[str | None] = [None] * n
         for i in range(n):
-            errors[i] = meta_errors[i] or self._precheck(prompts[i], raw[i], None if srcs is None else srcs[i]) \
-                or self._check_sample_metadata(metas[i], None if srcs is None else srcs[i])
+            src = None if srcs is None else srcs[i]
+            errors[i] = meta_errors[i] or self._precheck(prompts[i], raw[i], src, defer) \
+                or self._check_sample_metadata(metas[i], src)
+            if errors[i] is not None and defer:  # the reason the checks in order give (the image's, if it has one)
+                errors[i] = meta_errors[i] or self._precheck(prompts[i], raw[i], src) \
+                    or self._check_sample_metadata(metas[i], src)
             if errors[i] is not None and on_error == "raise":
                 raise RewardInputError(errors[i], index=i)
         todo = [i for i in range(n) if errors[i] is None]
 
-        if self.batch_relative:  # statistics of the whole call: one _score call, chunking left to the reward
+        if chunk is None:  # statistics of the whole call: one _score call, chunking left to the reward
             chunk = max(len(todo), 1)
-        else:
-            chunk = batch_size or self.default_batch_size or max(len(todo), 1)
         bar = None
         if progress and len(todo) > chunk:
             from tqdm.auto import tqdm
@@ -262,7 +268,7 @@ class Reward(RewardInputs, abc.ABC):
                 # Pass 2: decode per chunk, so at most `chunk` decoded images (+ their sources) are alive at a
                 # time: peak memory follows batch_size, not the size of the call (batch_relative rewards need
                 # the whole call at once). A sample that fails to decode is that sample's error.
-                for sub in self._decoded_chunks(raw, prompts, srcs, metas, todo, chunk, errors, on_error):
+                for sub in self._decoded_chunks(raw, prompts, srcs, metas, todo, chunk, errors, on_error, defer):
                     if self.batch_relative:
                         sub.chunk_size = batch_size or self.default_batch_size
                     parts.append(self._run(sub))

@@ -135,3 +135,34 @@ def test_blip_takes_the_stock_call_with_a_hook(monkeypatch):
         h = vision.encoder.layers[0].register_forward_pre_hook(lambda *a: None)
         assert torch.equal(blip_vision_states(vision, px), ref) and calls
         h.remove()
+
+
+def test_the_module_walk_is_modules_and_sees_every_hook_and_mode():
+    from rewardkit.models.direct_forward import _walk
+
+    model = _clip("sdpa")
+    vm = model.vision_model
+    assert _walk((vm, model.visual_projection)) == [*vm.modules(), model.visual_projection]
+    for m in (vm, vm.encoder.layers[1].mlp.act if hasattr(vm.encoder.layers[1].mlp, "act")
+              else vm.encoder.layers[1].mlp.activation_fn, vm.post_layernorm):
+        h = m.register_forward_pre_hook(lambda *a: None)
+        assert _walk((vm,)) is None
+        h.remove()
+        m.train()
+        assert _walk((vm,)) is None
+        m.eval()
+    assert _walk((vm,)) == list(vm.modules())
+
+
+def test_the_kept_plan_does_not_keep_the_model_alive():
+    import gc
+    import weakref
+
+    for make, fn, size in ((lambda: _blip(), blip_vision_states, 48), (lambda: _clip("sdpa"), clip_image_features, 56)):
+        model = make()
+        with torch.inference_mode():
+            fn(model, torch.randn(1, 3, size, size))
+        ref = weakref.ref(model)
+        del model
+        gc.collect()
+        assert ref() is None
