@@ -166,3 +166,27 @@ def test_the_kept_plan_does_not_keep_the_model_alive():
         del model
         gc.collect()
         assert ref() is None
+
+
+def test_quick_gelu_in_place_only_for_the_stock_activation(monkeypatch):
+    """Without a graph QuickGELU and the residual sums reuse their temporaries (the same values bit for bit, as
+    the tests above check); an activation whose forward was replaced (a hub kernel) is called as a module."""
+    import rewardkit.models.direct_forward as df
+
+    model = _clip("sdpa", "quick_gelu")
+    act = model.vision_model.encoder.layers[0].mlp.activation_fn
+    assert df._stock_quick_gelu(act)
+    px = torch.randn(2, 3, 56, 56, generator=torch.Generator().manual_seed(5))
+    calls = _stock_counter(monkeypatch, torch.Tensor, "sigmoid_")
+    with torch.inference_mode():
+        clip_image_features(model, px)
+    assert len(calls) == 2  # the in-place form, once per layer
+    calls.clear()
+    with torch.inference_mode():
+        clip_image_features(_clip("sdpa", "gelu"), px)
+    assert not calls
+    act.forward = lambda x: torch.zeros_like(x)  # as a kernel replacing the forward of this instance
+    assert not df._stock_quick_gelu(act)
+    with torch.inference_mode():
+        assert torch.equal(clip_image_features(model, px), _stock_clip(model, px))
+    assert not df._stock_quick_gelu(model.vision_model.encoder.layers[0].mlp.fc1)
