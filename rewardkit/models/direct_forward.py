@@ -18,7 +18,8 @@ computation or would skip something a caller set up:
 - a module of an unexpected class (a LoRA / PEFT-wrapped linear, a custom attention, another architecture);
 - CLIP attention other than ``"eager"`` / ``"sdpa"`` (flash, flex, a registered kernel); the model in training
   mode (dropout); pixels not of the model's ``image_size`` (the stock call's error or interpolation);
-- a forward hook or pre-hook on any module of the tower, or a global one (profilers, feature extractors);
+- a forward hook or pre-hook on any module of the tower, or a global one (profilers, feature extractors), or a
+  forward replaced on a module instance (accelerate's offloading hooks, a wrapper set by a tool);
 - transformers' ``output_attentions`` / ``output_hidden_states`` set on the config.
 
 The class checks run once per model (kept with it, without keeping it alive); the hook and mode checks run on
@@ -64,7 +65,7 @@ def _exact(obj: Any, cls: type) -> bool:
 
 def _walk(roots: tuple) -> list | None:
     """The modules under ``roots`` (each root and its descendants, depth first; a module reached twice is listed
-    twice), or None as soon as one is in training mode or has a hook: ``nn.Module.modules()`` without its
+    twice), or None as soon as one is in training mode, has a hook or an instance forward: ``nn.Module.modules()`` without its
     generator and name bookkeeping, and the per-call checks in the same pass (issue 41: ~20 us a call on the
     tiny CLIP, a third of it the generator)."""
     out: list = []
@@ -72,7 +73,7 @@ def _walk(roots: tuple) -> list | None:
     while stack:
         m = stack.pop()
         if (m.training or m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
-                or m._backward_pre_hooks):
+                or m._backward_pre_hooks or "forward" in m.__dict__):
             return None
         out.append(m)
         children = [c for c in m._modules.values() if c is not None]

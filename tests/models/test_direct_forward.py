@@ -190,3 +190,23 @@ def test_quick_gelu_in_place_only_for_the_stock_activation(monkeypatch):
     with torch.inference_mode():
         assert torch.equal(clip_image_features(model, px), _stock_clip(model, px))
     assert not df._stock_quick_gelu(model.vision_model.encoder.layers[0].mlp.fc1)
+
+
+def test_an_instance_forward_takes_the_stock_call(monkeypatch):
+    """accelerate's offloading (``add_hook_to_module``) and other tools replace a module's forward on the
+    instance: the stock call runs it."""
+    model = _clip("sdpa")
+    px = torch.randn(1, 3, 56, 56)
+    calls = _stock_counter(monkeypatch, transformers.CLIPModel, "get_image_features")
+    fc1 = model.vision_model.encoder.layers[0].mlp.fc1
+    seen = []
+    stock_forward = fc1.forward
+    fc1.forward = lambda x: seen.append(1) or stock_forward(x)
+    with torch.inference_mode():
+        clip_image_features(model, px)
+    assert calls and seen
+    del fc1.forward
+    calls.clear()
+    with torch.inference_mode():
+        clip_image_features(model, px)
+    assert not calls
