@@ -56,7 +56,7 @@ def limits():
         yield
     finally:
         media.set_max_pixels(None)
-        media.set_max_aspect_ratio(None)
+        media.set_max_aspect_ratio()  # the default (None would turn the bound off)
 
 
 def _with_processor(r):
