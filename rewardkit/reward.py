@@ -239,9 +239,12 @@ class Reward(RewardInputs, abc.ABC):
         # against the pixel limit, the aspect-ratio bound and the size after this model's own resize. Most bad
         # inputs are caught here, before any chunk is scored.
         # A call scored in one chunk leaves an encoded image's header checks to its decode (one header read,
-        # not two; the same reasons, and still nothing scored before a bad image is refused: _precheck).
+        # not two; the same reasons, and still nothing scored before a bad image is refused: _precheck), unless
+        # the reward replaced the header check or the decode (then both run as they did).
         chunk = None if self.batch_relative else (batch_size or self.default_batch_size)
-        defer = chunk is None or n <= chunk
+        cls = type(self)
+        defer = (chunk is None or n <= chunk) and cls._check_image_size is RewardInputs._check_image_size \
+            and cls.decode_image is RewardInputs.decode_image
         errors: list[str | None] = [None] * n
         for i in range(n):
             src = None if srcs is None else srcs[i]

@@ -117,3 +117,24 @@ def test_the_first_reason_in_order_is_kept(tmp_path, limits):
     assert out.errors == ["bad metadata"]
     out = r([paths["big"]], " ", on_error="nan")  # the prompt is checked before the image
     assert out.errors == ["prompt is empty"]
+
+
+def test_a_reward_that_replaces_the_header_check_or_the_decode_keeps_the_probe(tmp_path):
+    paths = _files(tmp_path)
+    seen = []
+
+    class OwnCheck(Red):
+        def _check_image_size(self, x):
+            seen.append(x)
+            return "refused by the reward" if x == paths["wide"] else super()._check_image_size(x)
+
+    class OwnDecode(Red):
+        def decode_image(self, x):  # the one-argument form a subclass may have written
+            seen.append(("decode", x))
+            return super().decode_image(x)
+
+    out = OwnCheck()([paths["wide"]], "p", on_error="nan")
+    assert out.errors == ["refused by the reward"] and seen == [paths["wide"]]
+    seen.clear()
+    out = OwnDecode()([paths["good"]], "p")
+    assert out.valid.all() and seen == [("decode", paths["good"])]
