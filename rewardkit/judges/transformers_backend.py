@@ -4,7 +4,7 @@ Why this is not ``model.generate(**processor(...))`` per question: a judge rewar
 questions (EVR: 5 dimensions x K hypotheses + one verification per hypothesis). The naive loop re-runs the
 vision tower and re-prefills the image + instruction prefix for every question. This backend
 
-1. deduplicates images by content and runs the vision tower once per distinct image (and once per
+1. deduplicates images by content (exact keys from a cheap fingerprint, :mod:`._image_keys`) and runs the vision tower once per distinct image (and once per
    :meth:`~JudgeBackend.session` when a reward asks several batches of questions about the same images);
 2. groups conversations by their shared leading tokens (everything up to the last image, extended to the
    longest common token prefix of the group), prefills each distinct prefix once and forks its KV cache
@@ -29,6 +29,7 @@ from collections import Counter
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
+from ._image_keys import ImageKeys
 from ._pixels import JudgePixels
 from ._prep import SegmentTokenizer, TemplateCache, lcp, positions
 from ._transformers_cache import (PrefixCacheMixin, _additive_mask, _cache_arg, _cache_of, _left_padded,
@@ -214,6 +215,7 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
         self.stats: Counter = Counter()
         self._lock = threading.RLock()
         self._session_images: dict[str, _Img] | None = None
+        self._session_keys: ImageKeys | None = None  # the session's image content keys (_image_keys)
         #: session prefix cache: (prefix ids, image keys) -> unpadded per-prefix KV (see _prefix_state)
         self._session_prefixes: dict[tuple, dict[str, Any]] | None = None
         self.prefix_cache_bytes = int(prefix_cache_mb * 2 ** 20)
@@ -250,6 +252,7 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
             outer = self._session_images is not None
             if not outer:
                 self._session_images = {}
+                self._session_keys = ImageKeys()
                 self._session_prefixes = {} if self.prefix_cache_bytes > 0 else None
                 self._cached_bytes = 0
             try:
@@ -257,6 +260,7 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
             finally:
                 if not outer:
                     self._session_images = None
+                    self._session_keys = None
                     self._session_prefixes = None
 
     def generate(self, conversations: Sequence[Conversation], *, n: int = 1, temperature: float = 0.0,
@@ -273,7 +277,8 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
         import torch
 
         with self._lock, torch.inference_mode():
-            convs, images = self._prepare(conversations)
+            # seeded sampling seeds each row from its content: the full content hashes of its images
+            convs, images = self._prepare(conversations, digests=temperature > 0 and seed is not None)
             back = None
             if temperature == 0 or seed is not None:
                 # a repeated conversation decodes to the same texts (greedy, or sampled with the per-row seed
@@ -354,13 +359,16 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
         return self.processor.apply_chat_template(list(conv), tokenize=False, add_generation_prompt=not cont,
                                                   continue_final_message=cont)
 
-    def _prepare(self, conversations: Sequence[Conversation]) -> tuple[list[_Conv], dict[str, _Img]]:
-        """Token ids with image placeholders expanded, plus the encoded features of every distinct image."""
-        from ..media import _to_pil, image_hash
+    def _prepare(self, conversations: Sequence[Conversation],
+                 digests: bool = False) -> tuple[list[_Conv], dict[str, _Img]]:
+        """Token ids with image placeholders expanded, plus the encoded features of every distinct image.
+        ``digests``: also each conversation's images' full content hashes (``_Conv.image_digests``)."""
+        from ..media import _to_pil
 
         texts, conv_imgs = [], []
         pending: dict[str, Any] = {}
-        seen: dict[int, str] = {}  # id(image object) -> content hash: the same object is hashed once per call
+        image_keys = self._session_keys if self._session_keys is not None else ImageKeys()
+        seen: dict[int, str] = {}  # id(image object) -> content key: the same object is keyed once per call
         first: dict[tuple, int] = {}  # a repeated conversation (same texts, same image objects) is prepared once
         which: list[int] = []
         for conv in conversations:
@@ -380,7 +388,7 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
                 h = seen.get(id(im))
                 if h is None:
                     pil = _to_pil(im)
-                    h = seen[id(im)] = image_hash(pil)
+                    h = seen[id(im)] = image_keys.key(pil)
                     pending.setdefault(h, pil)
                 keys.append(h)
             conv_imgs.append(keys)
@@ -398,7 +406,8 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
                 ids.extend([img] * feats[key].n_tokens)
                 end, prev = len(ids), p + 1
             ids.extend(raw[prev:])
-            convs.append(_Conv(ids=ids, images=keys, image_end=end))
+            convs.append(_Conv(ids=ids, images=keys, image_end=end,
+                               image_digests=[image_keys.digest(k) for k in keys] if digests else None))
         return (convs if len(convs) == len(which) else [convs[j] for j in which]), feats
 
     def _encode_images(self, pending: dict[str, Any]) -> dict[str, _Img]:

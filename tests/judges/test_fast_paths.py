@@ -194,23 +194,33 @@ def test_unique_needs_equal_ids_and_images():
     assert _unique([x, collide]) == ([x, collide], None)
 
 
-def test_seed_digest_is_the_blake2b_of_ids_and_image_keys(images):
-    """The per-row seed material of seeded sampling, now computed only when sampling asks for it: the same
-    value as before (blake2b-64 of the int64 ids then the joined image keys, little-endian), so seeded samples
-    do not change."""
+def test_seed_digest_is_the_blake2b_of_ids_and_image_content_hashes(images):
+    """The per-row seed material of seeded sampling, computed only when sampling asks for it: the same value as
+    before the cheap image keys (blake2b-64 of the int64 ids then the joined full content hashes of the images,
+    ``media.image_hash``, little-endian; those hashes were the image keys then), so seeded samples do not
+    change. Without the hashes (scoring) it refuses rather than seed from the keys."""
     import hashlib
     from array import array
 
+    from rewardkit.media import _to_pil, image_hash
+
     model, proc = tiny_qwen2_5_vl()
     judge = TransformersJudge(model, proc)
+    qs = questions(images)
     with torch.inference_mode():
-        convs, _ = judge._prepare(questions(images))
-    for c in convs:
+        convs, _ = judge._prepare(qs, digests=True)
+        plain, _ = judge._prepare(qs)
+    for c, q in zip(convs, qs):
         assert c.digest is None  # not computed while preparing
+        ims = [item["image"] for msg in q if isinstance(msg["content"], list) for item in msg["content"]
+               if item.get("type") == "image"]
+        assert c.image_digests == [image_hash(_to_pil(im)) for im in ims]
         h = hashlib.blake2b(digest_size=8)
         h.update(array("q", c.ids).tobytes())
-        h.update("".join(c.images).encode())
+        h.update("".join(c.image_digests).encode())
         assert c.seed_digest() == int.from_bytes(h.digest(), "little") == c.digest
+    with pytest.raises(RuntimeError, match="digests=True"):
+        plain[0].seed_digest()
 
 
 # ------------------------------------------------------------------------------------ continuation rows
@@ -304,8 +314,8 @@ def test_a_repeated_conversation_is_prepared_once(images, monkeypatch):
     render = judge._templates.render
     monkeypatch.setattr(judge._templates, "render", lambda c: rendered.append(c) or render(c))
     with torch.inference_mode():
-        convs, _ = judge._prepare([a, b, rebuilt, other_objects, a])
-        alone, _ = judge._prepare([a, b])
+        convs, _ = judge._prepare([a, b, rebuilt, other_objects, a], digests=True)
+        alone, _ = judge._prepare([a, b], digests=True)
     assert len(rendered) == 3 + 2  # a, b, other_objects; then a, b
     assert convs[0] is convs[2] is convs[4] and convs[3] is not convs[0]
     for c in (convs[0], convs[3]):
