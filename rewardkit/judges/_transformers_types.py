@@ -19,6 +19,7 @@ class _Img:
     n_tokens: int
     embeds: Any  # [n_tokens, hidden]
     deepstack: list | None  # Qwen3-VL: per deepstack layer [n_tokens, hidden]
+    thw: tuple[int, int, int] | None = None  # grid_thw as ints (the key of cached rotary positions)
 
 
 @dataclass

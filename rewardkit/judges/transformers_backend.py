@@ -213,6 +213,11 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
         #: counters since construction: images_encoded (through the vision tower), prefill_tokens (prompt
         #: tokens run through the language model), decode_tokens, prefixes.
         self.stats: Counter = Counter()
+        self._param = None  # the model's first parameter (_first_parameter)
+        self._choice_ids: dict[tuple, list[int] | ChoiceError] = {}  # choices -> token ids (choice_token_ids)
+        #: a prefix row's layout -> (its M-RoPE positions [3, n] (numpy), next position) (_prefix_positions)
+        self._pos_cache: dict[tuple, tuple[Any, int]] = {}
+        self._pos_cache_on = True
         self._lock = threading.RLock()
         self._session_images: dict[str, _Img] | None = None
         self._session_keys: ImageKeys | None = None  # the session's image content keys (_image_keys)
@@ -234,16 +239,28 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
 
     # ------------------------------------------------------------------ protocol
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "model": str(self.model_id), "dtype": str(self.model.dtype).replace("torch.", "")}
+        return {"kind": self.kind, "model": str(self.model_id), "dtype": str(self._float_dtype()).replace("torch.", "")}
 
     def to(self, device: Any) -> "TransformersJudge":
         with self._lock:
             self.model.to(device)
+            self._param = None
         return self
 
     @property
     def device(self):
-        return next(self.model.parameters()).device
+        """The device of the model's first parameter (where the inputs go). The parameter is found once (walking
+        the modules for it cost more than the rest of a small continuation's bookkeeping): ``Module.to`` and
+        :meth:`to` move a parameter in place, the same object, so its ``device`` follows the model."""
+        p = self._param
+        if p is None:
+            p = self._param = next(self.model.parameters())
+        return p.device
+
+    def _float_dtype(self):
+        """``self.model.dtype`` (the first floating-point parameter's dtype) without walking the modules."""
+        p = self._param if self._param is not None else next(self.model.parameters())
+        return p.dtype if p.is_floating_point() else self.model.dtype
 
     @contextmanager
     def session(self) -> Iterator["TransformersJudge"]:
@@ -340,7 +357,24 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
             return probs if back is None else probs[torch.tensor(back, dtype=torch.long)]
 
     def choice_token_ids(self, choices: Sequence[str]) -> list[int]:
-        """Token id of each choice; :class:`ChoiceError` when one is not exactly one token."""
+        """Token id of each choice; :class:`ChoiceError` when one is not exactly one token. Kept per choices (the
+        tokenizer does not change): a judge reward asks the same labels at every call."""
+        key = tuple(choices) if isinstance(choices, (list, tuple)) and all(type(c) is str for c in choices) else None
+        got = self._choice_ids.get(key) if key is not None else None
+        if got is None:
+            try:
+                got = self._choice_token_ids(choices)
+            except ChoiceError as exc:
+                got = exc
+            if key is not None:
+                if len(self._choice_ids) >= 256:
+                    self._choice_ids.clear()
+                self._choice_ids[key] = got
+        if isinstance(got, ChoiceError):
+            raise ChoiceError(str(got))
+        return list(got)
+
+    def _choice_token_ids(self, choices: Sequence[str]) -> list[int]:
         check_choices(choices)
         out = []
         for c in choices:
@@ -421,8 +455,9 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
             thw = enc["image_grid_thw"].to(self.device)
             out = self.model.model.get_image_features(pv, thw, return_dict=True)
             deep = getattr(out, "deepstack_features", None)
+            grids = enc["image_grid_thw"].tolist()
             for i, h in enumerate(part):
-                cache[h] = _Img(grid_thw=thw[i], n_tokens=int(thw[i].prod()) // self.merge ** 2,
+                cache[h] = _Img(grid_thw=thw[i], n_tokens=int(thw[i].prod()) // self.merge ** 2, thw=tuple(grids[i]),
                                 embeds=out.pooler_output[i],
                                 deepstack=[d[i] for d in deep] if deep else None)
             self._feature_cls = type(out)
@@ -506,14 +541,19 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
         P = len(prefixes)
         ids, mask = _left_padded([p for p, _ in prefixes], L, self.pad_id, dev)
         order = [h for _, keys in prefixes for h in keys]  # placeholder order, row-major
-        mm_types = (ids == self.image_token_id).int()
-        grid = torch.stack([feats[h].grid_thw for h in order]).to(dev) if order else None
-        pos = self._rope_positions(mm_types, mask, grid)
-        if pos is None:  # the model's own (a Python loop over rows and runs); next position from its deltas
-            pos, deltas = self.model.model.get_rope_index(ids, mm_types, image_grid_thw=grid, attention_mask=mask)
-            next_pos = mask.sum(-1) + deltas.reshape(-1).to(dev)
-        else:  # the same positions in a few vectorised operations; the next one follows the largest
-            next_pos = pos.amax(dim=(0, 2)) + 1
+        got = self._prefix_positions(prefixes, feats, L)
+        if got is not None:  # each row's positions as a verified computation gave them for its layout
+            pos, next_pos = got
+        else:
+            mm_types = (ids == self.image_token_id).int()
+            grid = torch.stack([feats[h].grid_thw for h in order]).to(dev) if order else None
+            pos = self._rope_positions(mm_types, mask, grid)
+            if pos is None:  # the model's own (a Python loop over rows and runs); next position from its deltas
+                pos, deltas = self.model.model.get_rope_index(ids, mm_types, image_grid_thw=grid,
+                                                              attention_mask=mask)
+                next_pos = mask.sum(-1) + deltas.reshape(-1).to(dev)
+            else:  # the same positions in a few vectorised operations; the next one follows the largest
+                next_pos = pos.amax(dim=(0, 2)) + 1
         kwargs = self._encoder_outputs(order, feats)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
                          **kwargs)
@@ -532,6 +572,61 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
             n_layers = len(feats[order[0]].deepstack)
             fk["deepstack_features"] = [tuple(feats[h].deepstack[li] for h in order) for li in range(n_layers)]
         return {"mm_encoder_outputs": {"image": self._feature_cls(**fk)}}
+
+    def _prefix_positions(self, prefixes: list[tuple[list[int], list[str]]], feats: dict[str, _Img], L: int):
+        """``([3, P, L] positions, [P] next positions)`` of the prefixes left-padded to ``L``, each row taken from
+        a cache of unpadded row positions keyed by the row's layout (length, and start and grid of each image
+        run), or None (a row this does not cover: the batch is then computed as before).
+
+        A row's M-RoPE positions depend on nothing else (padding only shifts them into later columns and puts 0
+        in its own), so a layout met before (the same question about an image of the same size) costs a look-up.
+        A layout is checked against the ids (each image run is exactly its placeholder tokens and there are no
+        others) and computed on a miss by :meth:`_rope_positions` on the row alone (``mrope_position_ids``:
+        equal to the model's ``get_rope_index``)."""
+        import numpy as np
+        import torch
+
+        if not self._pos_cache_on:
+            return None
+        img = self.image_token_id
+        rows = []
+        for ids, keys in prefixes:
+            layout: list[Any] = [len(ids)]
+            at = n_img = 0
+            for h in keys:
+                f = feats[h]
+                if f.thw is None:
+                    return None
+                try:
+                    s = ids.index(img, at)
+                except ValueError:
+                    return None
+                n = f.n_tokens
+                if ids[s:s + n] != [img] * n:
+                    return None
+                layout.append((s, f.thw))
+                at, n_img = s + n, n_img + n
+            if not keys or ids.count(img) != n_img:
+                return None
+            key = tuple(layout)
+            hit = self._pos_cache.get(key)
+            if hit is None:
+                row = torch.tensor([ids], dtype=torch.long) == img
+                grid = torch.tensor([feats[h].thw for h in keys], dtype=torch.long)
+                pos = self._rope_positions(row.int(), None, grid)
+                if pos is None:
+                    return None
+                arr = pos[:, 0].cpu().numpy().copy()
+                hit = (arr, int(arr.max()) + 1)
+                if len(self._pos_cache) >= 1024:
+                    self._pos_cache.clear()
+                self._pos_cache[key] = hit
+            rows.append(hit)
+        out = np.zeros((3, len(rows), L), dtype=np.int64)
+        for r, (arr, _) in enumerate(rows):
+            out[:, r, L - arr.shape[1]:] = arr
+        dev = self.device
+        return torch.from_numpy(out).to(dev), torch.tensor([nx for _, nx in rows], dtype=torch.long).to(dev)
 
     def _rope_positions(self, mm_types: Any, mask: Any, grid: Any):
         """``[3, P, L]`` M-RoPE positions of left-padded prefixes with images, computed by
@@ -563,7 +658,7 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
         full_mask = torch.cat([state["mask"].index_select(0, idx), smask], dim=1)
         start = state["next_pos"].index_select(0, idx)
         kwargs: dict[str, Any] = {}
-        if self.image_token_id in sids:
+        if any(self.image_token_id in s for s in suffixes):  # (searched in the lists: no tensor op)
             order = [h for keys in images or [] for h in keys]
             rel = None
             if order and feats is not None:
@@ -584,8 +679,8 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
         attn = full_mask
         if self._additive_masks():  # the float mask SDPA would convert the boolean one to, built once
             W = full_mask.shape[1]
-            attn = _additive_mask(full_mask, state["mask"].shape[1], S, self.model.dtype,
-                                  out=self._mask_buffer(R * S * W, self.model.dtype))
+            attn = _additive_mask(full_mask, state["mask"].shape[1], S, self._float_dtype(),
+                                  out=self._mask_buffer(R * S * W, self._float_dtype()))
         out = self.model(input_ids=sids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1,
                          **kwargs, **_cache_arg(self.model, cache))
         self.stats["prefill_tokens"] += int(smask.sum())

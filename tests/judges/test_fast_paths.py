@@ -324,6 +324,59 @@ def test_a_repeated_conversation_is_prepared_once(images, monkeypatch):
     assert convs[1].ids == alone[1].ids
 
 
+def test_cached_row_positions_are_the_batch_positions(tiny, images):
+    """Prefix positions from the per-layout cache (a miss, then hits) are the vectorised batch computation's and
+    the model's own ``get_rope_index``'s, with left padding and several images per row; rows of another image
+    size or text length get their own entries; a layout the ids do not match is not served from the cache."""
+    model, proc = tiny
+    judge = TransformersJudge(model, proc)
+    with torch.inference_mode():
+        cs, feats = judge._prepare(questions(images)[:4])  # rows with images only
+        prefixes, _, _ = judge._plan(cs)
+        got = []
+        for _ in range(2):  # misses (filled), then hits
+            judge._pos_cache_on = True
+            got.append(judge._prefill(prefixes, feats))
+        assert len(judge._pos_cache) == len({(len(p), tuple(k)) for p, k in prefixes})
+        judge._pos_cache_on = False
+        ref_st = judge._prefill(prefixes, feats)
+        ids, mask = ref_st["ids"], ref_st["mask"]
+        grid = torch.stack([feats[h].grid_thw for _, keys in prefixes for h in keys])
+        types = (ids == judge.image_token_id).int()
+        ref, deltas = model.model.get_rope_index(ids, types, image_grid_thw=grid, attention_mask=mask)
+        judge._pos_cache_on = True
+        # an image token outside the image runs: no cached layout fits, the batch path decides
+        p0, k0 = prefixes[0]
+        stray = (p0[:-1] + [judge.image_token_id], k0)
+        assert judge._prefix_positions([stray], feats, len(p0)) is None
+    assert len(set(mask.sum(-1).tolist())) > 1
+    for st in got:
+        assert torch.equal(st["pos"], ref_st["pos"]) and torch.equal(st["next_pos"], ref_st["next_pos"])
+        assert torch.equal(st["pos"][:, mask.bool()], ref[:, mask.bool()])
+        assert torch.equal(st["next_pos"], mask.sum(-1) + deltas.reshape(-1))
+
+
+def test_choice_token_ids_are_kept_per_choices(tiny):
+    model, proc = tiny
+    judge = TransformersJudge(model, proc)
+    calls = []
+    enc = judge.tokenizer.encode
+    judge.tokenizer.encode = lambda *a, **k: calls.append(a) or enc(*a, **k)
+    try:
+        first = judge.choice_token_ids(["Yes", "No"])
+        again = judge.choice_token_ids(("Yes", "No"))
+        assert first == again and len(calls) == 2  # tokenized once
+        again.append(-1)  # a caller's list: the kept one is not changed
+        assert judge.choice_token_ids(["Yes", "No"]) == first
+        from rewardkit.judges.base import ChoiceError
+
+        for _ in range(2):  # the refusal is kept too, and raised every time
+            with pytest.raises(ChoiceError):
+                judge.choice_token_ids(["Yes", "Yes"])
+    finally:
+        del judge.tokenizer.encode
+
+
 def test_prefill_positions_are_the_models_get_rope_index(tiny, images):
     model, proc = tiny
     judge = TransformersJudge(model, proc)
