@@ -254,17 +254,22 @@ class PrefixCacheMixin:
         return buf
 
     def _fork(self, cache: Any, idx: Any, max_len: int | None = None) -> Any:
-        """A new cache holding rows ``idx`` of ``cache`` (never reuse a cache a forward has extended).
+        """A new cache holding rows ``idx`` of ``cache`` (never reuse a cache a forward has extended); ``idx`` None:
+        all rows in order.
 
         ``max_len`` set: a preallocated ``StaticCache`` of that length (decoding then writes in place instead of
-        concatenating the whole cache at every step); otherwise a ``DynamicCache``.
-        """
+        concatenating the whole cache at every step); otherwise a ``DynamicCache``. Either is filled through its
+        layers' ``update``, which writes the rows into its own storage (``DynamicLayer``: ``torch.cat`` onto an
+        empty tensor; ``StaticLayer``: a copy into its buffer), so all rows need no selection (a copy) first: the
+        forward that extends the new cache never writes into ``cache``'s tensors
+        (``tests/judges/test_fast_paths.py`` checks it)."""
         from transformers import DynamicCache, StaticCache
 
         data = []
         for layer in cache.layers:
             n = int(layer.get_seq_length())
-            data.append((layer.keys[:, :, :n].index_select(0, idx), layer.values[:, :, :n].index_select(0, idx)))
+            k, v = layer.keys[:, :, :n], layer.values[:, :, :n]
+            data.append((k, v) if idx is None else (k.index_select(0, idx), v.index_select(0, idx)))
         if max_len is None:
             return DynamicCache(ddp_cache_data=data, config=self.model.config)
         new = StaticCache(config=self.model.config, max_cache_len=max_len)

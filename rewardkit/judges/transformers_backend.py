@@ -329,10 +329,11 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
 
         out = self._next_token_scores(conversations, choices,
                                       lambda logits, ids: torch.log_softmax(logits, -1)[:, ids].exp()).clone()
-        bad = ~torch.isfinite(out).all(1)
-        out[bad] = float("nan")
+        bad = (~torch.isfinite(out).all(1)).tolist()
+        if any(bad):
+            out[torch.tensor(bad)] = float("nan")
         if reasons is not None:
-            reasons[:] = ["the judge model's logits are not finite" if bool(b) else None for b in bad]
+            reasons[:] = ["the judge model's logits are not finite" if b else None for b in bad]
         return out
 
     def _next_token_scores(self, conversations: Sequence[Conversation], choices: Sequence[str], fn):
@@ -557,9 +558,8 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
         kwargs = self._encoder_outputs(order, feats)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
                          **kwargs)
-        valid = mask.sum(-1)
         self.stats["prefixes"] += P
-        self.stats["prefill_tokens"] += int(valid.sum())
+        self.stats["prefill_tokens"] += sum(len(p) for p, _ in prefixes)  # the unmasked tokens
         return {"cache": _cache_of(out), "ids": ids, "mask": mask, "next_pos": next_pos, "pos": pos}
 
     def _encoder_outputs(self, order: list[str], feats: dict[str, _Img]) -> dict[str, Any]:
@@ -652,11 +652,13 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
         import torch
 
         dev = self.device
-        idx = torch.tensor(which, dtype=torch.long, device=dev)
         R, S = len(suffixes), max(len(s) for s in suffixes)
+        # every prefix row once, in order (one continuation per prefix, e.g. VQAScore): no row selection
+        same = R == state["mask"].shape[0] and which == list(range(R))
+        idx = None if same else torch.tensor(which, dtype=torch.long, device=dev)
         sids, smask = _left_padded(suffixes, S, self.pad_id, dev)
-        full_mask = torch.cat([state["mask"].index_select(0, idx), smask], dim=1)
-        start = state["next_pos"].index_select(0, idx)
+        full_mask = torch.cat([state["mask"] if same else state["mask"].index_select(0, idx), smask], dim=1)
+        start = state["next_pos"] if same else state["next_pos"].index_select(0, idx)
         kwargs: dict[str, Any] = {}
         if any(self.image_token_id in s for s in suffixes):  # (searched in the lists: no tensor op)
             order = [h for keys in images or [] for h in keys]
@@ -683,5 +685,5 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
                                   out=self._mask_buffer(R * S * W, self._float_dtype()))
         out = self.model(input_ids=sids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1,
                          **kwargs, **_cache_arg(self.model, cache))
-        self.stats["prefill_tokens"] += int(smask.sum())
+        self.stats["prefill_tokens"] += sum(len(s) for s in suffixes)  # the unmasked tokens
         return out.logits[:, -1], _cache_of(out), (full_mask, pos[0, :, -1], pos)

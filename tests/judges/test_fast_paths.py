@@ -356,6 +356,33 @@ def test_cached_row_positions_are_the_batch_positions(tiny, images):
         assert torch.equal(st["next_pos"], mask.sum(-1) + deltas.reshape(-1))
 
 
+@pytest.mark.parametrize("extra", [0, 3])
+def test_continuing_every_prefix_row_leaves_the_prefix_cache_as_it_was(tiny, images, extra):
+    """One continuation per prefix row, in order, forks without selecting rows first: the forward that extends
+    the fork (dynamic, or static with room for decoding) must not write into the prefix state's tensors, so a
+    second continuation of the same state gives the same logits, equal to the row-selecting fork's."""
+    model, proc = tiny
+    judge = TransformersJudge(model, proc)
+    with torch.inference_mode():
+        cs, feats = judge._prepare(questions(images)[:4])
+        prefixes, split, prefix_of = judge._plan(cs)
+        st = judge._prefill(prefixes, feats)
+        before = [(layer.keys.clone(), layer.values.clone()) for layer in st["cache"].layers]
+        rows = {prefix_of[c]: c for c in range(len(cs))}  # one conversation per prefix
+        which = sorted(rows)
+        assert which == list(range(len(prefixes)))
+        suffixes = [cs[rows[p]].ids[split[rows[p]]:] for p in which]
+        first = judge._continue(st, which, suffixes, extra)[0]
+        second = judge._continue(st, which, suffixes, extra)[0]
+        # the same rows through index_select (a permutation made identity again), as before the shortcut
+        perm = list(reversed(which))
+        third = judge._continue(st, perm, suffixes[::-1], extra)[0].flip(0)
+    for layer, (k, v) in zip(st["cache"].layers, before):
+        assert torch.equal(layer.keys, k) and torch.equal(layer.values, v)
+    assert torch.equal(first, second)
+    torch.testing.assert_close(first, third, rtol=1e-5, atol=1e-6)  # another row order: batch rounding only
+
+
 def test_choice_token_ids_are_kept_per_choices(tiny):
     model, proc = tiny
     judge = TransformersJudge(model, proc)
