@@ -18,8 +18,9 @@ and the suffix positions continue from the prefix's last position.
 
 This module holds the judge's protocol, prompt preparation, prefix planning, prefill and continuation; the
 session prefix cache and cache forking are in ``_transformers_cache.py``, the decoding loop in
-``_transformers_decode.py`` and packed scoring in ``_transformers_packed.py`` (mixins of the one class); the
-data types they share with it (``_Img``, ``_Conv``) in ``_transformers_types.py``.
+``_transformers_decode.py``, packed scoring in ``_transformers_packed.py`` and prefix positions in
+``_transformers_positions.py`` (mixins of the one class); the data types they share with it (``_Img``,
+``_Conv``) in ``_transformers_types.py``, the image content keys in ``_image_keys.py``.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from ._transformers_cache import (PrefixCacheMixin, _additive_mask, _cache_arg, 
                                   _stack_states, length_buckets, unsupported_attention)
 from ._transformers_decode import DecodeMixin
 from ._transformers_packed import PackedScoringMixin
+from ._transformers_positions import PositionsMixin
 from ._transformers_types import _Conv, _Img
 from .base import ChoiceError, Conversation, JudgeBackend, check_choices, check_temperature, continues_final_message
 
@@ -127,7 +129,7 @@ def _refuse_attention(config: Any, name: str) -> None:
         raise TypeError(f"{name} is not supported by the transformers judge backend: {why}")
 
 
-class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, JudgeBackend):
+class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, PositionsMixin, JudgeBackend):
     """A judge on any local ``AutoModelForImageTextToText`` checkpoint of the Qwen-VL family.
 
     The text model must use full attention in every layer: a checkpoint whose config windows some layers
@@ -572,71 +574,6 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
             n_layers = len(feats[order[0]].deepstack)
             fk["deepstack_features"] = [tuple(feats[h].deepstack[li] for h in order) for li in range(n_layers)]
         return {"mm_encoder_outputs": {"image": self._feature_cls(**fk)}}
-
-    def _prefix_positions(self, prefixes: list[tuple[list[int], list[str]]], feats: dict[str, _Img], L: int):
-        """``([3, P, L] positions, [P] next positions)`` of the prefixes left-padded to ``L``, each row taken from
-        a cache of unpadded row positions keyed by the row's layout (length, and start and grid of each image
-        run), or None (a row this does not cover: the batch is then computed as before).
-
-        A row's M-RoPE positions depend on nothing else (padding only shifts them into later columns and puts 0
-        in its own), so a layout met before (the same question about an image of the same size) costs a look-up.
-        A layout is checked against the ids (each image run is exactly its placeholder tokens and there are no
-        others) and computed on a miss by :meth:`_rope_positions` on the row alone (``mrope_position_ids``:
-        equal to the model's ``get_rope_index``)."""
-        import numpy as np
-        import torch
-
-        if not self._pos_cache_on:
-            return None
-        img = self.image_token_id
-        rows = []
-        for ids, keys in prefixes:
-            layout: list[Any] = [len(ids)]
-            at = n_img = 0
-            for h in keys:
-                f = feats[h]
-                if f.thw is None:
-                    return None
-                try:
-                    s = ids.index(img, at)
-                except ValueError:
-                    return None
-                n = f.n_tokens
-                if ids[s:s + n] != [img] * n:
-                    return None
-                layout.append((s, f.thw))
-                at, n_img = s + n, n_img + n
-            if not keys or ids.count(img) != n_img:
-                return None
-            key = tuple(layout)
-            hit = self._pos_cache.get(key)
-            if hit is None:
-                row = torch.tensor([ids], dtype=torch.long) == img
-                grid = torch.tensor([feats[h].thw for h in keys], dtype=torch.long)
-                pos = self._rope_positions(row.int(), None, grid)
-                if pos is None:
-                    return None
-                arr = pos[:, 0].cpu().numpy().copy()
-                hit = (arr, int(arr.max()) + 1)
-                if len(self._pos_cache) >= 1024:
-                    self._pos_cache.clear()
-                self._pos_cache[key] = hit
-            rows.append(hit)
-        out = np.zeros((3, len(rows), L), dtype=np.int64)
-        for r, (arr, _) in enumerate(rows):
-            out[:, r, L - arr.shape[1]:] = arr
-        dev = self.device
-        return torch.from_numpy(out).to(dev), torch.tensor([nx for _, nx in rows], dtype=torch.long).to(dev)
-
-    def _rope_positions(self, mm_types: Any, mask: Any, grid: Any):
-        """``[3, P, L]`` M-RoPE positions of left-padded prefixes with images, computed by
-        :func:`rewardkit.models.rope.mrope_position_ids` (equal to ``get_rope_index`` for still images of the
-        Qwen-VL models it is verified on, ``tests/models/test_rope.py``), or None: the model computes them."""
-        from ..models.rope import VERIFIED_MODEL_TYPES, mrope_position_ids
-
-        if grid is None or getattr(self.model.config, "model_type", None) not in VERIFIED_MODEL_TYPES:
-            return None
-        return mrope_position_ids(mm_types, mask, grid, self.merge)
 
     def _continue(self, state: dict[str, Any], which: list[int], suffixes: list[list[int]], extra: int = 0,
                   images: list[list[str]] | None = None, feats: dict[str, _Img] | None = None):
