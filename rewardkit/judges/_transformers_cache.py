@@ -180,8 +180,10 @@ class PrefixCacheMixin:
         return list(first[:n]), list(keys0[:sum(1 for _, b in spans if b <= n)])
 
     def _best_parent(self, ids: list[int], keys: list[str]) -> tuple[dict[str, Any] | None, int]:
+        if not self._session_prefixes:
+            return None, 0
         img = self.image_token_id
-        img_end = max((i + 1 for i, t in enumerate(ids) if t == img), default=0)
+        img_end = len(ids) - ids[::-1].index(img) if img in ids else 0  # after the last image token
         best, best_n = None, 0
         for (cids, ckeys), e in self._session_prefixes.items():
             if tuple(ckeys[:len(keys)]) != tuple(keys):

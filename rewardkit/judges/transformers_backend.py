@@ -4,8 +4,9 @@ Why this is not ``model.generate(**processor(...))`` per question: a judge rewar
 questions (EVR: 5 dimensions x K hypotheses + one verification per hypothesis). The naive loop re-runs the
 vision tower and re-prefills the image + instruction prefix for every question. This backend
 
-1. deduplicates images by content (exact keys from a cheap fingerprint, :mod:`._image_keys`) and runs the vision tower once per distinct image (and once per
-   :meth:`~JudgeBackend.session` when a reward asks several batches of questions about the same images);
+1. deduplicates images by content (exact keys from a cheap fingerprint, :mod:`._image_keys`) and runs the
+   vision tower once per distinct image (and once per :meth:`~JudgeBackend.session` when a reward asks several
+   batches of questions about the same images);
 2. groups conversations by their shared leading tokens (everything up to the last image, extended to the
    longest common token prefix of the group), prefills each distinct prefix once and forks its KV cache
    (row index-select) for every continuation; rotary positions (3-D M-RoPE) are passed explicitly, never
@@ -215,7 +216,7 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Posit
         #: counters since construction: images_encoded (through the vision tower), prefill_tokens (prompt
         #: tokens run through the language model), decode_tokens, prefixes.
         self.stats: Counter = Counter()
-        self._param = None  # the model's first parameter (_first_parameter)
+        self._param = None  # the model's first parameter (device, _float_dtype)
         self._choice_ids: dict[tuple, list[int] | ChoiceError] = {}  # choices -> token ids (choice_token_ids)
         #: a prefix row's layout -> (its M-RoPE positions [3, n] (numpy), next position) (_prefix_positions)
         self._pos_cache: dict[tuple, tuple[Any, int]] = {}
@@ -241,7 +242,8 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Posit
 
     # ------------------------------------------------------------------ protocol
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "model": str(self.model_id), "dtype": str(self._float_dtype()).replace("torch.", "")}
+        dtype = str(self._float_dtype()).replace("torch.", "")
+        return {"kind": self.kind, "model": str(self.model_id), "dtype": dtype}
 
     def to(self, device: Any) -> "TransformersJudge":
         with self._lock:
