@@ -293,14 +293,18 @@ def _left_padded(rows: Sequence[Sequence[int]], width: int, pad: int, device: An
     if R and max(lens) > width:
         raise ValueError(f"a row of {max(lens)} ids does not fit in width {width}")
     buf = array("q", [pad]) * (R * width)
+    mbuf = array("q", [0]) * (R * width)  # the mask the same way (no tensor operations for it either)
+    one = array("q", [1])
     for i, r in enumerate(rows):
         if r:
             buf[(i + 1) * width - len(r):(i + 1) * width] = array("q", r)
+            mbuf[(i + 1) * width - len(r):(i + 1) * width] = one * len(r)
     if R * width:
         ids = torch.frombuffer(buf, dtype=torch.long).view(R, width)
+        mask = torch.frombuffer(mbuf, dtype=torch.long).view(R, width)
     else:  # frombuffer refuses an empty buffer
         ids = torch.zeros((R, width), dtype=torch.long)
-    mask = (torch.arange(width)[None, :] >= (width - torch.tensor(lens, dtype=torch.long))[:, None]).long()
+        mask = torch.zeros((R, width), dtype=torch.long)
     return ids.to(device), mask.to(device)
 
 
