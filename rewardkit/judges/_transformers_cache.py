@@ -180,8 +180,10 @@ class PrefixCacheMixin:
         return list(first[:n]), list(keys0[:sum(1 for _, b in spans if b <= n)])
 
     def _best_parent(self, ids: list[int], keys: list[str]) -> tuple[dict[str, Any] | None, int]:
+        if not self._session_prefixes:
+            return None, 0
         img = self.image_token_id
-        img_end = max((i + 1 for i, t in enumerate(ids) if t == img), default=0)
+        img_end = len(ids) - ids[::-1].index(img) if img in ids else 0  # after the last image token
         best, best_n = None, 0
         for (cids, ckeys), e in self._session_prefixes.items():
             if tuple(ckeys[:len(keys)]) != tuple(keys):
@@ -254,17 +256,22 @@ class PrefixCacheMixin:
         return buf
 
     def _fork(self, cache: Any, idx: Any, max_len: int | None = None) -> Any:
-        """A new cache holding rows ``idx`` of ``cache`` (never reuse a cache a forward has extended).
+        """A new cache holding rows ``idx`` of ``cache`` (never reuse a cache a forward has extended); ``idx`` None:
+        all rows in order.
 
         ``max_len`` set: a preallocated ``StaticCache`` of that length (decoding then writes in place instead of
-        concatenating the whole cache at every step); otherwise a ``DynamicCache``.
-        """
+        concatenating the whole cache at every step); otherwise a ``DynamicCache``. Either is filled through its
+        layers' ``update``, which writes the rows into its own storage (``DynamicLayer``: ``torch.cat`` onto an
+        empty tensor; ``StaticLayer``: a copy into its buffer), so all rows need no selection (a copy) first: the
+        forward that extends the new cache never writes into ``cache``'s tensors
+        (``tests/judges/test_fast_paths.py`` checks it)."""
         from transformers import DynamicCache, StaticCache
 
         data = []
         for layer in cache.layers:
             n = int(layer.get_seq_length())
-            data.append((layer.keys[:, :, :n].index_select(0, idx), layer.values[:, :, :n].index_select(0, idx)))
+            k, v = layer.keys[:, :, :n], layer.values[:, :, :n]
+            data.append((k, v) if idx is None else (k.index_select(0, idx), v.index_select(0, idx)))
         if max_len is None:
             return DynamicCache(ddp_cache_data=data, config=self.model.config)
         new = StaticCache(config=self.model.config, max_cache_len=max_len)
@@ -286,14 +293,18 @@ def _left_padded(rows: Sequence[Sequence[int]], width: int, pad: int, device: An
     if R and max(lens) > width:
         raise ValueError(f"a row of {max(lens)} ids does not fit in width {width}")
     buf = array("q", [pad]) * (R * width)
+    mbuf = array("q", [0]) * (R * width)  # the mask the same way (no tensor operations for it either)
+    one = array("q", [1])
     for i, r in enumerate(rows):
         if r:
             buf[(i + 1) * width - len(r):(i + 1) * width] = array("q", r)
+            mbuf[(i + 1) * width - len(r):(i + 1) * width] = one * len(r)
     if R * width:
         ids = torch.frombuffer(buf, dtype=torch.long).view(R, width)
+        mask = torch.frombuffer(mbuf, dtype=torch.long).view(R, width)
     else:  # frombuffer refuses an empty buffer
         ids = torch.zeros((R, width), dtype=torch.long)
-    mask = (torch.arange(width)[None, :] >= (width - torch.tensor(lens, dtype=torch.long))[:, None]).long()
+        mask = torch.zeros((R, width), dtype=torch.long)
     return ids.to(device), mask.to(device)
 
 

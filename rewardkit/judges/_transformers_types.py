@@ -19,21 +19,27 @@ class _Img:
     n_tokens: int
     embeds: Any  # [n_tokens, hidden]
     deepstack: list | None  # Qwen3-VL: per deepstack layer [n_tokens, hidden]
+    thw: tuple[int, int, int] | None = None  # grid_thw as ints (the key of cached rotary positions)
 
 
 @dataclass
 class _Conv:
     ids: list[int]
-    images: list[str]  # content hashes, in placeholder order
+    images: list[str]  # content keys (judges._image_keys), in placeholder order
     image_end: int  # index after the last image token (0 when there is no image)
     digest: int | None = None  # stable per-content seed material: see seed_digest (computed when first needed)
+    #: the images' full content hashes (rewardkit.media.image_hash), where the judge was asked for them
+    image_digests: list[str] | None = None
 
     def seed_digest(self) -> int:
-        """A stable 64-bit digest of the ids and image keys (blake2b, the same in every process): the per-row seed
-        material of seeded sampling. Computed on first use; only seeded sampling needs it."""
+        """A stable 64-bit digest of the ids and the images' full content hashes (blake2b, the same in every
+        process): the per-row seed material of seeded sampling. Computed on first use; only seeded sampling
+        needs it (``_prepare(..., digests=True)``)."""
         if self.digest is None:
+            if self.image_digests is None:
+                raise RuntimeError("seed_digest needs the images' content hashes: _prepare(..., digests=True)")
             h = hashlib.blake2b(digest_size=8)
             h.update(array("q", self.ids).tobytes())
-            h.update("".join(self.images).encode())
+            h.update("".join(self.image_digests).encode())
             self.digest = int.from_bytes(h.digest(), "little")
         return self.digest

@@ -4,8 +4,9 @@ Why this is not ``model.generate(**processor(...))`` per question: a judge rewar
 questions (EVR: 5 dimensions x K hypotheses + one verification per hypothesis). The naive loop re-runs the
 vision tower and re-prefills the image + instruction prefix for every question. This backend
 
-1. deduplicates images by content and runs the vision tower once per distinct image (and once per
-   :meth:`~JudgeBackend.session` when a reward asks several batches of questions about the same images);
+1. deduplicates images by content (exact keys from a cheap fingerprint, :mod:`._image_keys`) and runs the
+   vision tower once per distinct image (and once per :meth:`~JudgeBackend.session` when a reward asks several
+   batches of questions about the same images);
 2. groups conversations by their shared leading tokens (everything up to the last image, extended to the
    longest common token prefix of the group), prefills each distinct prefix once and forks its KV cache
    (row index-select) for every continuation; rotary positions (3-D M-RoPE) are passed explicitly, never
@@ -18,8 +19,9 @@ and the suffix positions continue from the prefix's last position.
 
 This module holds the judge's protocol, prompt preparation, prefix planning, prefill and continuation; the
 session prefix cache and cache forking are in ``_transformers_cache.py``, the decoding loop in
-``_transformers_decode.py`` and packed scoring in ``_transformers_packed.py`` (mixins of the one class); the
-data types they share with it (``_Img``, ``_Conv``) in ``_transformers_types.py``.
+``_transformers_decode.py``, packed scoring in ``_transformers_packed.py`` and prefix positions in
+``_transformers_positions.py`` (mixins of the one class); the data types they share with it (``_Img``,
+``_Conv``) in ``_transformers_types.py``, the image content keys in ``_image_keys.py``.
 """
 
 from __future__ import annotations
@@ -29,12 +31,14 @@ from collections import Counter
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
+from ._image_keys import ImageKeys
 from ._pixels import JudgePixels
 from ._prep import SegmentTokenizer, TemplateCache, lcp, positions
 from ._transformers_cache import (PrefixCacheMixin, _additive_mask, _cache_arg, _cache_of, _left_padded,
                                   _stack_states, length_buckets, unsupported_attention)
 from ._transformers_decode import DecodeMixin
 from ._transformers_packed import PackedScoringMixin
+from ._transformers_positions import PositionsMixin
 from ._transformers_types import _Conv, _Img
 from .base import ChoiceError, Conversation, JudgeBackend, check_choices, check_temperature, continues_final_message
 
@@ -126,7 +130,7 @@ def _refuse_attention(config: Any, name: str) -> None:
         raise TypeError(f"{name} is not supported by the transformers judge backend: {why}")
 
 
-class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, JudgeBackend):
+class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, PositionsMixin, JudgeBackend):
     """A judge on any local ``AutoModelForImageTextToText`` checkpoint of the Qwen-VL family.
 
     The text model must use full attention in every layer: a checkpoint whose config windows some layers
@@ -212,8 +216,14 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
         #: counters since construction: images_encoded (through the vision tower), prefill_tokens (prompt
         #: tokens run through the language model), decode_tokens, prefixes.
         self.stats: Counter = Counter()
+        self._param = None  # the model's first parameter (device, _float_dtype)
+        self._choice_ids: dict[tuple, list[int] | ChoiceError] = {}  # choices -> token ids (choice_token_ids)
+        #: a prefix row's layout -> (its M-RoPE positions [3, n] (numpy), next position) (_prefix_positions)
+        self._pos_cache: dict[tuple, tuple[Any, int]] = {}
+        self._pos_cache_on = True
         self._lock = threading.RLock()
         self._session_images: dict[str, _Img] | None = None
+        self._session_keys: ImageKeys | None = None  # the session's image content keys (_image_keys)
         #: session prefix cache: (prefix ids, image keys) -> unpadded per-prefix KV (see _prefix_state)
         self._session_prefixes: dict[tuple, dict[str, Any]] | None = None
         self.prefix_cache_bytes = int(prefix_cache_mb * 2 ** 20)
@@ -232,16 +242,29 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
 
     # ------------------------------------------------------------------ protocol
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "model": str(self.model_id), "dtype": str(self.model.dtype).replace("torch.", "")}
+        dtype = str(self._float_dtype()).replace("torch.", "")
+        return {"kind": self.kind, "model": str(self.model_id), "dtype": dtype}
 
     def to(self, device: Any) -> "TransformersJudge":
         with self._lock:
             self.model.to(device)
+            self._param = None
         return self
 
     @property
     def device(self):
-        return next(self.model.parameters()).device
+        """The device of the model's first parameter (where the inputs go). The parameter is found once (walking
+        the modules for it cost more than the rest of a small continuation's bookkeeping): ``Module.to`` and
+        :meth:`to` move a parameter in place, the same object, so its ``device`` follows the model."""
+        p = self._param
+        if p is None:
+            p = self._param = next(self.model.parameters())
+        return p.device
+
+    def _float_dtype(self):
+        """``self.model.dtype`` (the first floating-point parameter's dtype) without walking the modules."""
+        p = self._param if self._param is not None else next(self.model.parameters())
+        return p.dtype if p.is_floating_point() else self.model.dtype
 
     @contextmanager
     def session(self) -> Iterator["TransformersJudge"]:
@@ -250,6 +273,7 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
             outer = self._session_images is not None
             if not outer:
                 self._session_images = {}
+                self._session_keys = ImageKeys()
                 self._session_prefixes = {} if self.prefix_cache_bytes > 0 else None
                 self._cached_bytes = 0
             try:
@@ -257,6 +281,7 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
             finally:
                 if not outer:
                     self._session_images = None
+                    self._session_keys = None
                     self._session_prefixes = None
 
     def generate(self, conversations: Sequence[Conversation], *, n: int = 1, temperature: float = 0.0,
@@ -273,7 +298,8 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
         import torch
 
         with self._lock, torch.inference_mode():
-            convs, images = self._prepare(conversations)
+            # seeded sampling seeds each row from its content: the full content hashes of its images
+            convs, images = self._prepare(conversations, digests=temperature > 0 and seed is not None)
             back = None
             if temperature == 0 or seed is not None:
                 # a repeated conversation decodes to the same texts (greedy, or sampled with the per-row seed
@@ -307,10 +333,11 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
 
         out = self._next_token_scores(conversations, choices,
                                       lambda logits, ids: torch.log_softmax(logits, -1)[:, ids].exp()).clone()
-        bad = ~torch.isfinite(out).all(1)
-        out[bad] = float("nan")
+        bad = (~torch.isfinite(out).all(1)).tolist()
+        if any(bad):
+            out[torch.tensor(bad)] = float("nan")
         if reasons is not None:
-            reasons[:] = ["the judge model's logits are not finite" if bool(b) else None for b in bad]
+            reasons[:] = ["the judge model's logits are not finite" if b else None for b in bad]
         return out
 
     def _next_token_scores(self, conversations: Sequence[Conversation], choices: Sequence[str], fn):
@@ -335,7 +362,24 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
             return probs if back is None else probs[torch.tensor(back, dtype=torch.long)]
 
     def choice_token_ids(self, choices: Sequence[str]) -> list[int]:
-        """Token id of each choice; :class:`ChoiceError` when one is not exactly one token."""
+        """Token id of each choice; :class:`ChoiceError` when one is not exactly one token. Kept per choices (the
+        tokenizer does not change): a judge reward asks the same labels at every call."""
+        key = tuple(choices) if isinstance(choices, (list, tuple)) and all(type(c) is str for c in choices) else None
+        got = self._choice_ids.get(key) if key is not None else None
+        if got is None:
+            try:
+                got = self._choice_token_ids(choices)
+            except ChoiceError as exc:
+                got = exc
+            if key is not None:
+                if len(self._choice_ids) >= 256:
+                    self._choice_ids.clear()
+                self._choice_ids[key] = got
+        if isinstance(got, ChoiceError):
+            raise ChoiceError(str(got))
+        return list(got)
+
+    def _choice_token_ids(self, choices: Sequence[str]) -> list[int]:
         check_choices(choices)
         out = []
         for c in choices:
@@ -354,13 +398,16 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
         return self.processor.apply_chat_template(list(conv), tokenize=False, add_generation_prompt=not cont,
                                                   continue_final_message=cont)
 
-    def _prepare(self, conversations: Sequence[Conversation]) -> tuple[list[_Conv], dict[str, _Img]]:
-        """Token ids with image placeholders expanded, plus the encoded features of every distinct image."""
-        from ..media import _to_pil, image_hash
+    def _prepare(self, conversations: Sequence[Conversation],
+                 digests: bool = False) -> tuple[list[_Conv], dict[str, _Img]]:
+        """Token ids with image placeholders expanded, plus the encoded features of every distinct image.
+        ``digests``: also each conversation's images' full content hashes (``_Conv.image_digests``)."""
+        from ..media import _to_pil
 
         texts, conv_imgs = [], []
         pending: dict[str, Any] = {}
-        seen: dict[int, str] = {}  # id(image object) -> content hash: the same object is hashed once per call
+        image_keys = self._session_keys if self._session_keys is not None else ImageKeys()
+        seen: dict[int, str] = {}  # id(image object) -> content key: the same object is keyed once per call
         first: dict[tuple, int] = {}  # a repeated conversation (same texts, same image objects) is prepared once
         which: list[int] = []
         for conv in conversations:
@@ -380,7 +427,7 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
                 h = seen.get(id(im))
                 if h is None:
                     pil = _to_pil(im)
-                    h = seen[id(im)] = image_hash(pil)
+                    h = seen[id(im)] = image_keys.key(pil)
                     pending.setdefault(h, pil)
                 keys.append(h)
             conv_imgs.append(keys)
@@ -398,7 +445,8 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
                 ids.extend([img] * feats[key].n_tokens)
                 end, prev = len(ids), p + 1
             ids.extend(raw[prev:])
-            convs.append(_Conv(ids=ids, images=keys, image_end=end))
+            convs.append(_Conv(ids=ids, images=keys, image_end=end,
+                               image_digests=[image_keys.digest(k) for k in keys] if digests else None))
         return (convs if len(convs) == len(which) else [convs[j] for j in which]), feats
 
     def _encode_images(self, pending: dict[str, Any]) -> dict[str, _Img]:
@@ -412,8 +460,9 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
             thw = enc["image_grid_thw"].to(self.device)
             out = self.model.model.get_image_features(pv, thw, return_dict=True)
             deep = getattr(out, "deepstack_features", None)
+            grids = enc["image_grid_thw"].tolist()
             for i, h in enumerate(part):
-                cache[h] = _Img(grid_thw=thw[i], n_tokens=int(thw[i].prod()) // self.merge ** 2,
+                cache[h] = _Img(grid_thw=thw[i], n_tokens=int(thw[i].prod()) // self.merge ** 2, thw=tuple(grids[i]),
                                 embeds=out.pooler_output[i],
                                 deepstack=[d[i] for d in deep] if deep else None)
             self._feature_cls = type(out)
@@ -497,20 +546,24 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
         P = len(prefixes)
         ids, mask = _left_padded([p for p, _ in prefixes], L, self.pad_id, dev)
         order = [h for _, keys in prefixes for h in keys]  # placeholder order, row-major
-        mm_types = (ids == self.image_token_id).int()
-        grid = torch.stack([feats[h].grid_thw for h in order]).to(dev) if order else None
-        pos = self._rope_positions(mm_types, mask, grid)
-        if pos is None:  # the model's own (a Python loop over rows and runs); next position from its deltas
-            pos, deltas = self.model.model.get_rope_index(ids, mm_types, image_grid_thw=grid, attention_mask=mask)
-            next_pos = mask.sum(-1) + deltas.reshape(-1).to(dev)
-        else:  # the same positions in a few vectorised operations; the next one follows the largest
-            next_pos = pos.amax(dim=(0, 2)) + 1
+        got = self._prefix_positions(prefixes, feats, L)
+        if got is not None:  # each row's positions as a verified computation gave them for its layout
+            pos, next_pos = got
+        else:
+            mm_types = (ids == self.image_token_id).int()
+            grid = torch.stack([feats[h].grid_thw for h in order]).to(dev) if order else None
+            pos = self._rope_positions(mm_types, mask, grid)
+            if pos is None:  # the model's own (a Python loop over rows and runs); next position from its deltas
+                pos, deltas = self.model.model.get_rope_index(ids, mm_types, image_grid_thw=grid,
+                                                              attention_mask=mask)
+                next_pos = mask.sum(-1) + deltas.reshape(-1).to(dev)
+            else:  # the same positions in a few vectorised operations; the next one follows the largest
+                next_pos = pos.amax(dim=(0, 2)) + 1
         kwargs = self._encoder_outputs(order, feats)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
                          **kwargs)
-        valid = mask.sum(-1)
         self.stats["prefixes"] += P
-        self.stats["prefill_tokens"] += int(valid.sum())
+        self.stats["prefill_tokens"] += sum(len(p) for p, _ in prefixes)  # the unmasked tokens
         return {"cache": _cache_of(out), "ids": ids, "mask": mask, "next_pos": next_pos, "pos": pos}
 
     def _encoder_outputs(self, order: list[str], feats: dict[str, _Img]) -> dict[str, Any]:
@@ -523,16 +576,6 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
             n_layers = len(feats[order[0]].deepstack)
             fk["deepstack_features"] = [tuple(feats[h].deepstack[li] for h in order) for li in range(n_layers)]
         return {"mm_encoder_outputs": {"image": self._feature_cls(**fk)}}
-
-    def _rope_positions(self, mm_types: Any, mask: Any, grid: Any):
-        """``[3, P, L]`` M-RoPE positions of left-padded prefixes with images, computed by
-        :func:`rewardkit.models.rope.mrope_position_ids` (equal to ``get_rope_index`` for still images of the
-        Qwen-VL models it is verified on, ``tests/models/test_rope.py``), or None: the model computes them."""
-        from ..models.rope import VERIFIED_MODEL_TYPES, mrope_position_ids
-
-        if grid is None or getattr(self.model.config, "model_type", None) not in VERIFIED_MODEL_TYPES:
-            return None
-        return mrope_position_ids(mm_types, mask, grid, self.merge)
 
     def _continue(self, state: dict[str, Any], which: list[int], suffixes: list[list[int]], extra: int = 0,
                   images: list[list[str]] | None = None, feats: dict[str, _Img] | None = None):
@@ -548,13 +591,15 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
         import torch
 
         dev = self.device
-        idx = torch.tensor(which, dtype=torch.long, device=dev)
         R, S = len(suffixes), max(len(s) for s in suffixes)
+        # every prefix row once, in order (one continuation per prefix, e.g. VQAScore): no row selection
+        same = R == state["mask"].shape[0] and which == list(range(R))
+        idx = None if same else torch.tensor(which, dtype=torch.long, device=dev)
         sids, smask = _left_padded(suffixes, S, self.pad_id, dev)
-        full_mask = torch.cat([state["mask"].index_select(0, idx), smask], dim=1)
-        start = state["next_pos"].index_select(0, idx)
+        full_mask = torch.cat([state["mask"] if same else state["mask"].index_select(0, idx), smask], dim=1)
+        start = state["next_pos"] if same else state["next_pos"].index_select(0, idx)
         kwargs: dict[str, Any] = {}
-        if self.image_token_id in sids:
+        if any(self.image_token_id in s for s in suffixes):  # (searched in the lists: no tensor op)
             order = [h for keys in images or [] for h in keys]
             rel = None
             if order and feats is not None:
@@ -575,9 +620,9 @@ class TransformersJudge(PrefixCacheMixin, DecodeMixin, PackedScoringMixin, Judge
         attn = full_mask
         if self._additive_masks():  # the float mask SDPA would convert the boolean one to, built once
             W = full_mask.shape[1]
-            attn = _additive_mask(full_mask, state["mask"].shape[1], S, self.model.dtype,
-                                  out=self._mask_buffer(R * S * W, self.model.dtype))
+            attn = _additive_mask(full_mask, state["mask"].shape[1], S, self._float_dtype(),
+                                  out=self._mask_buffer(R * S * W, self._float_dtype()))
         out = self.model(input_ids=sids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1,
                          **kwargs, **_cache_arg(self.model, cache))
-        self.stats["prefill_tokens"] += int(smask.sum())
+        self.stats["prefill_tokens"] += sum(len(s) for s in suffixes)  # the unmasked tokens
         return out.logits[:, -1], _cache_of(out), (full_mask, pos[0, :, -1], pos)

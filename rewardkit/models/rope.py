@@ -33,6 +33,15 @@ def mrope_position_ids(mm_token_type_ids: torch.Tensor, attention_mask: torch.Te
     types = mm_token_type_ids
     if types.ndim != 2:
         return None
+    if types.device.type == "cpu" and (attention_mask is None or attention_mask.device.type == "cpu") \
+            and image_grid_thw.device.type == "cpu":
+        return _mrope_numpy(types, attention_mask, image_grid_thw, spatial_merge_size)
+    return _mrope_torch(types, attention_mask, image_grid_thw, spatial_merge_size)
+
+
+def _mrope_torch(types: torch.Tensor, attention_mask: torch.Tensor | None, image_grid_thw: torch.Tensor,
+                 spatial_merge_size: int) -> torch.Tensor | None:
+    """:func:`mrope_position_ids` in torch operations (tensors on an accelerator)."""
     b, t = types.shape
     dev = types.device
     mask = torch.ones((b, t), dtype=torch.bool, device=dev) if attention_mask is None else attention_mask.bool()
@@ -75,6 +84,53 @@ def mrope_position_ids(mm_token_type_ids: torch.Tensor, attention_mask: torch.Te
     pos = text_pos.masked_fill(~mask, 0).unsqueeze(0).repeat(3, 1, 1)
     pos[:, img] = base[k].unsqueeze(0) + rel
     return pos
+
+
+def _mrope_numpy(types: torch.Tensor, attention_mask: torch.Tensor | None, image_grid_thw: torch.Tensor,
+                 merge: int) -> torch.Tensor | None:
+    """:func:`mrope_position_ids` for CPU tensors: the same integer steps in numpy, whose per-operation cost is
+    a fraction of torch's on the small tensors of a batch's positions (about a tenth of the time; issue 41)."""
+    import numpy as np
+
+    ty = types.numpy() if types.dtype == torch.int64 else types.to(torch.int64).numpy()
+    b, t = ty.shape
+    mask = np.ones((b, t), dtype=bool) if attention_mask is None else attention_mask.numpy().astype(bool)
+    img = (ty == 1) & mask
+    grid = image_grid_thw.to(torch.int64).numpy().reshape(-1, 3)
+    n_valid = mask.sum(1)
+    first = mask.argmax(1)
+    last = (t - 1) - mask[:, ::-1].argmax(1)
+    starts = img.copy()
+    starts[:, 1:] &= ~img[:, :-1]  # first token of each run of image tokens
+    n_runs = int(starts.sum())
+    gm = grid.copy()
+    gm[:, 1:] //= merge
+    sizes = gm.prod(-1)
+    if n_runs != grid.shape[0] or bool(((ty != 0) & (ty != 1) & mask).any()) \
+            or bool(((n_valid > 0) & (last - first + 1 != n_valid)).any()):
+        return None
+    if n_runs == 0:
+        return None
+    run = np.maximum(starts.reshape(-1).cumsum() - 1, 0).reshape(b, t)
+    k = run[img]
+    if not np.array_equal(np.bincount(k, minlength=n_runs), sizes):
+        return None
+    c = mask.cumsum(1, dtype=np.int64) - 1
+    adv = np.maximum(grid[:, 1], grid[:, 2]) // merge
+    shift = np.zeros((b, t), dtype=np.int64)
+    shift[starts] = adv - sizes
+    after = shift.cumsum(1)
+    text_pos = c + after
+    start_c = c[starts]
+    base = start_c + after[starts] - (adv - sizes)
+    j = c[img] - start_c[k]
+    hw = gm[k, 1] * gm[k, 2]
+    w = gm[k, 2]
+    pos = np.repeat(np.where(mask, text_pos, 0)[None], 3, axis=0)
+    pos[0][img] = base[k] + j // hw
+    pos[1][img] = base[k] + (j // w) % gm[k, 1]
+    pos[2][img] = base[k] + j % w
+    return torch.from_numpy(pos)
 
 
 #: model types whose ``get_rope_index`` :func:`mrope_position_ids` reproduces for still images (tests/models/test_rope.py)

@@ -141,9 +141,11 @@ class VQAScore(JudgePolicyMixin, Reward):
                 reasons[i] = f"{JUDGE_FAILURE_PREFIX}: {err}"
                 p_yes[i] = float("nan")
         ok = torch.isfinite(p_yes) & (p_yes >= 0) & (p_yes <= 1)  # NaN fails every comparison: invalid
-        errors = [None if bool(v) else (reasons[i] or "the judge returned no probability for the answer label (no usable log-probability)")
-                  for i, v in enumerate(ok)]
-        p_yes[~ok] = float("nan")
+        flags = ok.tolist()
+        errors = [None if v else (reasons[i] or "the judge returned no probability for the answer label (no usable log-probability)")
+                  for i, v in enumerate(flags)]
+        if not all(flags):
+            p_yes[~ok] = float("nan")
         return RewardOutput(scores=p_yes, valid=ok, errors=errors, info=info)
 
     @classmethod

@@ -194,23 +194,33 @@ def test_unique_needs_equal_ids_and_images():
     assert _unique([x, collide]) == ([x, collide], None)
 
 
-def test_seed_digest_is_the_blake2b_of_ids_and_image_keys(images):
-    """The per-row seed material of seeded sampling, now computed only when sampling asks for it: the same
-    value as before (blake2b-64 of the int64 ids then the joined image keys, little-endian), so seeded samples
-    do not change."""
+def test_seed_digest_is_the_blake2b_of_ids_and_image_content_hashes(images):
+    """The per-row seed material of seeded sampling, computed only when sampling asks for it: the same value as
+    before the cheap image keys (blake2b-64 of the int64 ids then the joined full content hashes of the images,
+    ``media.image_hash``, little-endian; those hashes were the image keys then), so seeded samples do not
+    change. Without the hashes (scoring) it refuses rather than seed from the keys."""
     import hashlib
     from array import array
 
+    from rewardkit.media import _to_pil, image_hash
+
     model, proc = tiny_qwen2_5_vl()
     judge = TransformersJudge(model, proc)
+    qs = questions(images)
     with torch.inference_mode():
-        convs, _ = judge._prepare(questions(images))
-    for c in convs:
+        convs, _ = judge._prepare(qs, digests=True)
+        plain, _ = judge._prepare(qs)
+    for c, q in zip(convs, qs):
         assert c.digest is None  # not computed while preparing
+        ims = [item["image"] for msg in q if isinstance(msg["content"], list) for item in msg["content"]
+               if item.get("type") == "image"]
+        assert c.image_digests == [image_hash(_to_pil(im)) for im in ims]
         h = hashlib.blake2b(digest_size=8)
         h.update(array("q", c.ids).tobytes())
-        h.update("".join(c.images).encode())
+        h.update("".join(c.image_digests).encode())
         assert c.seed_digest() == int.from_bytes(h.digest(), "little") == c.digest
+    with pytest.raises(RuntimeError, match="digests=True"):
+        plain[0].seed_digest()
 
 
 # ------------------------------------------------------------------------------------ continuation rows
@@ -304,14 +314,94 @@ def test_a_repeated_conversation_is_prepared_once(images, monkeypatch):
     render = judge._templates.render
     monkeypatch.setattr(judge._templates, "render", lambda c: rendered.append(c) or render(c))
     with torch.inference_mode():
-        convs, _ = judge._prepare([a, b, rebuilt, other_objects, a])
-        alone, _ = judge._prepare([a, b])
+        convs, _ = judge._prepare([a, b, rebuilt, other_objects, a], digests=True)
+        alone, _ = judge._prepare([a, b], digests=True)
     assert len(rendered) == 3 + 2  # a, b, other_objects; then a, b
     assert convs[0] is convs[2] is convs[4] and convs[3] is not convs[0]
     for c in (convs[0], convs[3]):
         assert (c.ids, c.images, c.image_end, c.seed_digest()) == (alone[0].ids, alone[0].images,
                                                                    alone[0].image_end, alone[0].seed_digest())
     assert convs[1].ids == alone[1].ids
+
+
+def test_cached_row_positions_are_the_batch_positions(tiny, images):
+    """Prefix positions from the per-layout cache (a miss, then hits) are the vectorised batch computation's and
+    the model's own ``get_rope_index``'s, with left padding and several images per row; rows of another image
+    size or text length get their own entries; a layout the ids do not match is not served from the cache."""
+    model, proc = tiny
+    judge = TransformersJudge(model, proc)
+    with torch.inference_mode():
+        cs, feats = judge._prepare(questions(images)[:4])  # rows with images only
+        prefixes, _, _ = judge._plan(cs)
+        got = []
+        for _ in range(2):  # misses (filled), then hits
+            judge._pos_cache_on = True
+            got.append(judge._prefill(prefixes, feats))
+        assert len(judge._pos_cache) == len({(len(p), tuple(k)) for p, k in prefixes})
+        judge._pos_cache_on = False
+        ref_st = judge._prefill(prefixes, feats)
+        ids, mask = ref_st["ids"], ref_st["mask"]
+        grid = torch.stack([feats[h].grid_thw for _, keys in prefixes for h in keys])
+        types = (ids == judge.image_token_id).int()
+        ref, deltas = model.model.get_rope_index(ids, types, image_grid_thw=grid, attention_mask=mask)
+        judge._pos_cache_on = True
+        # an image token outside the image runs: no cached layout fits, the batch path decides
+        p0, k0 = prefixes[0]
+        stray = (p0[:-1] + [judge.image_token_id], k0)
+        assert judge._prefix_positions([stray], feats, len(p0)) is None
+    assert len(set(mask.sum(-1).tolist())) > 1
+    for st in got:
+        assert torch.equal(st["pos"], ref_st["pos"]) and torch.equal(st["next_pos"], ref_st["next_pos"])
+        assert torch.equal(st["pos"][:, mask.bool()], ref[:, mask.bool()])
+        assert torch.equal(st["next_pos"], mask.sum(-1) + deltas.reshape(-1))
+
+
+@pytest.mark.parametrize("extra", [0, 3])
+def test_continuing_every_prefix_row_leaves_the_prefix_cache_as_it_was(tiny, images, extra):
+    """One continuation per prefix row, in order, forks without selecting rows first: the forward that extends
+    the fork (dynamic, or static with room for decoding) must not write into the prefix state's tensors, so a
+    second continuation of the same state gives the same logits, equal to the row-selecting fork's."""
+    model, proc = tiny
+    judge = TransformersJudge(model, proc)
+    with torch.inference_mode():
+        cs, feats = judge._prepare(questions(images)[:4])
+        prefixes, split, prefix_of = judge._plan(cs)
+        st = judge._prefill(prefixes, feats)
+        before = [(layer.keys.clone(), layer.values.clone()) for layer in st["cache"].layers]
+        rows = {prefix_of[c]: c for c in range(len(cs))}  # one conversation per prefix
+        which = sorted(rows)
+        assert which == list(range(len(prefixes)))
+        suffixes = [cs[rows[p]].ids[split[rows[p]]:] for p in which]
+        first = judge._continue(st, which, suffixes, extra)[0]
+        second = judge._continue(st, which, suffixes, extra)[0]
+        # the same rows through index_select (a permutation made identity again), as before the shortcut
+        perm = list(reversed(which))
+        third = judge._continue(st, perm, suffixes[::-1], extra)[0].flip(0)
+    for layer, (k, v) in zip(st["cache"].layers, before):
+        assert torch.equal(layer.keys, k) and torch.equal(layer.values, v)
+    assert torch.equal(first, second)
+    torch.testing.assert_close(first, third, rtol=1e-5, atol=1e-6)  # another row order: batch rounding only
+
+
+def test_choice_token_ids_are_kept_per_choices(tiny):
+    model, proc = tiny
+    judge = TransformersJudge(model, proc)
+    calls = []
+    enc = judge.tokenizer.encode
+    judge.tokenizer.encode = lambda *a, **k: calls.append(a) or enc(*a, **k)
+    try:
+        first = judge.choice_token_ids(["Yes", "No"])
+        again = judge.choice_token_ids(("Yes", "No"))
+        assert first == again and len(calls) == 2  # tokenized once
+        again.append(-1)  # a caller's list: the kept one is not changed
+        assert judge.choice_token_ids(["Yes", "No"]) == first
+        from rewardkit.judges.base import ChoiceError
+
+        for _ in range(2):  # the refusal is kept too, and raised every time
+            with pytest.raises(ChoiceError):
+                judge.choice_token_ids(["Yes", "Yes"])
+    finally:
+        del judge.tokenizer.encode
 
 
 def test_prefill_positions_are_the_models_get_rope_index(tiny, images):
