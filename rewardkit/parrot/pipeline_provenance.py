@@ -84,15 +84,15 @@ def _where_aside(teacher: str, spec: Any) -> str:
 def dataset_identity(data: Any, ds: Any, seed: int) -> tuple[str, str | None]:
     """``(data, data_content)`` of a :class:`~rewardkit.parrot.pipeline_config.DataCfg` whose rows ``ds`` are
     (as loaded, before ``max_samples``): for local files the absolute path and ``content:<digest>`` of the
-    files the rows are read from, their bytes in order (:func:`rewardkit.train.data.pair_files`; one file: its
+    files the rows are read from, their bytes in order (:func:`rewardkit.train.data._pair_files`; one file: its
     :func:`~rewardkit.fingerprint.file_digest`, so a folder and its ``metadata.jsonl`` are one dataset; the
     image files the rows name are not part of it); for a hub dataset its id and
     ``datasets:<split>:<fingerprint>`` (the ``datasets`` cache key: id, configuration, revision commit, split;
     None when it has none); for ``synthetic:...`` the parameters that make its rows."""
-    from ..train.data import pair_files
+    from ..train.data import _pair_files
 
     src = data.train
-    files = pair_files(src)
+    files = _pair_files(src)
     if files is not None:
         from ..fingerprint import _load_memo, _save_memo, default_memo_dir, file_digest
 

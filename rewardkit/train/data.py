@@ -146,7 +146,7 @@ def synthetic_brightness_pairs(n: int, *, seed: int = 0, size: int = 32, tie_fra
     return datasets.Dataset.from_dict(rows, features=features)
 
 
-def pair_files(source: str) -> list[Path] | None:
+def _pair_files(source: str) -> list[Path] | None:
     """The local files :func:`load_pairs` reads the rows of ``source`` from, in order: the file itself, or a
     folder's ``metadata.parquet`` / ``metadata.jsonl`` (the first found), else its ``*.parquet``, else its
     ``*.jsonl``, sorted. None for what is not a local path (``synthetic:...``, a hub id). Raises for a local
@@ -186,7 +186,7 @@ def load_pairs(source: str, *, split: str = "train", layout: str = "auto", max_s
         if kind != "brightness":
             raise ValueError(f"unknown synthetic data {source!r}; use synthetic:brightness")
         ds = synthetic_brightness_pairs(synthetic_size, seed=seed + (0 if split == "train" else 10_000))
-    elif (files := pair_files(source)) is not None:
+    elif (files := _pair_files(source)) is not None:
         builder = _FILE_BUILDERS[files[0].suffix.lower()]
         ds = datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train")
         p = Path(source).expanduser()
