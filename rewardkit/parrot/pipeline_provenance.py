@@ -22,6 +22,7 @@ synthetic set's parameters. Records written before ``data_content`` (only the pa
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -136,7 +137,10 @@ def _data_difference(rec: dict[str, Any], prov: dict[str, Any]) -> tuple[str | N
     return f"data: {old!r} in the file, {new!r} now", False
 
 
+@functools.lru_cache(maxsize=64)
 def _resolved(s: str) -> str:
+    """``s`` as an absolute path, links resolved (memoised within one check: every old record of a stage file
+    names the same place)."""
     try:
         return str(Path(s).expanduser().resolve())
     except (OSError, RuntimeError, ValueError):
@@ -241,6 +245,7 @@ class ProvenanceChecks:
         from ..errors import ConfigError
 
         prov = prov or self._prov_fields()
+        _resolved.cache_clear()  # (a link may have moved since the last check)
         own = {"rationalize": self.rationales, "filter": self.filtered, "project": self.projected}.get(stage)
         aside: dict[tuple, str] = {}
         for store in (self.rationales, self.filtered, self.projected):
