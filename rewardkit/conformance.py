@@ -32,8 +32,9 @@ _LONG_PROMPT = ("a very detailed photograph of a red apple on an old wooden tabl
                 "and a city street at night reflected in the glass, shot on film with a shallow depth of field")
 
 #: ``check_thread_safety``: worker threads, and calls per thread (each call scores 2 samples) for rewards that
-#: declare ``thread_safe`` (others are serialised by the base class: one round checks the plumbing around them).
-#: 8 x 16 calls caught the shared-tokenizer race of issue 9 (about 1 call in 20 failed) in every one of 20 runs.
+#: declare ``thread_safe`` (others are serialised by the base class: one round of one-sample calls checks the
+#: plumbing around them). 8 x 16 calls caught the shared-tokenizer race of issue 9 (about 1 call in 20 failed) in
+#: every one of 20 runs.
 THREADS = 8
 THREAD_ROUNDS = 16
 
@@ -160,11 +161,19 @@ def check_thread_safety(reward: Reward, threads: int = THREADS, rounds: int | No
     than any text window, so a tokenizer's truncation path runs beside its plain path (shared tokenizer
     state is the usual culprit). The interpreter's thread switch interval is shortened for the duration, so
     threads interleave often enough to expose such races in a few dozen calls.
+
+    A reward that is not ``thread_safe`` (nor ``batch_relative``) is scored one sample per call, short and long
+    prompts alternating: the base class serialises its ``_score``, so what runs concurrently is the plumbing
+    around it (decoding, the per-call scope such as a judge session), and shorter scoring leaves more calls
+    inside each other's plumbing. A judge session made shared across threads (its lock taken out) was caught
+    in 54 of 180 runs this way, against 4 of 180 with two-sample calls, for less than half the CPU (the tiny
+    QwenVL, VQAScore, UnifiedReward, EVR and RationalRewards judges).
     """
     n = threads
     rounds = rounds if rounds is not None else (THREAD_ROUNDS if reward.thread_safe else 1)
     x = sample_inputs(reward, n=n, long_prompts=True)
-    calls = [[i, (i + 1) % n] for i in range(n)]  # each call: one short and one long prompt
+    per_call = 2 if reward.thread_safe or reward.batch_relative else 1
+    calls = [[i, (i + 1) % n][:per_call] for i in range(n)]  # one short and one long prompt (or alternating)
 
     def call(j: int) -> RewardOutput:
         idx = calls[j]

@@ -2,7 +2,8 @@
 
 Files in ``output_dir`` (JSON Lines, readable with ``datasets.load_dataset("json", data_files=...)``; one
 record per source row (per row and image for the projection), each with its provenance: ``teacher``,
-``template`` (``parrot/<name>@<version>``), ``seed``, ``data`` (the dataset) and ``row`` (its index there)):
+``template`` (``parrot/<name>@<version>``), ``seed``, ``data`` and ``data_content`` (the dataset: where it lies
+and what it is, :func:`~rewardkit.parrot.pipeline_provenance.dataset_identity`) and ``row`` (its index there)):
 
 - ``rationales.jsonl``: stage 1, the anchored pairwise rationale of each pair (``status`` ok / unparseable /
   judge_failure / skipped, ``reason`` when not ok, ``dimension`` when one section was at fault);
@@ -19,7 +20,8 @@ Resume: a stage skips the rows (keys) its file already holds and appends the res
 batch at a time; a partial last line left by a crash is cut off on reopening (a last record that parses is
 kept); so a crashed run continues without duplicates or gaps. Records of judge failures are retried on the
 next run (``retry_failed``). Only records of the same run are resumed from: a stage rerun in the same
-``output_dir`` with another teacher, template, seed or dataset than its file's records is refused
+``output_dir`` with another teacher, template, seed or dataset (by content: an edited file at the same path is
+another dataset, the same file spelled another way is not) than its file's records is refused
 (``ConfigError``, exit 2), never mixed with the old rationales; a stage never reads another dataset's records.
 
 The teacher is any judge backend (``transformers:<ckpt>``, ``vllm:<ckpt>``, ``openai:<url>``), ``tiny:qwen2_5_vl``
@@ -37,7 +39,7 @@ from typing import Any, Iterable
 
 from .format import CONSISTENCY_VIEWS
 from .pipeline_config import DataCfg, ParrotConfig, SFTCfg, TeacherCfg
-from .pipeline_provenance import ProvenanceChecks
+from .pipeline_provenance import ProvenanceChecks, dataset_identity
 from .pipeline_report import REASONS, filter_report
 from .pipeline_stages import filter_records, project_records, rationale_records
 from .pipeline_store import JsonlStore
@@ -93,9 +95,13 @@ class Pipeline(ProvenanceChecks):
         self.out = Path(cfg.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         d = cfg.data
-        self.ds, self.base_dir = load_pairs(d.train, split=d.split, layout=d.layout, max_samples=d.max_samples,
-                                            synthetic_size=d.synthetic_size, seed=cfg.seed,
-                                            revision=d.revision) if load_data else (None, None)
+        self.ds, self.base_dir, self._data_id = None, None, None
+        if load_data:  # (max_samples after the dataset's identity: a longer run resumes from a shorter one)
+            self.ds, self.base_dir = load_pairs(d.train, split=d.split, layout=d.layout, seed=cfg.seed,
+                                                synthetic_size=d.synthetic_size, revision=d.revision)
+            self._data_id = dataset_identity(d, self.ds, cfg.seed)
+            if d.max_samples is not None and len(self.ds) > d.max_samples:
+                self.ds = self.ds.select(range(d.max_samples))
         self.template = load_template("parrot", cfg.template)
         self._teacher = teacher
         self._teacher_spec = cfg.teacher.judge if teacher is None else None  # (a teacher passed ready: its describe())

@@ -9,16 +9,29 @@ The teacher is compared by its weights' content when both the record and this ru
 teacher's description that say where the weights lie (the transformers and vLLM backends' ``model``, the spec's
 path) are not compared, so an equal checkpoint at another path resumes and new weights at the same path are
 refused. Without a content fingerprint on either side (a hosted model, a teacher passed ready, a record written
-before fingerprints) the spec and the whole description must match."""
+before fingerprints) the spec and the whole description must match.
+
+The dataset is compared by what it is, not by how ``data.train`` spells it (records are keyed by row index, so
+another dataset's records would be paired with this one's rows): ``data`` is where it lies (a local file or
+folder resolved to its absolute path, else the source as given) and ``data_content`` its identity
+(:func:`dataset_identity`): the content digest of the files the rows are read from (:mod:`rewardkit.fingerprint`;
+the same file under another spelling, a copy or a symlink resumes, rows edited, reordered or appended are
+refused), the ``datasets`` fingerprint of a hub dataset (name, configuration, revision commit, split) or the
+synthetic set's parameters. Records written before ``data_content`` (only the path string) resume when
+``data`` names the same place (compared resolved), with a warning that their content could not be verified."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import time
+import warnings
+from pathlib import Path
 from typing import Any
 
-__all__ = ["ProvenanceChecks"]
+__all__ = ["ProvenanceChecks", "dataset_identity"]
 
 #: the fields of a record's provenance that must match the current run's to resume from it
 _PROVENANCE = ("teacher", "template", "seed", "data")
@@ -69,6 +82,71 @@ def _where_aside(teacher: str, spec: Any) -> str:
                       sort_keys=True)
 
 
+def dataset_identity(data: Any, ds: Any, seed: int) -> tuple[str, str | None]:
+    """``(data, data_content)`` of a :class:`~rewardkit.parrot.pipeline_config.DataCfg` whose rows ``ds`` are
+    (as loaded, before ``max_samples``): for local files the absolute path and ``content:<digest>`` of the
+    files the rows are read from, their bytes in order (:func:`rewardkit.train.data._pair_files`; one file: its
+    :func:`~rewardkit.fingerprint.file_digest`, so a folder and its ``metadata.jsonl`` are one dataset; the
+    image files the rows name are not part of it); for a hub dataset its id and
+    ``datasets:<split>:<fingerprint>`` (the ``datasets`` cache key: id, configuration, revision commit, split;
+    None when it has none); for ``synthetic:...`` the parameters that make its rows."""
+    from ..train.data import _pair_files
+
+    src = data.train
+    files = _pair_files(src)
+    if files is not None:
+        from ..fingerprint import _load_memo, _save_memo, default_memo_dir, file_digest
+
+        memo_dir = default_memo_dir()
+        memo = _load_memo(memo_dir)
+        before = dict(memo)
+        digests = [file_digest(f, memo) for f in files]
+        if memo != before:
+            _save_memo(memo_dir, memo)
+        root = str(Path(src).expanduser().resolve())
+        if len(files) == 1:
+            return root, f"content:{digests[0]}"
+        h = hashlib.blake2b(digest_size=16)  # the rows in order: the files' contents in order, not their names
+        for d in digests:
+            h.update(f"{d}\x1e".encode())
+        return root, f"content:{h.hexdigest()}"
+    if src.startswith("synthetic:"):
+        return src, f"{src}?size={data.synthetic_size}&split={data.split}&seed={seed}"
+    fp = getattr(ds, "_fingerprint", None)
+    return src, (f"datasets:{data.split}:{fp}" if fp else None)
+
+
+def _data_difference(rec: dict[str, Any], prov: dict[str, Any]) -> tuple[str | None, bool]:
+    """``(what differs, unverified)`` between a record's dataset and this run's: their ``data_content`` when
+    both have one (the spelling of the path is not compared), else ``data`` as a place (resolved paths).
+    ``unverified``: accepted by place alone, the record has no content to compare (written before
+    ``data_content``) while this run has one."""
+    old, new = rec.get("data"), prov.get("data")
+    oc, nc = rec.get("data_content"), prov.get("data_content")
+    if oc is not None and nc is not None:
+        if oc == nc:
+            return None, False
+        edited = (str(oc).startswith("content:") and str(nc).startswith("content:")
+                  and _resolved(str(old)) == _resolved(str(new)))
+        what = "the same path, other content: the file was changed since" if edited else "another dataset"
+        return f"data: {old!r} ({oc}) in the file, {new!r} ({nc}) now ({what})", False
+    if old is None or new is None:
+        return None, False
+    if old == new or _same_place(str(old), str(new)) or _resolved(str(old)) == _resolved(str(new)):
+        return None, oc is None and nc is not None
+    return f"data: {old!r} in the file, {new!r} now", False
+
+
+@functools.lru_cache(maxsize=64)
+def _resolved(s: str) -> str:
+    """``s`` as an absolute path, links resolved (memoised within one check: every old record of a stage file
+    names the same place)."""
+    try:
+        return str(Path(s).expanduser().resolve())
+    except (OSError, RuntimeError, ValueError):
+        return s
+
+
 def _differences(rec: dict[str, Any], prov: dict[str, Any], fields: tuple[str, ...],
                  aside: dict[tuple, str]) -> list[str]:
     """What differs between a record's provenance and this run's, field by field (a field missing or None on
@@ -78,6 +156,11 @@ def _differences(rec: dict[str, Any], prov: dict[str, Any], fields: tuple[str, .
                   and "teacher_weights" in fields)
     out = []
     for k in fields:
+        if k == "data":  # with data_content (:func:`_data_difference`)
+            d = _data_difference(rec, prov)[0]
+            if d:
+                out.append(d)
+            continue
         if k not in prov or rec.get(k) is None or prov[k] is None:
             continue
         old, new = rec[k], prov[k]
@@ -105,7 +188,7 @@ class ProvenanceChecks:
     def _prov(self, stage: str) -> dict[str, Any]:
         prov = {"stage": stage, "teacher": json.dumps(self.teacher.describe(), sort_keys=True),
                 "teacher_spec": self._teacher_spec, "teacher_weights": self._teacher_weights(),
-                "template": self.template.id, "seed": self.cfg.seed, "data": self.cfg.data.train, "time": _now()}
+                "template": self.template.id, "seed": self.cfg.seed, **self._data_fields(), "time": _now()}
         if stage == "filter":
             prov["consistency_view"] = self.cfg.consistency_view
         if stage not in self._provenance_checked:
@@ -125,6 +208,14 @@ class ProvenanceChecks:
             self._weights_memo = (c if c != self._teacher_spec else None,)
         return self._weights_memo[0]
 
+    def _data_fields(self) -> dict[str, Any]:
+        """``data`` and ``data_content`` (:func:`dataset_identity`, taken when the rows were loaded); without
+        rows of its own (``load_data=False``) ``data`` is the source as given and there is no content."""
+        ident = getattr(self, "_data_id", None)
+        if ident is None:
+            return {"data": self.cfg.data.train}
+        return {"data": ident[0], "data_content": ident[1]}
+
     def check_stage(self, stage: str) -> None:
         """:meth:`check_provenance` at the start of ``stage`` ("rationalize", "filter", "project", or "sft": the
         dataset of every stage file), also when it has nothing left to write (a rerun of a finished run with
@@ -133,7 +224,7 @@ class ProvenanceChecks:
         or the teacher itself when it is already there."""
         if stage in self._provenance_checked:
             return
-        prov: dict[str, Any] = {"template": self.template.id, "seed": self.cfg.seed, "data": self.cfg.data.train,
+        prov: dict[str, Any] = {"template": self.template.id, "seed": self.cfg.seed, **self._data_fields(),
                                 "teacher_spec": self._teacher_spec, "teacher_weights": self._teacher_weights()}
         if stage == "filter":
             prov["consistency_view"] = self.cfg.consistency_view
@@ -154,21 +245,34 @@ class ProvenanceChecks:
         from ..errors import ConfigError
 
         prov = prov or self._prov_fields()
+        _resolved.cache_clear()  # (a link may have moved since the last check)
         own = {"rationalize": self.rationales, "filter": self.filtered, "project": self.projected}.get(stage)
         aside: dict[tuple, str] = {}
         for store in (self.rationales, self.filtered, self.projected):
             fields = _PROVENANCE + ("teacher_spec", "teacher_weights") if store is own else ("data",)
             if store is own and own is self.filtered:  # stage 2's records depend on what it showed the teacher
                 fields += ("consistency_view",)
+            unverified = 0
             for rec in store.records.values():
                 # (a field this check does not know, or a record without it, e.g. a teacher passed ready: skipped)
                 diff = _differences(rec, prov, fields, aside)
                 if diff:
+                    changed = any("the file was changed since" in d for d in diff)
                     raise ConfigError(
                         f"{store.path} holds records of another run (row {rec.get('row')!r}: {'; '.join(diff)}). "
-                        f"Resuming would reuse them as this run's; use another output_dir, or delete "
-                        f"{store.path.parent}/{{rationales,filtered,projected}}.jsonl to start over")
+                        f"Resuming would reuse them as this run's"
+                        + (" (they are keyed by row index: rows edited, reordered or appended would be paired "
+                           "with other rows' records)" if changed else "")
+                        + f"; use another output_dir, or delete {store.path.parent}/"
+                        f"{{rationales,filtered,projected}}.jsonl to start over"
+                        + (", or restore the dataset these records were made from" if changed else ""))
+                unverified += _data_difference(rec, prov)[1]
+            if unverified:
+                warnings.warn(f"{store.path}: {unverified} record(s) written before dataset fingerprints (they "
+                              f"name their dataset {prov.get('data')!r} only): resumed, but their dataset's "
+                              f"content could not be verified (if the data changed since, delete the file to "
+                              f"start over); new records carry data_content", stacklevel=2)
 
     def _prov_fields(self) -> dict[str, Any]:
         return {"teacher": json.dumps(self.teacher.describe(), sort_keys=True), "template": self.template.id,
-                "seed": self.cfg.seed, "data": self.cfg.data.train}
+                "seed": self.cfg.seed, **self._data_fields()}

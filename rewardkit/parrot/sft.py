@@ -58,8 +58,10 @@ def example_images(ds: Any, base_dir: Any, ex: dict[str, Any]) -> list[Any]:
     return [*srcs, *(_to_image(r[n], base_dir) for n in names)]
 
 
-def _gen_examples(shard: list[dict[str, Any]], data: dict[str, Any]):
-    """``datasets`` generator (module level, closure-free: its fingerprint hashes only its arguments)."""
+def _gen_examples(shard: list[dict[str, Any]], data: dict[str, Any], identity: Any = None):
+    """``datasets`` generator (module level, closure-free: its fingerprint hashes only its arguments;
+    ``identity``, the dataset's content (:func:`~rewardkit.parrot.pipeline_provenance.dataset_identity`), is
+    there so that the cached examples of an edited file are not reused)."""
     from ..train.data import load_pairs
 
     ds, base_dir = load_pairs(**data)
@@ -79,7 +81,8 @@ def _examples_dataset(pipe: Any, examples: list[dict[str, Any]]) -> Any:
     data = {"source": d.train, "split": d.split, "layout": d.layout, "max_samples": d.max_samples,
             "synthetic_size": d.synthetic_size, "seed": pipe.cfg.seed, "revision": d.revision}
     return datasets.Dataset.from_generator(_gen_examples, features=features,
-                                           gen_kwargs={"shard": examples, "data": data},
+                                           gen_kwargs={"shard": examples, "data": data,
+                                                       "identity": getattr(pipe, "_data_id", None)},
                                            cache_dir=str(pipe.out / "sft-cache"))
 
 
@@ -254,7 +257,7 @@ def train_sft(pipe: Any) -> dict[str, Any]:
         m = trainer.accelerator.unwrap_model(m)
         with torch.no_grad():
             _save(m, processor, final, {"teacher": pipe.cfg.teacher.judge, "template": pipe.template.id,
-                                        "student": cfg.student, "seed": cfg.seed, "data": pipe.cfg.data.train,
+                                        "student": cfg.student, "seed": cfg.seed, **pipe._data_fields(),
                                         "filter": pipe.report(), **{k: v for k, v in summary.items() if k != "model"}})
     trainer.accelerator.wait_for_everyone()
     return summary

@@ -146,6 +146,29 @@ def synthetic_brightness_pairs(n: int, *, seed: int = 0, size: int = 32, tie_fra
     return datasets.Dataset.from_dict(rows, features=features)
 
 
+def _pair_files(source: str) -> list[Path] | None:
+    """The local files :func:`load_pairs` reads the rows of ``source`` from, in order: the file itself, or a
+    folder's ``metadata.parquet`` / ``metadata.jsonl`` (the first found), else its ``*.parquet``, else its
+    ``*.jsonl``, sorted. None for what is not a local path (``synthetic:...``, a hub id). Raises for a local
+    path it cannot read (an unsupported file, a folder without row files, a path that does not exist)."""
+    if source.startswith("synthetic:"):
+        return None
+    p = Path(source).expanduser()
+    if p.is_file():
+        if p.suffix.lower() not in _FILE_BUILDERS:
+            raise ValueError(f"unsupported data file {p} (use .parquet, .jsonl, .json or .csv)")
+        return [p]
+    if p.is_dir():
+        files = [f for name in ("metadata.parquet", "metadata.jsonl") if (f := p / name).is_file()]
+        files = files[:1] or sorted(p.glob("*.parquet")) or sorted(p.glob("*.jsonl"))
+        if not files:
+            raise FileNotFoundError(f"{p}: no metadata.jsonl / metadata.parquet / *.parquet / *.jsonl inside")
+        return files
+    if source.startswith((".", "/", "~")):
+        raise FileNotFoundError(f"data not found: {source}")
+    return None
+
+
 def load_pairs(source: str, *, split: str = "train", layout: str = "auto", max_samples: int | None = None,
                synthetic_size: int = 512, seed: int = 0, revision: str | None = None,
                check_labels: bool = True) -> tuple[Any, Path | None]:
@@ -163,26 +186,13 @@ def load_pairs(source: str, *, split: str = "train", layout: str = "auto", max_s
         if kind != "brightness":
             raise ValueError(f"unknown synthetic data {source!r}; use synthetic:brightness")
         ds = synthetic_brightness_pairs(synthetic_size, seed=seed + (0 if split == "train" else 10_000))
-    else:
+    elif (files := _pair_files(source)) is not None:
+        builder = _FILE_BUILDERS[files[0].suffix.lower()]
+        ds = datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train")
         p = Path(source).expanduser()
-        if p.is_file():
-            builder = _FILE_BUILDERS.get(p.suffix.lower())
-            if builder is None:
-                raise ValueError(f"unsupported data file {p} (use .parquet, .jsonl, .json or .csv)")
-            ds = datasets.load_dataset(builder, data_files=str(p), split="train")
-            base_dir = p.parent
-        elif p.is_dir():
-            files = [f for name in ("metadata.parquet", "metadata.jsonl") if (f := p / name).is_file()]
-            files = files[:1] or sorted(p.glob("*.parquet")) or sorted(p.glob("*.jsonl"))
-            if not files:
-                raise FileNotFoundError(f"{p}: no metadata.jsonl / metadata.parquet / *.parquet / *.jsonl inside")
-            builder = _FILE_BUILDERS[files[0].suffix.lower()]
-            ds = datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train")
-            base_dir = p
-        elif source.startswith((".", "/", "~")):
-            raise FileNotFoundError(f"data not found: {source}")
-        else:
-            ds = datasets.load_dataset(source, split=split, revision=revision)
+        base_dir = p if p.is_dir() else p.parent
+    else:
+        ds = datasets.load_dataset(source, split=split, revision=revision)
     ds = _apply_layout(ds, layout)
     bad = []
     for i, lab in enumerate(ds["label"] if check_labels else ()):

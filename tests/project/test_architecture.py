@@ -13,6 +13,7 @@ from __future__ import annotations
 import configparser
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,11 +27,11 @@ LINT = ("import sys; from importlinter.cli import lint_imports_command; "
         "sys.argv[0] = 'lint-imports'; sys.exit(lint_imports_command())")
 
 
-def _lint(root: Path) -> subprocess.CompletedProcess:
+def _lint(root: Path, **env_vars: str) -> subprocess.CompletedProcess:
     """``lint-imports`` on the ``rewardkit`` package under ``root`` (its ``.importlinter``), without a cache.
     import-linter is in the dev extra: without it this fails (ModuleNotFoundError in the output)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYTHONPATH"] = str(root)
+    env.update(env_vars, PYTHONPATH=str(root))
     return subprocess.run([sys.executable, "-c", LINT, "--no-cache", "--no-logo", str(root / ".importlinter")],
                           cwd=root, env=env, capture_output=True, text=True, timeout=120)
 
@@ -68,36 +69,69 @@ def test_every_top_level_module_is_in_a_layer():
     assert found - placed == set(), f"modules in no layer of .importlinter: {sorted(found - placed)}"
 
 
-@pytest.mark.parametrize("module, line, broken", [
+#: (module, planted line, the module it imports, the contract it must break)
+PLANTS = [
     # the contract importing an implementation (what reward.py did with judges.policy.join_reasons)
-    ("reward.py", "from .judges.policy import join_reasons as _j", "The contract imports no implementation"),
+    ("reward.py", "from .judges.policy import join_reasons as _j", "rewardkit.judges.policy",
+     "The contract imports no implementation"),
     # preprocess importing the Reward module back (the cycle the split removed)
-    ("preprocess.py", "from . import reward as _r", "preprocess never imports the Reward class's module"),
+    ("preprocess.py", "from . import reward as _r", "rewardkit.reward",
+     "preprocess never imports the Reward class's module"),
     # a reward importing a consumer
-    ("rewards/clipscore.py", "from ..bench import metrics as _m", "Layers"),
+    ("rewards/clipscore.py", "from ..bench import metrics as _m", "rewardkit.bench.metrics", "Layers"),
     # the dataset engines importing the glue folder back (what datasets/parrot.py did with integrations.ray)
-    ("datasets/parrot.py", "from ..integrations import ray as _r", "Layers"),
+    ("datasets/parrot.py", "from ..integrations import ray as _r", "rewardkit.integrations.ray", "Layers"),
     # one consumer importing another
-    ("rl/nft.py", "from ..bench import metrics as _m", "The consumers do not import each other"),
+    ("rl/nft.py", "from ..bench import metrics as _m", "rewardkit.bench.metrics",
+     "The consumers do not import each other"),
     # import rewardkit pulling torch
-    ("__init__.py", "import torch as _t", "import rewardkit stays light"),
+    ("__init__.py", "import torch as _t", "torch", "import rewardkit stays light"),
     # the serve folder loading a reward by name (what rewardkit.server's load_replicas does, above it)
-    ("serve/server.py", "from ..registry import load_reward as _l", "The serve folder knows the contract"),
+    ("serve/server.py", "from ..registry import load_reward as _l", "rewardkit.registry",
+     "The serve folder knows the contract"),
     # the binary body importing the JSON body back (the circle the move to serve/checks.py removed)
-    ("serve/binary.py", "from . import wire as _w", "The serve folder's own layers"),
-])
-def test_a_planted_upward_import_breaks_a_contract(tmp_path, module, line, broken):
-    """Non-vacuity: each contract fails on a copy of the package with one planted import."""
-    shutil.copytree(ROOT / "rewardkit", tmp_path / "rewardkit", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(CONFIG, tmp_path / ".importlinter")
-    target = tmp_path / "rewardkit" / module
-    text = target.read_text(encoding="utf-8")
-    head, sep, rest = text.partition("from __future__ import annotations\n")
-    target.write_text(head + sep + line + "\n" + rest, encoding="utf-8")
-    res = _lint(tmp_path)
+    ("serve/binary.py", "from . import wire as _w", "rewardkit.serve.wire", "The serve folder's own layers"),
+]
+
+
+@pytest.fixture(scope="module")
+def planted_lint(tmp_path_factory) -> tuple[dict[str, str], dict[str, int]]:
+    """One lint run on one copy of the package holding every plant of :data:`PLANTS`: ``({contract heading:
+    its report}, {module: the planted line's number})``. One run instead of one per plant (a copy of the
+    package and an import-linter process each, ~0.5 s): whether a direct import breaks a layers, forbidden or
+    independence contract depends only on the two modules, never on the other imports, so each plant's own
+    line in its contract's report (checked below) is what a run with that plant alone would report."""
+    root = tmp_path_factory.mktemp("planted")
+    shutil.copytree(ROOT / "rewardkit", root / "rewardkit", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(CONFIG, root / ".importlinter")
+    lines = {}
+    for module, line, _, _ in PLANTS:
+        target = root / "rewardkit" / module
+        text = target.read_text(encoding="utf-8")
+        head, sep, rest = text.partition("from __future__ import annotations\n")
+        assert sep, module
+        target.write_text(head + sep + line + "\n" + rest, encoding="utf-8")
+        lines[module] = (head + sep).count("\n") + 1
+    res = _lint(root, COLUMNS="1000")  # (one heading per line)
     assert res.returncode != 0, res.stdout
-    broken_section = res.stdout.split("Broken contracts", 1)[-1]
-    assert broken in broken_section, res.stdout
+    broken = res.stdout.split("Broken contracts", 1)[-1]
+    heads = [(m.start(), m.end(), m.group(1)) for m in re.finditer(r"^(\S.*)\n(-+)$", broken, re.M)
+             if len(m.group(2)) == len(m.group(1))]
+    reports = {h: broken[e:(heads[i + 1][0] if i + 1 < len(heads) else len(broken))]
+               for i, (_, e, h) in enumerate(heads)}
+    return reports, lines
+
+
+@pytest.mark.parametrize("module, line, imported, broken", PLANTS, ids=[f"{p[0]}-{p[1]}-{p[3]}" for p in PLANTS])
+def test_a_planted_upward_import_breaks_a_contract(planted_lint, module, line, imported, broken):
+    """Non-vacuity: each contract is broken by one planted import, which its report names as a direct illegal
+    import (``- importer -> imported (l.N)`` alone, not as a link of another plant's chain)."""
+    reports, lines = planted_lint
+    found = [text for head, text in reports.items() if head.startswith(broken)]
+    assert len(found) == 1, f"{broken!r} not among the broken contracts: {sorted(reports)}"
+    importer = "rewardkit" + ("" if module == "__init__.py" else "." + module[:-3].replace("/", "."))
+    direct = rf"^-\s+{re.escape(importer)} -> {re.escape(imported)} \(l\.{lines[module]}\)\n\n"
+    assert re.search(direct, found[0], re.M), found[0]
 
 
 # ------------------------------------------------------------------------------------------------ import cycles
