@@ -1,15 +1,18 @@
-"""The direct vision forward (rewardkit.models.direct_forward, issue 41) against transformers' stock call.
+"""The direct forward (rewardkit.models.direct_forward, issue 41) against transformers' stock call.
 
     python benchmarks/direct_forward.py                       # both parts, aesthetic / hpsv2 / imagereward
     python benchmarks/direct_forward.py --models aesthetic --blocks 30
+    python benchmarks/direct_forward.py --models imagereward --only text --batches 1,8,32
 
 One torch thread, CPU time (thread clock). Part 1, the wrappers alone: a CLIP and a BLIP vision tower of two
-layers, 8 wide, so that the maths costs next to nothing and what is left is each path's per-call Python and
-operator dispatch. Part 2, whole calls from files (16 PNGs of six sizes, batch 1 and 8) of the tiny rewards
+layers and ImageReward's BLIP text tower (one layer with cross-attention), 8 wide, so that the maths costs next
+to nothing and what is left is each path's per-call Python and operator dispatch. Part 2, whole calls from files
+(PNGs of six sizes: 8 one by one, 16 in batches of 8, 32 in one batch of 32) of the tiny rewards
 (``Reward.tiny``; the peers checkpoints under ``--work`` when they exist), with the direct path on and off (off:
-the stock ``get_image_features`` / ``BlipVisionModel`` call, the previous code's forward) alternated in blocks
-in one process, so that load drifts hit both; printed: the paired median of stock / direct CPU per image (> 1:
-direct faster) and its inter-quartile range. Both paths give equal scores (checked).
+the stock ``get_image_features`` / ``BlipVisionModel`` / ``BlipTextModel`` call, the previous code's forward;
+``--only vision`` / ``--only text`` toggles those towers alone, the others direct both sides) alternated in
+blocks in one process, so that load drifts hit both; printed: the paired median of stock / direct CPU per image
+(> 1: direct faster) and its inter-quartile range. Both paths give equal scores (checked).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ def wrappers(reps: int = 9) -> None:
     import torch
     import transformers
 
-    from rewardkit.models.direct_forward import blip_vision_states, clip_image_features
+    from rewardkit.models.direct_forward import blip_text_states, blip_vision_states, clip_image_features
 
     vision = dict(hidden_size=8, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2, image_size=28,
                   patch_size=14, hidden_act="quick_gelu")
@@ -49,11 +52,23 @@ def wrappers(reps: int = 9) -> None:
     blip = transformers.BlipVisionModel(transformers.BlipVisionConfig(
         hidden_size=8, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2, image_size=32,
         patch_size=16)).eval()
+    btext = transformers.BlipTextModel(transformers.BlipTextConfig(
+        vocab_size=64, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+        encoder_hidden_size=8, max_position_embeddings=40, is_decoder=True, bos_token_id=0, sep_token_id=1,
+        eos_token_id=1), add_pooling_layer=False).eval()
     pc, pb = torch.randn(1, 3, 28, 28), torch.randn(1, 3, 32, 32)
+    ids, img = torch.randint(2, 64, (1, 35)), torch.randn(1, 5, 8)
+    mask = (torch.arange(35) < 9).long()[None]  # 9 tokens padded to ImageReward's 35
+
+    def stock_text():
+        return btext(input_ids=ids, attention_mask=mask, encoder_hidden_states=img,
+                     encoder_attention_mask=torch.ones(1, 5, dtype=torch.long), is_decoder=False)
+
     with torch.inference_mode():
         for name, stock, direct in (
                 ("CLIP", lambda: clip.get_image_features(pixel_values=pc), lambda: clip_image_features(clip, pc)),
-                ("BLIP", lambda: blip(pixel_values=pb), lambda: blip_vision_states(blip, pb))):
+                ("BLIP", lambda: blip(pixel_values=pb), lambda: blip_vision_states(blip, pb)),
+                ("BLIP text", stock_text, lambda: blip_text_states(btext, ids, mask, img))):
             s = [_clock(stock, 1000) * 1e6 for _ in range(reps)]
             d = [_clock(direct, 1000) * 1e6 for _ in range(reps)]
             print(f"wrappers {name}: us per call, stock min {min(s):.0f} median {statistics.median(s):.0f} | "
@@ -66,7 +81,7 @@ def _images(folder: Path) -> list[str]:
 
     rng = np.random.default_rng(0)
     paths = []
-    for i in range(16):
+    for i in range(32):
         w, h = SIZES[i % len(SIZES)]
         p = folder / f"img_{i:02d}_{w}x{h}.png"
         if not p.exists():
@@ -85,7 +100,7 @@ def _reward(name: str, work: Path, tmp: str):
     return get_reward_class(name).tiny(tmp)
 
 
-def calls(models: list[str], blocks: int, work: Path) -> None:
+def calls(models: list[str], blocks: int, work: Path, only: str = "all", batches=(1, 8)) -> None:
     import torch
 
     from rewardkit.models import direct_forward as dfw
@@ -97,18 +112,26 @@ def calls(models: list[str], blocks: int, work: Path) -> None:
     def stock_blip(vision, px):
         return vision(pixel_values=px).last_hidden_state
 
-    direct = (dfw.clip_image_features, dfw.blip_vision_states)
+    def stock_text(text, ids, mask, img):
+        ones = torch.ones(img.shape[:2], dtype=torch.long, device=img.device)
+        return text(input_ids=ids, attention_mask=mask, encoder_hidden_states=img, encoder_attention_mask=ones,
+                    is_decoder=False).last_hidden_state
+
+    direct = (dfw.clip_image_features, dfw.blip_vision_states, dfw.blip_text_states)
+    stock = (stock_clip, stock_blip, stock_text)
+    toggled = {"all": (0, 1, 2), "vision": (0, 1), "text": (2,)}[only]
 
     def use(on: bool) -> None:
-        dfw.clip_image_features, dfw.blip_vision_states = direct if on else (stock_clip, stock_blip)
+        dfw.clip_image_features, dfw.blip_vision_states, dfw.blip_text_states = (
+            stock[i] if not on and i in toggled else direct[i] for i in range(3))
 
     with tempfile.TemporaryDirectory() as tmp:
         paths = _images(Path(tmp))
         try:
             for name in models:
                 reward = _reward(name, work, tmp)
-                for b in (1, 8):
-                    chunks = [paths[i:i + b] for i in range(0, len(paths), b)][: 8 if b == 1 else 2]
+                for b in batches:
+                    chunks = [paths[i:i + b] for i in range(0, len(paths), b)][: 8 if b == 1 else max(1, 16 // b)]
                     scores = {}
                     for on in (True, False):
                         use(on)
@@ -140,6 +163,9 @@ def main() -> int:
     ap.add_argument("--blocks", type=int, default=20, help="alternated blocks per row (default 20)")
     ap.add_argument("--work", default=str(Path.home() / ".cache" / "rewardkit" / "peers" / "work"))
     ap.add_argument("--skip-wrappers", action="store_true")
+    ap.add_argument("--only", choices=("all", "vision", "text"), default="all",
+                    help="which towers' direct path is toggled (default all)")
+    ap.add_argument("--batches", default="1,8", help="batch sizes of part 2 (default 1,8; 32 repeats the images)")
     args = ap.parse_args()
     import torch
 
@@ -147,7 +173,8 @@ def main() -> int:
     print(f"load average {os.getloadavg()[0]:.1f}; one torch thread; CPU time (thread clock)", flush=True)
     if not args.skip_wrappers:
         wrappers()
-    calls([m for m in args.models.split(",") if m], args.blocks, Path(args.work))
+    calls([m for m in args.models.split(",") if m], args.blocks, Path(args.work), args.only,
+          [int(b) for b in args.batches.split(",")])
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
     return 0
 

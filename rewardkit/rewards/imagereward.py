@@ -129,16 +129,14 @@ class ImageReward(Reward):
 
     def raw_scores(self, pixels: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         """Raw MLP outputs ``[B]`` (fp32) for preprocessed pixels ``[B, 3, S, S]`` and B prompts."""
-        from ..models.direct_forward import blip_vision_states
+        from ..models.direct_forward import blip_text_states, blip_vision_states
 
         dev, dt = self._device, next(self.vision.parameters()).dtype
         img = blip_vision_states(self.vision, pixels.to(dev, dt))  # [B, 1 + N, Wv], the stock call's values
         enc = self._token_rows(prompts)
-        out = self.text(input_ids=enc["input_ids"].to(dev), attention_mask=enc["attention_mask"].to(dev),
-                        encoder_hidden_states=img,
-                        encoder_attention_mask=torch.ones(img.shape[:2], dtype=torch.long, device=dev),
-                        is_decoder=False)  # bidirectional, as BLIP's "multimodal" mode
-        feats = out.last_hidden_state[:, 0].float()  # [B, Wt], the [CLS] position
+        # bidirectional (BLIP's "multimodal" mode), every image token attended: the stock call's values
+        states = blip_text_states(self.text, enc["input_ids"].to(dev), enc["attention_mask"].to(dev), img)
+        feats = states[:, 0].float()  # [B, Wt], the [CLS] position
         with torch.autocast(device_type=feats.device.type, enabled=False):
             return self.head(feats)[:, 0]
 

@@ -1,6 +1,7 @@
-"""The direct vision forward of the CLIP family and of ImageReward's BLIP tower (rewardkit.models.direct_forward):
-``torch.equal`` to transformers' stock ``CLIPModel.get_image_features`` / ``BlipVisionModel`` forward, and the
-stock call whenever the direct path would skip something (hooks, training mode, another size, a wrapped module)."""
+"""The direct forward of the CLIP family's vision tower and of ImageReward's BLIP towers
+(rewardkit.models.direct_forward): ``torch.equal`` to transformers' stock ``CLIPModel.get_image_features`` /
+``BlipVisionModel`` / ``BlipTextModel`` forward, and the stock call whenever the direct path would skip something
+(hooks, training mode, another size, a wrapped module)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from rewardkit.models.direct_forward import blip_vision_states, clip_image_features
+from rewardkit.models.direct_forward import blip_text_states, blip_vision_states, clip_image_features
 
 transformers = pytest.importorskip("transformers")
 
@@ -158,10 +159,13 @@ def test_the_kept_plan_does_not_keep_the_model_alive():
     import gc
     import weakref
 
-    for make, fn, size in ((lambda: _blip(), blip_vision_states, 48), (lambda: _clip("sdpa"), clip_image_features, 56)):
+    text_inputs = _text_inputs((4, 12))
+    for make, call in ((_blip, lambda m: blip_vision_states(m, torch.randn(1, 3, 48, 48))),
+                       (lambda: _clip("sdpa"), lambda m: clip_image_features(m, torch.randn(1, 3, 56, 56))),
+                       (_blip_text, lambda m: blip_text_states(m, *text_inputs))):
         model = make()
         with torch.inference_mode():
-            fn(model, torch.randn(1, 3, size, size))
+            call(model)
         ref = weakref.ref(model)
         del model
         gc.collect()
@@ -210,3 +214,118 @@ def test_an_instance_forward_takes_the_stock_call(monkeypatch):
     with torch.inference_mode():
         clip_image_features(model, px)
     assert not calls
+
+
+# ---- BLIP text tower (ImageReward's BERT with cross-attention to the image tokens) ----------------------------------
+def _blip_text(seed: int = 0, layers: int = 2, **over):
+    kw = dict(vocab_size=60, hidden_size=32, intermediate_size=48, num_hidden_layers=layers, num_attention_heads=4,
+              encoder_hidden_size=24, max_position_embeddings=20, is_decoder=True, bos_token_id=1, sep_token_id=2,
+              eos_token_id=2)
+    cfg = transformers.BlipTextConfig(**{**kw, **over})
+    torch.manual_seed(seed)
+    return transformers.BlipTextModel(cfg, add_pooling_layer=False).eval()
+
+
+def _text_inputs(lengths, t: int = 12, seed: int = 0):
+    """Token rows ``[B, t]`` of the given lengths (CLS ... SEP, then padding 0) and image states ``[B, 7, 24]``."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.zeros(len(lengths), t, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, n in enumerate(lengths):
+        ids[i, :n] = torch.randint(3, 60, (n,), generator=g)
+        ids[i, 0], ids[i, n - 1] = 1, 2
+        mask[i, :n] = 1
+    return ids, mask, torch.randn(len(lengths), 7, 24, generator=g) * 2
+
+
+def _stock_text(text, ids, mask, img):
+    return text(input_ids=ids, attention_mask=mask, encoder_hidden_states=img,
+                encoder_attention_mask=torch.ones(img.shape[:2], dtype=torch.long), is_decoder=False).last_hidden_state
+
+
+@pytest.mark.parametrize("lengths", [(5,), (12,), (3, 12), (12, 12), (2, 7, 12, 4, 9)])
+def test_blip_text_states_equal_the_stock_forward_bit_for_bit(lengths):
+    """Prompts of several lengths: padded (a mask added to the self-attention scores), unpadded (none: the
+    stock call skips it), mixed; batch 1, 2 and 5; inference mode and no_grad."""
+    text = _blip_text()
+    ids, mask, img = _text_inputs(lengths, seed=len(lengths))
+    for ctx in (torch.inference_mode, torch.no_grad):
+        with ctx():
+            got = blip_text_states(text, ids, mask, img)
+            assert torch.equal(got, _stock_text(text, ids, mask, img))
+    assert got.shape == (len(lengths), 12, 32)
+
+
+def test_blip_text_gradients_equal_the_stock_call():
+    """score_tensor differentiates through the cross-attention to the image states."""
+    text = _blip_text().requires_grad_(False)
+    ids, mask, img0 = _text_inputs((4, 12, 7), seed=3)
+    grads = []
+    for fn in (blip_text_states, _stock_text):
+        img = img0.clone().requires_grad_(True)
+        out = fn(text, ids, mask, img)
+        out[:, 0].square().sum().backward()
+        grads.append((out.detach(), img.grad))
+    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+
+
+def test_blip_text_takes_the_stock_call_when_the_direct_path_would_skip_something(monkeypatch):
+    text = _blip_text()
+    calls = _stock_counter(monkeypatch, transformers.BlipTextModel, "forward")
+    ids, mask, img = _text_inputs((5, 12), seed=4)
+    with torch.inference_mode():
+        ref = _stock_text(text, ids, mask, img)
+        calls.clear()
+        assert torch.equal(blip_text_states(text, ids, mask, img), ref) and not calls  # the direct path
+
+        seen = []  # a forward hook still fires
+        h = text.encoder.layer[1].crossattention.self.key.register_forward_hook(lambda *a: seen.append(1))
+        assert torch.equal(blip_text_states(text, ids, mask, img), ref) and calls and seen
+        h.remove()
+        calls.clear()
+
+        text.train()  # dropout would apply: the stock call
+        blip_text_states(text, ids, mask, img)
+        assert calls
+        text.eval()
+        calls.clear()
+
+        at = text.encoder.layer[0].attention.self  # a LoRA-wrapped linear, seen on the next call
+        at.query = nn.Sequential(at.query)
+        assert torch.equal(blip_text_states(text, ids, mask, img), ref) and calls
+        at.query = at.query[0]
+        calls.clear()
+        assert torch.equal(blip_text_states(text, ids, mask, img), ref) and not calls  # direct again
+
+        text.config.output_attentions = True  # transformers' output flags: the stock call records them
+        blip_text_states(text, ids, mask, img)
+        assert calls
+        text.config.output_attentions = False
+        calls.clear()
+
+        too_long = torch.ones(2, 21, dtype=torch.long)  # past the position table: the stock call's error
+        with pytest.raises((IndexError, RuntimeError)):
+            blip_text_states(text, too_long, too_long, img)
+        assert calls
+
+
+def test_blip_text_without_cross_attention_or_another_activation_takes_the_stock_call(monkeypatch):
+    """An encoder-only config (no cross-attention layers) and a chunked feed-forward are not the computation
+    the direct path runs; a GELU whose forward was replaced is called as the module."""
+    ids, mask, img = _text_inputs((5, 12), seed=6)
+    chunked = _blip_text(chunk_size_feed_forward=4)
+    calls = _stock_counter(monkeypatch, transformers.BlipTextModel, "forward")
+    with torch.inference_mode():
+        assert torch.equal(blip_text_states(chunked, ids, mask, img), _stock_text(chunked, ids, mask, img))
+        assert len(calls) == 2
+        calls.clear()
+        text = _blip_text()
+        act = text.encoder.layer[0].intermediate.intermediate_act_fn
+        act.forward = lambda x: torch.zeros_like(x)  # a kernel replacing this instance's forward: stock call
+        assert torch.equal(blip_text_states(text, ids, mask, img), _stock_text(text, ids, mask, img))
+        assert len(calls) == 2
+    from rewardkit.models.direct_forward import _blip_text_check, _stock_gelu
+
+    assert not _blip_text_check(_blip_text(is_decoder=False))
+    assert _stock_gelu(_blip_text().encoder.layer[0].intermediate.intermediate_act_fn)
+    assert not _stock_gelu(act)
