@@ -29,6 +29,11 @@ are timed by wrapping ``rewardkit.media._to_pil`` and the pixel functions (``rew
 openai_clip_pixels`` / ``hpsv2_pixels``, ``rewardkit.models.pil_pixels.pil_pixel_values`` (the judges' and the
 preference models' pixels) / ``clip_pil_pixel_values``). "equal": every
 image 512x512; "mixed": six sizes from 97x61 to 1000x250, the official code's crash-free ones.
+
+A worker that dies in the middle of a batch size (the official HPSv3's padded batch of 32 mixed-size images is
+killed by the out-of-memory killer of a 24 GiB machine) is that row's error, with its exit status and the largest
+RSS the driver saw it reach (polled from ``/proc``); a fresh worker takes over for the next rows (its RSS column
+counts anew) and the run goes on.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -212,27 +218,64 @@ def _venv_python(env: str, venvs: Path) -> str:
     return str(found[-1] / "bin" / "python")
 
 
+class WorkerDied(RuntimeError):
+    """A worker process ended in the middle of a request (the official HPSv3's padded batch of 32 mixed sizes
+    is killed by the kernel's out-of-memory killer on a 24 GiB machine): reported as that row, not a crash."""
+
+
 class Worker:
     def __init__(self, cmd: list[str], env: dict):
+        self.cmd, self.env = cmd, env
+        self.peak_mib = 0.0  # the largest RSS seen while it worked (polled: a killed worker reports nothing)
         self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
                                   cwd=str(ROOT))
         self.ready = self._read()
 
+    def _poll_rss(self, stop: threading.Event) -> None:
+        status = Path(f"/proc/{self.p.pid}/status")
+        while not stop.wait(0.05):
+            try:
+                for line in status.read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        self.peak_mib = max(self.peak_mib, int(line.split()[1]) / 1024)
+            except (OSError, ValueError):
+                return
+
     def _read(self) -> dict:
-        while True:
-            line = self.p.stdout.readline()
-            if not line:
-                sys.exit(f"peers: worker {self.p.args} ended (exit {self.p.wait()})")
-            if line.startswith("{"):
-                return json.loads(line)
+        stop = threading.Event()
+        poll = threading.Thread(target=self._poll_rss, args=(stop,), daemon=True)
+        poll.start()
+        try:
+            while True:
+                line = self.p.stdout.readline()
+                if not line:
+                    code = self.p.wait()
+                    why = " (SIGKILL: out of memory?)" if code == -9 else ""
+                    raise WorkerDied(f"worker ended (exit {code}{why}; largest RSS seen {self.peak_mib:.0f} MiB)")
+                if line.startswith("{"):
+                    return json.loads(line)
+        finally:
+            stop.set()
+            poll.join()
 
     def ask(self, **req) -> dict:
-        self.p.stdin.write(json.dumps(req) + "\n")
-        self.p.stdin.flush()
+        try:
+            self.p.stdin.write(json.dumps(req) + "\n")
+            self.p.stdin.flush()
+        except BrokenPipeError:
+            pass  # _read reports how it ended
         return self._read()
 
+    def restart(self) -> "Worker":
+        """A fresh worker of the same command (after one died), its peak RSS counted anew."""
+        self.close()
+        return Worker(self.cmd, self.env)
+
     def close(self) -> None:
-        self.p.stdin.close()
+        try:
+            self.p.stdin.close()
+        except BrokenPipeError:
+            pass
         self.p.wait()
 
 
@@ -300,19 +343,24 @@ def main() -> int:
             paths = make_images(work, MIXED if kind == "mixed" else EQUAL, n_img, kind)
             for b in batches:
                 req = {"paths": paths, "prompt": PROMPT, "batch": b}
-                off.ask(**{**req, "paths": paths[:b]})  # warm both sides on this batch size
-                rk.ask(**{**req, "paths": paths[:b]})
                 wr, cr, o_last, r_last, err, ow, rw = [], [], None, None, None, [], []
-                for _ in range(rounds):
-                    o, r = off.ask(**req), rk.ask(**req)
-                    if "error" in o or "error" in r:
-                        err = o.get("error") or r.get("error")
-                        break
-                    wr.append(o["wall"] / r["wall"])
-                    cr.append(o["cpu"] / r["cpu"])
-                    ow.append(o["wall"])
-                    rw.append(r["wall"])
-                    o_last, r_last = o, r
+                try:
+                    off.ask(**{**req, "paths": paths[:b]})  # warm both sides on this batch size
+                    rk.ask(**{**req, "paths": paths[:b]})
+                    for _ in range(rounds):
+                        o, r = off.ask(**req), rk.ask(**req)
+                        if "error" in o or "error" in r:
+                            err = o.get("error") or r.get("error")
+                            break
+                        wr.append(o["wall"] / r["wall"])
+                        cr.append(o["cpu"] / r["cpu"])
+                        ow.append(o["wall"])
+                        rw.append(r["wall"])
+                        o_last, r_last = o, r
+                except WorkerDied as exc:  # one side could not score this batch size: say so, go on
+                    side = "official" if off.p.poll() is not None else "rewardkit"
+                    err = f"the {side} {exc}"
+                    off, rk = (off.restart(), rk) if side == "official" else (off, rk.restart())
                 if err:
                     print(f"{m:12s} {kind:6s} {b:5d}  error: {err}", flush=True)
                     continue
