@@ -23,9 +23,13 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peers import _modules  # noqa: E402 - the torch modules a reward holds, as peers.py's profile finds them
+
 HEAVY = (("rewardkit.media", "_to_pil"), ("rewardkit.models.zoo", "openai_clip_pixels"),
          ("rewardkit.models.zoo", "hpsv2_pixels"), ("rewardkit.models.direct_forward", "clip_image_features"),
-         ("rewardkit.models.direct_forward", "blip_vision_states"))
+         ("rewardkit.models.direct_forward", "blip_vision_states"),
+         ("rewardkit.models.direct_forward", "blip_text_states"))
 PROMPT = "a photo of a cat sitting on a mat"
 
 
@@ -35,22 +39,6 @@ def _replay(fn, key, cache):
             cache[key] = fn(*a, **k)
         return cache[key]
     return first_result
-
-
-def _modules(obj, depth=0, seen=None) -> list:
-    import torch
-
-    seen = set() if seen is None else seen
-    if id(obj) in seen or depth > 3:
-        return []
-    seen.add(id(obj))
-    if isinstance(obj, torch.nn.Module):
-        return [obj]
-    found = []
-    for v in (getattr(obj, "__dict__", {}) or {}).values():
-        if isinstance(v, torch.nn.Module) or (hasattr(v, "__dict__") and not isinstance(v, type)):
-            found += _modules(v, depth + 1, seen)
-    return found
 
 
 def measure(model: str, work: Path, batch: int, calls: int) -> dict:
