@@ -55,7 +55,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.nn.modules import module as _nn_module
 
-__all__ = ["clip_image_features", "blip_vision_states", "blip_text_states"]
+__all__ = ["clip_image_features", "blip_vision_states", "blip_text_states", "sequential_mlp"]
 
 #: model -> (its modules when last checked, whether the direct path covers them)
 _PLANS: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
@@ -78,14 +78,16 @@ def _walk(roots: tuple) -> list | None:
     tiny CLIP, a third of it the generator)."""
     out: list = []
     stack = list(reversed(roots))
+    pop, push, keep = stack.pop, stack.extend, out.append  # bound once; with no list per leaf, ~30 % less (issue 41)
     while stack:
-        m = stack.pop()
+        m = pop()
         if (m.training or m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
                 or m._backward_pre_hooks or "forward" in m.__dict__):
             return None
-        out.append(m)
-        children = [c for c in m._modules.values() if c is not None]
-        stack.extend(reversed(children))
+        keep(m)
+        children = m._modules
+        if children:  # a leaf (most modules: linears, norms) builds no list
+            push(reversed([c for c in children.values() if c is not None]))
     return out
 
 
@@ -210,6 +212,30 @@ def clip_image_features(model: Any, pixel_values: torch.Tensor) -> torch.Tensor:
         h = _clip_layer(layer, h, impl)
     pooled = _ln(h[:, 0, :], vm.post_layernorm)
     return _lin(pooled, model.visual_projection)
+
+
+# ------------------------------------------------------------------------------------------------ rating MLP
+_MLP_PARTS = (nn.Linear, nn.Dropout, nn.ReLU)
+
+
+def sequential_mlp(layers: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``layers(x)`` for an ``nn.Sequential`` of ``Linear`` / ``Dropout`` / ``ReLU`` modules (the rating MLP of the
+    aesthetic predictor and ImageReward), run as ``F.linear`` / ``F.relu`` on their weights, with each ``Dropout``
+    (the identity in eval mode) skipped: the same operations in the same order, without one ``nn.Module.__call__``
+    per layer (~20 us of the aesthetic head's ~110 us at batch 1; issue 41). The stock call instead whenever a
+    module is of another class, in training mode, hooked or has an instance forward, or a global hook is set."""
+    if _global_hooks() or type(layers) is not nn.Sequential:
+        return layers(x)
+    mods = _walk((layers,))
+    if mods is None or not all(type(m) in _MLP_PARTS for m in mods[1:]):  # [1:]: the children, in order
+        return layers(x)
+    for m in mods[1:]:
+        t = type(m)
+        if t is nn.Linear:
+            x = F.linear(x, m.weight, m.bias)
+        elif t is nn.ReLU:
+            x = F.relu(x, inplace=m.inplace)
+    return x
 
 
 # ---------------------------------------------------------------------------------------------------- BLIP

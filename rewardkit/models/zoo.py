@@ -185,7 +185,9 @@ class RatingMLP(nn.Module):
         return [i for i, m in enumerate(self.layers) if isinstance(m, nn.Linear)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.layers(x)
+        from .direct_forward import sequential_mlp
+
+        return sequential_mlp(self.layers, x)  # self.layers(x), without a module call per layer
 
 
 def to_unit_tensor(image: Any) -> torch.Tensor:
@@ -293,9 +295,23 @@ def openai_clip_pixels(images: Sequence[Any], size: int = 224, mean: Sequence[fl
     x = torch.empty(u8.shape[0], 3, size, size)  # contiguous NCHW, as ToTensor's permute(...).contiguous()
     x.copy_(u8.permute(0, 3, 1, 2))
     x.div_(255.0)
-    m = torch.tensor(mean, dtype=x.dtype).view(1, -1, 1, 1)
-    s = torch.tensor(std, dtype=x.dtype).view(1, -1, 1, 1)
+    m, s = _channel_stats(tuple(mean), tuple(std), x.dtype)
     return x.sub_(m).div_(s)
+
+
+#: (mean, std, dtype) -> their ``[1, C, 1, 1]`` CPU tensors, built once instead of twice per call (issue 41); only
+#: ever read (operands of ``sub_`` / ``div_``), and ordinary tensors even when first built under inference mode
+_CHANNEL_STATS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _channel_stats(mean: tuple, std: tuple, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    key = (mean, std, dtype)
+    got = _CHANNEL_STATS.get(key)
+    if got is None:
+        with torch.inference_mode(False):
+            got = _CHANNEL_STATS[key] = (torch.tensor(mean, dtype=dtype).view(1, -1, 1, 1),
+                                         torch.tensor(std, dtype=dtype).view(1, -1, 1, 1))
+    return got
 
 
 def openai_clip_resize_shape(h: int, w: int, size: int = 224) -> tuple[int, int]:

@@ -329,3 +329,59 @@ def test_blip_text_without_cross_attention_or_another_activation_takes_the_stock
     assert not _blip_text_check(_blip_text(is_decoder=False))
     assert _stock_gelu(_blip_text().encoder.layer[0].intermediate.intermediate_act_fn)
     assert not _stock_gelu(act)
+
+
+# ---------------------------------------------------------------------------------------- rating MLP (head)
+@pytest.mark.parametrize("activation", [None, "relu"])
+def test_rating_mlp_direct_equals_its_sequential_bit_for_bit(monkeypatch, activation):
+    """RatingMLP (the aesthetic / ImageReward head) runs its Sequential as F.linear / F.relu: the values and the
+    gradients of the stock ``layers(x)``, without a module call per layer."""
+    from rewardkit.models.zoo import RatingMLP
+
+    torch.manual_seed(0)
+    head = RatingMLP(24, activation, dropout=0.2, widths=(32, 16, 8, 4)).eval()
+    x = torch.randn(5, 24)
+    ref = head.layers(x)
+    calls = _stock_counter(monkeypatch, nn.Linear, "forward")
+    assert torch.equal(head(x), ref) and not calls
+    xg = x.clone().requires_grad_(True)
+    head(xg).sum().backward()
+    calls.clear()
+    xs = x.clone().requires_grad_(True)
+    head.layers(xs).sum().backward()
+    assert calls and torch.equal(xg.grad, xs.grad)
+
+
+def test_rating_mlp_takes_the_stock_call_when_the_direct_path_would_skip_something(monkeypatch):
+    from rewardkit.models.zoo import RatingMLP
+
+    torch.manual_seed(0)
+    head = RatingMLP(24, None, dropout=0.5, widths=(32, 16, 8, 4)).eval()
+    x = torch.randn(3, 24)
+    ref = head.layers(x)
+    calls = _stock_counter(monkeypatch, nn.Sequential, "forward")
+    with torch.inference_mode():
+        assert torch.equal(head(x), ref) and not calls
+
+        seen = []  # a hook on one layer still fires
+        h = head.layers[2].register_forward_hook(lambda *a: seen.append(1))
+        assert torch.equal(head(x), ref) and calls and seen
+        h.remove()
+        calls.clear()
+
+        head.train()  # dropout applies: the stock call
+        head(x)
+        assert calls
+        head.eval()
+        calls.clear()
+
+        head.layers[1] = nn.GELU()  # in place of a dropout: a module of another class: the stock call, which applies it
+        assert torch.equal(head(x), head.layers(x)) and calls
+        calls.clear()
+
+        g = torch.nn.modules.module.register_module_forward_pre_hook(lambda *a: None)  # a global hook
+        try:
+            head(x)
+            assert calls
+        finally:
+            g.remove()

@@ -598,3 +598,20 @@ def test_token_rows_are_cached_and_equal_a_fresh_tokenizer_call(hps, tmp_path, m
     got = ir._token_rows(more)
     want = ir.tokenizer(more, padding="max_length", truncation=True, max_length=ir.max_length, return_tensors="pt")
     assert torch.equal(got["input_ids"], want["input_ids"])
+
+
+def test_openai_clip_pixels_channel_stats_are_built_once_and_are_ordinary_tensors():
+    """The mean / std operands are kept per (mean, std, dtype) instead of built on every call (issue 41): the same
+    values, and ordinary tensors even when first built under inference mode (usable outside it, with autograd)."""
+    from rewardkit.models import zoo
+
+    ims = random_images(2, sizes=[(30, 20), (24, 24)], seed=3)
+    zoo._CHANNEL_STATS.clear()
+    with torch.inference_mode():
+        a = zoo.openai_clip_pixels(ims, 24)
+    m, s = zoo._CHANNEL_STATS[(zoo.CLIP_MEAN, zoo.CLIP_STD, torch.float32)]
+    assert not m.is_inference() and not s.is_inference()
+    assert torch.equal(zoo.openai_clip_pixels(ims, 24), a) and len(zoo._CHANNEL_STATS) == 1
+    other = zoo.openai_clip_pixels(ims, 24, mean=(0.5, 0.5, 0.5), std=[0.5, 0.5, 0.5])  # a list is keyed too
+    assert len(zoo._CHANNEL_STATS) == 2 and not torch.equal(other, a)
+    assert torch.equal(zoo._CHANNEL_STATS[(zoo.CLIP_MEAN, zoo.CLIP_STD, torch.float32)][0], m)  # never written
