@@ -377,7 +377,7 @@ def main() -> int:
                            rss_off=o_last["rss_mib"], rss_rk=r_last["rss_mib"], outside_ms=outside, share=share,
                            own_ms=own, own_share=own_share)
                 rows.append(row)
-                print(f"{m:12s} {kind:6s} {b:5d} {row['wall']:6.2f}x {row['cpu']:6.2f}x {row['off_ms']:15.2f} "
+                print(f"{m:12s} {kind:6s} {b:5d} {row['wall']:6.3f}x {row['cpu']:6.3f}x {row['off_ms']:15.2f} "
                       f"{row['rk_ms']:9.2f} {diff:12.2g} {row['rss_off']:7.0f}/{row['rss_rk']:<7.0f} "
                       f"{outside:8.2f} ms ({share:4.0%}) {own:8.2f} ms ({own_share:4.0%})", flush=True)
         off.close()
