@@ -30,7 +30,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-__all__ = ["file_digest", "dir_digest", "content_config", "content_identity", "default_memo_dir",
+__all__ = ["file_digest", "file_digests", "dir_digest", "content_config", "content_identity", "default_memo_dir",
            "config_fingerprint", "content_changes"]
 
 _DIGESTS: dict[tuple, str] = {}  # (resolved path, size, mtime_ns, ctime_ns, inode) -> digest, this process
@@ -194,14 +194,24 @@ def _walk(x: Any, memo: dict[str, Any], found: dict[str, str]) -> Any:
     return x
 
 
-def _run(config: Any, memo_dir: str | Path | None) -> tuple[Any, dict[str, str]]:
+def _memoised(memo_dir: str | Path | None, fn: Any) -> Any:
+    """``fn(memo)`` with the digest memo of ``memo_dir`` loaded, and written back when ``fn`` added to it."""
     memo = _load_memo(memo_dir)
     before = dict(memo)
-    found: dict[str, str] = {}
-    out = _walk(config, memo, found)
+    out = fn(memo)
     if memo != before:
         _save_memo(memo_dir, memo)
-    return out, found
+    return out
+
+
+def file_digests(paths: Any, memo_dir: str | Path | None = None) -> list[str]:
+    """:func:`file_digest` of each of ``paths``, in order, memoised in ``memo_dir`` (None: this process only)."""
+    return _memoised(memo_dir, lambda memo: [file_digest(f, memo) for f in paths])
+
+
+def _run(config: Any, memo_dir: str | Path | None) -> tuple[Any, dict[str, str]]:
+    found: dict[str, str] = {}
+    return _memoised(memo_dir, lambda memo: _walk(config, memo, found)), found
 
 
 def content_config(config: Any, memo_dir: str | Path | None = None) -> Any:

@@ -95,14 +95,9 @@ def dataset_identity(data: Any, ds: Any, seed: int) -> tuple[str, str | None]:
     src = data.train
     files = _pair_files(src)
     if files is not None:
-        from ..fingerprint import _load_memo, _save_memo, default_memo_dir, file_digest
+        from ..fingerprint import default_memo_dir, file_digests
 
-        memo_dir = default_memo_dir()
-        memo = _load_memo(memo_dir)
-        before = dict(memo)
-        digests = [file_digest(f, memo) for f in files]
-        if memo != before:
-            _save_memo(memo_dir, memo)
+        digests = file_digests(files, default_memo_dir())
         root = str(Path(src).expanduser().resolve())
         if len(files) == 1:
             return root, f"content:{digests[0]}"

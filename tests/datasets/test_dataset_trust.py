@@ -123,6 +123,20 @@ def test_fingerprint_sees_a_rewrite_that_restores_the_mtime(tmp_path):
         "judge": f"transformers:content:{file_digest(f)}", "name": "x"}
 
 
+def test_file_digests_are_each_files_digest_in_order_and_memoised_across_processes(tmp_path):
+    """``file_digests`` (PARROT's dataset identity): each file's ``file_digest`` in the order given, and the memo
+    written to ``memo_dir`` so that another process need not hash the files again."""
+    from rewardkit.fingerprint import _load_memo, file_digest, file_digests
+
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text("1\n")
+    b.write_text("2\n")
+    assert file_digests([b, a, b], tmp_path / "memo") == [file_digest(b), file_digest(a), file_digest(b)]
+    assert file_digest(a) != file_digest(b)
+    memo = _load_memo(tmp_path / "memo")
+    assert {str(a.resolve()), str(b.resolve())} <= set(memo) and memo[str(a.resolve())][-1] == file_digest(a)
+
+
 # ------------------------------------------------------------------------------------------- item 4: pixels
 def test_out_of_range_integer_pixels_are_refused_as_on_the_direct_path(reward, tmp_path):
     """Bug: an integer pixel cell was ``astype(uint8)``-wrapped (300 -> 44) and scored as valid, while calling
