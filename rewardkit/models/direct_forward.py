@@ -9,8 +9,19 @@ one-layer, 8-wide tower against ~0.33 ms direct; on the peers' tiny ImageReward 
 call is ~3 % cheaper in CPU (A/B in one process, issue 41; ~0.5 % at batch 8, within the noise at batch 32).
 
 On the tiny checkpoints those wrappers cost ~0.4-0.5 ms of a ~5 ms CLIP vision forward at batch 1 (issue 41); on
-a real ViT-L they are noise, and the path changes nothing but that: outputs are ``torch.equal`` to the stock call
+a real ViT-L they are noise. Every layer the path runs whole is ``torch.equal`` to the stock layer
 (``tests/models/test_direct_forward.py`` compares them on several inputs and batch sizes, eager and SDPA).
+
+**The last layer runs the one row that is read.** ``get_image_features`` pools the [CLS] row of the last layer,
+and ImageReward reads the [CLS] row of its text tower: every other row of the last layer is computed and thrown
+away by the stock call. Here the last layer takes its keys and values from every row (and, in the text tower,
+the image tokens), and runs the query, attention, output projection and MLP for that row alone. The same maths;
+the values differ from the stock call's by float rounding only (one row goes through other matmul / attention
+kernel blockings than 257: measured <= 4e-7 of the largest feature; ``scripts/parity.sh`` max |diff| against the
+official packages unchanged: aesthetic 6.56e-7, imagereward 1.79e-7). What it saves is that layer's share less
+its keys and values: ~30 % of the peers' two-layer tiny towers (issue 41), 1/24 of ViT-L/14's vision forward
+(aesthetic, ImageReward-size BLIP text: 1/12), 1/32 of HPSv2's ViT-H/14 (``benchmarks/direct_forward.py
+--depth``).
 Without an autograd graph (inference mode, ``no_grad``, nothing requiring grad) the residual sums and QuickGELU
 write into their own fresh temporaries instead of allocating new ones (``out.add_(h)`` for ``h + out``;
 ``sigmoid(1.702 t) * t`` in place): the same IEEE operations on the same operands, which commute, so the same
@@ -145,11 +156,14 @@ def _lin(x: torch.Tensor, m: nn.Linear) -> torch.Tensor:
     return F.linear(x, m.weight, m.bias)
 
 
-def _clip_attention(at: Any, x: torch.Tensor, impl: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``CLIPAttention.forward`` without a mask (the vision tower's), for the ``eager`` / ``sdpa`` interfaces."""
-    shape = x.shape[:-1]
-    hidden = (*shape, -1, at.head_dim)
-    q = _lin(x, at.q_proj).view(hidden).transpose(1, 2)
+def _clip_attention(at: Any, x: torch.Tensor, impl: str,
+                    first_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``CLIPAttention.forward`` without a mask (the vision tower's), for the ``eager`` / ``sdpa`` interfaces.
+    ``first_only``: the output of the first ([CLS]) query row alone, ``[B, 1, W]`` (keys / values of every row)."""
+    xq = x[:, :1] if first_only else x
+    shape = xq.shape[:-1]
+    q = _lin(xq, at.q_proj).view(*shape, -1, at.head_dim).transpose(1, 2)
+    hidden = (*x.shape[:-1], -1, at.head_dim)
     k = _lin(x, at.k_proj).view(hidden).transpose(1, 2)
     v = _lin(x, at.v_proj).view(hidden).transpose(1, 2)
     dropout = 0.0 if not at.training else at.dropout
@@ -180,11 +194,12 @@ def _add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a + b if a.requires_grad else a.add_(b)
 
 
-def _clip_layer(layer: Any, h: torch.Tensor, impl: str) -> torch.Tensor:
+def _clip_layer(layer: Any, h: torch.Tensor, impl: str, first_only: bool = False) -> torch.Tensor:
     """``CLIPEncoderLayer.forward``; the attention weights (eager only) stay alive until it returns, as there.
-    Without a graph the residual sums and QuickGELU reuse their fresh temporaries (the same values: see _add)."""
-    out, _weights = _clip_attention(layer.self_attn, _ln(h, layer.layer_norm1), impl)
-    h = _add(out, h)  # h + out
+    Without a graph the residual sums and QuickGELU reuse their fresh temporaries (the same values: see _add).
+    ``first_only``: the layer's output at the [CLS] row alone, ``[B, 1, W]`` (see :func:`clip_image_features`)."""
+    out, _weights = _clip_attention(layer.self_attn, _ln(h, layer.layer_norm1), impl, first_only)
+    h = _add(out, h[:, :1] if first_only else h)  # h + out
     mlp = layer.mlp
     t = _lin(_ln(h, layer.layer_norm2), mlp.fc1)
     if t.requires_grad or not _stock_quick_gelu(mlp.activation_fn):
@@ -208,8 +223,10 @@ def clip_image_features(model: Any, pixel_values: torch.Tensor) -> torch.Tensor:
     impl = vm.config._attn_implementation
     h = vm.embeddings(pixel_values)  # patch conv + class token + positions (one module: its size check)
     h = _ln(h, vm.pre_layrnorm)
-    for layer in vm.encoder.layers:
-        h = _clip_layer(layer, h, impl)
+    layers = vm.encoder.layers
+    last = len(layers) - 1
+    for i, layer in enumerate(layers):  # the pooled output reads the [CLS] row only: the last layer runs that row
+        h = _clip_layer(layer, h, impl, first_only=i == last)
     pooled = _ln(h[:, 0, :], vm.post_layernorm)
     return _lin(pooled, model.visual_projection)
 
@@ -327,11 +344,15 @@ def _blip_text_check(text: nn.Module) -> bool:
 
 
 def blip_text_states(text: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                     image_states: torch.Tensor) -> torch.Tensor:
+                     image_states: torch.Tensor, first_only: bool = False) -> torch.Tensor:
     """``text(input_ids=..., attention_mask=..., encoder_hidden_states=image_states, encoder_attention_mask=ones,
     is_decoder=False).last_hidden_state`` ``[B, T, W]`` of a ``BlipTextModel`` (BLIP's bidirectional
     "multimodal" mode: every image token attended), computed directly when the direct path is the same
-    computation, else by that stock call."""
+    computation, else by that stock call.
+
+    ``first_only=True``: the [CLS] row alone, ``[B, 1, W]`` (what ImageReward reads). The direct path then runs
+    the last layer for that row only (its keys and values still from every row and image token), as
+    :func:`clip_image_features` does; the values equal the full forward's row within float rounding."""
     cfg = getattr(text, "config", None)
     pos = getattr(getattr(text, "embeddings", None), "position_ids", None)
     if not (isinstance(text, nn.Module) and _config_ok(cfg) and getattr(cfg, "_attn_implementation", None) == "eager"
@@ -339,8 +360,9 @@ def blip_text_states(text: Any, input_ids: torch.Tensor, attention_mask: torch.T
             and image_states.shape[0] == input_ids.shape[0] and isinstance(pos, torch.Tensor)
             and input_ids.shape[1] <= pos.shape[-1] and _direct_ok(text, (text,), _blip_text_check)):
         ones = torch.ones(image_states.shape[:2], dtype=torch.long, device=image_states.device)
-        return text(input_ids=input_ids, attention_mask=attention_mask, encoder_hidden_states=image_states,
-                    encoder_attention_mask=ones, is_decoder=False).last_hidden_state
+        out = text(input_ids=input_ids, attention_mask=attention_mask, encoder_hidden_states=image_states,
+                   encoder_attention_mask=ones, is_decoder=False).last_hidden_state
+        return out[:, :1] if first_only else out
     e = text.embeddings
     we, pe = e.word_embeddings, e.position_embeddings
     h = F.embedding(input_ids, we.weight, we.padding_idx, we.max_norm, we.norm_type, we.scale_grad_by_freq,
@@ -353,8 +375,10 @@ def blip_text_states(text: Any, input_ids: torch.Tensor, attention_mask: torch.T
     keep = attention_mask.to(device=h.device, dtype=torch.bool)
     mask = None if keep.all() else torch.where(keep[:, None, None, :], torch.zeros((), device=h.device, dtype=h.dtype),
                                                torch.finfo(h.dtype).min)
-    for layer in text.encoder.layer:  # BlipTextLayer.forward
-        h = _blip_text_attention(layer.attention, h, h, mask)
+    layers = text.encoder.layer
+    last = len(layers) - 1 if first_only else -1
+    for i, layer in enumerate(layers):  # BlipTextLayer.forward
+        h = _blip_text_attention(layer.attention, h, h, mask, first_only=i == last)
         h = _blip_text_attention(layer.crossattention, h, image_states, None)
         inter = layer.intermediate
         t = _lin(h, inter.dense)
@@ -364,11 +388,15 @@ def blip_text_states(text: Any, input_ids: torch.Tensor, attention_mask: torch.T
     return h
 
 
-def _blip_text_attention(a: Any, h: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def _blip_text_attention(a: Any, h: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor | None,
+                         first_only: bool = False) -> torch.Tensor:
     """``BlipTextAttention.forward`` (self-attention when ``kv`` is ``h``, else cross-attention to ``kv``) and its
-    ``BlipTextSelfOutput``: ``LayerNorm(dense(context) + h)``. Dropout is the identity in eval mode."""
+    ``BlipTextSelfOutput``: ``LayerNorm(dense(context) + h)``. Dropout is the identity in eval mode.
+    ``first_only``: the first query row alone, ``[B, 1, W]`` (the mask, one row per sequence, broadcasts)."""
     sa = a.self
     d = sa.attention_head_size
+    if first_only:
+        h = h[:, :1]
     q = _lin(h, sa.query).view(*h.shape[:-1], -1, d).transpose(1, 2)
     k = _lin(kv, sa.key).view(*kv.shape[:-1], -1, d).transpose(1, 2)
     v = _lin(kv, sa.value).view(*kv.shape[:-1], -1, d).transpose(1, 2)

@@ -135,7 +135,8 @@ class ImageReward(Reward):
         img = blip_vision_states(self.vision, pixels.to(dev, dt))  # [B, 1 + N, Wv], the stock call's values
         enc = self._token_rows(prompts)
         # bidirectional (BLIP's "multimodal" mode), every image token attended: the stock call's values
-        states = blip_text_states(self.text, enc["input_ids"].to(dev), enc["attention_mask"].to(dev), img)
+        states = blip_text_states(self.text, enc["input_ids"].to(dev), enc["attention_mask"].to(dev), img,
+                                  first_only=True)  # [B, 1, Wt]: the [CLS] row only
         feats = states[:, 0].float()  # [B, Wt], the [CLS] position
         with torch.autocast(device_type=feats.device.type, enabled=False):
             return self.head(feats)[:, 0]

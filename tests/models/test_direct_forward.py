@@ -1,7 +1,8 @@
 """The direct forward of the CLIP family's vision tower and of ImageReward's BLIP towers
-(rewardkit.models.direct_forward): ``torch.equal`` to transformers' stock ``CLIPModel.get_image_features`` /
-``BlipVisionModel`` / ``BlipTextModel`` forward, and the stock call whenever the direct path would skip something
-(hooks, training mode, another size, a wrapped module)."""
+(rewardkit.models.direct_forward): ``torch.equal`` to transformers' stock ``BlipVisionModel`` / ``BlipTextModel``
+forward and to the stock CLIP encoder layers; the pooled CLIP features and ImageReward's [CLS] text row, whose
+last layer runs that one row, equal to the stock call's within float rounding (``_same``); the stock call
+whenever the direct path would skip something (hooks, training mode, another size, a wrapped module)."""
 
 from __future__ import annotations
 
@@ -36,18 +37,68 @@ def _stock_clip(model, px):
     return getattr(out, "pooler_output", out)
 
 
+def _same(got: torch.Tensor, ref: torch.Tensor, rel: float = 2e-6) -> bool:
+    """Equal within float32 rounding: the last layer's one row runs through other matmul / attention kernel
+    blockings than the full rows (a few ulp per op; measured <= 4e-7 of the largest value on these towers)."""
+    return got.shape == ref.shape and float((got - ref).abs().max()) <= rel * float(ref.abs().max())
+
+
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("act", ["quick_gelu", "gelu"])
-def test_clip_direct_features_equal_get_image_features_bit_for_bit(attn, act):
+def test_clip_direct_features_equal_get_image_features(attn, act):
     model = _clip(attn, act)
     assert model.vision_model.config._attn_implementation == attn
     for b, seed in ((1, 0), (2, 1), (5, 2)):
         g = torch.Generator().manual_seed(seed)
         px = torch.randn(b, 3, 56, 56, generator=g) * 1.5  # normalised-pixel range
         with torch.inference_mode():
-            assert torch.equal(clip_image_features(model, px), _stock_clip(model, px))
+            assert _same(clip_image_features(model, px), _stock_clip(model, px))
         with torch.no_grad():
-            assert torch.equal(clip_image_features(model, px), _stock_clip(model, px))
+            assert _same(clip_image_features(model, px), _stock_clip(model, px))
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_clip_direct_layers_equal_the_stock_layers_bit_for_bit(attn):
+    """Every layer run whole is the stock ``CLIPEncoderLayer`` bit for bit (its hidden states, as transformers
+    records them); the last one run for the [CLS] row alone gives that row within rounding."""
+    from rewardkit.models.direct_forward import _clip_layer, _ln
+
+    model = _clip(attn, layers=3)
+    vm = model.vision_model
+    px = torch.randn(2, 3, 56, 56, generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        states = vm(pixel_values=px, output_hidden_states=True).hidden_states  # after the pre-norm, each layer
+        h = _ln(vm.embeddings(px), vm.pre_layrnorm)
+        assert torch.equal(h, states[0])
+        for i, layer in enumerate(vm.encoder.layers):
+            assert _same(_clip_layer(layer, h, attn, first_only=True), states[i + 1][:, :1])
+            h = _clip_layer(layer, h, attn)
+            assert torch.equal(h, states[i + 1])
+
+
+def test_clip_last_layer_runs_the_cls_row_only(monkeypatch):
+    """The pooled features read the [CLS] row: the last layer's query, output projection and MLP run on that row
+    (``[B, 1, W]``), its keys and values on every row; earlier layers on every row."""
+    import rewardkit.models.direct_forward as df
+
+    model = _clip("sdpa", layers=2)
+    last = model.vision_model.encoder.layers[-1]
+    rows = {}
+    real = df._lin
+
+    def lin(x, m):
+        rows.setdefault(id(m), []).append(x.shape[1])
+        return real(x, m)
+
+    monkeypatch.setattr(df, "_lin", lin)
+    with torch.inference_mode():
+        clip_image_features(model, torch.randn(3, 3, 56, 56))
+    tokens = 1 + (56 // 14) ** 2
+    at, mlp = last.self_attn, last.mlp
+    assert [rows[id(m)] for m in (at.q_proj, at.out_proj, mlp.fc1, mlp.fc2)] == [[1]] * 4
+    assert rows[id(at.k_proj)] == rows[id(at.v_proj)] == [tokens]
+    first = model.vision_model.encoder.layers[0]
+    assert rows[id(first.mlp.fc1)] == rows[id(first.self_attn.q_proj)] == [tokens]
 
 
 def test_clip_direct_gradients_equal_the_stock_call():
@@ -57,7 +108,7 @@ def test_clip_direct_gradients_equal_the_stock_call():
         px = torch.randn(2, 3, 56, 56, generator=torch.Generator().manual_seed(3)).requires_grad_(True)
         fn(model, px).square().sum().backward()
         grads.append(px.grad)
-    assert torch.equal(grads[0], grads[1])
+    assert _same(grads[0], grads[1], rel=1e-5)
 
 
 def test_blip_direct_states_equal_the_stock_forward_bit_for_bit():
@@ -89,11 +140,11 @@ def test_clip_takes_the_stock_call_when_the_direct_path_would_skip_something(mon
     with torch.inference_mode():
         ref = _stock_clip(model, px)
         calls.clear()
-        assert torch.equal(clip_image_features(model, px), ref) and not calls  # the direct path
+        assert _same(clip_image_features(model, px), ref) and not calls  # the direct path
 
         seen = []  # a forward hook (a profiler, a feature extractor) still fires
         h = model.vision_model.encoder.layers[1].mlp.fc2.register_forward_hook(lambda *a: seen.append(1))
-        assert torch.equal(clip_image_features(model, px), ref) and calls and seen
+        assert _same(clip_image_features(model, px), ref) and calls and seen
         h.remove()
         calls.clear()
 
@@ -106,10 +157,10 @@ def test_clip_takes_the_stock_call_when_the_direct_path_would_skip_something(mon
         # a replaced (e.g. LoRA-wrapped) module is seen on the next call
         layer = model.vision_model.encoder.layers[0].self_attn
         layer.q_proj = nn.Sequential(layer.q_proj)
-        assert torch.equal(clip_image_features(model, px), ref) and calls
+        assert _same(clip_image_features(model, px), ref) and calls
         layer.q_proj = layer.q_proj[0]
         calls.clear()
-        assert torch.equal(clip_image_features(model, px), ref) and not calls  # direct again
+        assert _same(clip_image_features(model, px), ref) and not calls  # direct again
 
         with pytest.raises(ValueError, match="doesn't match model"):  # another size: the stock call's error
             clip_image_features(model, torch.randn(1, 3, 42, 42))
@@ -192,7 +243,7 @@ def test_quick_gelu_in_place_only_for_the_stock_activation(monkeypatch):
     act.forward = lambda x: torch.zeros_like(x)  # as a kernel replacing the forward of this instance
     assert not df._stock_quick_gelu(act)
     with torch.inference_mode():
-        assert torch.equal(clip_image_features(model, px), _stock_clip(model, px))
+        assert _same(clip_image_features(model, px), _stock_clip(model, px))
     assert not df._stock_quick_gelu(model.vision_model.encoder.layers[0].mlp.fc1)
 
 
@@ -267,6 +318,47 @@ def test_blip_text_gradients_equal_the_stock_call():
         out[:, 0].square().sum().backward()
         grads.append((out.detach(), img.grad))
     assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+
+
+@pytest.mark.parametrize("lengths", [(5,), (12,), (3, 12), (2, 7, 12, 4, 9)])
+def test_blip_text_cls_row_equals_the_stock_forward(lengths):
+    """``first_only=True`` (ImageReward reads the [CLS] row): the last layer runs that row against every key,
+    value and image token; the row equals the stock forward's within rounding, padded or not."""
+    text = _blip_text(layers=3)
+    ids, mask, img = _text_inputs(lengths, seed=len(lengths))
+    with torch.inference_mode():
+        got = blip_text_states(text, ids, mask, img, first_only=True)
+        assert got.shape == (len(lengths), 1, 32)
+        assert _same(got, _stock_text(text, ids, mask, img)[:, :1])
+    single = _blip_text(layers=1)  # the only layer is the last
+    with torch.inference_mode():
+        assert _same(blip_text_states(single, ids, mask, img, first_only=True),
+                     _stock_text(single, ids, mask, img)[:, :1])
+
+
+def test_blip_text_cls_row_gradients_equal_the_stock_call():
+    text = _blip_text().requires_grad_(False)
+    ids, mask, img0 = _text_inputs((4, 12, 7), seed=3)
+    # a random weighting: the row is layer-normed, so its sum of squares is nearly constant (a gradient of ~0)
+    w = torch.randn(3, 32, generator=torch.Generator().manual_seed(0))
+    grads = []
+    for fn in (lambda *a: blip_text_states(*a, first_only=True), lambda *a: _stock_text(*a)[:, :1]):
+        img = img0.clone().requires_grad_(True)
+        (fn(text, ids, mask, img)[:, 0] * w).sum().backward()
+        grads.append(img.grad)
+    assert _same(grads[0], grads[1], rel=1e-5)
+
+
+def test_blip_text_cls_row_through_the_stock_call(monkeypatch):
+    text = _blip_text()
+    ids, mask, img = _text_inputs((5, 12), seed=4)
+    calls = _stock_counter(monkeypatch, transformers.BlipTextModel, "forward")
+    with torch.inference_mode():
+        ref = _stock_text(text, ids, mask, img)[:, :1]
+        calls.clear()
+        h = text.encoder.layer[0].output.dense.register_forward_hook(lambda *a: None)
+        assert torch.equal(blip_text_states(text, ids, mask, img, first_only=True), ref) and calls
+        h.remove()
 
 
 def test_blip_text_takes_the_stock_call_when_the_direct_path_would_skip_something(monkeypatch):
