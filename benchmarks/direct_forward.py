@@ -173,15 +173,17 @@ DEPTHS = {
 
 
 def depth(names: list[str], reps: int) -> None:
-    """Stock ``get_image_features`` against the direct path on a published tower's shape at batch 1: what running
-    the last layer for the pooled row alone saves at real depth (the rest of the direct path is noise there)."""
+    """Stock ``get_image_features`` against the direct path on a published tower's shape at batch 1, and the direct
+    path with its last layer run whole (every row, as before issue 41's last change): what running that layer
+    for the pooled row alone saves at real depth, and what the rest of the direct path does there."""
     import torch
     import transformers
 
-    from rewardkit.models.direct_forward import clip_image_features
+    from rewardkit.models import direct_forward as dfw
 
     text = dict(vocab_size=64, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
                 max_position_embeddings=16, bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    real_layer = dfw._clip_layer
     for name in names:
         vision = DEPTHS[name]
         torch.manual_seed(0)
@@ -194,20 +196,35 @@ def depth(names: list[str], reps: int) -> None:
             out = model.get_image_features(pixel_values=px)
             return getattr(out, "pooler_output", out)
 
+        def direct(whole: bool = False):
+            if whole:  # every layer on every row
+                dfw._clip_layer = lambda layer, h, impl, first_only=False: real_layer(layer, h, impl)
+            try:
+                return dfw.clip_image_features(model, px)
+            finally:
+                dfw._clip_layer = real_layer
+
+        fns = {"stock": stock, "whole": lambda: direct(True), "direct": direct}
         with torch.inference_mode():
-            a, b = clip_image_features(model, px), stock()  # also warms
-            rel = float((a - b).abs().max() / b.abs().max())
-            got = {"stock": [], "direct": []}
+            ref = stock()
+            assert torch.equal(direct(True), ref), name  # the whole layers: the stock values bit for bit
+            rel = float((direct() - ref).abs().max() / ref.abs().max())
+            got = {k: [] for k in fns}
+            order = list(fns)
             for k in range(reps):
-                for who in (("stock", "direct") if k % 2 else ("direct", "stock")):
-                    fn = stock if who == "stock" else (lambda: clip_image_features(model, px))
-                    got[who].append(_clock(fn, 1) * 1e3)
-        r = sorted(s / d for s, d in zip(got["stock"], got["direct"]))
+                for who in (order if k % 2 else order[::-1]):
+                    got[who].append(_clock(fns[who], 1) * 1e3)
+
+        def ratio(a: str, b: str) -> str:
+            r = sorted(x / y for x, y in zip(got[a], got[b]))
+            return f"{statistics.median(r):.3f} (IQR {r[len(r) // 4]:.3f}-{r[3 * len(r) // 4]:.3f})"
+
         layers = vision["num_hidden_layers"]
-        print(f"depth {name} ({layers} layers, {vision['hidden_size']} wide) batch 1: CPU ms stock "
-              f"{statistics.median(got['stock']):.0f} direct {statistics.median(got['direct']):.0f}; stock / direct "
-              f"paired median {statistics.median(r):.3f} (IQR {r[len(r) // 4]:.3f}-{r[3 * len(r) // 4]:.3f}; one "
-              f"layer of {layers} is {1 / layers:.1%}); features within {rel:.1e} of the largest", flush=True)
+        med = {k: statistics.median(v) for k, v in got.items()}
+        print(f"depth {name} ({layers} layers, {vision['hidden_size']} wide) batch 1: CPU ms stock {med['stock']:.0f}"
+              f", direct with the last layer whole {med['whole']:.0f}, direct {med['direct']:.0f}; paired medians: "
+              f"stock / direct {ratio('stock', 'direct')}, last layer whole / one row {ratio('whole', 'direct')} "
+              f"(one layer of {layers} is {1 / layers:.1%}); features within {rel:.1e} of the largest", flush=True)
         del model
 
 

@@ -66,7 +66,10 @@ def test_parquet_scores_match_the_reward_and_carry_ids_and_metadata(reward, tmp_
     got = df["score"].tolist()
     assert np.isnan(got[7]) and np.isnan(want[7])
     assert not df["valid"][7] and "image" in df["error"][7].lower()
-    np.testing.assert_allclose(np.delete(got, 7), np.delete(want, 7), rtol=1e-6)
+    # batches of 3 here, of 10 there: within float rounding of the score scale (the CLIP tower's last layer runs
+    # one row per image, whose matmul kernels block by the batch size)
+    scale = np.nanmax(np.abs(want))
+    np.testing.assert_allclose(np.delete(got, 7), np.delete(want, 7), rtol=1e-6, atol=1e-6 * scale)
     meta = json.loads(pq.read_schema(tmp_path / "out" / "part-0.parquet").metadata[b"rewardkit"])
     assert meta["reward"] == "pickscore" and meta["config"]["model"] and meta["fingerprint"] == man["fingerprint"]
     assert meta["input_shard"].endswith("part-0.parquet") and meta["rewardkit_version"]
