@@ -111,7 +111,8 @@ class CLIPBackbone:
             pix = self._pil_pixel_values(list(images))
         from .direct_forward import clip_image_features
 
-        # get_image_features' values, through the tower's submodules when that is the same computation
+        # get_image_features' values (within rounding: the last layer runs the pooled row only), through the tower's
+        # submodules when that is the same computation
         feats = clip_image_features(self.model, pix.to(self.device, self.dtype))
         return torch.nn.functional.normalize(feats.float(), dim=-1)
 

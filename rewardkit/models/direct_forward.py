@@ -211,7 +211,9 @@ def _clip_layer(layer: Any, h: torch.Tensor, impl: str, first_only: bool = False
 
 def clip_image_features(model: Any, pixel_values: torch.Tensor) -> torch.Tensor:
     """``model.get_image_features(pixel_values=...)``'s projected features ``[B, P]`` (its ``pooler_output``),
-    computed directly when the direct path is the same computation, else by the stock call."""
+    computed directly when the direct path is the same computation, else by the stock call. The direct path runs
+    the last layer for the pooled [CLS] row only (the values within float rounding of the stock call's; see the
+    module's docstring)."""
     vm = getattr(model, "vision_model", None)
     proj = getattr(model, "visual_projection", None)
     if not (isinstance(vm, nn.Module) and isinstance(proj, nn.Module) and _config_ok(vm.config)

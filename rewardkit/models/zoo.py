@@ -348,7 +348,8 @@ def openai_clip_pixel_values(x: torch.Tensor, size: int = 224, mean: Sequence[fl
 
 def clip_image_embeddings(model: Any, pixels: torch.Tensor) -> torch.Tensor:
     """``CLIPModel.get_image_features`` on ready pixel values ``[B, 3, S, S]`` -> L2-normalised fp32 ``[B, D]``
-    (the model's device and dtype are used; the same values, run through the tower's submodules directly:
+    (the model's device and dtype are used; its values within float rounding, run through the tower's submodules
+    directly, the last layer for the pooled row only:
     :func:`rewardkit.models.direct_forward.clip_image_features`)."""
     from .direct_forward import clip_image_features
 

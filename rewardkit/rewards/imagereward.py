@@ -134,7 +134,8 @@ class ImageReward(Reward):
         dev, dt = self._device, next(self.vision.parameters()).dtype
         img = blip_vision_states(self.vision, pixels.to(dev, dt))  # [B, 1 + N, Wv], the stock call's values
         enc = self._token_rows(prompts)
-        # bidirectional (BLIP's "multimodal" mode), every image token attended: the stock call's values
+        # bidirectional (BLIP's "multimodal" mode), every image token attended: the stock call's [CLS] row within
+        # float rounding (the last layer runs that row only)
         states = blip_text_states(self.text, enc["input_ids"].to(dev), enc["attention_mask"].to(dev), img,
                                   first_only=True)  # [B, 1, Wt]: the [CLS] row only
         feats = states[:, 0].float()  # [B, Wt], the [CLS] position
