@@ -12,10 +12,12 @@ to nothing and what is left is each path's per-call Python and operator dispatch
 the stock ``get_image_features`` / ``BlipVisionModel`` / ``BlipTextModel`` call, the previous code's forward;
 ``--only vision`` / ``--only text`` toggles those towers alone, the others direct both sides) alternated in
 blocks in one process, so that load drifts hit both; printed: the paired median of stock / direct CPU per image
-(> 1: direct faster) and its inter-quartile range. Part 3 (``--depth``, alone): the stock call against the direct
-path on ViT-L/14's and ViT-H/14's shapes (random weights) at batch 1, where the direct path's one saving left is
-the last layer run for the pooled row alone (about one layer's share). Both paths give the same scores (checked: within 2e-6 of
-the largest; the direct path runs the last layer for the pooled row alone, other kernel blockings).
+(> 1: direct faster) and its inter-quartile range. Both paths give the same scores (checked: within 2e-6 of the
+largest; the direct path runs the last layer for the pooled row alone, through other kernel blockings).
+
+Part 3 (``--depth``, alone): the stock call, the direct path with its last layer run whole, and the direct path,
+on ViT-L/14's and ViT-H/14's shapes (random weights) at batch 1, where the saving that matters is the last layer
+run for the pooled row alone (about one layer's share).
 """
 
 from __future__ import annotations
