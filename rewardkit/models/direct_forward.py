@@ -18,10 +18,10 @@ away by the stock call. Here the last layer takes its keys and values from every
 the image tokens), and runs the query, attention, output projection and MLP for that row alone. The same maths;
 the values differ from the stock call's by float rounding only (one row goes through other matmul / attention
 kernel blockings than 257: measured <= 4e-7 of the largest feature; ``scripts/parity.sh`` max |diff| against the
-official packages unchanged: aesthetic 6.56e-7, imagereward 1.79e-7). What it saves is that layer's share less
-its keys and values: ~30 % of the peers' two-layer tiny towers (issue 41), 1/24 of ViT-L/14's vision forward
-(aesthetic, ImageReward-size BLIP text: 1/12), 1/32 of HPSv2's ViT-H/14 (``benchmarks/direct_forward.py
---depth``).
+official packages within its 1e-5 bound: aesthetic 6.56e-7 as before, imagereward 1.79e-7 (was 1.49e-7), hpsv2
+1.2e-7 (was 8.2e-8)). What it saves is that layer's share less its keys and values: ~30 % of the peers' two-layer
+tiny towers (issue 41); at batch 1, 2.9 % of ViT-L/14's vision forward (aesthetic; one layer of 24) and 1.8 % of
+HPSv2's ViT-H/14 (one of 32), measured by ``benchmarks/direct_forward.py --depth``.
 Without an autograd graph (inference mode, ``no_grad``, nothing requiring grad) the residual sums and QuickGELU
 write into their own fresh temporaries instead of allocating new ones (``out.add_(h)`` for ``h + out``;
 ``sigmoid(1.702 t) * t`` in place): the same IEEE operations on the same operands, which commute, so the same
