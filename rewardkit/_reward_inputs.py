@@ -204,10 +204,7 @@ class RewardInputs:
     def decode_image(self, x: Any, header_check: Any = None) -> Image.Image:
         """One image (path, bytes, PIL, array, tensor) -> the RGB PIL image this reward scores, under its input
         policy; raises ``media._Bad`` for an unusable one. ``header_check``: see ``media._to_pil``."""
-        official = self._image_converter()
-        if header_check is not None:
-            return media._to_pil(x, official, header_check)
-        return media._to_pil(x) if official is None else media._to_pil(x, official)
+        return media._to_pil(x, self._image_converter(), header_check)
 
     def _decode_sample(self, image: Any, sources: Any,
                        deferred: bool = False) -> tuple[Image.Image | None, list[Image.Image], str | None]:

@@ -510,9 +510,7 @@ def _to_pil(x: ImageLike, official: Any = None, header_check: Any = None) -> Ima
     header's size before any pixel is decoded (see :func:`_open_encoded`); ignored for other inputs."""
     try:
         with _strict_decoding():
-            if header_check is not None:
-                return _to_pil_unchecked(x, official, header_check)
-            return _to_pil_unchecked(x) if official is None else _to_pil_unchecked(x, official)
+            return _to_pil_unchecked(x, official, header_check)
     except _Bad:
         raise
     except MemoryError:

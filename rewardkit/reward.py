@@ -257,7 +257,8 @@ class Reward(RewardInputs, abc.ABC):
                 raise RewardInputError(errors[i], index=i)
         todo = [i for i in range(n) if errors[i] is None]
 
-        if chunk is None:  # statistics of the whole call: one _score call, chunking left to the reward
+        if chunk is None:  # batch_relative (statistics of the whole call: one _score call, chunking left to the
+            # reward) or no batch size set: the whole call in one chunk
             chunk = max(len(todo), 1)
         bar = None
         if progress and len(todo) > chunk:

@@ -111,25 +111,25 @@ def dataset_identity(data: Any, ds: Any, seed: int) -> tuple[str, str | None]:
     return src, (f"datasets:{data.split}:{fp}" if fp else None)
 
 
-def _data_difference(rec: dict[str, Any], prov: dict[str, Any]) -> tuple[str | None, bool]:
-    """``(what differs, unverified)`` between a record's dataset and this run's: their ``data_content`` when
-    both have one (the spelling of the path is not compared), else ``data`` as a place (resolved paths).
+def _data_difference(rec: dict[str, Any], prov: dict[str, Any]) -> tuple[str | None, bool, bool]:
+    """``(what differs, unverified, edited)`` between a record's dataset and this run's: their ``data_content``
+    when both have one (the spelling of the path is not compared), else ``data`` as a place (resolved paths).
     ``unverified``: accepted by place alone, the record has no content to compare (written before
-    ``data_content``) while this run has one."""
+    ``data_content``) while this run has one. ``edited``: the same local path with other content."""
     old, new = rec.get("data"), prov.get("data")
     oc, nc = rec.get("data_content"), prov.get("data_content")
     if oc is not None and nc is not None:
         if oc == nc:
-            return None, False
+            return None, False, False
         edited = (str(oc).startswith("content:") and str(nc).startswith("content:")
                   and _resolved(str(old)) == _resolved(str(new)))
         what = "the same path, other content: the file was changed since" if edited else "another dataset"
-        return f"data: {old!r} ({oc}) in the file, {new!r} ({nc}) now ({what})", False
+        return f"data: {old!r} ({oc}) in the file, {new!r} ({nc}) now ({what})", False, edited
     if old is None or new is None:
-        return None, False
+        return None, False, False
     if old == new or _same_place(str(old), str(new)) or _resolved(str(old)) == _resolved(str(new)):
-        return None, oc is None and nc is not None
-    return f"data: {old!r} in the file, {new!r} now", False
+        return None, oc is None and nc is not None, False
+    return f"data: {old!r} in the file, {new!r} now", False, False
 
 
 @functools.lru_cache(maxsize=64)
@@ -251,8 +251,8 @@ class ProvenanceChecks:
             for rec in store.records.values():
                 # (a field this check does not know, or a record without it, e.g. a teacher passed ready: skipped)
                 diff = _differences(rec, prov, fields, aside)
+                _, unverified_rec, changed = _data_difference(rec, prov)
                 if diff:
-                    changed = any("the file was changed since" in d for d in diff)
                     raise ConfigError(
                         f"{store.path} holds records of another run (row {rec.get('row')!r}: {'; '.join(diff)}). "
                         f"Resuming would reuse them as this run's"
@@ -261,7 +261,7 @@ class ProvenanceChecks:
                         + f"; use another output_dir, or delete {store.path.parent}/"
                         f"{{rationales,filtered,projected}}.jsonl to start over"
                         + (", or restore the dataset these records were made from" if changed else ""))
-                unverified += _data_difference(rec, prov)[1]
+                unverified += unverified_rec
             if unverified:
                 warnings.warn(f"{store.path}: {unverified} record(s) written before dataset fingerprints (they "
                               f"name their dataset {prov.get('data')!r} only): resumed, but their dataset's "

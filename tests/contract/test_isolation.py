@@ -255,7 +255,7 @@ def test_images_are_decoded_per_chunk(monkeypatch):
     """Memory follows batch_size: when a chunk is scored, only that chunk's images have been decoded."""
     decoded = []
     real = media._to_pil
-    monkeypatch.setattr(media, "_to_pil", lambda x: decoded.append(1) or real(x))
+    monkeypatch.setattr(media, "_to_pil", lambda x, *a: decoded.append(1) or real(x, *a))
     at_score = []
 
     class Spy(MeanPixel):
@@ -297,11 +297,11 @@ def test_a_scored_chunk_is_released_before_the_next_is_decoded(monkeypatch):
     refs: list = []
     real = media._to_pil
 
-    def decode(x):
+    def decode(x, *a):
         gc.collect()
         alive = sum(r() is not None for r in refs)
         assert alive == 0, f"{alive} images of scored chunks still alive while decoding the next chunk"
-        return real(x)
+        return real(x, *a)
 
     monkeypatch.setattr(media, "_to_pil", decode)
 

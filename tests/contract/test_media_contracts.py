@@ -231,9 +231,9 @@ def test_decoder_errors_become_per_image_reasons(tmp_path, monkeypatch):
     _bad(42, "^unsupported image type int$")
     _bad(None, "^image is None$")
     _bad("  ", "^empty path$")
-    monkeypatch.setattr(media, "_to_pil_unchecked", lambda x: (_ for _ in ()).throw(MemoryError()))
+    monkeypatch.setattr(media, "_to_pil_unchecked", lambda x, *a: (_ for _ in ()).throw(MemoryError()))
     _bad(1, "^out of memory while decoding the image$")
-    monkeypatch.setattr(media, "_to_pil_unchecked", lambda x: (_ for _ in ()).throw(KeyError("k")))
+    monkeypatch.setattr(media, "_to_pil_unchecked", lambda x, *a: (_ for _ in ()).throw(KeyError("k")))
     _bad(1, r"^cannot read the image \(KeyError: 'k'\)$")
 
 

@@ -584,7 +584,7 @@ def test_precheck_and_decode_turn_any_exception_into_the_samples_error(monkeypat
     out = r([img(1)], "p", on_error="nan")
     assert out.errors == ["cannot read this sample (KeyError: 'probe')"]
     monkeypatch.undo()
-    monkeypatch.setattr(media, "_to_pil", lambda x: (_ for _ in ()).throw(KeyError("dec")))
+    monkeypatch.setattr(media, "_to_pil", lambda x, *a: (_ for _ in ()).throw(KeyError("dec")))
     assert r([img(1)], "p", on_error="nan").errors == ["cannot read this sample (KeyError: 'dec')"]
 
 

@@ -52,7 +52,7 @@ def tiny_cfg(out: Path, data: Path, *overrides: str) -> PreferenceTrainConfig:
 def test_preflight_reports_every_bad_row_with_index_and_path(bad_folder, monkeypatch):
     from rewardkit import media
 
-    def no_decoding(x):
+    def no_decoding(x, *a):
         raise AssertionError("the preflight must read headers only")
 
     monkeypatch.setattr(media, "_to_pil", no_decoding)
